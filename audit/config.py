@@ -1,0 +1,272 @@
+"""msgaudit.yaml -> typed, immutable config objects (DESIGN §8).
+
+Parsing happens once, here; everything else receives a `Config`. Errors name the file and the
+dotted key that is wrong. Secrets come only through `${ENV_VAR}` interpolation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from audit.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = "msgaudit.yaml"
+DEFAULT_HOME = ".msgaudit"
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+SLA_RULES = ("max_lost", "max_duplicate_ratio", "max_reordered", "max_p99_latency_ms", "min_completeness")
+AUDIT_COLUMNS = ("topic", "partition", "offset", "pid", "seq", "sink_ts")
+
+
+def parse_duration(value: Any, where: str) -> timedelta:
+    """'1h', '15m', '30s', '1d', '250ms' or a number of seconds -> timedelta."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration like 1h, 15m or 30s, got {value!r}")
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return timedelta(seconds=int(m.group(1)) * _DURATION_UNITS[m.group(2)])
+    raise ConfigError(f"{where}: expected a duration like 1h, 15m or 30s, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SlaRule:
+    rule: str
+    threshold: float
+    severity: str = "error"
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """A user's sink table, read in place. `format` is 'delta' (location = path) or 'sql'
+    (url = SQLAlchemy/JDBC-able database URL, table = table name)."""
+
+    name: str
+    format: str
+    group: str | None = None
+    location: str | None = None
+    url: str | None = None
+    table: str | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
+
+    def column(self, logical: str) -> str:
+        """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts)."""
+        return self.columns.get(logical, f"audit_{logical}")
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    name: str
+    window: timedelta = timedelta(hours=1)
+    grace: timedelta = timedelta(minutes=15)
+    lookback: timedelta | None = None  # default: one window
+    sla: tuple[SlaRule, ...] = ()
+    groups: tuple[str, ...] = ()
+    sinks: tuple[SinkConfig, ...] = ()
+
+    @property
+    def lookback_or_window(self) -> timedelta:
+        return self.lookback if self.lookback is not None else self.window
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str  # the file it came from, or "<defaults>"
+    home: Path
+    lake: Path
+    ledger_dir: Path
+    report_store: str
+    kafka: Mapping[str, str]
+    spark: Mapping[str, str]
+    topics: Mapping[str, TopicConfig]
+
+    @property
+    def spark_master(self) -> str:
+        return self.spark.get("master", "local[2]")
+
+    def topic(self, name: str) -> TopicConfig:
+        try:
+            return self.topics[name]
+        except KeyError:
+            known = ", ".join(sorted(self.topics)) or "none"
+            raise ConfigError(f"{self.source}: unknown topic {name!r} (configured: {known})") from None
+
+    def with_topics(self, topics: Mapping[str, TopicConfig]) -> Config:
+        return replace(self, topics=dict(topics))
+
+
+def _interpolate(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{where}: environment variable ${{{name}}} is not set")
+            return os.environ[name]
+        return _ENV_RE.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r} (allowed: {', '.join(allowed)})")
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _parse_sla(raw: Any, where: str) -> tuple[SlaRule, ...]:
+    data = _mapping(raw, where)
+    _check_keys(data, SLA_RULES, where)
+    rules = []
+    for rule, spec in data.items():
+        w = f"{where}.{rule}"
+        severity = "error"
+        if isinstance(spec, dict):
+            _check_keys(spec, ("threshold", "severity"), w)
+            if "threshold" not in spec:
+                raise ConfigError(f"{w}: missing key 'threshold'")
+            severity = spec.get("severity", "error")
+            spec = spec["threshold"]
+        if isinstance(spec, bool) or not isinstance(spec, int | float):
+            raise ConfigError(f"{w}: expected a number, got {spec!r}")
+        if severity not in ("error", "warn"):
+            raise ConfigError(f"{w}.severity: expected 'error' or 'warn', got {severity!r}")
+        rules.append(SlaRule(rule, float(spec), severity))
+    return tuple(rules)
+
+
+def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
+    data = _mapping(raw, where)
+    _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns"), where)
+    for req in ("name", "format"):
+        if req not in data:
+            raise ConfigError(f"{where}: missing key {req!r}")
+    fmt = data["format"]
+    if fmt not in ("delta", "sql"):
+        raise ConfigError(f"{where}.format: expected 'delta' or 'sql', got {fmt!r}")
+    if fmt == "delta" and not data.get("location"):
+        raise ConfigError(f"{where}: a delta sink needs 'location'")
+    if fmt == "sql" and not (data.get("url") and data.get("table")):
+        raise ConfigError(f"{where}: a sql sink needs 'url' and 'table'")
+    columns = _mapping(data.get("columns"), f"{where}.columns")
+    _check_keys(columns, AUDIT_COLUMNS, f"{where}.columns")
+    location = data.get("location")
+    if fmt == "delta" and location and "://" not in location:
+        location = str((base / location).resolve()) if not Path(location).is_absolute() else location
+    return SinkConfig(
+        name=str(data["name"]),
+        format=fmt,
+        group=data.get("group"),
+        location=location,
+        url=_resolve_sqlite(data.get("url"), base),
+        table=data.get("table"),
+        columns={k: str(v) for k, v in columns.items()},
+    )
+
+
+def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
+    data = _mapping(raw, where)
+    _check_keys(data, ("window", "grace", "lookback", "sla", "groups", "sinks"), where)
+    groups = data.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ConfigError(f"{where}.groups: expected a list of group names")
+    sinks_raw = data.get("sinks") or []
+    if not isinstance(sinks_raw, list):
+        raise ConfigError(f"{where}.sinks: expected a list")
+    sinks = tuple(_parse_sink(s, f"{where}.sinks[{i}]", base) for i, s in enumerate(sinks_raw))
+    names = [s.name for s in sinks]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}.sinks: sink names must be unique, got {names}")
+    for s in sinks:
+        if s.group is not None and s.group not in groups:
+            raise ConfigError(f"{where}.sinks: sink {s.name!r} is fed by group {s.group!r}, which is not in groups")
+    topic = TopicConfig(
+        name=name,
+        window=parse_duration(data.get("window", "1h"), f"{where}.window"),
+        grace=parse_duration(data.get("grace", "15m"), f"{where}.grace"),
+        lookback=parse_duration(data["lookback"], f"{where}.lookback") if "lookback" in data else None,
+        sla=_parse_sla(data.get("sla"), f"{where}.sla"),
+        groups=tuple(groups),
+        sinks=sinks,
+    )
+    if topic.window <= timedelta(0) or timedelta(days=1) % topic.window:
+        raise ConfigError(f"{where}.window: must divide a day evenly (e.g. 5m, 15m, 1h), got {data.get('window')!r}")
+    return topic
+
+
+def _resolve_sqlite(url: str | None, base: Path) -> str | None:
+    """Relative SQLite paths are relative to the config file, like every other path."""
+    if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rel = url[len("sqlite:///"):]
+        if rel and rel != ":memory:":
+            return "sqlite:///" + str((base / rel).resolve())
+    return url
+
+
+def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
+    base = (base or Path.cwd()).resolve()
+    data = _interpolate(dict(data), source)
+    _check_keys(data, ("home", "lake", "ledger_dir", "report_store", "kafka", "spark", "topics"), source)
+    home = base / str(data.get("home", DEFAULT_HOME))
+    kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
+    kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
+    spark = {str(k): str(v) for k, v in _mapping(data.get("spark"), f"{source}: spark").items()}
+    topics_raw = _mapping(data.get("topics"), f"{source}: topics")
+    topics = {str(n): _parse_topic(str(n), t, f"{source}: topics.{n}", base) for n, t in topics_raw.items()}
+    report_store = data.get("report_store", f"sqlite:///{home / 'report.db'}")
+    if not isinstance(report_store, str) or "://" not in report_store:
+        raise ConfigError(f"{source}: report_store: expected a SQLAlchemy URL, got {report_store!r}")
+    return Config(
+        source=source,
+        home=home.resolve(),
+        lake=(base / str(data.get("lake", home / "lake"))).resolve(),
+        ledger_dir=(base / str(data.get("ledger_dir", home / "ledger"))).resolve(),
+        report_store=_resolve_sqlite(report_store, base) or report_store,
+        kafka=kafka,
+        spark=spark,
+        topics=topics,
+    )
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load a config file. With no path: ./msgaudit.yaml if it exists, else embedded defaults."""
+    if path is None:
+        default = Path(DEFAULT_CONFIG_FILE)
+        if not default.exists():
+            return from_dict({}, source="<defaults>")
+        path = default
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: config file not found (pass --config FILE, or run without it for the defaults)")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level")
+    return from_dict(data, source=str(p), base=p.resolve().parent)

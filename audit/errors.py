@@ -1,0 +1,39 @@
+"""The named errors of msgaudit, in one place.
+
+Every public entry point raises one of these with a message that says what is wrong and what
+to do; the CLI turns them into one line and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class MsgauditError(Exception):
+    """Base of every error msgaudit raises on purpose."""
+
+    exit_code = 2
+
+
+class ConfigError(MsgauditError):
+    """The config file is missing, unreadable, or has a bad key or value."""
+
+
+class SetupError(MsgauditError):
+    """A dependency of the local stack is missing: Java, Maven, cached jars, a free port."""
+
+
+class BrokerError(MsgauditError):
+    """The local Kafka broker could not be started, stopped or reached."""
+
+
+class InputError(MsgauditError):
+    """An input table, topic, window or argument is missing or malformed."""
+
+
+class LedgerError(MsgauditError):
+    """A ledger segment could not be written or read."""
+
+
+class SlaFailed(MsgauditError):
+    """At least one error-severity SLA rule failed (exit code 3 so schedulers can alert)."""
+
+    exit_code = 3
