@@ -1,0 +1,155 @@
+"""Spark schemas of every msgaudit table (DESIGN §4), in one place.
+
+Input tables carry two partition columns besides their DESIGN columns: `topic` (already a
+column) and `part_hour`, the UTC hour ('YYYY-MM-DDTHH') of the row's natural time (produce
+time for ledger and log rows, consume time for consumption rows), so that a window and its
+lookback read only their own files.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+PART_HOUR = "part_hour"
+PART_HOUR_FORMAT = "yyyy-MM-dd'T'HH"  # Spark date_format pattern; Python: "%Y-%m-%dT%H"
+
+
+def _s(*fields: tuple[str, object, bool]) -> StructType:
+    return StructType([StructField(n, t, nullable) for n, t, nullable in fields])  # type: ignore[arg-type]
+
+
+PRODUCER_LEDGER = _s(
+    ("producer", StringType(), True),
+    ("pid", StringType(), False),
+    ("seq", LongType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("offset", LongType(), True),
+    ("status", StringType(), False),
+    ("error", StringType(), True),
+    ("txn_id", StringType(), True),
+    ("produce_ts", TimestampType(), False),
+    ("ack_ts", TimestampType(), True),
+)
+
+LOG_RECORDS = _s(
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("offset", LongType(), False),
+    ("kafka_ts", TimestampType(), True),
+    ("pid", StringType(), True),
+    ("seq", LongType(), True),
+    ("produce_ts", TimestampType(), True),
+    ("fingerprint", StringType(), True),
+    ("committed", BooleanType(), False),
+    ("header_error", StringType(), True),
+    ("captured_at", TimestampType(), False),
+)
+
+CONSUMED_RECORDS = _s(
+    ("group", StringType(), False),
+    ("consumer", StringType(), False),
+    ("consume_seq", LongType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("offset", LongType(), False),
+    ("pid", StringType(), True),
+    ("seq", LongType(), True),
+    ("outcome", StringType(), False),
+    ("attempt", IntegerType(), False),
+    ("consume_ts", TimestampType(), False),
+)
+
+GROUP_OFFSETS = _s(
+    ("group", StringType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("committed_offset", LongType(), True),
+    ("captured_at", TimestampType(), False),
+)
+
+PARTITION_WATERMARKS = _s(
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("log_start_offset", LongType(), False),
+    ("high_watermark", LongType(), False),
+    ("captured_at", TimestampType(), False),
+)
+
+# Stage-specific counts in the report, named after the anomaly codes (DESIGN §4, §5).
+ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
+    "log": ("lost_acked", "unverifiable", "ghost_write", "duplicate_in_log", "reordered_in_log",
+            "unledgered", "seq_gap", "unaudited", "content_duplicate", "aborted"),
+    "group": ("missed", "expired_unconsumed", "redelivered", "reordered_in_consumption",
+              "dead_lettered", "aborted_read", "pending", "overdue"),
+    "sink": ("missing_in_sink", "duplicate_in_sink", "unexpected_in_sink", "pending"),
+}
+ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(c for cs in ANOMALY_CODES_BY_STAGE.values() for c in cs))
+
+AUDIT_PARTITION_REPORT = _s(
+    ("window_start", TimestampType(), False),
+    ("window_end", TimestampType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("stage", StringType(), False),
+    ("expected", LongType(), False),
+    ("delivered", LongType(), False),
+    ("lost", LongType(), False),
+    ("duplicated", LongType(), False),
+    ("reordered", LongType(), False),
+    ("pending", LongType(), False),
+    ("latency_p50_ms", DoubleType(), True),
+    ("latency_p95_ms", DoubleType(), True),
+    ("latency_p99_ms", DoubleType(), True),
+    ("latency_max_ms", DoubleType(), True),
+    ("status", StringType(), False),
+    ("run_id", StringType(), False),
+    ("computed_at", TimestampType(), False),
+    *[(code, LongType(), True) for code in ANOMALY_CODES if code != "pending"],
+)
+
+AUDIT_ANOMALIES = _s(
+    ("window_start", TimestampType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("stage", StringType(), False),
+    ("anomaly", StringType(), False),
+    ("pid", StringType(), True),
+    ("seq", LongType(), True),
+    ("offset", LongType(), True),
+    ("detail", StringType(), True),
+    ("run_id", StringType(), False),
+    ("computed_at", TimestampType(), False),
+)
+
+SLA_RESULTS = _s(
+    ("window_start", TimestampType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("stage", StringType(), False),
+    ("rule", StringType(), False),
+    ("observed", DoubleType(), True),
+    ("threshold", DoubleType(), False),
+    ("passed", BooleanType(), False),
+    ("severity", StringType(), False),
+    ("checked_at", TimestampType(), False),
+)
+
+TABLES: dict[str, StructType] = {
+    "producer_ledger": PRODUCER_LEDGER,
+    "log_records": LOG_RECORDS,
+    "consumed_records": CONSUMED_RECORDS,
+    "group_offsets": GROUP_OFFSETS,
+    "partition_watermarks": PARTITION_WATERMARKS,
+    "audit_partition_report": AUDIT_PARTITION_REPORT,
+    "audit_anomalies": AUDIT_ANOMALIES,
+}
