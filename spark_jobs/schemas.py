@@ -19,6 +19,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from audit.codes import REPORT_CODE_COLUMNS
+
 PART_HOUR = "part_hour"
 PART_HOUR_FORMAT = "yyyy-MM-dd'T'HH"  # Spark date_format pattern; Python: "%Y-%m-%dT%H"
 
@@ -85,16 +87,6 @@ PARTITION_WATERMARKS = _s(
     ("captured_at", TimestampType(), False),
 )
 
-# Stage-specific counts in the report, named after the anomaly codes (DESIGN §4, §5).
-ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
-    "log": ("lost_acked", "unverifiable", "ghost_write", "duplicate_in_log", "reordered_in_log",
-            "unledgered", "seq_gap", "unaudited", "content_duplicate", "aborted"),
-    "group": ("missed", "expired_unconsumed", "redelivered", "reordered_in_consumption",
-              "dead_lettered", "aborted_read", "pending", "overdue"),
-    "sink": ("missing_in_sink", "duplicate_in_sink", "unexpected_in_sink", "pending"),
-}
-ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(c for cs in ANOMALY_CODES_BY_STAGE.values() for c in cs))
-
 AUDIT_PARTITION_REPORT = _s(
     ("window_start", TimestampType(), False),
     ("window_end", TimestampType(), False),
@@ -114,7 +106,7 @@ AUDIT_PARTITION_REPORT = _s(
     ("status", StringType(), False),
     ("run_id", StringType(), False),
     ("computed_at", TimestampType(), False),
-    *[(code, LongType(), True) for code in ANOMALY_CODES if code != "pending"],
+    *[(code, LongType(), True) for code in REPORT_CODE_COLUMNS],
 )
 
 AUDIT_ANOMALIES = _s(
