@@ -1,0 +1,221 @@
+"""Report store: schema on first use, replace-by-window in one transaction, reads, named errors.
+
+Every behaviour runs on SQLite (unit) and on the real PostgreSQL of the `pg_url` fixture (postgres),
+each test in its own fresh database / schema.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from audit.codes import REPORT_CODE_COLUMNS
+from audit.errors import ConfigError, InputError
+from audit.report_store import VIEW_NAMES, ReportStore
+
+W0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+W1 = W0 + timedelta(hours=1)
+COMPUTED = datetime(2026, 11, 21, 11, 15, 30, 123456, tzinfo=UTC)
+
+
+def fresh_pg_url(pg_url: str) -> str:
+    """A URL on a brand-new schema of the test PostgreSQL, so tests never see each other's rows."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    engine.dispose()
+    url = sa.engine.make_url(pg_url)
+    return url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+
+
+def store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'store' / 'report.db'}"
+    return fresh_pg_url(request.getfixturevalue("pg_url"))
+
+
+BACKENDS = [pytest.param("sqlite", marks=pytest.mark.unit, id="sqlite"),
+            pytest.param("postgres", marks=pytest.mark.postgres, id="postgres")]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReportStore]:
+    s = ReportStore(store_url(request.param, request, tmp_path))
+    yield s
+    s.close()
+
+
+def report_row(window_start: datetime = W0, topic: str = "orders", partition: int = 0, stage: str = "log",
+               **over: Any) -> dict[str, Any]:
+    """A complete audit_partition_report row (DESIGN §4), every code column present."""
+    row: dict[str, Any] = {
+        "window_start": window_start, "window_end": window_start + timedelta(hours=1), "topic": topic,
+        "partition": partition, "stage": stage, "expected": 100, "delivered": 100, "lost": 0,
+        "duplicated": 0, "reordered": 0, "pending": 0, "latency_p50_ms": 5.0, "latency_p95_ms": 9.5,
+        "latency_p99_ms": 12.25, "latency_max_ms": 40.0, "status": "final", "run_id": "run-1",
+        "computed_at": COMPUTED,
+    }
+    row.update({code: None for code in REPORT_CODE_COLUMNS})
+    row.update(over)
+    return row
+
+
+def anomaly_row(window_start: datetime = W0, topic: str = "orders", partition: int = 0, stage: str = "log",
+                anomaly: str = "lost_acked", pid: str | None = "p:1", seq: int | None = 1,
+                offset: int | None = 10, detail: str | None = None) -> dict[str, Any]:
+    return {"window_start": window_start, "topic": topic, "partition": partition, "stage": stage,
+            "anomaly": anomaly, "pid": pid, "seq": seq, "offset": offset, "detail": detail,
+            "run_id": "run-1", "computed_at": COMPUTED}
+
+
+def sla_row(window_start: datetime = W0, topic: str = "orders", partition: int = 0, stage: str = "log",
+            rule: str = "max_lost", observed: float | None = 0.0, threshold: float = 0.0,
+            passed: bool = True, severity: str = "error") -> dict[str, Any]:
+    return {"window_start": window_start, "topic": topic, "partition": partition, "stage": stage,
+            "rule": rule, "observed": observed, "threshold": threshold, "passed": passed,
+            "severity": severity, "checked_at": COMPUTED}
+
+
+def test_tables_and_views_are_created_on_first_use(store: ReportStore) -> None:
+    inspector = sa.inspect(store.engine)
+    assert sorted(inspector.get_table_names()) == ["audit_anomalies", "audit_partition_report", "sla_results"]
+    assert sorted(inspector.get_view_names()) == sorted(VIEW_NAMES)
+    report_cols = [c["name"] for c in inspector.get_columns("audit_partition_report")]
+    assert report_cols[:18] == ["window_start", "window_end", "topic", "partition", "stage", "expected",
+                                "delivered", "lost", "duplicated", "reordered", "pending", "latency_p50_ms",
+                                "latency_p95_ms", "latency_p99_ms", "latency_max_ms", "status", "run_id",
+                                "computed_at"]
+    assert report_cols[18:] == list(REPORT_CODE_COLUMNS)
+    # A second store on the same database finds the schema and does not fail re-creating it.
+    again = ReportStore(store.engine.url.render_as_string(hide_password=False))
+    assert again.read("sla_results") == []
+    again.close()
+
+
+def test_report_round_trip_keeps_every_column(store: ReportStore) -> None:
+    rows = [report_row(partition=1, stage="group:g", missed=2, redelivered=1, dead_lettered=3,
+                       latency_p99_ms=None, status="provisional"),
+            report_row(partition=0, lost_acked=1, duplicate_in_log=0)]
+    assert store.replace_window("audit_partition_report", "orders", W0, rows) == 2
+    # Read order is (window_start, topic, partition, stage), whatever the insert order was.
+    assert store.read("audit_partition_report") == [rows[1], rows[0]]
+
+
+def test_non_utc_aware_datetimes_are_stored_and_returned_as_utc(store: ReportStore) -> None:
+    plus2 = timezone(timedelta(hours=2))
+    w_local = W0.astimezone(plus2)
+    row = sla_row(window_start=w_local)
+    row["checked_at"] = datetime(2026, 11, 21, 13, 0, tzinfo=plus2)
+    store.replace_window("sla_results", "orders", w_local, [row])
+    (got,) = store.read("sla_results")
+    assert got["window_start"] == W0 and got["window_start"].tzinfo == UTC
+    assert got["checked_at"] == datetime(2026, 11, 21, 11, 0, tzinfo=UTC) and got["checked_at"].tzinfo == UTC
+
+
+def test_replace_window_replaces_only_that_topic_and_window(store: ReportStore) -> None:
+    store.replace_window("audit_anomalies", "orders", W0,
+                         [anomaly_row(seq=1), anomaly_row(seq=2), anomaly_row(seq=2)])  # a repeated row is legal
+    store.replace_window("audit_anomalies", "orders", W1, [anomaly_row(window_start=W1, seq=7)])
+    store.replace_window("audit_anomalies", "payments", W0, [anomaly_row(topic="payments", seq=8)])
+
+    assert store.replace_window("audit_anomalies", "orders", W0, [anomaly_row(seq=3, detail="again")]) == 1
+
+    assert store.read("audit_anomalies") == [
+        anomaly_row(seq=3, detail="again"),
+        anomaly_row(topic="payments", seq=8),
+        anomaly_row(window_start=W1, seq=7),
+    ]
+    # Replacing with nothing clears the window (a rerun that found no anomalies).
+    assert store.replace_window("audit_anomalies", "orders", W0, []) == 0
+    assert [r["seq"] for r in store.read("audit_anomalies")] == [8, 7]
+
+
+def test_replace_window_is_one_transaction(store: ReportStore) -> None:
+    store.replace_window("sla_results", "orders", W0, [sla_row(rule="max_lost")])
+    # The second row breaks the primary key, so the insert fails after the delete ran: both roll back.
+    with pytest.raises(sa.exc.IntegrityError):
+        store.replace_window("sla_results", "orders", W0, [sla_row(rule="max_reordered"), sla_row(rule="max_reordered")])
+    assert store.read("sla_results") == [sla_row(rule="max_lost")]
+
+
+def test_read_filters_by_topic_and_window_range(store: ReportStore) -> None:
+    for w in (W0, W1, W1 + timedelta(hours=1)):
+        for topic in ("orders", "payments"):
+            store.replace_window("sla_results", topic, w, [sla_row(window_start=w, topic=topic)])
+    got = store.read("sla_results", topic="payments", start=W1, end=W1 + timedelta(hours=1))
+    assert got == [sla_row(window_start=W1, topic="payments")]
+    assert [(r["window_start"], r["topic"]) for r in store.read("sla_results", end=W1)] == [
+        (W0, "orders"), (W0, "payments")]
+    assert store.windows("sla_results", topic="orders") == [W0, W1, W1 + timedelta(hours=1)]
+
+
+def test_anomaly_nulls_sort_first_on_every_dialect(store: ReportStore) -> None:
+    rows = [anomaly_row(anomaly="unaudited", pid=None, seq=None, offset=5, detail="missing audit.pid"),
+            anomaly_row(anomaly="seq_gap", partition=0, pid="p:1", seq=4, offset=None),
+            anomaly_row(anomaly="seq_gap", partition=0, pid="p:1", seq=3, offset=None)]
+    store.replace_window("audit_anomalies", "orders", W0, rows)
+    assert store.read("audit_anomalies") == [rows[2], rows[1], rows[0]]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda s: s.replace_window("nope", "orders", W0, []), "unknown report store table 'nope'"),
+    (lambda s: s.read("audit_report"), "unknown report store table 'audit_report'"),
+    (lambda s: s.replace_window("sla_results", "orders", datetime(2026, 11, 21, 10), []), "naive datetime"),
+    (lambda s: s.replace_window("sla_results", "", W0, []), "topic must be a non-empty string"),
+    (lambda s: s.replace_window("sla_results", "orders", W0, [sla_row(topic="payments")]),
+     "sla_results row 0: topic 'payments' does not match the window's topic 'orders'"),
+    (lambda s: s.replace_window("sla_results", "orders", W0, [sla_row(window_start=W1)]),
+     "does not match the replaced window 2026-11-21T10:00:00+00:00"),
+    (lambda s: s.replace_window("sla_results", "orders", W0, [{**sla_row(), "colour": "red"}]),
+     "sla_results row 0: unknown column(s) colour"),
+    (lambda s: s.replace_window("sla_results", "orders", W0, [{**sla_row(), "threshold": None}]),
+     "sla_results row 0: column 'threshold' is required"),
+    (lambda s: s.replace_window("sla_results", "orders", W0,
+                                [{**sla_row(), "checked_at": datetime(2026, 1, 1)}]), "checked_at: naive datetime"),
+    (lambda s: s.read("sla_results", start="2026-11-21"), "start: expected a timezone-aware UTC datetime"),
+    (lambda s: s.read_view("v_nothing"), "unknown report store view 'v_nothing'"),
+])
+def test_bad_input_is_a_named_error_and_writes_nothing(tmp_path: Path, call: Any, message: str) -> None:
+    s = ReportStore(f"sqlite:///{tmp_path / 'r.db'}")
+    s.replace_window("sla_results", "orders", W0, [sla_row()])
+    with pytest.raises(InputError) as e:
+        call(s)
+    assert message in str(e.value)
+    assert s.read("sla_results") == [sla_row()]
+    s.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("url", "message"), [
+    ("not a url", "is not a SQLAlchemy URL"),
+    ("mysql://u@h/db", "unsupported database 'mysql'"),
+])
+def test_bad_url_is_a_config_error(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ReportStore(url)
+
+
+@pytest.mark.unit
+def test_unreachable_database_is_one_clear_error(tmp_path: Path) -> None:
+    # Port 1 on localhost refuses connections; the password must not leak into the message.
+    s = ReportStore("postgresql+psycopg://audit:s3cret@127.0.0.1:1/reports?connect_timeout=2")
+    with pytest.raises(InputError) as e:
+        s.read("sla_results")
+    assert str(e.value).startswith("report store postgresql+psycopg://audit:***@127.0.0.1:1/reports")
+    assert "s3cret" not in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.unit
+def test_sqlite_parent_folder_is_created(tmp_path: Path) -> None:
+    s = ReportStore(f"sqlite:///{tmp_path / 'a' / 'b' / 'report.db'}")
+    assert s.read("audit_partition_report") == []
+    assert (tmp_path / "a" / "b" / "report.db").is_file()
+    s.close()
