@@ -1,0 +1,114 @@
+"""Fetch the JVM jars msgaudit runs on into a project-local cache, once.
+
+Two manifests under `jvm/` (Maven poms) name what is needed: `spark-deps` (Delta, Spark's Kafka
+source, JDBC drivers) and `kafka-broker` (the Kafka broker and its runtime dependencies). One
+`msgaudit setup` copies them into `.msgaudit/jars/<manifest>/`; a stamp file holding the pom's
+hash makes every later run skip Maven entirely, so nothing at run time touches the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from audit.errors import SetupError
+
+MANIFESTS = ("spark-deps", "kafka-broker")
+_STAMP = ".manifest-sha256"
+
+
+def project_root() -> Path:
+    """The checkout holding `jvm/` (the package lives one level below it)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def jars_home() -> Path:
+    """Where cached jars live: $MSGAUDIT_JARS, else <project>/.msgaudit/jars."""
+    env = os.environ.get("MSGAUDIT_JARS")
+    return Path(env) if env else project_root() / ".msgaudit" / "jars"
+
+
+def _pom(manifest: str) -> Path:
+    pom = project_root() / "jvm" / manifest / "pom.xml"
+    if not pom.exists():
+        raise SetupError(f"JVM manifest {pom} is missing; run msgaudit from a checkout of the project")
+    return pom
+
+
+def _digest(manifest: str) -> str:
+    return hashlib.sha256(_pom(manifest).read_bytes()).hexdigest()
+
+
+def jar_dir(manifest: str) -> Path:
+    """The cached jar folder of a manifest; a SetupError that says what to run if it is not there."""
+    d = jars_home() / manifest
+    stamp = d / _STAMP
+    if not stamp.exists():
+        raise SetupError(f"the {manifest} jars are not cached in {d}; run `msgaudit setup` once (needs Maven Central)")
+    if stamp.read_text().strip() != _digest(manifest):
+        raise SetupError(f"the {manifest} jars in {d} are stale (jvm/{manifest}/pom.xml changed); run `msgaudit setup`")
+    return d
+
+
+def jars(manifest: str) -> list[Path]:
+    return sorted(jar_dir(manifest).glob("*.jar"))
+
+
+def _spark_provided() -> set[str]:
+    """Artifact names pyspark already ships, so the cache adds only what is missing (no version clashes)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise SetupError("pyspark is not installed; install the project first (pip install -e .)")
+    jar_folder = Path(next(iter(spec.submodule_search_locations))) / "jars"
+    return {_artifact(p.name) for p in jar_folder.glob("*.jar")}
+
+
+def _artifact(filename: str) -> str:
+    """'kafka-clients-3.9.2.jar' -> 'kafka-clients'."""
+    stem = filename.removesuffix(".jar")
+    parts = stem.split("-")
+    while len(parts) > 1 and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def fetch(manifest: str, force: bool = False) -> Path:
+    """Copy a manifest's jars into the cache with Maven; a no-op when the cache is current."""
+    target = jars_home() / manifest
+    digest = _digest(manifest)
+    if not force and (target / _STAMP).exists() and (target / _STAMP).read_text().strip() == digest:
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError("Maven (mvn) is not on PATH; install it (apt-get install maven) and rerun `msgaudit setup`")
+    with tempfile.TemporaryDirectory(prefix="msgaudit-jars-") as tmp:
+        cmd = [mvn, "-q", "-B", "-s", str(project_root() / "jvm" / "settings.xml"), "-f", str(_pom(manifest)),
+               "dependency:copy-dependencies", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+            raise SetupError(f"Maven could not fetch the {manifest} jars:\n{tail}")
+        skip = _spark_provided() if manifest == "spark-deps" else set()
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for jar in Path(tmp).glob("*.jar"):
+            if _artifact(jar.name) not in skip:
+                shutil.copy2(jar, target / jar.name)
+    (target / _STAMP).write_text(digest + "\n")
+    return target
+
+
+def cli_setup(args: argparse.Namespace, cfg: Any) -> int:
+    for manifest in MANIFESTS:
+        d = fetch(manifest)
+        print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
+    return 0

@@ -1,0 +1,323 @@
+"""A real local Kafka (KRaft mode) run from the cached jars with `java -cp`.
+
+One node by default; `nodes=3` gives a small cluster (each node broker + controller) for the
+replication faults of the lab. Everything binds to 127.0.0.1; data lives under
+`.msgaudit/kafka/` by default. This module starts, waits for, inspects and stops broker
+processes; it knows nothing about audit logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit import jars
+from audit.errors import BrokerError, SetupError
+
+KAFKA_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <File name="file" fileName="${sys:kafka.logs.dir}/server.log"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="file"/></Root>
+    <Logger name="org.apache.kafka" level="INFO"/>
+    <Logger name="kafka" level="INFO"/>
+    <Logger name="state.change.logger" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    node_id: int
+    port: int
+    controller_port: int
+    data_dir: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        home = os.environ.get("JAVA_HOME")
+        if home and (Path(home) / "bin" / "java").exists():
+            return str(Path(home) / "bin" / "java")
+        raise SetupError("Java is not installed or not on PATH; install a JDK 17+ (apt-get install openjdk-17-jre-headless)")
+    return java
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.3)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalKafka:
+    """A local KRaft cluster of `nodes` combined broker+controller processes.
+
+    Client ports are `port, port+1, ...`; controller ports follow them. `advertised` overrides
+    the address a node advertises (the lab's fault proxy uses it to sit between client and broker).
+    """
+
+    def __init__(self, data_dir: Path | str | None = None, port: int = 9092, nodes: int = 1,
+                 advertised: dict[int, str] | None = None, broker_config: dict[str, str] | None = None) -> None:
+        if nodes < 1:
+            raise BrokerError(f"nodes must be >= 1, got {nodes}")
+        self.data_dir = Path(data_dir) if data_dir else jars.project_root() / ".msgaudit" / "kafka"
+        self.port = port
+        self.nodes = [
+            NodeSpec(i + 1, port + i, port + nodes + i, self.data_dir / f"node-{i + 1}") for i in range(nodes)
+        ]
+        self.advertised = advertised or {}
+        self.broker_config = broker_config or {}
+
+    # -- configuration ---------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(self.advertised.get(n.node_id, n.address) for n in self.nodes)
+
+    def _properties(self, node: NodeSpec) -> dict[str, str]:
+        n = len(self.nodes)
+        rf = str(min(3, n))
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": ",".join(f"{m.node_id}@127.0.0.1:{m.controller_port}" for m in self.nodes),
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.advertised.get(node.node_id, node.address)}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.data_dir / "logs"),
+            "num.partitions": "1",
+            "default.replication.factor": rf,
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "log.retention.check.interval.ms": "1000",
+            "log.segment.delete.delay.ms": "0",
+            "log.flush.interval.messages": "9223372036854775807",
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "num.recovery.threads.per.data.dir": "1",
+        }
+        props.update(self.broker_config)
+        return props
+
+    def _state_file(self) -> Path:
+        return self.data_dir / "cluster.json"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _pids(self) -> dict[int, int]:
+        try:
+            state = json.loads(self._state_file().read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(k): int(v) for k, v in state.get("pids", {}).items()}
+
+    def running_nodes(self) -> list[int]:
+        return [nid for nid, pid in self._pids().items() if _pid_alive(pid)]
+
+    def start(self, timeout: float = 60.0) -> LocalKafka:
+        """Start every node (formatting storage on first use) and wait until clients are served."""
+        java = _java()
+        classpath = str(jars.jar_dir("kafka-broker") / "*")
+        if self.running_nodes():
+            if self.is_ready():
+                return self
+            self.stop()
+        for node in self.nodes:
+            for p in (node.port, node.controller_port):
+                if port_in_use(p):
+                    raise BrokerError(f"port {p} on 127.0.0.1 is already in use; stop what uses it or pass --port")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cluster_id = self._cluster_id()
+        pids: dict[str, int] = {}
+        for node in self.nodes:
+            pids[str(node.node_id)] = self._start_node(java, classpath, node, cluster_id).pid
+        self._state_file().write_text(json.dumps({"cluster_id": cluster_id, "pids": pids,
+                                                  "bootstrap": self.bootstrap_servers}))
+        self.wait_ready(timeout)
+        return self
+
+    def _cluster_id(self) -> str:
+        f = self.data_dir / "cluster.id"
+        if f.exists():
+            return f.read_text().strip()
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        f.write_text(cid)
+        return cid
+
+    def _start_node(self, java: str, classpath: str, node: NodeSpec, cluster_id: str) -> subprocess.Popen[bytes]:
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        props = node.data_dir / "server.properties"
+        props.write_text("".join(f"{k}={v}\n" for k, v in self._properties(node).items()))
+        log4j = node.data_dir / "log4j2.xml"
+        log4j.write_text(_LOG4J2)
+        jvm = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={node.data_dir}", "-cp", classpath]
+        if not (node.data_dir / "logs" / "meta.properties").exists():
+            fmt = subprocess.run([*jvm, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props),
+                                  "--ignore-formatted"], capture_output=True, text=True)
+            if fmt.returncode != 0:
+                raise BrokerError(f"formatting node {node.node_id} storage failed: {fmt.stderr.strip()[-400:]}")
+        out = open(node.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+        return subprocess.Popen([*jvm, KAFKA_MAIN, str(props)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        # log_level 0: connection-refused chatter while a node boots is expected, not news.
+        return AdminClient({"bootstrap.servers": ",".join(n.address for n in self.nodes), "log_level": 0})
+
+    def is_ready(self) -> bool:
+        try:
+            md = self._admin().list_topics(timeout=2)
+        except Exception:
+            return False
+        return len(md.brokers) == len(self.running_nodes()) > 0
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [nid for nid, pid in self._pids().items() if not _pid_alive(pid)]
+            if dead:
+                raise BrokerError(f"Kafka node(s) {dead} exited during start-up; see {self.log_hint(dead[0])}")
+            if self.is_ready() and self._coordinator_ready():
+                return
+            time.sleep(0.3)
+        raise BrokerError(f"Kafka did not become ready within {timeout:.0f}s; see {self.log_hint(self.nodes[0].node_id)}")
+
+    def _coordinator_ready(self) -> bool:
+        """The group coordinator answers once __consumer_offsets can be created: ask it."""
+        admin = self._admin()
+        try:
+            admin.list_consumer_groups(request_timeout=2).result()
+            return True
+        except Exception:
+            return False
+
+    def log_hint(self, node_id: int) -> Path:
+        return self.data_dir / f"node-{node_id}" / "server.log"
+
+    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> None:
+        """Kill one node (the lab's broker faults)."""
+        pid = self._pids().get(node_id)
+        if pid and _pid_alive(pid):
+            os.kill(pid, sig)
+            _wait_dead(pid, 30)
+
+    def restart_node(self, node_id: int) -> None:
+        node = next(n for n in self.nodes if n.node_id == node_id)
+        pids = self._pids()
+        pids[node_id] = self._start_node(_java(), str(jars.jar_dir("kafka-broker") / "*"), node,
+                                         self._cluster_id()).pid
+        state = json.loads(self._state_file().read_text())
+        state["pids"] = {str(k): v for k, v in pids.items()}
+        self._state_file().write_text(json.dumps(state))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM every node (a clean, controlled shutdown), SIGKILL stragglers."""
+        pids = [pid for pid in self._pids().values() if _pid_alive(pid)]
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        for pid in pids:
+            if not _wait_dead(pid, timeout):
+                os.kill(pid, signal.SIGKILL)
+                _wait_dead(pid, 5)
+        if self._state_file().exists():
+            self._state_file().unlink()
+
+    def wipe(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_dead(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            waited, _ = os.waitpid(pid, os.WNOHANG)
+            if waited == pid:
+                return True
+        except ChildProcessError:
+            pass
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def cli_kafka(args: argparse.Namespace, cfg: Any) -> int:
+    data_dir = Path(args.data_dir) if args.data_dir else Path(cfg.home) / "kafka"
+    kafka = LocalKafka(data_dir, port=args.port, nodes=args.nodes)
+    if args.action == "start":
+        t0 = time.monotonic()
+        kafka.start()
+        print(f"kafka: {len(kafka.nodes)} node(s) ready at {kafka.bootstrap_servers} "
+              f"in {time.monotonic() - t0:.1f}s (data in {data_dir})")
+    elif args.action == "stop":
+        running = kafka.running_nodes()
+        kafka.stop()
+        print(f"kafka: stopped {len(running)} node(s)")
+    else:
+        running = kafka.running_nodes()
+        if running and kafka.is_ready():
+            print(f"kafka: running, {len(running)} node(s) at {kafka.bootstrap_servers}")
+        else:
+            print("kafka: not running")
+            return 1
+    return 0

@@ -1,0 +1,95 @@
+"""Shared fixtures: one real Kafka broker, one Delta-enabled SparkSession and one real PostgreSQL per
+test session (each started only when a test asks for it), and a config factory pointing at them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit import config as config_mod
+from audit.config import Config
+from audit.local_kafka import LocalKafka, free_port
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A real single-node KRaft broker on a free loopback port, from the cached jars."""
+    port = free_port()
+    while not _free_block(port, 2):
+        port = free_port()
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=port, nodes=1)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def _free_block(port: int, n: int) -> bool:
+    from audit.local_kafka import port_in_use
+
+    return not any(port_in_use(p) for p in range(port, port + n))
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_cluster: LocalKafka) -> str:
+    return kafka_cluster.bootstrap_servers
+
+
+def new_topic(bootstrap: str, partitions: int = 1, prefix: str = "t", **topic_config: str) -> str:
+    """Create a uniquely named topic (replication 1) and return its name."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    cfg = {k.replace("_", "."): str(v) for k, v in topic_config.items()}
+    admin.create_topics([NewTopic(name, partitions, 1, config=cfg)])[name].result(timeout=30)
+    return name
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Delta- and Kafka-ready local[2] SparkSession for the whole test run."""
+    from spark_jobs.session import build_spark
+
+    home = tmp_path_factory.mktemp("spark-home")
+    cfg = config_mod.from_dict({"home": str(home), "spark": {"spark.sql.shuffle.partitions": "2",
+                                                             "spark.default.parallelism": "2"}})
+    session = build_spark(cfg, app_name="msgaudit-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """SQLAlchemy URL of a real PostgreSQL database (a private server started for this run)."""
+    from tests.support.services import postgres_server
+
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def make_config(request: pytest.FixtureRequest) -> Callable[..., Config]:
+    """Factory: a Config whose lake, ledgers and report store live under tmp_path.
+
+    Kafka points at the session broker only when the test also uses `kafka_bootstrap` (so pure
+    Spark tests never start a broker).
+    """
+
+    def make(tmp_path: Path, topics: Mapping[str, Any] | None = None, **overrides: Any) -> Config:
+        data: dict[str, Any] = {
+            "home": str(tmp_path / ".msgaudit"),
+            "lake": str(tmp_path / "lake"),
+            "ledger_dir": str(tmp_path / "ledger"),
+            "report_store": f"sqlite:///{tmp_path / 'report.db'}",
+            "topics": dict(topics or {}),
+        }
+        if "kafka_bootstrap" in request.fixturenames:
+            data["kafka"] = {"bootstrap.servers": request.getfixturevalue("kafka_bootstrap")}
+        data.update(overrides)
+        return config_mod.from_dict(data, source="<test>", base=tmp_path)
+
+    return make

@@ -1,0 +1,104 @@
+"""Config parsing: typed objects, ${ENV} interpolation, errors that name the bad key and file."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from audit import config
+from audit.config import SlaRule
+from audit.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+GOOD = """
+lake: ./lake
+report_store: sqlite:///report.db
+kafka: {bootstrap.servers: "127.0.0.1:9092", sasl.password: "${MSGAUDIT_TEST_SECRET}"}
+spark: {master: "local[2]"}
+topics:
+  orders:
+    window: 1h
+    grace: 15m
+    sla: {max_lost: 0, max_duplicate_ratio: 0, max_reordered: 0,
+          max_p99_latency_ms: {threshold: 60000, severity: warn}}
+    groups: [orders-loader]
+    sinks:
+      - {name: orders_table, format: delta, location: ./sinks/orders, group: orders-loader}
+      - {name: orders_sql, format: sql, url: "sqlite:///sink.db", table: orders, columns: {seq: my_seq}}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "msgaudit.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGAUDIT_TEST_SECRET", "s3cret")
+    cfg = config.load(write(tmp_path, GOOD))
+    assert cfg.lake == (tmp_path / "lake").resolve()
+    assert cfg.report_store == f"sqlite:///{(tmp_path / 'report.db').resolve()}"
+    assert cfg.kafka == {"bootstrap.servers": "127.0.0.1:9092", "sasl.password": "s3cret"}
+    assert cfg.spark_master == "local[2]"
+    t = cfg.topic("orders")
+    assert (t.window, t.grace, t.lookback_or_window) == (timedelta(hours=1), timedelta(minutes=15), timedelta(hours=1))
+    assert t.sla == (
+        SlaRule("max_lost", 0.0, "error"),
+        SlaRule("max_duplicate_ratio", 0.0, "error"),
+        SlaRule("max_reordered", 0.0, "error"),
+        SlaRule("max_p99_latency_ms", 60000.0, "warn"),
+    )
+    assert t.groups == ("orders-loader",)
+    delta, sql = t.sinks
+    assert (delta.name, delta.format, delta.group, delta.location) == (
+        "orders_table", "delta", "orders-loader", str((tmp_path / "sinks/orders").resolve()))
+    assert (sql.table, sql.column("seq"), sql.column("offset")) == ("orders", "my_seq", "audit_offset")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lakes: ./x\n", "unknown key 'lakes'"),
+        ("topics: {orders: {windw: 1h}}\n", "topics.orders: unknown key 'windw'"),
+        ("topics: {orders: {window: soon}}\n", "topics.orders.window: expected a duration"),
+        ("topics: {orders: {window: 7m}}\n", "must divide a day evenly"),
+        ("topics: {orders: {sla: {max_lots: 0}}}\n", "topics.orders.sla: unknown key 'max_lots'"),
+        ("topics: {orders: {sla: {max_lost: {threshold: 0, severity: fatal}}}}\n", "severity: expected 'error' or 'warn'"),
+        ("topics: {orders: {sinks: [{name: s, format: csv}]}}\n", "sinks[0].format: expected 'delta' or 'sql'"),
+        ("topics: {orders: {sinks: [{name: s, format: delta}]}}\n", "a delta sink needs 'location'"),
+        ("topics: {orders: {groups: [g], sinks: [{name: s, format: delta, location: x, group: h}]}}\n",
+         "fed by group 'h', which is not in groups"),
+        ("kafka: {sasl.password: '${MSGAUDIT_SURELY_UNSET_VAR}'}\n", "${MSGAUDIT_SURELY_UNSET_VAR} is not set"),
+        ("report_store: nowhere\n", "expected a SQLAlchemy URL"),
+        ("- a\n- b\n", "expected a mapping at the top level"),
+        ("topics: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_missing_explicit_file_is_an_error_but_no_file_means_defaults(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        config.load(tmp_path / "nope.yaml")
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load(None)
+    assert cfg.source == "<defaults>"
+    assert cfg.lake == (tmp_path / ".msgaudit" / "lake").resolve()
+    assert cfg.kafka == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert dict(cfg.topics) == {}
+
+
+def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, "topics: {a: {}, b: {}}\n"))
+    with pytest.raises(ConfigError, match=r"unknown topic 'c' \(configured: a, b\)"):
+        cfg.topic("c")

@@ -1,0 +1,104 @@
+"""The local stack itself: the broker lifecycle, Spark with Delta, Spark's Kafka source, PostgreSQL."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from audit.errors import BrokerError, SetupError
+from audit.local_kafka import LocalKafka, free_port
+from tests.conftest import new_topic
+
+
+@pytest.mark.unit
+def test_port_taken_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(BrokerError, match=f"port {port} on 127.0.0.1 is already in use"):
+            LocalKafka(tmp_path, port=port).start()
+
+
+@pytest.mark.unit
+def test_missing_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(SetupError, match="Java is not installed"):
+        LocalKafka(tmp_path, port=free_port()).start()
+
+
+@pytest.mark.unit
+def test_cluster_is_a_parameter(tmp_path: Path) -> None:
+    k = LocalKafka(tmp_path, port=30000, nodes=3)
+    assert k.bootstrap_servers == "127.0.0.1:30000,127.0.0.1:30001,127.0.0.1:30002"
+    props = k._properties(k.nodes[1])
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:30003,2@127.0.0.1:30004,3@127.0.0.1:30005"
+    assert props["offsets.topic.replication.factor"] == "3"
+
+
+@pytest.mark.kafka
+def test_broker_start_status_stop(tmp_path: Path) -> None:
+    port = free_port()
+    k = LocalKafka(tmp_path / "k", port=port)
+    k.start()
+    try:
+        assert k.running_nodes() == [1]
+        assert k.is_ready()
+        # A second start on a running broker is a no-op, not a second process.
+        k.start()
+        assert k.running_nodes() == [1]
+    finally:
+        k.stop()
+    assert k.running_nodes() == []
+    assert not k.is_ready()
+
+
+@pytest.mark.spark
+def test_delta_write_and_read_back(spark: Any, tmp_path: Path) -> None:
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "t")
+    spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string").write.format("delta").save(path)
+    DeltaTable.forPath(spark, path).alias("t").merge(
+        spark.createDataFrame([(2, "B"), (3, "c")], "id long, v string").alias("s"), "t.id = s.id"
+    ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    rows = sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
+    assert rows == [(1, "a"), (2, "B"), (3, "c")]
+    assert DeltaTable.forPath(spark, path).history().count() == 2
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_spark_batch_reads_a_real_topic_with_headers(spark: Any, kafka_bootstrap: str) -> None:
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(6):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2,
+                  headers=[("audit.pid", b"p:1"), ("audit.seq", str(i).encode())])
+    assert p.flush(10) == 0
+    df = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+          .option("subscribe", topic).option("includeHeaders", "true")
+          .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+    got = sorted((r.partition, r.offset, r.key.decode(), [(h.key, bytes(h.value)) for h in r.headers])
+                 for r in df.collect())
+    assert got == [
+        (i % 2, i // 2, f"k{i}", [("audit.pid", b"p:1"), ("audit.seq", str(i).encode())])
+        for i in sorted(range(6), key=lambda i: (i % 2, i // 2))
+    ]
+
+
+@pytest.mark.postgres
+def test_postgres_is_real(pg_url: str) -> None:
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(pg_url)
+    with eng.connect() as c:
+        assert c.execute(sa.text("select current_database()")).scalar() == "msgaudit"
+        assert c.execute(sa.text("show server_version_num")).scalar() >= "150000"
+    eng.dispose()
