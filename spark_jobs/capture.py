@@ -1,0 +1,639 @@
+"""Log capture (DESIGN §2, §4): what the Kafka log holds for a window range -> Delta.
+
+For every configured topic, `capture` plans an offset range per partition in the driver
+(confluent_kafka AdminClient: describe_topics, list_offsets), batch-reads that range twice with
+Spark's Kafka source (read_uncommitted for every record, read_committed to tell which records
+belong to aborted transactions), parses the audit headers with Spark expressions that mirror
+`audit.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
+`log_records` keyed on (topic, partition, offset), so a rerun changes nothing. It also appends
+snapshots of the configured groups' committed offsets (`group_offsets`) and of every
+partition's watermarks (`partition_watermarks`).
+
+Offset planning (`plan_partition`):
+* The time range read is [first window start - lookback - SKEW, last window end + grace + SKEW)
+  by *Kafka* timestamp. Window membership is decided later by produce time (audit.ts), and a
+  producer's CreateTime or a topic's LogAppendTime can differ from audit.ts (clock skew,
+  retries, broker-side append time), so SKEW (5 minutes) widens the range on both sides.
+  Reading more than the window is harmless: rows are keyed by offset and MERGEd.
+* Offsets come from ListOffsets-for-timestamp (first offset whose timestamp >= t; none -> the
+  high watermark) and are clamped to [log_start_offset, high_watermark].
+* Both passes end at min(planned end, last stable offset). Records at or past the LSO belong to,
+  or follow, a transaction that is still open: their fate (committed or aborted) is not decided
+  yet, a read_committed read of them would block until the transaction ends, and marking them
+  either way would be a guess. They are left for a later capture (the next window's capture
+  re-reads them through its lookback) and counted as `deferred` in the result. So for every row
+  in `log_records`, `committed` is final: false means the record's transaction was aborted.
+
+Kafka client settings: the driver uses cfg.kafka as is (librdkafka names). Spark's Kafka source is
+the Java client, so `java_kafka_options` maps the settings it needs (see its docstring); a
+security setting it cannot map is a ConfigError, never silently dropped.
+
+This module must not decide anomalies (reconcile does), write any table other than the three
+above, or commit offsets for any consumer group (Spark's Kafka source never commits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from audit import headers as H
+from audit.config import Config, TopicConfig
+from audit.errors import BrokerError, ConfigError, InputError
+from audit.timeutil import parse_instant, to_millis, windows
+from spark_jobs.schemas import GROUP_OFFSETS, LOG_RECORDS, PART_HOUR, PART_HOUR_FORMAT, PARTITION_WATERMARKS
+
+# How far Kafka timestamps may sit from audit.ts (see module docstring).
+SKEW = timedelta(minutes=5)
+# Latest audit.ts Spark (and Python's datetime) can represent: 9999-12-31T23:59:59.999Z.
+MAX_TS_MS = 253_402_300_799_999
+ADMIN_TIMEOUT_S = 30.0
+LOG_TABLE = "log_records"
+GROUP_OFFSETS_TABLE = "group_offsets"
+WATERMARKS_TABLE = "partition_watermarks"
+LOG_PARTITION_COLUMNS = ("topic", PART_HOUR)
+DATA_COLUMNS = tuple(f.name for f in LOG_RECORDS.fields if f.name != "captured_at")
+
+# librdkafka's OFFSET_INVALID: what list_consumer_group_offsets returns for "no committed offset".
+_NO_OFFSET = -1001
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """The planned read of one partition: offsets [start, end) in both passes."""
+
+    partition: int
+    start: int
+    end: int
+    log_start_offset: int
+    high_watermark: int
+    last_stable_offset: int
+    time_end: int  # where the time range ended before the LSO cut; end..time_end is deferred
+
+    @property
+    def offsets(self) -> int:
+        return self.end - self.start
+
+    @property
+    def deferred(self) -> int:
+        return self.time_end - self.end
+
+
+@dataclass(frozen=True)
+class TopicCapture:
+    topic: str
+    partitions: int
+    offsets_read: int  # sum of planned range sizes (control markers take offsets too)
+    records: int  # data records captured (both committed and aborted)
+    aborted: int  # records of aborted transactions (committed = false)
+    header_errors: int  # records whose audit headers are missing or malformed
+    deferred: int  # offsets past the last stable offset, left for a later capture
+    groups: int  # group offset rows snapshotted
+    ranges: tuple[PartitionRange, ...] = ()
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    captured_at: datetime
+    start: datetime
+    end: datetime
+    topics: Mapping[str, TopicCapture] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"captured {self.start.isoformat()} .. {self.end.isoformat()} at {self.captured_at.isoformat()}"]
+        for t in self.topics.values():
+            lines.append(
+                f"  {t.topic}: {t.records} records in {t.offsets_read} offsets over {t.partitions} partitions, "
+                f"{t.aborted} aborted, {t.header_errors} header errors, {t.deferred} deferred (open transaction)"
+            )
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure planning
+
+
+def time_range(tc: TopicConfig, start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    """Kafka-timestamp range to read for the windows of [start, end): lookback, grace and SKEW added."""
+    ws = list(windows(start, end, tc.window))
+    return ws[0][0] - tc.lookback_or_window - SKEW, ws[-1][1] + tc.grace + SKEW
+
+
+def plan_partition(partition: int, log_start: int, high: int, lso: int,
+                   offset_at_from: int, offset_at_to: int) -> PartitionRange:
+    """Offsets to read for one partition.
+
+    `offset_at_from` / `offset_at_to` are ListOffsets-for-timestamp answers (first offset whose
+    timestamp >= t, or -1 when there is none, meaning "past the end").
+    """
+    def at(offset: int) -> int:
+        return high if offset < 0 else offset
+
+    start = min(max(at(offset_at_from), log_start), high)
+    time_end = min(max(at(offset_at_to), start), high)
+    end = max(start, min(time_end, lso))
+    return PartitionRange(partition, start, end, log_start, high, lso, time_end)
+
+
+def offsets_json(topic: str, ranges: Iterable[PartitionRange], which: str) -> str:
+    """Spark's startingOffsets / endingOffsets JSON for the given ranges ('start' or 'end')."""
+    return json.dumps({topic: {str(r.partition): getattr(r, which) for r in ranges}})
+
+
+_JAAS = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+_SAME_NAME = ("bootstrap.servers", "client.id", "sasl.kerberos.service.name", "ssl.key.password")
+
+
+def java_kafka_options(kafka: Mapping[str, str]) -> dict[str, str]:
+    """cfg.kafka (librdkafka names) -> Spark Kafka source options (`kafka.` + Java client names).
+
+    Mapped: bootstrap.servers, client.id, sasl.kerberos.service.name, ssl.key.password (same
+    names); security.protocol (upper-cased); sasl.mechanism(s) -> sasl.mechanism;
+    sasl.username + sasl.password -> sasl.jaas.config (PLAIN, SCRAM-SHA-256/512);
+    ssl.ca.location -> PEM truststore file; ssl.ca.pem -> ssl.truststore.certificates;
+    ssl.certificate.pem + ssl.key.pem -> PEM keystore (inline); ssl.certificate.location and
+    ssl.key.location naming one combined PEM file -> PEM keystore file;
+    ssl.endpoint.identification.algorithm (none -> empty, as Java spells it).
+    Any other sasl.* / ssl.* setting raises ConfigError (a security setting is never dropped);
+    the rest are librdkafka tuning that means nothing to the Java client and is not passed on.
+    """
+    out: dict[str, str] = {}
+    rest = dict(kafka)
+
+    def take(key: str) -> str | None:
+        return rest.pop(key, None)
+
+    for key in _SAME_NAME:
+        value = take(key)
+        if value is not None:
+            out[f"kafka.{key}"] = value
+    if "kafka.bootstrap.servers" not in out:
+        raise ConfigError("kafka: bootstrap.servers is required")
+    protocol = take("security.protocol")
+    if protocol is not None:
+        out["kafka.security.protocol"] = protocol.upper()
+    mechanism = take("sasl.mechanism") or take("sasl.mechanisms")
+    rest.pop("sasl.mechanisms", None)
+    if mechanism is not None:
+        out["kafka.sasl.mechanism"] = mechanism.upper()
+    user, password = take("sasl.username"), take("sasl.password")
+    if user is not None or password is not None:
+        module = _JAAS.get((mechanism or "").upper())
+        if module is None or user is None or password is None:
+            raise ConfigError(
+                "kafka: sasl.username/sasl.password map to Spark's Kafka client only with "
+                f"sasl.mechanism PLAIN or SCRAM-SHA-256/512 and both set (got mechanism {mechanism!r})"
+            )
+        esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        out["kafka.sasl.jaas.config"] = f'{module} required username="{esc(user)}" password="{esc(password)}";'
+    ca_location, ca_pem = take("ssl.ca.location"), take("ssl.ca.pem")
+    if ca_location is not None:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.location"] = ca_location
+    if ca_pem is not None:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.certificates"] = ca_pem
+    cert_pem, key_pem = take("ssl.certificate.pem"), take("ssl.key.pem")
+    if cert_pem is not None or key_pem is not None:
+        if cert_pem is None or key_pem is None:
+            raise ConfigError("kafka: ssl.certificate.pem and ssl.key.pem must be set together")
+        out["kafka.ssl.keystore.type"] = "PEM"
+        out["kafka.ssl.keystore.certificate.chain"] = cert_pem
+        out["kafka.ssl.keystore.key"] = key_pem
+    cert_loc, key_loc = take("ssl.certificate.location"), take("ssl.key.location")
+    if cert_loc is not None or key_loc is not None:
+        if cert_loc != key_loc:
+            raise ConfigError(
+                "kafka: Spark's Kafka client reads the client key and certificate from one PEM file; "
+                "point ssl.certificate.location and ssl.key.location at the same combined file, "
+                "or use ssl.certificate.pem / ssl.key.pem"
+            )
+        out["kafka.ssl.keystore.type"] = "PEM"
+        out["kafka.ssl.keystore.location"] = str(cert_loc)
+    algorithm = take("ssl.endpoint.identification.algorithm")
+    if algorithm is not None:
+        out["kafka.ssl.endpoint.identification.algorithm"] = "" if algorithm.lower() == "none" else algorithm
+    unmapped = sorted(k for k in rest if k.startswith(("sasl.", "ssl.")))
+    if unmapped:
+        raise ConfigError(
+            f"kafka: {', '.join(unmapped)} cannot be passed to Spark's Kafka source (Java client); "
+            "see spark_jobs.capture.java_kafka_options for the settings that map"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Transforms: Kafka source rows -> log_records rows (no I/O)
+
+_NON_PRINTABLE = r"(?s)\A[\p{C}\p{Z}&&[^ ]]\z"  # str.isprintable() is False for C* and Z* but ' '
+_DIGITS = r"\A[0-9]+\z"
+
+
+def py_repr(text: Column, max_chars: int = 40) -> Column:
+    """Spark mirror of `audit.headers._quote`: repr() of the text, cut to `max_chars` + '...'.
+
+    Python's rule for repr(str): quote with " only when the text holds ' and no ", else with ';
+    escape the quote and backslash, \\t \\n \\r, and every non-printable character as \\xhh,
+    \\uhhhh or \\Uhhhhhhhh. "Printable" comes from the JVM's Unicode tables, which can lag
+    Python's by a version for characters assigned in the newest Unicode release.
+    """
+    cut = F.when(F.char_length(text) <= max_chars, text).otherwise(
+        F.concat(F.substring(text, 1, max_chars), F.lit("...")))
+    quote = F.when(F.contains(cut, F.lit("'")) & ~F.contains(cut, F.lit('"')), F.lit('"')).otherwise(F.lit("'"))
+
+    def hex_escape(cp: Column) -> Column:
+        h = F.lower(F.hex(cp))
+        return (F.when(cp < 0x100, F.concat(F.lit("\\x"), F.lpad(h, 2, "0")))
+                .when(cp < 0x10000, F.concat(F.lit("\\u"), F.lpad(h, 4, "0")))
+                .otherwise(F.concat(F.lit("\\U"), F.lpad(h, 8, "0"))))
+
+    def escape(c: Column) -> Column:
+        return (F.when((c == quote) | (c == F.lit("\\")), F.concat(F.lit("\\"), c))
+                .when(c == F.lit("\t"), F.lit("\\t"))
+                .when(c == F.lit("\n"), F.lit("\\n"))
+                .when(c == F.lit("\r"), F.lit("\\r"))
+                .when(c.rlike(_NON_PRINTABLE), hex_escape(F.ascii(c)))
+                .otherwise(c))
+
+    chars = F.regexp_extract_all(cut, F.lit("(?s)."), F.lit(0))  # one element per code point
+    return F.concat(quote, F.array_join(F.transform(chars, escape), ""), quote)
+
+
+def _first(*options: tuple[Column, Column | str]) -> Column:
+    """CASE WHEN c1 THEN v1 WHEN c2 THEN v2 ... END (null when nothing matches)."""
+    expr: Any = F
+    for cond, value in options:
+        expr = expr.when(cond, value if isinstance(value, Column) else F.lit(value))
+    return expr
+
+
+def _key_is(name: str) -> Any:
+    # A one-argument function: F.filter reads a second parameter as the element index.
+    return lambda h: h["key"] == F.lit(name)
+
+
+def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame:
+    """Add pid, seq, ts_ms, audit_key, header_error: `audit.headers.parse` as Spark expressions.
+
+    The Python module is the definition; this mirrors its rules and their order exactly
+    (tests compare the two on generated headers). `headers_col` is Spark's Kafka source column,
+    array<struct<key: string, value: binary>>.
+    """
+    hs = F.col(headers_col)
+    count: dict[str, Column] = {}
+    text: dict[str, Column] = {}
+    dup: dict[str, Column] = {}
+    bad_value: dict[str, Column] = {}
+    broken: dict[str, Column] = {}
+    for name in H.AUDIT_HEADERS:
+        matches = F.filter(hs, _key_is(name))
+        n_ = F.coalesce(F.size(matches), F.lit(0))
+        raw = F.when(n_ == 1, matches.getItem(0)["value"])
+        as_text = raw.cast("string")
+        valid = F.coalesce(F.is_valid_utf8(as_text), F.lit(False))
+        count[name] = n_
+        dup[name] = F.when(n_ > 1, F.lit(f"duplicate audit header: {name}"))
+        bad_value[name] = _first(
+            ((n_ == 1) & raw.isNull(), f"{name} has no value"),
+            ((n_ == 1) & raw.isNotNull() & ~valid, f"{name} is not UTF-8"),
+        )
+        broken[name] = dup[name].isNotNull() | bad_value[name].isNotNull()
+        text[name] = F.when((n_ == 1) & valid, as_text)
+
+    any_present = F.greatest(*[count[n] for n in H.AUDIT_HEADERS]) > 0
+
+    pid_text = text[H.PID]
+    pid_error = _first(
+        (broken[H.PID], F.lit(None).cast("string")),
+        (pid_text.isNull(), f"missing {H.PID}"),
+        (pid_text == "", f"{H.PID} is empty"),
+        (F.char_length(pid_text) > H.MAX_PID_CHARS, f"{H.PID} longer than {H.MAX_PID_CHARS} chars"),
+    )
+
+    def long_field(name: str) -> tuple[Column, Column]:
+        t = text[name]
+        value = t.try_cast("long")
+        error = _first(
+            (broken[name], F.lit(None).cast("string")),
+            (t.isNull(), f"missing {name}"),
+            (~t.rlike(_DIGITS), F.concat(F.lit(f"{name} not an integer: "), py_repr(t))),
+            (value.isNull(), F.concat(F.lit(f"{name} out of range: "), py_repr(t))),
+        )
+        return F.when(error.isNull(), value), error
+
+    seq, seq_error = long_field(H.SEQ)
+    ts_ms, ts_error = long_field(H.TS)
+    key_text = text[H.KEY]
+    key_error = F.when(key_text == "", F.lit(f"{H.KEY} is empty"))
+
+    # errors[0] of parse: duplicates first, then missing values / bad UTF-8, then field rules.
+    error = F.coalesce(
+        *[dup[n] for n in H.AUDIT_HEADERS],
+        *[bad_value[n] for n in H.AUDIT_HEADERS],
+        pid_error, seq_error, ts_error, key_error,
+    )
+    return df.select(
+        "*",
+        F.when(any_present & pid_error.isNull(), pid_text).alias("pid"),
+        F.when(any_present, seq).alias("seq"),
+        F.when(any_present, ts_ms).alias("ts_ms"),
+        F.when(any_present & key_error.isNull(), key_text).alias("audit_key"),
+        F.when(any_present, error).otherwise(F.lit("no audit headers")).alias("header_error"),
+    )
+
+
+def fingerprint(audit_key: Column, key: Column, value: Column) -> Column:
+    """DESIGN §3: audit.key when present, else SHA-256 hex of (key bytes, 0x00, value bytes)."""
+    empty = F.lit(b"").cast("binary")
+    raw = F.concat(F.coalesce(key, empty), F.lit(b"\x00").cast("binary"), F.coalesce(value, empty))
+    return F.coalesce(audit_key, F.sha2(raw, 256))
+
+
+def utc_hour(ts: Column, session_tz: str) -> Column:
+    """'YYYY-MM-DDTHH' of an instant in UTC, whatever the session time zone is."""
+    wall_utc = F.convert_timezone(F.lit(session_tz), F.lit("UTC"), ts.cast("timestamp_ntz"))
+    return F.date_format(wall_utc, PART_HOUR_FORMAT)
+
+
+def to_log_records(kafka_rows: DataFrame, committed_offsets: DataFrame, captured_at: datetime,
+                   session_tz: str = "UTC") -> DataFrame:
+    """Kafka source rows (read_uncommitted) + the offsets a read_committed pass saw -> log_records.
+
+    `committed_offsets` has (topic, partition, offset) of the same range read with read_committed;
+    a record missing from it belongs to an aborted transaction.
+    """
+    seen = committed_offsets.select("topic", "partition", "offset").distinct().withColumn("_c", F.lit(True))
+    parsed = with_audit_headers(kafka_rows).join(seen, ["topic", "partition", "offset"], "left")
+    # audit.ts beyond year 9999 is a valid header (parse allows any long) but no timestamp: the
+    # row keeps its (valid) headers and falls back to kafka_ts for its hour.
+    produce_ts = F.when(F.col("ts_ms") <= MAX_TS_MS, F.timestamp_millis(F.col("ts_ms")))
+    return parsed.select(
+        F.col("topic"),
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.col("timestamp").alias("kafka_ts"),
+        F.col("pid"),
+        F.col("seq"),
+        produce_ts.alias("produce_ts"),
+        fingerprint(F.col("audit_key"), F.col("key"), F.col("value")).alias("fingerprint"),
+        F.coalesce(F.col("_c"), F.lit(False)).alias("committed"),
+        F.col("header_error"),
+        F.lit(captured_at).cast("timestamp").alias("captured_at"),
+        utc_hour(F.coalesce(produce_ts, F.col("timestamp")), session_tz).alias(PART_HOUR),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Broker edge (driver side, confluent_kafka)
+
+
+def _bootstrap(cfg: Config) -> str:
+    return cfg.kafka.get("bootstrap.servers", "?")
+
+
+def _admin(cfg: Config) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(dict(cfg.kafka))
+
+
+def _result(future: Any, cfg: Config, what: str) -> Any:
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        return future.result(timeout=ADMIN_TIMEOUT_S)
+    except KafkaException as e:
+        err = e.args[0] if e.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise InputError(f"{what}: topic does not exist on the Kafka cluster at {_bootstrap(cfg)} "
+                             f"(create it, or remove it from {cfg.source})") from None
+        raise BrokerError(f"{what}: Kafka at {_bootstrap(cfg)} answered: {err}") from None
+    except TimeoutError:
+        raise BrokerError(f"{what}: no answer from Kafka at {_bootstrap(cfg)} within "
+                          f"{ADMIN_TIMEOUT_S:.0f}s (is the broker up? `msgaudit kafka status`)") from None
+
+
+def _partitions(admin: Any, cfg: Config, topic: str) -> list[int]:
+    from confluent_kafka import TopicCollection
+
+    futures = admin.describe_topics(TopicCollection([topic]), request_timeout=ADMIN_TIMEOUT_S)
+    desc = _result(futures[topic], cfg, f"topic {topic!r}")
+    return sorted(p.id for p in desc.partitions)
+
+
+def _list_offsets(admin: Any, cfg: Config, topic: str, partitions: Sequence[int], spec: Any,
+                  committed: bool = False) -> dict[int, int]:
+    from confluent_kafka import IsolationLevel, TopicPartition
+
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions},
+                                 isolation_level=level, request_timeout=ADMIN_TIMEOUT_S)
+    return {tp.partition: _result(f, cfg, f"topic {topic!r} offsets").offset for tp, f in futures.items()}
+
+
+def plan_topic(admin: Any, cfg: Config, topic: str, partitions: Sequence[int],
+               start: datetime, end: datetime) -> list[PartitionRange]:
+    """Ask the broker for watermarks, LSOs and offsets-for-times; plan every partition's read."""
+    from confluent_kafka.admin import OffsetSpec
+
+    tc = cfg.topic(topic)
+    t_from, t_to = time_range(tc, start, end)
+    low = _list_offsets(admin, cfg, topic, partitions, OffsetSpec.earliest())
+    high = _list_offsets(admin, cfg, topic, partitions, OffsetSpec.latest())
+    lso = _list_offsets(admin, cfg, topic, partitions, OffsetSpec.latest(), committed=True)
+    at_from = _list_offsets(admin, cfg, topic, partitions, OffsetSpec.for_timestamp(to_millis(t_from)))
+    at_to = _list_offsets(admin, cfg, topic, partitions, OffsetSpec.for_timestamp(to_millis(t_to)))
+    return [plan_partition(p, low[p], high[p], lso[p], at_from[p], at_to[p]) for p in partitions]
+
+
+def group_offsets(admin: Any, cfg: Config, topic: str, partitions: Sequence[int]) -> list[tuple[str, int, int | None]]:
+    """(group, partition, committed offset or None) for every group configured on the topic."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    rows: list[tuple[str, int, int | None]] = []
+    for group in cfg.topic(topic).groups:
+        # The API takes one group per request.
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+        futures = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
+        answer = _result(futures[group], cfg, f"group {group!r} offsets on {topic!r}")
+        for tp in answer.topic_partitions:
+            if tp.error is not None:
+                raise BrokerError(f"group {group!r} offsets on {topic!r}[{tp.partition}]: {tp.error}")
+            rows.append((group, tp.partition, None if tp.offset == _NO_OFFSET else tp.offset))
+    return sorted(rows, key=lambda r: (r[0], r[1]))
+
+
+# --------------------------------------------------------------------------------------------
+# Spark / Delta edge
+
+
+def _read_kafka(spark: SparkSession, cfg: Config, topic: str, ranges: Sequence[PartitionRange],
+                isolation: str) -> DataFrame:
+    return (
+        spark.read.format("kafka")
+        .options(**java_kafka_options(cfg.kafka))
+        .option("assign", json.dumps({topic: [r.partition for r in ranges]}))
+        .option("startingOffsets", offsets_json(topic, ranges, "start"))
+        .option("endingOffsets", offsets_json(topic, ranges, "end"))
+        .option("includeHeaders", "true")
+        .option("kafka.isolation.level", isolation)
+        .option("groupIdPrefix", "msgaudit-capture")
+        .load()
+    )
+
+
+def _log_table_schema() -> Any:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([*LOG_RECORDS.fields, StructField(PART_HOUR, StringType(), False)])
+
+
+def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
+    from delta.tables import DeltaTable
+
+    from spark_jobs.lake import table_path
+
+    (DeltaTable.createIfNotExists(spark).location(table_path(cfg, LOG_TABLE))
+     .addColumns(_log_table_schema()).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
+
+
+def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFrame,
+                      ranges: Sequence[PartitionRange]) -> None:
+    """MERGE rows into log_records on (topic, partition, offset); identical rows are left alone.
+
+    A matched row is rewritten only if its content differs (a topic deleted and recreated
+    reuses offsets), so a rerun over the same log changes nothing, captured_at included. The
+    literal topic and offset bounds let Delta prune partitions and skip files by statistics.
+    """
+    from delta.tables import DeltaTable
+
+    from spark_jobs.lake import table_path
+
+    ensure_log_table(spark, cfg)
+    t, s = "t", "s"
+    key = ((F.col(f"{t}.topic") == F.lit(topic)) & (F.col(f"{t}.topic") == F.col(f"{s}.topic"))
+           & (F.col(f"{t}.partition") == F.col(f"{s}.partition")) & (F.col(f"{t}.offset") == F.col(f"{s}.offset")))
+    bounds = [(F.col(f"{t}.partition") == r.partition) & F.col(f"{t}.offset").between(r.start, r.end - 1)
+              for r in ranges if r.offsets > 0]
+    any_bound = bounds[0]
+    for b in bounds[1:]:
+        any_bound = any_bound | b
+    same = F.lit(True)
+    for c in (*DATA_COLUMNS, PART_HOUR):
+        same = same & F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
+    columns = [*LOG_RECORDS.fieldNames(), PART_HOUR]
+    (DeltaTable.forPath(spark, table_path(cfg, LOG_TABLE)).alias(t)
+     .merge(rows.alias(s), key & any_bound)
+     .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in columns})
+     .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in columns})
+     .execute())
+
+
+def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, rows: list[tuple[Any, ...]]) -> None:
+    from spark_jobs.lake import write_table
+
+    write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",))
+
+
+def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, partitions: Sequence[int],
+                  start: datetime, end: datetime, captured_at: datetime) -> TopicCapture:
+    """Snapshot group offsets and watermarks, then read and MERGE one topic's planned range."""
+    # Group offsets first: a group cannot have committed past what the log read afterwards holds.
+    groups = group_offsets(admin, cfg, topic, partitions)
+    ranges = plan_topic(admin, cfg, topic, partitions, start, end)
+    _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS,
+                     [(g, topic, p, off, captured_at) for g, p, off in groups])
+    _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS,
+                     [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at) for r in ranges])
+    to_read = [r for r in ranges if r.offsets > 0]
+    records = aborted = header_errors = 0
+    if to_read:
+        everything = _read_kafka(spark, cfg, topic, to_read, "read_uncommitted")
+        committed = _read_kafka(spark, cfg, topic, to_read, "read_committed").select("topic", "partition", "offset")
+        tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
+        rows = to_log_records(everything, committed, captured_at, tz).persist()
+        try:
+            counts = rows.agg(
+                F.count(F.lit(1)).alias("records"),
+                F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
+                F.count(F.col("header_error")).alias("header_errors"),
+            ).first()
+            assert counts is not None
+            records, aborted, header_errors = int(counts[0]), int(counts[1]), int(counts[2])
+            if records:
+                merge_log_records(spark, cfg, topic, rows, to_read)
+        finally:
+            rows.unpersist()
+    ensure_log_table(spark, cfg)
+    return TopicCapture(
+        topic=topic,
+        partitions=len(ranges),
+        offsets_read=sum(r.offsets for r in ranges),
+        records=records,
+        aborted=aborted,
+        header_errors=header_errors,
+        deferred=sum(r.deferred for r in ranges),
+        groups=len(groups),
+        ranges=tuple(ranges),
+    )
+
+
+def _selected_topics(cfg: Config, topics: Sequence[str] | None) -> list[str]:
+    if topics:
+        return [cfg.topic(t).name for t in dict.fromkeys(topics)]
+    if not cfg.topics:
+        raise InputError(f"{cfg.source}: no topics configured; add a `topics:` section")
+    return list(cfg.topics)
+
+
+def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
+            topics: Sequence[str] | None = None, progress: bool = False) -> CaptureResult:
+    """Capture the log of every selected topic for the windows of [start, end) (see module doc)."""
+    if start.tzinfo is None or end.tzinfo is None:
+        raise InputError("capture: start and end must be timezone-aware (UTC) datetimes")
+    if end <= start:
+        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
+    names = _selected_topics(cfg, topics)
+    now = datetime.now(UTC)
+    captured_at = now.replace(microsecond=now.microsecond // 1000 * 1000)  # Delta keeps microseconds
+    admin = _admin(cfg)
+    partitions = {name: _partitions(admin, cfg, name) for name in names}  # unknown topic: fail before writing
+    results: dict[str, TopicCapture] = {}
+    from tqdm import tqdm
+
+    with tqdm(names, desc="capture", unit="topic", disable=not progress) as bar:
+        for name in bar:
+            bar.set_postfix_str(name)
+            results[name] = capture_topic(spark, cfg, admin, name, partitions[name], start, end, captured_at)
+            bar.write(f"{name}: {results[name].records} records, {results[name].aborted} aborted, "
+                      f"{results[name].header_errors} header errors, {results[name].offsets_read} offsets")
+    return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
+
+
+def cli_capture(args: argparse.Namespace, cfg: Config) -> int:
+    """`msgaudit capture --start S --end E [--topic T ...]`."""
+    from spark_jobs.session import build_spark
+
+    start = parse_instant(args.start, "--start")
+    end = parse_instant(args.end, "--end")
+    topics = getattr(args, "topics", None)
+    _selected_topics(cfg, topics)  # bad --topic fails before a JVM starts
+    spark = build_spark(cfg, app_name="msgaudit-capture")
+    result = capture(spark, cfg, start, end, topics, progress=True)
+    print(result.summary())
+    return 0
