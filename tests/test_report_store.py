@@ -24,21 +24,25 @@ W1 = W0 + timedelta(hours=1)
 COMPUTED = datetime(2026, 11, 21, 11, 15, 30, 123456, tzinfo=UTC)
 
 
-def fresh_pg_url(pg_url: str) -> str:
-    """A URL on a brand-new schema of the test PostgreSQL, so tests never see each other's rows."""
+def fresh_pg_url(pg_url: str, timezone_name: str = "UTC") -> str:
+    """A URL on a brand-new schema of the test PostgreSQL, so tests never see each other's rows.
+
+    `timezone_name` sets the session time zone, to prove results do not depend on it."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     engine = sa.create_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
     engine.dispose()
     url = sa.engine.make_url(pg_url)
-    return url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    options = f"-csearch_path={schema} -ctimezone={timezone_name}"
+    return url.update_query_dict({"options": options}).render_as_string(hide_password=False)
 
 
 def store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'store' / 'report.db'}"
-    return fresh_pg_url(request.getfixturevalue("pg_url"))
+    # A session time zone far from UTC (and not a whole hour off) so a missed conversion shows.
+    return fresh_pg_url(request.getfixturevalue("pg_url"), "Asia/Kolkata")
 
 
 BACKENDS = [pytest.param("sqlite", marks=pytest.mark.unit, id="sqlite"),
