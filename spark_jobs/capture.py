@@ -292,69 +292,77 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
 
     The Python module is the definition; this mirrors its rules and their order exactly
     (tests compare the two on generated headers). `headers_col` is Spark's Kafka source column,
-    array<struct<key: string, value: binary>>.
+    array<struct<key: string, value: binary>>. Three selects keep the plan small: each field's
+    text is computed once, then each field's error, then the first error.
     """
     hs = F.col(headers_col)
-    count: dict[str, Column] = {}
-    text: dict[str, Column] = {}
-    dup: dict[str, Column] = {}
-    bad_value: dict[str, Column] = {}
-    broken: dict[str, Column] = {}
-    for name in H.AUDIT_HEADERS:
+    tmp = {n: f"_audit_{n.split('.')[1]}" for n in H.AUDIT_HEADERS}  # _audit_pid, ...
+
+    # 1. Per audit header: how often it occurs, its text if usable, and the rule 2/3 error.
+    step1: list[Column] = []
+    for name, col in tmp.items():
         matches = F.filter(hs, _key_is(name))
         n_ = F.coalesce(F.size(matches), F.lit(0))
         raw = F.when(n_ == 1, matches.getItem(0)["value"])
         as_text = raw.cast("string")
         valid = F.coalesce(F.is_valid_utf8(as_text), F.lit(False))
-        count[name] = n_
-        dup[name] = F.when(n_ > 1, F.lit(f"duplicate audit header: {name}"))
-        bad_value[name] = _first(
-            ((n_ == 1) & raw.isNull(), f"{name} has no value"),
-            ((n_ == 1) & raw.isNotNull() & ~valid, f"{name} is not UTF-8"),
-        )
-        broken[name] = dup[name].isNotNull() | bad_value[name].isNotNull()
-        text[name] = F.when((n_ == 1) & valid, as_text)
+        step1 += [
+            n_.alias(f"{col}_n"),
+            F.when((n_ == 1) & valid, as_text).alias(f"{col}_text"),
+            F.when(n_ > 1, F.lit(f"duplicate audit header: {name}")).alias(f"{col}_dup"),
+            _first(((n_ == 1) & raw.isNull(), f"{name} has no value"),
+                   ((n_ == 1) & ~valid, f"{name} is not UTF-8")).alias(f"{col}_bad"),
+        ]
+    staged = df.select("*", *step1)
 
-    any_present = F.greatest(*[count[n] for n in H.AUDIT_HEADERS]) > 0
+    def c(name: str, part: str) -> Column:
+        return F.col(f"{tmp[name]}_{part}")
 
-    pid_text = text[H.PID]
-    pid_error = _first(
-        (broken[H.PID], F.lit(None).cast("string")),
-        (pid_text.isNull(), f"missing {H.PID}"),
-        (pid_text == "", f"{H.PID} is empty"),
-        (F.char_length(pid_text) > H.MAX_PID_CHARS, f"{H.PID} longer than {H.MAX_PID_CHARS} chars"),
-    )
+    def broken(name: str) -> Column:
+        return c(name, "dup").isNotNull() | c(name, "bad").isNotNull()
 
-    def long_field(name: str) -> tuple[Column, Column]:
-        t = text[name]
+    # 2. Field rules (4-7); a field broken by rule 2 or 3 gets no further error.
+    pid = c(H.PID, "text")
+    step2: list[Column] = [
+        _first((broken(H.PID), F.lit(None).cast("string")),
+               (pid.isNull(), f"missing {H.PID}"),
+               (pid == "", f"{H.PID} is empty"),
+               (F.char_length(pid) > H.MAX_PID_CHARS, f"{H.PID} longer than {H.MAX_PID_CHARS} chars"),
+               ).alias(f"{tmp[H.PID]}_err"),
+        F.when(c(H.KEY, "text") == "", F.lit(f"{H.KEY} is empty")).alias(f"{tmp[H.KEY]}_err"),
+    ]
+    for name in (H.SEQ, H.TS):
+        t = c(name, "text")
         value = t.try_cast("long")
-        error = _first(
-            (broken[name], F.lit(None).cast("string")),
-            (t.isNull(), f"missing {name}"),
-            (~t.rlike(_DIGITS), F.concat(F.lit(f"{name} not an integer: "), py_repr(t))),
-            (value.isNull(), F.concat(F.lit(f"{name} out of range: "), py_repr(t))),
-        )
-        return F.when(error.isNull(), value), error
+        step2 += [
+            value.alias(f"{tmp[name]}_value"),
+            _first((broken(name), F.lit(None).cast("string")),
+                   (t.isNull(), f"missing {name}"),
+                   (~t.rlike(_DIGITS) | value.isNull(),
+                    F.concat(F.lit(f"{name} "),
+                             F.when(~t.rlike(_DIGITS), F.lit("not an integer: ")).otherwise(F.lit("out of range: ")),
+                             py_repr(t))),
+                   ).alias(f"{tmp[name]}_err"),
+        ]
+    staged = staged.select("*", *step2)
 
-    seq, seq_error = long_field(H.SEQ)
-    ts_ms, ts_error = long_field(H.TS)
-    key_text = text[H.KEY]
-    key_error = F.when(key_text == "", F.lit(f"{H.KEY} is empty"))
-
-    # errors[0] of parse: duplicates first, then missing values / bad UTF-8, then field rules.
+    # 3. errors[0] of parse: duplicates first, then missing values / bad UTF-8, then field rules.
+    any_present = F.greatest(*[c(n, "n") for n in H.AUDIT_HEADERS]) > 0
     error = F.coalesce(
-        *[dup[n] for n in H.AUDIT_HEADERS],
-        *[bad_value[n] for n in H.AUDIT_HEADERS],
-        pid_error, seq_error, ts_error, key_error,
+        *[c(n, "dup") for n in H.AUDIT_HEADERS],
+        *[c(n, "bad") for n in H.AUDIT_HEADERS],
+        *[c(n, "err") for n in H.AUDIT_HEADERS],
     )
-    return df.select(
-        "*",
-        F.when(any_present & pid_error.isNull(), pid_text).alias("pid"),
-        F.when(any_present, seq).alias("seq"),
-        F.when(any_present, ts_ms).alias("ts_ms"),
-        F.when(any_present & key_error.isNull(), key_text).alias("audit_key"),
+    ok = {n: any_present & c(n, "err").isNull() & ~broken(n) for n in H.AUDIT_HEADERS}
+    out = staged.select(
+        *[F.col(f"`{f}`") for f in df.columns],
+        F.when(ok[H.PID], c(H.PID, "text")).alias("pid"),
+        F.when(ok[H.SEQ], c(H.SEQ, "value")).alias("seq"),
+        F.when(ok[H.TS], c(H.TS, "value")).alias("ts_ms"),
+        F.when(ok[H.KEY], c(H.KEY, "text")).alias("audit_key"),
         F.when(any_present, error).otherwise(F.lit("no audit headers")).alias("header_error"),
     )
+    return out
 
 
 def fingerprint(audit_key: Column, key: Column, value: Column) -> Column:
