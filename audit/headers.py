@@ -1,0 +1,171 @@
+"""The audit headers every audited record carries (DESIGN §3): make them, stamp them, parse them.
+
+This module is pure Python and is the one definition of the header rules: the AuditedProducer
+stamps with it, the AuditedConsumer parses with it, and the Spark log capture mirrors `parse`
+rule for rule. It must not import Kafka, Spark or anything that does I/O.
+
+Parse rules, checked in this order; the first one broken is the `error` (a short reason):
+
+1. No header named `audit.pid`, `audit.seq`, `audit.ts` or `audit.key` at all (or no headers)
+   -> "no audit headers".
+2. One of those four names appears more than once -> "duplicate audit header: <name>".
+3. A present audit header has a null value -> "<name> has no value"; a value that is not valid
+   UTF-8 -> "<name> is not UTF-8".
+4. `audit.pid` missing -> "missing audit.pid"; empty -> "audit.pid is empty";
+   more than 64 characters -> "audit.pid longer than 64 chars".
+5. `audit.seq` missing -> "missing audit.seq"; not ASCII digits only (no sign, no spaces)
+   -> "audit.seq not an integer: '<value>'"; above 2**63-1 -> "audit.seq out of range: '<value>'".
+6. `audit.ts` the same as `audit.seq` ("missing audit.ts", "audit.ts not an integer: ...",
+   "audit.ts out of range: ...").
+7. `audit.key` is optional; when present it must be non-empty -> "audit.key is empty".
+
+Other headers (the user's own) are ignored. Each field that passes its own checks is returned
+even when another field is bad (a record with a bad seq keeps its pid); a field involved in
+rule 2 or 3 is returned as None. Values quoted in reasons are cut to 40 characters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PID = "audit.pid"
+SEQ = "audit.seq"
+TS = "audit.ts"
+KEY = "audit.key"
+
+AUDIT_HEADERS = (PID, SEQ, TS, KEY)
+MAX_PID_CHARS = 64
+MAX_LONG = 2**63 - 1
+_RANDOM_CHARS = 12  # hex chars: 48 random bits per producer start
+_QUOTE_CHARS = 40
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True)
+class AuditHeaders:
+    pid: str | None
+    seq: int | None
+    ts_ms: int | None
+    key: str | None
+    error: str | None  # None when the record's audit headers are valid
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+
+def new_pid(producer_name: str) -> str:
+    """A fresh producer session id `<name>:<random>`, at most 64 chars (the name is cut to fit)."""
+    if not isinstance(producer_name, str) or not producer_name:
+        raise ValueError(f"producer_name must be a non-empty string, got {producer_name!r}")
+    suffix = os.urandom(_RANDOM_CHARS // 2).hex()
+    room = MAX_PID_CHARS - len(suffix) - 1
+    return f"{producer_name[:room]}:{suffix}"
+
+
+def stamp(
+    headers: Headers | dict[str, bytes | str | None] | None,
+    pid: str,
+    seq: int,
+    ts_ms: int,
+    key: str | None = None,
+) -> list[tuple[str, bytes]]:
+    """The user's headers (list or dict, as confluent_kafka accepts them) followed by ours.
+
+    User headers named like ours are dropped, so the record never carries a duplicate audit
+    header (which parse would reject); every other user header is kept in order.
+    """
+    out: list[tuple[str, bytes]] = []
+    if headers:
+        items = headers.items() if isinstance(headers, dict) else headers
+        for name, value in items:
+            if name in AUDIT_HEADERS:
+                continue
+            out.append((name, value.encode() if isinstance(value, str) else value))  # type: ignore[arg-type]
+    out.append((PID, pid.encode()))
+    out.append((SEQ, str(seq).encode()))
+    out.append((TS, str(ts_ms).encode()))
+    if key is not None:
+        out.append((KEY, key.encode()))
+    return out
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
+
+
+def _long(name: str, text: str | None) -> tuple[int | None, str | None]:
+    if text is None:
+        return None, f"missing {name}"
+    if not text or not text.isascii() or not text.isdigit():
+        return None, f"{name} not an integer: {_quote(text)}"
+    value = int(text)
+    if value > MAX_LONG:
+        return None, f"{name} out of range: {_quote(text)}"
+    return value, None
+
+
+def parse(headers: Headers | None) -> AuditHeaders:
+    """Read the audit headers of one record; see the module docstring for the rules."""
+    raw: dict[str, list[bytes | None]] = {}
+    for name, value in headers or ():
+        if name in AUDIT_HEADERS:
+            raw.setdefault(name, []).append(value)
+    if not raw:
+        return AuditHeaders(None, None, None, None, "no audit headers")
+
+    errors: list[str] = []
+    text: dict[str, str | None] = {}
+    for name in AUDIT_HEADERS:
+        values = raw.get(name)
+        if values is None:
+            text[name] = None
+        elif len(values) > 1:
+            errors.append(f"duplicate audit header: {name}")
+            text[name] = None
+        elif values[0] is None:
+            errors.append(f"{name} has no value")
+            text[name] = None
+        else:
+            try:
+                text[name] = values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append(f"{name} is not UTF-8")
+                text[name] = None
+    # Rules 2 and 3 come before the per-field rules whatever the header order on the record.
+    errors.sort(key=lambda e: 0 if e.startswith("duplicate") else 1)
+    broken = {n for n in AUDIT_HEADERS if n in raw and text[n] is None}
+
+    pid = text[PID]
+    if pid is None:
+        if PID not in broken:
+            errors.append(f"missing {PID}")
+    elif not pid:
+        errors.append(f"{PID} is empty")
+        pid = None
+    elif len(pid) > MAX_PID_CHARS:
+        errors.append(f"{PID} longer than {MAX_PID_CHARS} chars")
+        pid = None
+
+    seq: int | None = None
+    ts_ms: int | None = None
+    for name in (SEQ, TS):
+        if name in broken:
+            continue
+        number, err = _long(name, text[name])
+        if err:
+            errors.append(err)
+        if name == SEQ:
+            seq = number
+        else:
+            ts_ms = number
+
+    key = text[KEY]
+    if key is not None and not key:
+        errors.append(f"{KEY} is empty")
+        key = None
+
+    return AuditHeaders(pid, seq, ts_ms, key, errors[0] if errors else None)
