@@ -441,7 +441,8 @@ class AuditedConsumer:
     def run(self, handler: Handler, *, max_messages: int | None = None,
             idle_timeout_s: float | None = None, stop: Callable[[], bool] | None = None) -> RunStats:
         """Consume and handle until stop() / `stop()` returns True / `max_messages` records were
-        handled / nothing arrived for `idle_timeout_s` with no retry pending. Returns the stats."""
+        handled / nothing arrived for `idle_timeout_s` (counted from the first assignment) with no
+        retry pending. Returns the stats."""
         if not callable(handler):
             raise ConfigError(f"AuditedConsumer.run: handler must be callable, got {handler!r}")
         self._start()
@@ -462,8 +463,9 @@ class AuditedConsumer:
                 self._process(handler, batch)
                 if self.stats.handled != before:
                     last_activity = time.monotonic()
-            elif (idle_timeout_s is not None and not self._held
+            elif (idle_timeout_s is not None and not self._held and self._assigned_at
                   and time.monotonic() - max(last_activity, self._assigned_at) >= idle_timeout_s):
+                # Idle counts only once the group gave us partitions: waiting to join is not idle.
                 break
         return self.stats
 
@@ -768,10 +770,11 @@ class AuditedConsumer:
             self.consumer.close()
         finally:
             try:
-                if self.producer is not None and hasattr(self.producer, "close"):
-                    self.producer.close()
+                if self.producer is not None:
+                    self.producer.close()  # the AuditedProducer owns _raw_producer then
                 elif self._raw_producer is not None:
                     self._raw_producer.flush(30)
+                    self._raw_producer.close()
             finally:
                 self.ledger.close()
 

@@ -243,10 +243,10 @@ class SqlSink:
         assert self._table is not None
         want = set(self.cols.key())
         insp = sa.inspect(conn)
-        uniques = [set(u["column_names"]) for u in insp.get_unique_constraints(self.table_name)]
+        uniques: list[set[str | None]] = [set(u["column_names"]) for u in insp.get_unique_constraints(self.table_name)]
         uniques += [set(i["column_names"]) for i in insp.get_indexes(self.table_name) if i.get("unique")]
         pk = insp.get_pk_constraint(self.table_name).get("constrained_columns") or []
-        if want in uniques or set(pk) == want:
+        if any(u == want for u in uniques) or set(pk) == want:
             return
         try:
             self._unique_index(self._table).create(conn)

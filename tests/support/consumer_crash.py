@@ -64,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sink = SqlSink(args.sink_url, args.sink_table, args.sink_mode) if args.sink_url else None
     retry = RetryPolicy(max_attempts=args.max_attempts, backoff_ms=100) if args.max_attempts else None
     consumer = AuditedConsumer(
-        {"bootstrap.servers": args.bootstrap, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        # Static membership: the rerun takes the dead instance's place at once instead of waiting
+        # a session timeout for the broker to notice it is gone.
+        {"bootstrap.servers": args.bootstrap, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+         "group.instance.id": args.name},
         topics=args.topic, group=args.group, name=args.name, semantics=args.semantics, sink=sink,
         retry=retry, ledger_dir=args.ledger_dir, batch_size=args.batch_size, poll_timeout_s=0.2,
         on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000},
