@@ -1,0 +1,159 @@
+"""On-demand backfill: `msgaudit_backfill`, triggered by hand with params `start`, `end`, `topics`.
+
+    plan -> ingest -> capture[w] -> reconcile[w] -> sla[w]     (one mapped task per window w)
+
+`plan` lists every UTC-aligned window of each selected topic's size that overlaps [start, end)
+(`audit.timeutil.windows`), groups the topics that share a window, and gives each window the
+same `as_of = window_end + grace` a scheduled run of `msgaudit_window_<size>` would use -- so a
+backfill produces the same report rows as the scheduled runs, and re-running it replaces them
+with identical rows. Windows that are not final yet (as_of still in the future) are refused:
+those belong to the scheduled DAG.
+
+Spark steps are `spark-submit spark_jobs/submit.py <step>` through the `spark_default`
+connection, one window at a time (Delta tables get one writer at a time).
+
+This file only declares: no I/O, no Spark, no config parsing at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from operator import itemgetter
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+
+from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+
+STEPS = ("capture", "reconcile", "sla")
+
+
+def submit_target() -> dict[str, Any]:
+    """Where spark-submit finds the application and, for a local master, which Python it runs.
+
+    Called inside tasks only (same rules as dags/msgaudit_window.py)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from airflow.sdk import BaseHook, Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    application = Variable.get("msgaudit_spark_application", default=None)
+    if not application:
+        spec = importlib.util.find_spec("spark_jobs.submit")
+        if spec is None or spec.origin is None:
+            raise AirflowFailException("spark_jobs.submit not found: install msgaudit on the Airflow workers "
+                                       "or set the Variable msgaudit_spark_application")
+        application = spec.origin
+    env: dict[str, str] = {}
+    if str(BaseHook.get_connection("spark_default").host or "").startswith("local"):
+        bindir = str(Path(sys.executable).parent)
+        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    return {"application": application, "env": env}
+
+
+@task
+def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str, list[str]]]:
+    """Per-window spark-submit arguments for [start, end) (no Spark, no Kafka).
+
+    Returns one {capture, reconcile, sla: argv} per window (the list the steps map over) and
+    pushes `ingest` (argv), `application` and `env` as XComs of their own."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from audit import config as config_mod
+    from audit.errors import MsgauditError
+    from audit.timeutil import parse_instant, windows
+
+    params = params or {}
+    path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()
+    try:
+        start = parse_instant(str(params.get("start") or ""), "start")
+        end = parse_instant(str(params.get("end") or ""), "end")
+        cfg = config_mod.load(path)
+        selected = [cfg.topic(t) for t in params.get("topics") or []] or list(cfg.topics.values())
+        if not selected:
+            raise AirflowFailException(f"{cfg.source}: no topics configured")
+        by_window: dict[tuple[datetime, datetime], list[str]] = {}
+        for t in selected:
+            for w in windows(start, end, t.window):
+                by_window.setdefault(w, []).append(t.name)
+    except MsgauditError as e:  # bad params or config will not get better by retrying
+        raise AirflowFailException(str(e)) from None
+    # as_of = window_end + the largest grace among all topics of that window size: what the
+    # scheduled DAG of that size uses, whatever the topic selection.
+    grace: dict[timedelta, timedelta] = {}
+    for t in cfg.topics.values():
+        grace[t.window] = max(grace.get(t.window, timedelta(0)), t.grace)
+    now = datetime.now(UTC)  # only to refuse windows that are not final yet, never as data
+    per_window: list[dict[str, list[str]]] = []
+    for (ws, we), names in sorted(by_window.items()):
+        as_of = we + grace[we - ws]
+        if as_of > now:
+            raise AirflowFailException(
+                f"window [{ws.isoformat()}, {we.isoformat()}) is not final until {as_of.isoformat()}; "
+                "backfill past windows only (the scheduled msgaudit_window DAG handles the rest)")
+        args = ["--config", str(path), "--start", ws.isoformat(), "--end", we.isoformat()]
+        args += [arg for n in sorted(names) for arg in ("--topic", n)]
+        per_window.append({"capture": ["capture", *args],
+                           "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
+                           "sla": ["sla", *args]})
+    first, last = min(by_window)[0], max(by_window)[1]
+    ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", first.isoformat(),
+                                      "--end", last.isoformat()])
+    for key, value in submit_target().items():
+        ti.xcom_push(key=key, value=value)
+    return per_window
+
+
+with DAG(
+    dag_id="msgaudit_backfill",
+    description="msgaudit: capture, reconcile and check SLAs of every window in a past range",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    params={
+        "start": Param(type="string", format="date-time", description="range start, ISO 8601 UTC"),
+        "end": Param(type="string", format="date-time", description="range end (exclusive), ISO 8601 UTC"),
+        "topics": Param([], type="array", items={"type": "string"},
+                        description="only these topics (default: every configured topic)"),
+    },
+    default_args={
+        "retries": 3,
+        "retry_delay": timedelta(minutes=1),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=30),
+        "retry_policy": spark_submit_retry_policy(),
+        "on_failure_callback": sla_failure_callback,
+    },
+    tags=["msgaudit", "backfill"],
+    doc_md=__doc__,
+) as dag:
+    planned = plan()
+    previous: Any = SparkSubmitOperator(
+        task_id="ingest",
+        conn_id="spark_default",
+        application=planned["application"],
+        application_args=planned["ingest"],
+        env_vars=planned["env"],
+        name="msgaudit-ingest",
+    )
+    for step in STEPS:
+        mapped = SparkSubmitOperator.partial(
+            task_id=step,
+            conn_id="spark_default",
+            application=planned["application"],
+            env_vars=planned["env"],
+            name=f"msgaudit-{step}",
+            max_active_tis_per_dagrun=1,
+        ).expand(application_args=planned.map(itemgetter(step)))
+        previous >> mapped
+        previous = mapped

@@ -1,0 +1,175 @@
+"""Scheduled reconciliation: one DAG per window size, `msgaudit_window_<size>` (DESIGN §2, §6).
+
+Each run handles exactly its data interval (one UTC-aligned window) for the configured topics
+whose window has that size:
+
+    plan -> wait_for_grace -> ingest -> capture -> reconcile -> sla
+
+`plan` reads the msgaudit config (path in the Airflow Variable `msgaudit_config`), picks the
+topics and fixes `as_of = data_interval_end + grace` (the largest grace among those topics), so a
+rerun of the same interval gives the same rows. `wait_for_grace` defers until `as_of`. The four
+Spark steps are `spark-submit spark_jobs/submit.py <step>` through the `spark_default`
+connection (its host is the master: `local[2]`, `spark://...`, `yarn`, `k8s://...`).
+
+Window sizes come from the environment variable MSGAUDIT_WINDOWS (comma-separated, default
+`1h`), read when the file is parsed -- no Variable or database lookup at import time.
+
+This file only declares: no I/O, no Spark, no config parsing at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
+from airflow.sdk import DAG, Param, task
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+from audit.config import parse_duration
+
+WINDOWS_ENV = "MSGAUDIT_WINDOWS"
+STEPS = ("ingest", "capture", "reconcile", "sla")
+
+
+def window_label(size: timedelta) -> str:
+    seconds = int(size.total_seconds())
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % n == 0:
+            return f"{seconds // n}{unit}"
+    return f"{seconds}s"
+
+
+def window_cron(size: timedelta) -> str:
+    """UTC-aligned cron for a window size that divides an hour or a day in whole hours."""
+    minutes, rem = divmod(int(size.total_seconds()), 60)
+    if rem == 0 and 0 < minutes < 60 and 60 % minutes == 0:
+        return f"*/{minutes} * * * *"
+    hours, rem = divmod(minutes, 60)
+    if rem == 0 and 0 < hours < 24 and 24 % hours == 0:
+        return f"0 */{hours} * * *"
+    if minutes == 24 * 60:
+        return "0 0 * * *"
+    raise ValueError(f"{WINDOWS_ENV}: a scheduled window must divide an hour (1m..30m) or a day in whole "
+                     f"hours (1h..12h, 1d); got {window_label(size)}")
+
+
+def submit_target() -> dict[str, Any]:
+    """Where spark-submit finds the application and, for a local master, which Python it runs.
+
+    Called inside tasks only. With a `local[...]` master the driver runs on this worker, so the
+    driver Python and `spark-submit` itself must be this worker's environment (the venv)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from airflow.sdk import BaseHook, Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    application = Variable.get("msgaudit_spark_application", default=None)
+    if not application:
+        spec = importlib.util.find_spec("spark_jobs.submit")
+        if spec is None or spec.origin is None:
+            raise AirflowFailException("spark_jobs.submit not found: install msgaudit on the Airflow workers "
+                                       "or set the Variable msgaudit_spark_application")
+        application = spec.origin
+    env: dict[str, str] = {}
+    if str(BaseHook.get_connection("spark_default").host or "").startswith("local"):
+        bindir = str(Path(sys.executable).parent)
+        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    return {"application": application, "env": env}
+
+
+@task(multiple_outputs=True)
+def plan(window: str, params: dict[str, Any] | None = None, data_interval_start: Any = None,
+         data_interval_end: Any = None) -> dict[str, Any]:
+    """Topics, as_of and spark-submit arguments of this run's data interval (no Spark, no Kafka).
+
+    Pure function of (config file, data interval, params): never the wall clock."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from audit import config as config_mod
+    from audit.errors import MsgauditError
+    from audit.timeutil import floor_window
+
+    size = parse_duration(window, "window")
+    start = datetime.fromtimestamp(data_interval_start.timestamp(), UTC)
+    end = datetime.fromtimestamp(data_interval_end.timestamp(), UTC)
+    if end - start != size or floor_window(start, size) != start:
+        raise AirflowFailException(f"data interval [{start.isoformat()}, {end.isoformat()}) is not one "
+                                   f"UTC-aligned {window} window")
+    path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()
+    try:
+        cfg = config_mod.load(path)
+        wanted = [cfg.topic(t).name for t in (params or {}).get("topics") or []]
+    except MsgauditError as e:  # a bad config will not get better by retrying
+        raise AirflowFailException(str(e)) from None
+    topics = sorted(n for n, t in cfg.topics.items() if t.window == size and (not wanted or n in wanted))
+    if not topics:
+        raise AirflowSkipException(f"{cfg.source}: no topic with a {window} window"
+                                   + (f" among {', '.join(wanted)}" if wanted else ""))
+    # The largest grace of all topics of this size, whatever the selection: a rerun for one topic
+    # gives the rows of the full run.
+    as_of = end + max(t.grace for t in cfg.topics.values() if t.window == size)
+
+    args = ["--config", str(path), "--start", start.isoformat(), "--end", end.isoformat()]
+    args += [arg for t in topics for arg in ("--topic", t)]
+    return {
+        "topics": topics,
+        "as_of": as_of.isoformat(),
+        **{step: [step, *args] for step in STEPS},
+        "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
+        **submit_target(),
+    }
+
+
+def build(size: timedelta) -> DAG:
+    label = window_label(size)
+    with DAG(
+        dag_id=f"msgaudit_window_{label}",
+        description=f"msgaudit: ingest, capture, reconcile and check SLAs of every {label} window",
+        schedule=CronDataIntervalTimetable(window_cron(size), timezone="UTC"),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,  # one writer per Delta table at a time
+        params={"topics": Param([], type="array", items={"type": "string"},
+                                description="only these topics (default: every topic with this window size)")},
+        default_args={
+            "retries": 3,
+            "retry_delay": timedelta(minutes=1),
+            "retry_exponential_backoff": True,
+            "max_retry_delay": timedelta(minutes=30),
+            "retry_policy": spark_submit_retry_policy(),
+            "on_failure_callback": sla_failure_callback,
+        },
+        tags=["msgaudit", "reconcile"],
+        doc_md=__doc__,
+    ) as dag:
+        planned = plan(label)
+        previous: Any = DateTimeSensorAsync(task_id="wait_for_grace", target_time=planned["as_of"])
+        for step in STEPS:
+            submit = SparkSubmitOperator(
+                task_id=step,
+                conn_id="spark_default",
+                application=planned["application"],
+                application_args=planned[step],
+                env_vars=planned["env"],
+                name=f"msgaudit-{step}",
+            )
+            previous >> submit
+            previous = submit
+    return dag
+
+
+for _size in dict.fromkeys(parse_duration(w.strip(), WINDOWS_ENV)
+                           for w in os.environ.get(WINDOWS_ENV, "1h").split(",") if w.strip()):
+    globals()[f"msgaudit_window_{window_label(_size)}"] = build(_size)
