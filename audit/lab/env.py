@@ -1,0 +1,136 @@
+"""Where the lab's faults run: a local broker behind the fault proxy, or a local 3-node cluster.
+
+`Lab` bundles what a scenario may use: the bootstrap servers clients connect to, the fault proxy
+(when the broker advertises it), and the `LocalKafka` handle (when the lab owns the brokers and
+may kill them). Against your own cluster, build a `Lab(bootstrap)` without either: the
+scenarios that need them say so and refuse to run.
+
+This module must not import Spark.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from audit.errors import BrokerError
+from audit.lab.proxy import FaultProxy
+from audit.local_kafka import LocalKafka, free_port, port_in_use
+
+
+def free_port_block(n: int, preferred: int | None = None) -> int:
+    """First port of `n` consecutive free loopback ports (`preferred` if that block is free)."""
+    if preferred is not None and not any(port_in_use(p) for p in range(preferred, preferred + n)):
+        return preferred
+    for _ in range(100):
+        port = free_port()
+        if port + n < 65536 and not any(port_in_use(p) for p in range(port + 1, port + n)):
+            return port
+    raise BrokerError(f"no block of {n} free ports on 127.0.0.1")
+
+
+@dataclass
+class Lab:
+    """What a scenario runs against. `kafka` is None for a cluster the lab does not own."""
+
+    bootstrap: str
+    proxy: FaultProxy | None = None
+    kafka: LocalKafka | None = None
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def create_topic(self, prefix: str, partitions: int = 1, replication: int = -1,
+                     replica_assignment: list[list[int]] | None = None, **config: str) -> str:
+        """A fresh uniquely named topic; `config` are topic settings with dots as underscores."""
+        from confluent_kafka.admin import NewTopic
+
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        conf = {k.replace("_", "."): str(v) for k, v in config.items()}
+        if replica_assignment is not None:
+            new = NewTopic(name, num_partitions=len(replica_assignment), replication_factor=-1,
+                           replica_assignment=replica_assignment, config=conf)
+        else:
+            new = NewTopic(name, num_partitions=partitions, replication_factor=replication, config=conf)
+        admin = self.admin()  # keep the handle alive until the future resolves
+        try:
+            admin.create_topics([new])[name].result(30)
+        except Exception as e:
+            raise BrokerError(f"cannot create topic {name!r} on {self.bootstrap}: {e}") from e
+        return name
+
+
+class ProxiedBroker:
+    """A single local KRaft broker that advertises a fault proxy in front of itself."""
+
+    def __init__(self, data_dir: Path | str, port: int | None = None,
+                 broker_config: dict[str, str] | None = None) -> None:
+        # One block for broker, controller and proxy: a proxy on an ephemeral port could take the
+        # controller's port (the kernel hands out ephemeral ports in sequence).
+        first = free_port_block(3, port)
+        self.proxy = FaultProxy(f"127.0.0.1:{first}", listen_port=first + 2)
+        self.kafka = LocalKafka(Path(data_dir), port=first, nodes=1, advertised={1: self.proxy.address},
+                                broker_config=broker_config)
+
+    def start(self, timeout: float = 90.0) -> Lab:
+        self.proxy.start()
+        try:
+            self.kafka.start(timeout)
+        except BaseException:
+            self.proxy.stop()
+            raise
+        return self.lab
+
+    @property
+    def lab(self) -> Lab:
+        return Lab(self.kafka.bootstrap_servers, self.proxy, self.kafka)
+
+    def stop(self) -> None:
+        try:
+            self.kafka.stop()
+        finally:
+            self.proxy.stop()
+
+    def __enter__(self) -> Lab:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+# Faster failure detection than the defaults, so a leader failover takes seconds, not half a minute.
+CLUSTER_CONFIG = {
+    "broker.session.timeout.ms": "3000",
+    "broker.heartbeat.interval.ms": "500",
+    "replica.lag.time.max.ms": "3000",
+    "controller.quorum.fetch.timeout.ms": "2000",
+    "controller.quorum.election.timeout.ms": "1000",
+}
+
+
+class LocalCluster:
+    """A local 3-node KRaft cluster (combined broker+controller nodes) for replication faults."""
+
+    def __init__(self, data_dir: Path | str, nodes: int = 3, port: int | None = None) -> None:
+        first = free_port_block(2 * nodes, port)
+        self.kafka = LocalKafka(Path(data_dir), port=first, nodes=nodes, broker_config=dict(CLUSTER_CONFIG))
+
+    def start(self, timeout: float = 120.0) -> Lab:
+        self.kafka.start(timeout)
+        return Lab(self.kafka.bootstrap_servers, None, self.kafka)
+
+    def stop(self) -> None:
+        self.kafka.stop()
+
+    def __enter__(self) -> Lab:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
