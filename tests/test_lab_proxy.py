@@ -127,7 +127,7 @@ def _read_all(lab: Lab, topic: str, expected: int) -> list[tuple[int, bytes]]:
                 if len(out) >= expected:
                     break
                 continue
-            out.append((m.offset(), m.value()))
+            out.append((int(m.offset() or 0), bytes(m.value() or b"")))
     finally:
         c.close()
     return out

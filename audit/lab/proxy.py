@@ -25,6 +25,7 @@ the bytes it forwards.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -243,10 +244,7 @@ def parse_produce_request(frame: bytes) -> tuple[int, int, list[WireBatch]]:
     r.int32()  # timeout
     batches: list[WireBatch] = []
     for _ in range(r.array_len(flexible)):
-        if version >= _PRODUCE_FIRST_TOPIC_ID:
-            topic = r.take(16).hex()
-        else:
-            topic = r.string(flexible) or ""
+        topic = r.take(16).hex() if version >= _PRODUCE_FIRST_TOPIC_ID else r.string(flexible) or ""
         for _ in range(r.array_len(flexible)):
             partition = r.int32()
             data = r.bytes_(flexible)
@@ -354,10 +352,8 @@ class _Connection:
                 return
             self.closed = True
         for s in (self.client, self.upstream):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
         self.proxy._forget(self)
 
