@@ -27,7 +27,7 @@ rule 2 or 3 is returned as None. Values quoted in reasons are cut to 40 characte
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 PID = "audit.pid"
@@ -42,6 +42,8 @@ _RANDOM_CHARS = 12  # hex chars: 48 random bits per producer start
 _QUOTE_CHARS = 40
 
 Headers = Sequence[tuple[str, bytes | None]]
+# What confluent_kafka's produce() accepts as headers.
+UserHeaders = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def new_pid(producer_name: str) -> str:
 
 
 def stamp(
-    headers: Headers | dict[str, bytes | str | None] | None,
+    headers: UserHeaders | None,
     pid: str,
     seq: int,
     ts_ms: int,
@@ -80,7 +82,7 @@ def stamp(
     """
     out: list[tuple[str, bytes]] = []
     if headers:
-        items = headers.items() if isinstance(headers, dict) else headers
+        items = headers.items() if isinstance(headers, Mapping) else headers
         for name, value in items:
             if name in AUDIT_HEADERS:
                 continue

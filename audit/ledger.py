@@ -63,6 +63,16 @@ def _encode_checked(row: dict[str, Any]) -> tuple[str, str]:
         raise LedgerError(f"ledger row is not JSON-serialisable ({e}); timestamps go in as epoch ms: {row!r}") from e
 
 
+def _format_one(item: tuple[Any, Any]) -> str:
+    """Slow path for a batch with a bad item: that item becomes a line ingest will quarantine
+    (and count) rather than an exception that would stop the writer and lose every later row."""
+    try:
+        return str(item[0] % item[1])
+    except (TypeError, ValueError, IndexError) as e:
+        log.error("ledger row could not be formatted (%s): %r", e, item)
+        return encode_row({"ledger_format_error": str(e), "item": repr(item)})
+
+
 def _fsync_dir(directory: Path) -> None:
     # The rename is durable only once the directory entry is.
     fd = os.open(directory, os.O_RDONLY)
@@ -177,7 +187,11 @@ class _State:
             pop = q.popleft
             # Each item is (formatter, args); `formatter % args` is one line. starmap keeps the
             # per-row work in C, which matters: this thread shares the GIL with the hot path.
-            lines = list(starmap(mod, [pop() for _ in range(n)]))
+            items = [pop() for _ in range(n)]
+            try:
+                lines = list(starmap(mod, items))
+            except (TypeError, ValueError):
+                lines = [_format_one(item) for item in items]
             if self.segment is None:
                 self.segment = _Segment(self.directory, self.prefix)
             self.segment.write(("\n".join(lines) + "\n").encode("utf-8"))

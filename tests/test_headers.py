@@ -37,7 +37,7 @@ def test_new_pid_rejects_empty_name() -> None:
 
 
 def test_stamp_keeps_user_headers_in_order_and_appends_ours() -> None:
-    user = [("trace", b"abc"), ("empty", None), ("text", "x")]  # type: ignore[list-item]
+    user: list[tuple[str, bytes | str | None]] = [("trace", b"abc"), ("empty", None), ("text", "x")]
     assert h.stamp(user, "p:1", 7, 1700000000123, key="order-9") == [
         ("trace", b"abc"),
         ("empty", None),

@@ -1,0 +1,142 @@
+"""Throughput of AuditedProducer versus a plain confluent_kafka.Producer, on a real broker.
+
+Both producers use identical librdkafka settings (idempotent, acks=all, same linger/batch) and
+a counting delivery callback; the audited one also stamps headers and writes its ledger. Runs
+are interleaved (plain, audited, plain, audited, ...) over several repetitions so drifting load
+on a shared machine hits both alike; the figure per producer is the median over repetitions.
+
+    .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
+    .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
+    .venv/bin/python benchmarks/producer_overhead.py --bootstrap 127.0.0.1:9092   # running broker
+
+The last line printed is the ratio audited/plain (target >= 0.90).
+This script measures; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from audit.producer import AuditedProducer  # noqa: E402
+
+SETTINGS = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+    "batch.size": 1_000_000,
+    "queue.buffering.max.messages": 500_000,
+    "compression.type": "none",
+}
+
+
+def _make_topic(bootstrap: str, partitions: int) -> str:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+    return name
+
+
+def _drive(producer: Any, topic: str, n: int, value: bytes) -> tuple[float, int]:
+    """Produce n messages, poll on BufferError, flush; return (seconds, delivered count)."""
+    delivered = [0]
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            delivered[0] += 1
+
+    produce = producer.produce
+    poll = producer.poll
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                produce(topic, value, on_delivery=on_delivery)
+                break
+            except BufferError:
+                poll(0.005)
+        if not i & 1023:
+            poll(0)
+    producer.flush()
+    return time.perf_counter() - t0, delivered[0]
+
+
+def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path) -> float:
+    value = b"x" * size
+    conf = {"bootstrap.servers": bootstrap, **SETTINGS}
+    results: dict[str, list[float]] = {"plain": [], "audited": []}
+    factories: dict[str, Callable[[int], Any]] = {
+        "plain": lambda rep: Producer(conf),
+        "audited": lambda rep: AuditedProducer(conf, producer_name="bench",
+                                               ledger_dir=ledger_root / f"rep{rep}"),
+    }
+    # Warm the broker (topic creation, segment files, JIT) outside the measured runs.
+    warm_topic = _make_topic(bootstrap, partitions)
+    warm = Producer(conf)
+    _drive(warm, warm_topic, min(n, 50_000), value)
+    for rep in range(reps):
+        order = ("plain", "audited") if rep % 2 == 0 else ("audited", "plain")
+        for kind in order:
+            topic = _make_topic(bootstrap, partitions)
+            producer = factories[kind](rep)
+            seconds, delivered = _drive(producer, topic, n, value)
+            if kind == "audited":
+                producer.close()
+                rows = producer.ledger.rows_written
+                if rows != n:
+                    raise SystemExit(f"audited run wrote {rows} ledger rows for {n} messages")
+            if delivered != n:
+                raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
+            rate = n / seconds
+            results[kind].append(rate)
+            print(f"rep {rep + 1}/{reps} {kind:>7}: {rate:>11,.0f} msg/s  ({seconds:.2f}s)", flush=True)
+    plain = statistics.median(results["plain"])
+    audited = statistics.median(results["audited"])
+    print(f"plain   median: {plain:,.0f} msg/s over {reps} runs of {n:,} x {size} B")
+    print(f"audited median: {audited:,.0f} msg/s (ledger rows written and sealed)")
+    ratio = audited / plain
+    print(f"ratio audited/plain: {ratio:.3f}")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1_000_000, help="messages per run (default 1,000,000)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the plain/audited pair (default 3)")
+    ap.add_argument("--size", type=int, default=200, help="message value size in bytes (default 200)")
+    ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
+    ap.add_argument("--bootstrap", default=None,
+                    help="use this running broker (default: start a private one with audit.local_kafka)")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
+    try:
+        if args.bootstrap:
+            run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger")
+        else:
+            from audit.local_kafka import LocalKafka, free_port, port_in_use
+
+            port = free_port()
+            while port_in_use(port + 1):  # the controller listens on port + 1
+                port = free_port()
+            with LocalKafka(work / "kafka", port=port, nodes=1) as kafka:
+                run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
