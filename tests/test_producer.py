@@ -91,7 +91,7 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_broker_unreachable_gives_failed_rows_with_the_error(tmp_path: Path) -> None:
-    reports: list[tuple[str | None, int]] = []
+    reports: list[tuple[str | None, int | None]] = []
     conf = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 300, "log_level": 0}
     with AuditedProducer(conf, producer_name="down", ledger_dir=tmp_path) as p:
         for i in range(3):
@@ -145,7 +145,7 @@ def test_ledger_rows_equal_delivery_reports_one_for_one(kafka_bootstrap: str, tm
         assert parsed.error is None and parsed.pid == pid
         row = by_seq[parsed.seq]
         assert (row["partition"], row["offset"], row["produce_ts"]) == (m.partition(), m.offset(), parsed.ts_ms)
-        assert m.value() == b"v%d" % parsed.seq
+        assert m.value() == f"v{parsed.seq}".encode()
 
 
 @pytest.mark.kafka
@@ -156,7 +156,7 @@ def test_unknown_topic_gives_failed_rows_with_the_error(kafka_bootstrap: str, tm
             "message.timeout.ms": 5000}
     with AuditedProducer(conf, producer_name="lost", ledger_dir=tmp_path) as p:
         for _ in range(2):
-            p.produce(topic, b"v", on_delivery=lambda e, m: reports.append(e.name()))
+            p.produce(topic, b"v", on_delivery=lambda e, m: reports.append(e.name() if e else "ok"))
         assert p.flush(20) == 0
         assert p.stats().failed == 2
     assert reports == ["UNKNOWN_TOPIC_OR_PART"] * 2
@@ -193,7 +193,8 @@ def test_aborted_transaction_gives_aborted_rows(kafka_bootstrap: str, tmp_path: 
     assert all(r["offset"] is not None and r["ack_ts"] is not None for r in rows)
 
     committed = consume_all(kafka_bootstrap, topic, 4, "read_committed")
-    assert sorted(h.parse(m.headers()).seq for m in committed) == [0, 1, 2, 5]
+    seqs = [h.parse(m.headers()).seq for m in committed]
+    assert sorted(-1 if s is None else s for s in seqs) == [0, 1, 2, 5]
     everything = consume_all(kafka_bootstrap, topic, 6, "read_uncommitted")
     at = {(m.partition(), m.offset()): h.parse(m.headers()).seq for m in everything}
     assert {(r["partition"], r["offset"]): r["seq"] for r in rows} == at
@@ -215,8 +216,8 @@ def test_close_with_an_open_transaction_writes_aborted_rows(kafka_bootstrap: str
 def test_drop_in_callbacks_batch_len_and_ledger_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap)
     ledger_topic = new_topic(kafka_bootstrap)
-    global_reports: list[int] = []
-    alias_reports: list[int] = []
+    global_reports: list[int | None] = []
+    alias_reports: list[int | None] = []
     conf = {"bootstrap.servers": kafka_bootstrap, "linger.ms": 50,
             "on_delivery": lambda e, m: global_reports.append(m.offset())}
     with AuditedProducer(conf, producer_name="dropin", ledger_dir=tmp_path, ledger_topic=ledger_topic) as p:
@@ -227,7 +228,7 @@ def test_drop_in_callbacks_batch_len_and_ledger_topic(kafka_bootstrap: str, tmp_
         assert p.produce_batch(topic, msgs) == 2
         p.flush(30)
         assert len(p) == 0
-    assert (sorted(global_reports), alias_reports) == ([0, 2, 3], [1])
+    assert (sorted(-1 if o is None else o for o in global_reports), alias_reports) == ([0, 2, 3], [1])
     rows = ledger_rows(tmp_path)
     assert sorted((r["seq"], r["offset"]) for r in rows) == [(0, 0), (1, 1), (2, 2), (3, 3)]
     mirrored = consume_all(kafka_bootstrap, ledger_topic, 4)
