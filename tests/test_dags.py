@@ -245,6 +245,11 @@ def dagbag(airflow_home: Path) -> Any:
     return bag
 
 
+MSGAUDIT_VARIABLES = ("msgaudit_config", "msgaudit_spark_application", "msgaudit_alert_log",
+                      "msgaudit_alert_email", "msgaudit_alert_smtp_conn", "msgaudit_alert_slack_webhook_conn")
+APPLICATION = "/opt/msgaudit/spark_jobs/submit.py"  # the Variable override, so these runs need no submit.py
+
+
 @dataclass
 class RunResult:
     state: str
@@ -259,6 +264,7 @@ def run_dag(dagbag: Any, dag_id: str, variables: dict[str, str], logical_date: d
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    airflow_env.delete_variables([k for k in MSGAUDIT_VARIABLES if k not in variables])
     airflow_env.set_variables(variables)
     dag = dagbag.dags[dag_id]
     dr = dag.test(logical_date=logical_date, run_conf=conf, mark_success_pattern=mark_success)
@@ -284,7 +290,7 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     cfg = _write_config(tmp_path / "msgaudit.yaml", {
         "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "20s"},
                    "hourly": {"window": "1h"}}})
-    r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+    r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
     assert r.state == "success"
     assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", *SPARK_STEPS.split("|"))}
@@ -297,8 +303,9 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     assert plan["capture"] == ["capture", *args]
     assert plan["reconcile"] == ["reconcile", *args, "--as-of", "2026-05-01T10:07:20+00:00"]
     assert plan["sla"] == ["sla", *args]
-    assert Path(plan["application"]) == airflow_env.REPO / "spark_jobs" / "submit.py"
+    assert plan["application"] == APPLICATION
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
+    assert plan["application"] == APPLICATION
     assert plan["env"]["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
 
 
@@ -315,7 +322,7 @@ def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: 
     cfg = _write_config(tmp_path / "msgaudit.yaml", {
         "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "20s"},
                    "hourly": {"window": "1h", "grace": "10m"}}})
-    r = run_dag(dagbag, "msgaudit_backfill", {"msgaudit_config": str(cfg)},
+    r = run_dag(dagbag, "msgaudit_backfill", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 conf={"start": "2026-05-01T10:06:30Z", "end": "2026-05-01T10:08:00Z", "topics": ["orders", "hourly"]},
                 mark_success=SPARK_STEPS)
     assert r.state == "success"
@@ -332,6 +339,7 @@ def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: 
     windows = [args(w[0], w[4], "hourly"), args(w[1], w[2], "orders"), args(w[2], w[3], "orders")]
     assert plan["ingest"] == ["ingest", *args(w[0], w[4])]
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
+    assert plan["application"] == APPLICATION
     # orders alone is judged with the grace of all 1m topics (payments: 20s), as its scheduled run is
     as_of = ["2026-05-01T11:10:00+00:00", "2026-05-01T10:07:20+00:00", "2026-05-01T10:08:20+00:00"]
     assert plan["return_value"] == [
