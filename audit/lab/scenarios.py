@@ -1,0 +1,727 @@
+"""The lab's fault scenarios: each produces one failure of the seeds on a real broker and returns
+the ground truth of what it did (`Truth`), recorded by the scenario itself.
+
+A scenario is `fn(ctx: Context) -> Truth`. It creates its own topics (so scenarios can share a
+broker and one audit run), drives real producers and consumers (`AuditedProducer`,
+`AuditedConsumer`, killed worker processes from `audit.lab.worker`), and registers the topics it
+wants audited in `ctx.topics`. Run them with `audit.lab.runner.run_scenarios` (or `msgaudit demo
+--scenario NAME`), which then ingests, captures, reconciles and compares the audit's anomaly
+rows with the truth, exactly.
+
+Against your own cluster: build `Lab(bootstrap)` and a Config pointing at it. Scenarios 1 and 2
+need the fault proxy in front of the broker (the broker must advertise the proxy's address) and
+scenario 10 needs a 3-node cluster the lab may kill nodes of; they refuse to run otherwise.
+
+Where the truth comes from, per scenario (never from the audit's tables, ledgers or rules):
+  lost_response / idempotent   the proxy's wire record: batches written whose answer was dropped,
+                               and the scenario's own delivery reports (where the retry landed)
+  reorder                      the proxy's wire record: the batch that failed in flight; delivery reports
+  producer_restart             the messages the scenario chose to re-send, and where they landed
+  at_most_once / at_least_once the marker the killed worker wrote (the batch it held)
+  exactly_once                 the kill matrix: nothing is expected
+  aborted                      the transaction the scenario aborted, and its delivery reports
+  retention                    the records the scenario's consumer did not reach, and the broker's
+                               log start offset after retention
+  poison                       the record the scenario poisoned
+  unaudited                    the records the scenario wrote with a plain producer
+  lost_acked                   acks seen by the scenario's callback minus what a plain consumer
+                               reads back after the failover
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from audit.config import Config, SinkConfig, TopicConfig
+from audit.errors import BrokerError, InputError
+from audit.lab.env import Lab
+from audit.lab.proxy import ProduceExchange
+from audit.lab.truth import Truth
+
+LOG = "log"
+
+
+@dataclass
+class Context:
+    """What a scenario runs with. `capture_now(topic)` runs a log capture at this moment (the
+    retention scenario needs one before Kafka deletes the records)."""
+
+    lab: Lab
+    cfg: Config
+    work: Path
+    window: timedelta = timedelta(minutes=1)
+    grace: timedelta = timedelta(seconds=5)
+    say: Callable[[str], None] = print
+    capture_now: Callable[[str], None] | None = None
+    topics: dict[str, TopicConfig] = field(default_factory=dict)
+    started_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+
+    def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = ()) -> None:
+        self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks)
+
+    @property
+    def ledger_dir(self) -> Path:
+        return Path(self.cfg.ledger_dir)
+
+    def producer(self, name: str, **conf: Any) -> Any:
+        from audit.producer import AuditedProducer
+
+        return AuditedProducer.from_config(self.cfg, producer_name=name, **{"log_level": 0, **conf})
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+
+
+class Acks:
+    """The scenario's own delivery reports: seq -> (partition, offset) of the acked copy."""
+
+    def __init__(self) -> None:
+        self.acked: dict[int, tuple[int, int]] = {}
+        self.failed: dict[int, str] = {}
+
+    def callback(self, seq: int) -> Callable[[Any, Any], None]:
+        return partial(self._report, seq)
+
+    def _report(self, seq: int, err: Any, msg: Any) -> None:
+        if err is None:
+            self.acked[seq] = (int(msg.partition()), int(msg.offset()))
+        else:
+            self.failed[seq] = str(err)
+
+
+def _value(n: int, **extra: Any) -> bytes:
+    return json.dumps({"n": n, **extra}).encode()
+
+
+def _produce(producer: Any, topic: str, acks: Acks, seq: int, value: bytes, key: bytes | None = None) -> None:
+    producer.produce(topic, value, key, on_delivery=acks.callback(seq))
+
+
+def _flush(producer: Any) -> None:
+    if producer.flush(30) != 0:
+        raise BrokerError("lab: producer could not deliver within 30s")
+
+
+def _need_proxy(ctx: Context, scenario: str) -> Any:
+    if ctx.lab.proxy is None:
+        raise InputError(f"scenario {scenario!r} needs the fault proxy in front of the broker "
+                         "(run it through `msgaudit demo` or audit.lab.env.ProxiedBroker)")
+    return ctx.lab.proxy
+
+
+def _wire_offsets(ex: ProduceExchange, topic: str) -> list[tuple[int, int, str | None, int | None]]:
+    """(partition, offset, pid, seq) of every record of a written exchange, from its answer."""
+    base = {(r.topic, r.partition): r.base_offset for r in ex.results if r.error_code == 0}
+    out = []
+    for b in ex.batches:
+        if b.topic != topic or (b.topic, b.partition) not in base:
+            continue
+        for r in b.records or ():
+            out.append((b.partition, base[(b.topic, b.partition)] + r.offset_delta, r.pid, r.seq))
+    return out
+
+
+def _worker(ctx: Context, topic: str, group: str, semantics: str, *, name: str = "w1",
+            kill_at: str | None = None, kill_offset: int = -1, marker: Path | None = None,
+            sink: tuple[str, str, str] | None = None, output_topic: str | None = None,
+            isolation: str = "read_committed", max_messages: int | None = None, max_attempts: int = 0,
+            batch_size: int = 5, idle_s: float = 2.0, timeout: float = 90.0) -> int:
+    cmd = [sys.executable, "-m", "audit.lab.worker", "--bootstrap", ctx.lab.bootstrap, "--topic", topic,
+           "--group", group, "--name", name, "--semantics", semantics, "--ledger-dir", str(ctx.ledger_dir),
+           "--batch-size", str(batch_size), "--idle-s", str(idle_s), "--isolation", isolation,
+           "--max-attempts", str(max_attempts)]
+    if kill_at:
+        cmd += ["--kill-at", kill_at, "--kill-offset", str(kill_offset)]
+    if marker:
+        cmd += ["--marker", str(marker)]
+    if sink:
+        cmd += ["--sink-url", sink[0], "--sink-table", sink[1], "--sink-mode", sink[2]]
+    if output_topic:
+        cmd += ["--output-topic", output_topic]
+    if max_messages is not None:
+        cmd += ["--max-messages", str(max_messages)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode not in (0, 137):
+        raise BrokerError(f"lab worker ({semantics}, group {group}) failed with {proc.returncode}: "
+                          f"{proc.stderr.strip()[-800:]}")
+    return proc.returncode
+
+
+def _marker_offsets(marker: Path) -> list[tuple[int, int]]:
+    data = json.loads(marker.read_text())
+    return [(int(p), int(o)) for _, p, o in data["records"]]
+
+
+def _fill(ctx: Context, topic: str, n: int, producer_name: str, poison: set[int] = frozenset(),  # type: ignore[assignment]
+          ) -> tuple[str, Acks]:
+    """n audited JSON messages {"n": i}, idempotent producer; returns (pid, acks)."""
+    p = ctx.producer(producer_name, **{"linger.ms": 5})
+    acks = Acks()
+    try:
+        for i in range(n):
+            _produce(p, topic, acks, i, _value(i, **({"poison": True} if i in poison else {})))
+        _flush(p)
+    finally:
+        p.close()
+    if len(acks.acked) != n:
+        raise BrokerError(f"lab: only {len(acks.acked)} of {n} messages acked on {topic}: {acks.failed}")
+    return p.pid, acks
+
+
+def _by_offset(acks: Acks) -> dict[tuple[int, int], int]:
+    return {po: seq for seq, po in acks.acked.items()}
+
+
+# ------------------------------------------------------------------------------------------
+# 1. lost produce responses
+
+
+def _lost_response(ctx: Context, idempotent: bool) -> Truth:
+    name = "lost_response_idempotent" if idempotent else "lost_response"
+    proxy = _need_proxy(ctx, name)
+    truth = Truth(name)
+    topic = ctx.lab.create_topic("lab-lostresp-idem" if idempotent else "lab-lostresp")
+    ctx.audit_topic(topic)
+    truth.topic(topic)
+    p = ctx.producer(f"lab-{name}", **{"enable.idempotence": idempotent, "acks": "all", "linger.ms": 5,
+                                       "retry.backoff.ms": 50})
+    acks = Acks()
+    n, bursts, dropped_at = 40, 8, (2, 5)
+    per = n // bursts
+    try:
+        for b in range(bursts):
+            if b in dropped_at:
+                proxy.drop_produce_responses(1)
+            for i in range(b * per, (b + 1) * per):
+                _produce(p, topic, acks, i, _value(i))
+            _flush(p)
+    finally:
+        p.close()
+    pid = p.pid
+    extra = 0
+    written: dict[int, set[tuple[int, int]]] = {}
+    for ex in proxy.exchanges(topic):
+        for part, off, wpid, seq in _wire_offsets(ex, topic):
+            if wpid == pid and seq is not None:
+                written.setdefault(seq, set()).add((part, off))
+    for seq, copies in sorted(written.items()):
+        for part, off in sorted(copies - {acks.acked[seq]}):
+            truth.expect(topic, LOG, "duplicate_in_log", part, pid, seq, off)
+            extra += 1
+    dropped = [ex for ex in proxy.exchanges(topic) if ex.fate == "response_dropped"]
+    truth.facts.update(messages=n, responses_dropped=len(dropped),
+                       messages_in_dropped_batches=sum(len(_wire_offsets(e, topic)) for e in dropped),
+                       extra_copies_in_log=extra, idempotence=idempotent)
+    ctx.say(f"{name}: {n} messages, {len(dropped)} produce responses dropped after the broker wrote, "
+            f"{extra} extra copies in the log")
+    return truth
+
+
+def lost_response(ctx: Context) -> Truth:
+    """Seed 001: the broker wrote the batch, the answer was lost, the producer retried (idempotence off)."""
+    return _lost_response(ctx, idempotent=False)
+
+
+def lost_response_idempotent(ctx: Context) -> Truth:
+    """The same traffic and faults with enable.idempotence=true: the broker drops the retries."""
+    return _lost_response(ctx, idempotent=True)
+
+
+# ------------------------------------------------------------------------------------------
+# 2. reordering: max.in.flight > 1, retries, no idempotence, a failed in-flight batch
+
+
+def reorder(ctx: Context) -> Truth:
+    proxy = _need_proxy(ctx, "reorder")
+    truth = Truth("reorder")
+    topic = ctx.lab.create_topic("lab-reorder")
+    ctx.audit_topic(topic)
+    truth.topic(topic)
+    p = ctx.producer("lab-reorder", **{"enable.idempotence": False, "acks": "all", "max.in.flight": 5,
+                                       "linger.ms": 20, "retry.backoff.ms": 50})
+    acks = Acks()
+    seq = 0
+    try:
+        for _ in range(5):
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        _flush(p)
+        seen = len(proxy.exchanges(topic))
+        proxy.fail_next_produce_request(after_responses=1)
+        for _ in range(5):  # batch A: will fail in flight
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        if not proxy.wait_until(lambda: len(proxy.exchanges(topic)) > seen, 10):
+            raise BrokerError("reorder: the producer did not send batch A")
+        for _ in range(5):  # batch B: in flight behind A, succeeds first
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        _flush(p)
+        for _ in range(5):
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        _flush(p)
+    finally:
+        p.close()
+    failed = [ex for ex in proxy.exchanges(topic) if ex.fate == "request_failed"]
+    failed_seqs = sorted(s for ex in failed for _, _, _, s in ex.messages() if s is not None)
+    later = [s for s in acks.acked if s not in failed_seqs and s > max(failed_seqs, default=-1)]
+    # Each re-sent message lands after a higher seq of the same producer: reordered, as designed.
+    highest_before = {s: max((t for t in later if acks.acked[t][1] < acks.acked[s][1]), default=-1)
+                      for s in failed_seqs}
+    for s in failed_seqs:
+        if highest_before[s] > s:
+            part, off = acks.acked[s]
+            truth.expect(topic, LOG, "reordered_in_log", part, p.pid, s, off)
+    truth.facts.update(messages=seq, batches_failed_in_flight=len(failed), messages_resent_out_of_order=len(failed_seqs))
+    ctx.say(f"reorder: {seq} messages, 1 batch of {len(failed_seqs)} failed in flight and was re-sent "
+            f"behind the next batch")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 3. a restarted producer re-sends its last N messages
+
+
+def producer_restart(ctx: Context) -> Truth:
+    truth = Truth("producer_restart")
+    topic = ctx.lab.create_topic("lab-restart")
+    ctx.audit_topic(topic)
+    truth.topic(topic)
+    n, resend = 20, 5
+    first = ctx.producer("lab-orders-svc")  # idempotent: its own retries are safe
+    acks1 = Acks()
+    try:
+        for i in range(n):
+            _produce(first, topic, acks1, i, _value(i, order=f"order-{i}"), key=f"order-{i}".encode())
+        _flush(first)
+    finally:
+        first.close()  # the process "restarts": a new session, a new producer id
+    second = ctx.producer("lab-orders-svc")
+    acks2 = Acks()
+    try:
+        for j, i in enumerate(range(n - resend, n)):
+            _produce(second, topic, acks2, j, _value(i, order=f"order-{i}"), key=f"order-{i}".encode())
+        _flush(second)
+    finally:
+        second.close()
+    for j in range(resend):
+        part, off = acks2.acked[j]
+        truth.expect(topic, LOG, "content_duplicate", part, second.pid, j, off)
+    truth.facts.update(messages=n, resent_after_restart=resend)
+    ctx.say(f"producer_restart: {n} messages, restarted producer re-sent the last {resend} (new producer id)")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 4./5. consumers killed between commit and processing
+
+
+def at_most_once(ctx: Context) -> Truth:
+    """Commit, then process; killed after the commit of the batch holding offset 10."""
+    truth = Truth("at_most_once")
+    topic = ctx.lab.create_topic("lab-amo")
+    group = f"{topic}-loader"
+    ctx.audit_topic(topic, groups=(group,))
+    truth.topic(topic)
+    pid, acks = _fill(ctx, topic, 25, "lab-amo")
+    marker = ctx.work / f"{topic}.killed.json"
+    rc = _worker(ctx, topic, group, "at_most_once", kill_at="committed_before_processing", kill_offset=10,
+                 marker=marker)
+    if rc != 137 or not marker.exists():
+        raise BrokerError("at_most_once: the worker was not killed at the planned point")
+    _worker(ctx, topic, group, "at_most_once")
+    seq_at = _by_offset(acks)
+    lost = _marker_offsets(marker)
+    for part, off in lost:
+        truth.expect(topic, f"group:{group}", "missed", part, pid, seq_at[(part, off)], off)
+    truth.facts.update(messages=25, killed_after_commit_before_processing=len(lost))
+    ctx.say(f"at_most_once: worker killed after committing a batch of {len(lost)} it never processed")
+    return truth
+
+
+def at_least_once(ctx: Context) -> Truth:
+    """Process, then commit; killed after processing (sink written, ledger durable) before the commit.
+    Two groups: one with a plain-insert sink, one with an upsert sink."""
+    truth = Truth("at_least_once")
+    topic = ctx.lab.create_topic("lab-alo")
+    url = f"sqlite:///{ctx.work / 'lab_sinks.db'}"
+    g_ins, g_ups = f"{topic}-insert", f"{topic}-upsert"
+    t_ins, t_ups = f"{topic}_insert".replace("-", "_"), f"{topic}_upsert".replace("-", "_")
+    s_ins = SinkConfig(name="plain_insert", format="sql", group=g_ins, url=url, table=t_ins)
+    s_ups = SinkConfig(name="upsert", format="sql", group=g_ups, url=url, table=t_ups)
+    ctx.audit_topic(topic, groups=(g_ins, g_ups), sinks=(s_ins, s_ups))
+    truth.topic(topic)
+    pid, acks = _fill(ctx, topic, 25, "lab-alo")
+    seq_at = _by_offset(acks)
+    redelivered = 0
+    for group, table, mode in ((g_ins, t_ins, "insert"), (g_ups, t_ups, "upsert")):
+        marker = ctx.work / f"{group}.killed.json"
+        rc = _worker(ctx, topic, group, "at_least_once", kill_at="ledger_flushed", kill_offset=10,
+                     marker=marker, sink=(url, table, mode))
+        if rc != 137 or not marker.exists():
+            raise BrokerError(f"at_least_once: the {mode} worker was not killed at the planned point")
+        _worker(ctx, topic, group, "at_least_once", sink=(url, table, mode))
+        for part, off in _marker_offsets(marker):
+            truth.expect(topic, f"group:{group}", "redelivered", part, pid, seq_at[(part, off)], off)
+            if mode == "insert":
+                truth.expect(topic, "sink:plain_insert", "duplicate_in_sink", part, pid, seq_at[(part, off)], off)
+            redelivered += 1
+    truth.facts.update(messages=25, redelivered=redelivered)
+    ctx.say(f"at_least_once: two workers (insert / upsert sink) killed before committing a processed batch; "
+            f"{redelivered} redeliveries")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 6. exactly-once, killed at every point; an aborted transaction
+
+
+EOS_KILL_POINTS = {
+    "exactly_once_kafka": ("handled", "sink_written", "txn_before_commit", "ledger_flushed", "committed"),
+    "exactly_once_sink": ("handled", "sink_txn_open", "sink_written", "ledger_flushed", "committed"),
+}
+
+
+def exactly_once(ctx: Context) -> Truth:
+    """Both exactly-once modes, a worker killed at every point of the loop in turn: no anomaly."""
+    truth = Truth("exactly_once")
+    url = f"sqlite:///{ctx.work / 'lab_sinks.db'}"
+    kills = 0
+    for semantics, points in EOS_KILL_POINTS.items():
+        topic = ctx.lab.create_topic("lab-eos-kafka" if semantics == "exactly_once_kafka" else "lab-eos-sink")
+        group = f"{topic}-loader"
+        sinks: tuple[SinkConfig, ...] = ()
+        sink_arg = None
+        output = None
+        if semantics == "exactly_once_sink":
+            table = topic.replace("-", "_")
+            sinks = (SinkConfig(name="eos_table", format="sql", group=group, url=url, table=table),)
+            sink_arg = (url, table, "insert")
+        else:
+            output = ctx.lab.create_topic("lab-eos-out")
+        ctx.audit_topic(topic, groups=(group,), sinks=sinks)
+        truth.topic(topic)
+        n = 5 * (len(points) + 1)
+        _fill(ctx, topic, n, f"lab-{semantics}")
+        for k, point in enumerate(points):
+            marker = ctx.work / f"{group}.{point}.json"
+            rc = _worker(ctx, topic, group, semantics, kill_at=point, kill_offset=5 * k + 2, marker=marker,
+                         sink=sink_arg, output_topic=output)
+            if rc != 137:
+                raise BrokerError(f"exactly_once: {semantics} worker not killed at {point}")
+            kills += 1
+        _worker(ctx, topic, group, semantics, sink=sink_arg, output_topic=output)
+        truth.facts[f"{semantics}_messages"] = n
+    truth.facts.update(kills=kills)
+    ctx.say(f"exactly_once: {kills} kills across both modes, each at a different point of the loop")
+    return truth
+
+
+def aborted(ctx: Context) -> Truth:
+    """A transactional producer aborts its second transaction; a read_uncommitted consumer reads it."""
+    truth = Truth("aborted")
+    topic = ctx.lab.create_topic("lab-aborted")
+    group = f"{topic}-uncommitted"
+    ctx.audit_topic(topic, groups=(group,))
+    truth.topic(topic)
+    p = ctx.producer("lab-txn", **{"transactional.id": f"lab-{topic}", "linger.ms": 5})
+    acks = Acks()
+    p.init_transactions(30)
+    seq = 0
+    aborted_seqs = []
+    try:
+        for txn in range(3):
+            p.begin_transaction()
+            for _ in range(5):
+                _produce(p, topic, acks, seq, _value(seq))
+                if txn == 1:
+                    aborted_seqs.append(seq)
+                seq += 1
+            _flush(p)
+            if txn == 1:
+                p.abort_transaction(30)
+            else:
+                p.commit_transaction(30)
+    finally:
+        p.close()
+    _worker(ctx, topic, group, "at_least_once", isolation="read_uncommitted")
+    for s in aborted_seqs:
+        part, off = acks.acked[s]
+        truth.expect(topic, LOG, "aborted", part, p.pid, s, off)
+        truth.expect(topic, f"group:{group}", "aborted_read", part, p.pid, s, off)
+    truth.facts.update(messages=seq, aborted=len(aborted_seqs))
+    ctx.say("aborted: 3 transactions of 5, the second aborted; a read_uncommitted group read it")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 7. retention shorter than a stalled consumer's lag
+
+
+def retention(ctx: Context) -> Truth:
+    from confluent_kafka import Consumer, TopicPartition
+
+    truth = Truth("retention")
+    if ctx.capture_now is None:
+        raise InputError("scenario 'retention' needs a capture before Kafka deletes the records (ctx.capture_now)")
+    topic = ctx.lab.create_topic("lab-retention", retention_ms="2000", segment_ms="1000",
+                                 file_delete_delay_ms="0")
+    group = f"{topic}-slow"
+    ctx.audit_topic(topic, groups=(group,))
+    truth.topic(topic)
+    n, consumed = 20, 5
+    pid, acks = _fill(ctx, topic, n, "lab-retention")
+    _worker(ctx, topic, group, "at_least_once", max_messages=consumed)  # then it stalls
+    ctx.capture_now(topic)  # the audit's capture sees the records while they exist
+    time.sleep(1.2)  # past segment.ms: the next append rolls the segment
+    tail = ctx.producer("lab-retention-tail")
+    tail_acks = Acks()
+    _produce(tail, topic, tail_acks, 0, _value(n))
+    _flush(tail)
+    tail.close()
+    probe = Consumer({"bootstrap.servers": ctx.lab.bootstrap, "group.id": f"{topic}-probe", "log_level": 0})
+    deadline = time.monotonic() + 60
+    start = 0
+    try:
+        while time.monotonic() < deadline:
+            start, _ = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)
+            if start >= n:
+                break
+            time.sleep(0.5)
+    finally:
+        probe.close()
+    if start < n:
+        raise BrokerError(f"retention: Kafka did not delete the old segment within 60s (log start {start})")
+    _worker(ctx, topic, group, "at_least_once")  # resumes: offset out of range -> earliest
+    seq_at = _by_offset(acks)
+    for off in range(consumed, n):
+        truth.expect(topic, f"group:{group}", "expired_unconsumed", 0, pid, seq_at[(0, off)], off)
+    truth.facts.update(messages=n, consumed_before_stall=consumed, log_start_offset_after=start,
+                       expired_unconsumed=n - consumed)
+    ctx.say(f"retention: consumer stalled after {consumed} of {n}; retention moved the log start to {start}")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 8. a poison message
+
+
+def poison(ctx: Context) -> Truth:
+    truth = Truth("poison")
+    topic = ctx.lab.create_topic("lab-poison")
+    group = f"{topic}-loader"
+    ctx.audit_topic(topic, groups=(group,))
+    truth.topic(topic)
+    n, bad = 20, 7
+    pid, acks = _fill(ctx, topic, n, "lab-poison", poison={bad})
+    _worker(ctx, topic, group, "at_least_once", max_attempts=3, idle_s=3.0)
+    part, off = acks.acked[bad]
+    truth.expect(topic, f"group:{group}", "dead_lettered", part, pid, bad, off)
+    truth.facts.update(messages=n, poisoned=1, attempts=3)
+    ctx.say(f"poison: message n={bad} fails every attempt -> DLQ after 3; the other {n - 1} flow on")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 9. unaudited producers and garbage headers
+
+
+GARBAGE_HEADERS: tuple[list[tuple[str, bytes]] | None, ...] = (
+    None,  # a plain producer, no headers at all
+    [("trace-id", b"abc")],  # headers, none of them ours
+    [("audit.seq", b"abc")],  # no pid, seq not a number
+    [("audit.pid", b""), ("audit.seq", b"-1"), ("audit.ts", b"x")],  # empty pid, signed seq
+    [("audit.pid", b"p" * 80), ("audit.pid", b"q"), ("audit.seq", b"1e3")],  # duplicate pid, bad seq
+)
+
+
+def unaudited(ctx: Context) -> Truth:
+    from confluent_kafka import Producer
+
+    truth = Truth("unaudited")
+    topic = ctx.lab.create_topic("lab-unaudited")
+    ctx.audit_topic(topic)
+    truth.topic(topic)
+    _fill(ctx, topic, 10, "lab-audited")
+    plain = Producer({"bootstrap.servers": ctx.lab.bootstrap, "log_level": 0})
+    offsets: list[tuple[int, int]] = []
+
+    def dr(err: Any, msg: Any) -> None:
+        if err is None:
+            offsets.append((int(msg.partition()), int(msg.offset())))
+
+    for i, headers in enumerate(GARBAGE_HEADERS):
+        plain.produce(topic, _value(100 + i), headers=headers, on_delivery=dr)
+    if plain.flush(30) != 0 or len(offsets) != len(GARBAGE_HEADERS):
+        raise BrokerError("unaudited: the plain producer's records were not all acked")
+    for part, off in offsets:
+        truth.expect(topic, LOG, "unaudited", part, None, None, off)
+    truth.facts.update(audited=10, unaudited=len(offsets))
+    ctx.say(f"unaudited: 10 audited messages and {len(offsets)} records from a plain producer / garbage headers")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+# 10. acks=1, the leader dies before its follower fetched, unclean leader election
+
+
+def _partition_state(ctx: Context, topic: str, avoid: set[int]) -> tuple[int | None, list[int]]:
+    """(leader, isr) of partition 0, asked of nodes not in `avoid` (a frozen node never answers)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    assert ctx.lab.kafka is not None
+    nodes = [n for n in ctx.lab.kafka.nodes if n.node_id not in avoid and n.node_id in ctx.lab.kafka.running_nodes()]
+    admin = AdminClient({"bootstrap.servers": ",".join(n.address for n in nodes), "log_level": 0})
+    try:
+        d = admin.describe_topics(TopicCollection([topic]), request_timeout=3)[topic].result(5)
+    except Exception:
+        return None, []
+    p = d.partitions[0]
+    return (p.leader.id if p.leader else None), sorted(r.id for r in p.isr)
+
+
+def _wait_state(ctx: Context, topic: str, avoid: set[int], ok: Callable[[int | None, list[int]], bool],
+                what: str, timeout: float = 90.0) -> tuple[int | None, list[int]]:
+    deadline = time.monotonic() + timeout
+    state: tuple[int | None, list[int]] = (None, [])
+    while time.monotonic() < deadline:
+        state = _partition_state(ctx, topic, avoid)
+        if ok(*state):
+            return state
+        time.sleep(0.3)
+    raise BrokerError(f"lost_acked: {what} did not happen within {timeout:.0f}s (leader, isr = {state})")
+
+
+def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]:
+    """(pid, seq) of every record a plain read_committed consumer reads from partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-readback", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "log_level": 0})
+    c.assign([TopicPartition(topic, 0, 0)])
+    out: set[tuple[str | None, int | None]] = set()
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # _PARTITION_EOF
+                    break
+                continue
+            h = dict(m.headers() or [])
+            seq = h.get("audit.seq")
+            out.add(((h.get("audit.pid") or b"").decode() or None, int(seq) if seq else None))
+    finally:
+        c.close()
+    return out
+
+
+def lost_acked(ctx: Context) -> Truth:
+    """acks=1; the follower is frozen (SIGSTOP) so it never fetches; the leader acks alone, then is
+    killed; unclean leader election makes the stale follower leader; the old leader truncates."""
+    kafka = ctx.lab.kafka
+    if kafka is None or len(kafka.nodes) < 3:
+        raise InputError("scenario 'lost_acked' needs a local 3-node cluster the lab may kill nodes of "
+                         "(audit.lab.env.LocalCluster)")
+    truth = Truth("lost_acked")
+    topic = ctx.lab.create_topic("lab-lostacked", replica_assignment=[[1, 2]],
+                                 unclean_leader_election_enable="true", min_insync_replicas="1")
+    ctx.audit_topic(topic)
+    truth.topic(topic)
+    leader, follower = 1, 2
+    _wait_state(ctx, topic, set(), lambda ld, isr: ld == leader and isr == [1, 2], "initial ISR")
+    p = ctx.producer("lab-acks1", **{"acks": "1", "enable.idempotence": False, "linger.ms": 0,
+                                     "message.timeout.ms": 120000})
+    acks = Acks()
+    seq = 0
+    before, during, after = 20, 10, 15
+    try:
+        for _ in range(before):
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        _flush(p)
+        # The follower must hold everything so far: the high watermark covers it.
+        from confluent_kafka import Consumer, TopicPartition
+
+        probe = Consumer({"bootstrap.servers": ctx.lab.bootstrap, "group.id": f"{topic}-probe", "log_level": 0})
+        deadline = time.monotonic() + 30
+        while probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1] < before:
+            if time.monotonic() > deadline:
+                raise BrokerError("lost_acked: follower did not catch up")
+            time.sleep(0.2)
+        probe.close()
+        pids = kafka._pids()
+        os.kill(pids[follower], signal.SIGSTOP)
+        try:
+            _wait_state(ctx, topic, {follower}, lambda ld, isr: isr == [leader], "ISR shrink to the leader")
+            for _ in range(during):
+                _produce(p, topic, acks, seq, _value(seq))
+                seq += 1
+            _flush(p)
+            kafka.kill_node(leader)
+        finally:
+            os.kill(pids[follower], signal.SIGCONT)
+        _wait_state(ctx, topic, {leader}, lambda ld, isr: ld == follower, "unclean election of the follower")
+        kafka.restart_node(leader)
+        _wait_state(ctx, topic, set(), lambda ld, isr: leader in isr, "old leader rejoining", timeout=120)
+        for _ in range(after):  # writes after the failover reuse the lost offsets
+            _produce(p, topic, acks, seq, _value(seq))
+            seq += 1
+        _flush(p)
+    finally:
+        p.close()
+    present = _read_back(ctx.lab.bootstrap, topic)
+    lost = sorted(s for s in acks.acked if (p.pid, s) not in present)
+    for s in lost:
+        part, off = acks.acked[s]
+        truth.expect(topic, LOG, "lost_acked", part, p.pid, s, off)
+    truth.facts.update(messages=seq, acked=len(acks.acked), acked_while_follower_frozen=during, lost=len(lost),
+                       lost_seqs=f"{lost[0]}..{lost[-1]}" if lost else "none")
+    ctx.say(f"lost_acked: {len(acks.acked)} acked with acks=1, {len(lost)} of them gone after the unclean election")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
+
+Scenario = Callable[[Context], Truth]
+
+SCENARIOS: dict[str, tuple[Scenario, str]] = {
+    "lost_response": (lost_response, "proxy drops produce responses after the write; idempotence off"),
+    "lost_response_idempotent": (lost_response_idempotent, "the same faults with idempotence on"),
+    "reorder": (reorder, "max.in.flight=5, no idempotence, a batch fails in flight and is re-sent late"),
+    "producer_restart": (producer_restart, "a restarted producer re-sends its last 5 messages"),
+    "at_most_once": (at_most_once, "consumer killed after commit, before processing"),
+    "at_least_once": (at_least_once, "consumer killed after processing, before commit; insert vs upsert sink"),
+    "exactly_once": (exactly_once, "both exactly-once modes, killed at every point of the loop"),
+    "aborted": (aborted, "an aborted transaction, read by a read_uncommitted group"),
+    "retention": (retention, "retention deletes records a stalled consumer never read"),
+    "poison": (poison, "a poison message is retried, dead-lettered, the partition flows on"),
+    "unaudited": (unaudited, "a plain producer and garbage audit headers"),
+    "lost_acked": (lost_acked, "3-node cluster, acks=1, leader killed before the follower fetched, unclean election"),
+}
+
+# Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection).
+PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n != "lost_acked")
+CLUSTER_SCENARIOS = ("lost_acked",)
+
+
+def with_bootstrap(cfg: Config, bootstrap: str) -> Config:
+    return replace(cfg, kafka={**cfg.kafka, "bootstrap.servers": bootstrap})
