@@ -1,0 +1,351 @@
+"""SLA check (DESIGN §7): each topic's SLA as a Great Expectations suite over `audit_partition_report`.
+
+For a window range, the report rows are read from the Delta lake, given one observed column per
+rule (`with_sla_observations`, a pure transform), and validated with Great Expectations 1.x: one
+ExpectationSuite per topic, one `expect_column_values_to_be_between` per configured rule, run on
+the Spark DataFrame through an ephemeral context (Spark datasource, whole-dataframe batch
+definition, ValidationDefinition). GE's row-level unexpected index list decides pass or fail of
+every (window_start, topic, partition, stage, rule); one row each goes to `sla_results` in the
+report store, replacing that (topic, window) so reruns are idempotent.
+
+Rules, the observed value they judge and the stages they apply to:
+
+| rule | observed | passes when | stages |
+|---|---|---|---|
+| max_lost | lost | observed <= t | log, group, sink |
+| max_duplicate_ratio | duplicated / max(expected, 1) | observed <= t | log, group, sink |
+| max_reordered | reordered | observed <= t | log, group (a sink has no order) |
+| max_p99_latency_ms | latency_p99_ms | observed <= t; null (nothing delivered) passes | log, group, sink |
+| min_completeness | (delivered + dead_lettered) / expected | observed >= t; null (expected 0) passes | log, group, sink |
+
+Latency at every stage is measured from produce time, so a p99 bound holds for each hop.
+The duplicate ratio's denominator is at least 1 so that copies of nothing still fail a 0 bound.
+Only final rows are judged at the configured severity; on a provisional row every rule is at most
+`warn` (its counts can still change), so provisional data never fails a scheduler run.
+
+This module reads the report only from the lake and writes only `sla_results`; it never changes
+the report and never decides anything GE did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from audit.config import Config, SlaRule, TopicConfig
+from audit.errors import InputError, SlaFailed
+from audit.report_store import SLA_RESULTS, ReportStore
+from audit.timeutil import EPOCH, floor_window, parse_instant, windows
+
+if TYPE_CHECKING:
+    from great_expectations.core import ExpectationSuite
+
+ALL_STAGE_KINDS = ("log", "group", "sink")
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    observed_column: str
+    bound: str  # "max": observed <= threshold; "min": observed >= threshold
+    stage_kinds: tuple[str, ...] = ALL_STAGE_KINDS
+
+
+RULES: dict[str, RuleSpec] = {
+    "max_lost": RuleSpec("lost", "max"),
+    "max_duplicate_ratio": RuleSpec("duplicate_ratio", "max"),
+    "max_reordered": RuleSpec("reordered", "max", ("log", "group")),
+    "max_p99_latency_ms": RuleSpec("latency_p99_ms", "max"),
+    "min_completeness": RuleSpec("completeness", "min"),
+}
+
+_KEY = "sla_key"
+_WINDOW_US = "window_start_us"
+
+
+@dataclass
+class SlaOutcome:
+    """Every `sla_results` row written by one check, and how many failed at each severity."""
+
+    start: datetime
+    end: datetime
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    report_rows: int = 0
+
+    @property
+    def failed_errors(self) -> int:
+        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == "error")
+
+    @property
+    def failed_warnings(self) -> int:
+        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == "warn")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure transform
+# ---------------------------------------------------------------------------------------------
+
+def with_sla_observations(report: DataFrame) -> DataFrame:
+    """Report rows -> the same rows plus the observed value of every rule, a stage kind and a row key."""
+    expected = F.col("expected")
+    return (
+        report
+        .withColumn("stage_kind", F.split(F.col("stage"), ":").getItem(0))
+        .withColumn("duplicate_ratio", F.col("duplicated").cast("double") / F.greatest(expected, F.lit(1)))
+        .withColumn("completeness", F.when(
+            expected > 0,
+            (F.col("delivered") + F.coalesce(F.col("dead_lettered"), F.lit(0))).cast("double") / expected))
+        .withColumn(_WINDOW_US, F.unix_micros(F.col("window_start")))
+        # GE reports unexpected rows by this key; timestamps stay out of it (no time zone round trips).
+        .withColumn(_KEY, F.concat_ws("|", F.col(_WINDOW_US).cast("string"), F.col("topic"),
+                                      F.col("partition").cast("string"), F.col("stage")))
+    )
+
+
+def _in_range(topics: Iterable[TopicConfig], start: datetime, end: datetime) -> Column:
+    """Rows of these topics whose window overlaps [start, end) (windows aligned per topic)."""
+    cond: Column | None = None
+    for t in topics:
+        c = ((F.col("topic") == t.name) & (F.col("window_start") >= F.lit(floor_window(start, t.window)))
+             & (F.col("window_start") < F.lit(end)))
+        cond = c if cond is None else cond | c
+    return cond if cond is not None else F.lit(False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Great Expectations
+# ---------------------------------------------------------------------------------------------
+
+def topic_suite(topic: TopicConfig) -> ExpectationSuite:
+    """The Great Expectations suite of one topic's SLA (one expectation per configured rule)."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.expectations.row_conditions import Column as GxColumn
+
+    suite = gx.ExpectationSuite(name=f"sla_{topic.name}")
+    for rule in topic.sla:
+        spec = RULES[rule.rule]
+        kwargs: dict[str, Any] = {"column": spec.observed_column,
+                                  "meta": {"rule": rule.rule, "severity": rule.severity, "topic": topic.name}}
+        kwargs["max_value" if spec.bound == "max" else "min_value"] = rule.threshold
+        if spec.stage_kinds != ALL_STAGE_KINDS:
+            kwargs["row_condition"] = GxColumn("stage_kind").is_in(list(spec.stage_kinds))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(**kwargs))
+    return suite
+
+
+class _GxRunner:
+    """One ephemeral GE context for a check: a Spark datasource and one validation per topic."""
+
+    def __init__(self) -> None:
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import (
+            DataContextConfig,
+            InMemoryStoreBackendDefaults,
+            ProgressBarsConfig,
+        )
+
+        self._gx = gx
+        self.context = gx.get_context(mode="ephemeral", project_config=DataContextConfig(
+            analytics_enabled=False,  # no network calls from a scheduled job
+            progress_bars=ProgressBarsConfig(globally=False),
+            store_backend_defaults=InMemoryStoreBackendDefaults(),
+        ))
+        asset = self.context.data_sources.add_spark("audit_report").add_dataframe_asset("audit_partition_report")
+        self.batch_definition = asset.add_batch_definition_whole_dataframe("window_range")
+
+    def unexpected_keys(self, topic: TopicConfig, df: DataFrame) -> dict[str, set[str]]:
+        """Validate `df` (one topic's rows) against the topic's suite: rule -> keys of failing rows."""
+        suite = self.context.suites.add(topic_suite(topic))
+        validation = self.context.validation_definitions.add(self._gx.ValidationDefinition(
+            name=f"sla_{topic.name}", data=self.batch_definition, suite=suite))
+        result = validation.run(batch_parameters={"dataframe": df}, result_format={
+            "result_format": "COMPLETE", "unexpected_index_column_names": [_KEY],
+            "return_unexpected_index_query": False})
+        failing: dict[str, set[str]] = {}
+        for r in result.results:
+            assert r.expectation_config is not None  # GE fills it for every result of a suite run
+            rule = r.expectation_config.meta["rule"]
+            if r.exception_info.get("raised_exception"):
+                # A rule GE could not evaluate is an error, never a silent pass.
+                raise InputError(f"SLA rule {rule} of topic {topic.name!r} could not be evaluated: "
+                                 f"{r.exception_info.get('exception_message')}")
+            failing[rule] = {row[_KEY] for row in r.result.get("unexpected_index_list") or []}
+        return failing
+
+    def build_data_docs(self, folder: Path) -> str:
+        self.context.add_data_docs_site("msgaudit_sla", {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(folder)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        })
+        return str(self.context.build_data_docs(site_names=["msgaudit_sla"])["msgaudit_sla"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+# ---------------------------------------------------------------------------------------------
+
+def _aware(value: datetime, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InputError(f"{what}: expected a timezone-aware UTC datetime, got {value!r}")
+    return value.astimezone(UTC)
+
+
+def _result_row(rule: SlaRule, row: Any, failing: set[str], checked_at: datetime) -> dict[str, Any]:
+    spec = RULES[rule.rule]
+    observed = row[spec.observed_column]
+    return {
+        "window_start": EPOCH + timedelta(microseconds=row[_WINDOW_US]),
+        "topic": row["topic"],
+        "partition": row["partition"],
+        "stage": row["stage"],
+        "rule": rule.rule,
+        "observed": None if observed is None else float(observed),
+        "threshold": rule.threshold,
+        "passed": row[_KEY] not in failing,
+        # Provisional counts can still change: they may warn, never fail the run.
+        "severity": rule.severity if row["status"] == "final" else "warn",
+        "checked_at": checked_at,
+    }
+
+
+def check_sla(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
+              topics: Sequence[str] | None = None, *, checked_at: datetime | None = None,
+              data_docs_dir: Path | None = None) -> SlaOutcome:
+    """Check the SLA of `topics` (default: every configured topic) for windows overlapping [start, end).
+
+    Writes one `sla_results` row per (window_start, topic, partition, stage, rule) to the report
+    store, replacing every (topic, window) of the range. Optionally builds GE Data Docs in
+    `data_docs_dir`. Raises InputError when the report table is missing or the range is empty.
+    """
+    from spark_jobs.lake import read_table
+
+    start, end = _aware(start, "start"), _aware(end, "end")
+    if end <= start:
+        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
+    checked_at = _aware(checked_at, "checked_at") if checked_at is not None else datetime.now(UTC)
+    selected = [cfg.topic(name) for name in (topics or sorted(cfg.topics))]  # ConfigError names unknown ones
+    outcome = SlaOutcome(start=start, end=end)
+    if not selected:
+        return outcome
+
+    report = read_table(spark, cfg, "audit_partition_report")
+    rows_df = report.filter(_in_range(selected, start, end)).transform(with_sla_observations).cache()
+    try:
+        runner = _GxRunner() if any(t.sla for t in selected) else None
+        store = ReportStore(cfg.report_store)
+        try:
+            for topic in _progress(selected):
+                topic_df = rows_df.filter(F.col("topic") == topic.name)
+                collected = topic_df.select(
+                    _KEY, _WINDOW_US, "topic", "partition", "stage", "status",
+                    *sorted({RULES[r.rule].observed_column for r in topic.sla})).collect()
+                outcome.report_rows += len(collected)
+                failing = runner.unexpected_keys(topic, topic_df) if (runner and topic.sla and collected) else {}
+                by_window: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+                for row in collected:
+                    kind = row["stage"].split(":", 1)[0]
+                    for rule in topic.sla:
+                        if kind in RULES[rule.rule].stage_kinds:
+                            by_window[EPOCH + timedelta(microseconds=row[_WINDOW_US])].append(
+                                _result_row(rule, row, failing.get(rule.rule, set()), checked_at))
+                # Every window of the range is replaced, so a rerun also clears results of rows that vanished.
+                targets = {w for w, _ in windows(start, end, topic.window)} | set(by_window)
+                for w in sorted(targets):
+                    rows = sorted(by_window.get(w, []), key=lambda r: (r["partition"], r["stage"], r["rule"]))
+                    store.replace_window(SLA_RESULTS, topic.name, w, rows)
+                    outcome.rows.extend(rows)
+        finally:
+            store.close()
+        if data_docs_dir is not None and runner is not None:
+            runner.build_data_docs(Path(data_docs_dir))
+    finally:
+        rows_df.unpersist()
+    outcome.rows.sort(key=lambda r: (r["window_start"], r["topic"], r["partition"], r["stage"], r["rule"]))
+    return outcome
+
+
+def _progress(items: list[TopicConfig]) -> Iterable[TopicConfig]:
+    from tqdm import tqdm
+
+    # disable=None: a bar on a terminal, silence in schedulers and tests.
+    return tqdm(items, desc="sla", unit="topic", disable=None, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if abs(value) < 1e6 else f"{value:.0f}"
+
+
+def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
+    """A readable summary: one line per (topic, stage, rule), then every failing check (capped)."""
+    if not outcome.rows:
+        return (f"SLA {outcome.start.isoformat()} .. {outcome.end.isoformat()}: nothing to check "
+                f"({outcome.report_rows} report rows in range)")
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in outcome.rows:
+        groups[(r["topic"], r["stage"], r["rule"])].append(r)
+    header = ("TOPIC", "STAGE", "RULE", "THRESHOLD", "CHECKS", "FAILED", "WORST", "RESULT")
+    lines: list[tuple[str, ...]] = [header]
+    for (topic, stage, rule), rows in sorted(groups.items()):
+        failed = [r for r in rows if not r["passed"]]
+        observed = [r["observed"] for r in rows if r["observed"] is not None]
+        worst = (max(observed) if RULES[rule].bound == "max" else min(observed)) if observed else None
+        verdict = "PASS"
+        if any(r["severity"] == "error" for r in failed):
+            verdict = "FAIL"
+        elif failed:
+            verdict = "WARN"
+        thresholds = sorted({r["threshold"] for r in rows})
+        lines.append((topic, stage, rule, "/".join(_fmt(t) for t in thresholds), str(len(rows)),
+                      str(len(failed)), _fmt(worst), verdict))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = [f"SLA {outcome.start.isoformat()} .. {outcome.end.isoformat()}: {len(outcome.rows)} checks on "
+           f"{outcome.report_rows} report rows, {outcome.failed_errors} failed (error), "
+           f"{outcome.failed_warnings} failed (warn)", ""]
+    out += ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+    failures = [r for r in outcome.rows if not r["passed"]]
+    if failures:
+        out += ["", "Failed checks:"]
+        for r in failures[:max_failures]:
+            op = "<=" if RULES[r["rule"]].bound == "max" else ">="
+            out.append(f"  {r['severity'].upper():5}  {r['window_start'].isoformat()}  {r['topic']}[{r['partition']}]"
+                       f"  {r['stage']}  {r['rule']}: {_fmt(r['observed'])} (expected {op} {_fmt(r['threshold'])})")
+        if len(failures) > max_failures:
+            out.append(f"  ... and {len(failures) - max_failures} more (all rows are in sla_results)")
+    return "\n".join(out)
+
+
+def cli_sla(args: argparse.Namespace, cfg: Config) -> int:
+    """`msgaudit sla --start --end [--topic T]`: print the table; SlaFailed (exit 3) on error-severity failures."""
+    from spark_jobs.session import build_spark
+
+    start = parse_instant(args.start, "--start")
+    end = parse_instant(args.end, "--end")
+    if end <= start:
+        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
+    for name in getattr(args, "topics", None) or ():
+        cfg.topic(name)  # fail fast, before starting a JVM
+    data_docs = getattr(args, "data_docs", None)
+    spark = build_spark(cfg, app_name="msgaudit-sla")
+    outcome = check_sla(spark, cfg, start, end, getattr(args, "topics", None),
+                        data_docs_dir=Path(data_docs) if data_docs else None)
+    print(format_table(outcome))
+    if outcome.failed_errors:
+        raise SlaFailed(f"{outcome.failed_errors} error-severity SLA check(s) failed for windows in "
+                        f"{start.isoformat()} .. {end.isoformat()} (details above and in sla_results)")
+    return 0
