@@ -39,6 +39,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -98,6 +99,7 @@ class TopicCapture:
     records: int  # data records captured (both committed and aborted)
     aborted: int  # records of aborted transactions (committed = false)
     header_errors: int  # records whose audit headers are missing or malformed
+    written: int  # rows inserted or updated in log_records (0 on a rerun over the same log)
     deferred: int  # offsets past the last stable offset, left for a later capture
     groups: int  # group offset rows snapshotted
     ranges: tuple[PartitionRange, ...] = ()
@@ -115,7 +117,8 @@ class CaptureResult:
         for t in self.topics.values():
             lines.append(
                 f"  {t.topic}: {t.records} records in {t.offsets_read} offsets over {t.partitions} partitions, "
-                f"{t.aborted} aborted, {t.header_errors} header errors, {t.deferred} deferred (open transaction)"
+                f"{t.written} new or changed, {t.aborted} aborted, {t.header_errors} header errors, "
+                f"{t.deferred} deferred (open transaction)"
             )
         return "\n".join(lines)
 
@@ -521,12 +524,14 @@ def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
 
 
 def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFrame,
-                      ranges: Sequence[PartitionRange]) -> None:
-    """MERGE rows into log_records on (topic, partition, offset); identical rows are left alone.
+                      ranges: Sequence[PartitionRange]) -> int:
+    """MERGE rows into log_records on (topic, partition, offset); return how many were written.
 
-    A matched row is rewritten only if its content differs (a topic deleted and recreated
-    reuses offsets), so a rerun over the same log changes nothing, captured_at included. The
-    literal topic and offset bounds let Delta prune partitions and skip files by statistics.
+    Rows already stored with the same content are dropped first (left anti join against the
+    stored rows of the same offset ranges), so a rerun over the same log writes nothing, not
+    even an empty Delta commit, and keeps the first captured_at. A stored row whose content
+    differs (a topic deleted and recreated reuses offsets) is updated. The literal topic and
+    offset bounds let Delta prune partitions and skip files by their statistics.
     """
     from delta.tables import DeltaTable
 
@@ -534,42 +539,58 @@ def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFr
 
     ensure_log_table(spark, cfg)
     t, s = "t", "s"
-    key = ((F.col(f"{t}.topic") == F.lit(topic)) & (F.col(f"{t}.topic") == F.col(f"{s}.topic"))
-           & (F.col(f"{t}.partition") == F.col(f"{s}.partition")) & (F.col(f"{t}.offset") == F.col(f"{s}.offset")))
     bounds = [(F.col(f"{t}.partition") == r.partition) & F.col(f"{t}.offset").between(r.start, r.end - 1)
               for r in ranges if r.offsets > 0]
-    any_bound = bounds[0]
-    for b in bounds[1:]:
-        any_bound = any_bound | b
-    same = F.lit(True)
-    for c in (*DATA_COLUMNS, PART_HOUR):
-        same = same & F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
-    columns = [*LOG_RECORDS.fieldNames(), PART_HOUR]
-    (DeltaTable.forPath(spark, table_path(cfg, LOG_TABLE)).alias(t)
-     .merge(rows.alias(s), key & any_bound)
-     .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in columns})
-     .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in columns})
-     .execute())
+    in_ranges = (F.col(f"{t}.topic") == F.lit(topic)) & reduce(lambda x, y: x | y, bounds)
+    same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
+                                       for c in (*DATA_COLUMNS, PART_HOUR)])
+    table = DeltaTable.forPath(spark, table_path(cfg, LOG_TABLE))
+    stored = table.toDF().alias(t).where(in_ranges)
+    changes = rows.alias(s).join(stored, same, "left_anti").persist()
+    try:
+        written = changes.count()
+        if written:
+            key = in_ranges & reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
+                                                          for c in ("topic", "partition", "offset")])
+            columns = [*LOG_RECORDS.fieldNames(), PART_HOUR]
+            (table.alias(t).merge(changes.alias(s), key)
+             .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in columns})
+             .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in columns})
+             .execute())
+    finally:
+        changes.unpersist()
+    return written
 
 
 def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, rows: list[tuple[Any, ...]]) -> None:
     from spark_jobs.lake import write_table
 
-    write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",))
+    if rows:
+        write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",))
+
+
+@dataclass
+class _Snapshots:
+    """Offset snapshots of every topic of one capture, written together (two Delta commits)."""
+
+    groups: list[tuple[Any, ...]] = field(default_factory=list)
+    watermarks: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def write(self, spark: SparkSession, cfg: Config) -> None:
+        _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS, self.groups)
+        _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS, self.watermarks)
 
 
 def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, partitions: Sequence[int],
-                  start: datetime, end: datetime, captured_at: datetime) -> TopicCapture:
-    """Snapshot group offsets and watermarks, then read and MERGE one topic's planned range."""
+                  start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> TopicCapture:
+    """Snapshot group offsets and watermarks (into `snapshots`), then read and MERGE one topic."""
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
     groups = group_offsets(admin, cfg, topic, partitions)
     ranges = plan_topic(admin, cfg, topic, partitions, start, end)
-    _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS,
-                     [(g, topic, p, off, captured_at) for g, p, off in groups])
-    _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS,
-                     [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at) for r in ranges])
+    snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups]
+    snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at) for r in ranges]
     to_read = [r for r in ranges if r.offsets > 0]
-    records = aborted = header_errors = 0
+    records = aborted = header_errors = written = 0
     if to_read:
         everything = _read_kafka(spark, cfg, topic, to_read, "read_uncommitted")
         committed = _read_kafka(spark, cfg, topic, to_read, "read_committed").select("topic", "partition", "offset")
@@ -584,10 +605,9 @@ def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, part
             assert counts is not None
             records, aborted, header_errors = int(counts[0]), int(counts[1]), int(counts[2])
             if records:
-                merge_log_records(spark, cfg, topic, rows, to_read)
+                written = merge_log_records(spark, cfg, topic, rows, to_read)
         finally:
             rows.unpersist()
-    ensure_log_table(spark, cfg)
     return TopicCapture(
         topic=topic,
         partitions=len(ranges),
@@ -595,10 +615,17 @@ def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, part
         records=records,
         aborted=aborted,
         header_errors=header_errors,
+        written=written,
         deferred=sum(r.deferred for r in ranges),
         groups=len(groups),
         ranges=tuple(ranges),
     )
+
+
+def topic_partitions(cfg: Config, topics: Sequence[str], admin: Any = None) -> dict[str, list[int]]:
+    """Partition ids of each topic on the broker; InputError naming the first topic that does not exist."""
+    admin = admin or _admin(cfg)
+    return {name: _partitions(admin, cfg, name) for name in topics}
 
 
 def _selected_topics(cfg: Config, topics: Sequence[str] | None) -> list[str]:
@@ -620,16 +647,20 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     now = datetime.now(UTC)
     captured_at = now.replace(microsecond=now.microsecond // 1000 * 1000)  # Delta keeps microseconds
     admin = _admin(cfg)
-    partitions = {name: _partitions(admin, cfg, name) for name in names}  # unknown topic: fail before writing
-    results: dict[str, TopicCapture] = {}
+    partitions = topic_partitions(cfg, names, admin)  # an unknown topic fails before anything is written
     from tqdm import tqdm
 
+    ensure_log_table(spark, cfg)  # an empty capture still leaves a readable (empty) table
+    results: dict[str, TopicCapture] = {}
+    snapshots = _Snapshots()
     with tqdm(names, desc="capture", unit="topic", disable=not progress) as bar:
         for name in bar:
             bar.set_postfix_str(name)
-            results[name] = capture_topic(spark, cfg, admin, name, partitions[name], start, end, captured_at)
-            bar.write(f"{name}: {results[name].records} records, {results[name].aborted} aborted, "
-                      f"{results[name].header_errors} header errors, {results[name].offsets_read} offsets")
+            r = capture_topic(spark, cfg, admin, name, partitions[name], start, end, captured_at, snapshots)
+            results[name] = r
+            bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
+                      f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
+    snapshots.write(spark, cfg)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
 
 
@@ -640,7 +671,7 @@ def cli_capture(args: argparse.Namespace, cfg: Config) -> int:
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")
     topics = getattr(args, "topics", None)
-    _selected_topics(cfg, topics)  # bad --topic fails before a JVM starts
+    topic_partitions(cfg, _selected_topics(cfg, topics))  # bad --topic or missing topic: fail before a JVM starts
     spark = build_spark(cfg, app_name="msgaudit-capture")
     result = capture(spark, cfg, start, end, topics, progress=True)
     print(result.summary())

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from audit import headers as H
 from audit.config import from_dict
 from audit.errors import ConfigError, InputError
-from audit.timeutil import to_millis
+from audit.timeutil import from_millis, to_millis
 from spark_jobs import capture as C
 
 # --------------------------------------------------------------------------------------------
@@ -229,3 +229,190 @@ def test_to_log_records_marks_aborted_and_partitions_by_produce_hour(spark: Any)
     )
     assert [f.name for f in got.schema.fields] == [*LOG_RECORDS.fieldNames(), "part_hour"]
     assert_df_equality(got.orderBy("partition", "offset"), want, ignore_nullable=True)
+
+
+# --------------------------------------------------------------------------------------------
+# kafka: capture from a real broker
+
+
+def _producer(bootstrap: str, **extra: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": "0", **extra})
+
+
+def _send(producer: Any, topic: str, partition: int, value: bytes, headers: Any, key: bytes | None = None) -> None:
+    """Produce and flush one record, failing the test if the broker did not ack it."""
+    errors: list[Any] = []
+    producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
+                     on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(30)
+    assert errors == [None]
+
+
+@pytest.fixture(scope="module")
+def audited_topic(kafka_bootstrap: str) -> dict[str, Any]:
+    """A 2-partition topic holding, on partition 0, three plain audited records, an aborted
+    transaction (2 records) and a committed one (1 record); on partition 1, a record with garbage
+    audit headers and one without any. Group g1 committed offset 2 on partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tests.conftest import new_topic
+
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    t0 = datetime.now(UTC)
+    base_ms = to_millis(t0)
+    plain = _producer(kafka_bootstrap)
+    for seq in range(3):  # offsets 0, 1, 2
+        _send(plain, topic, 0, f"v{seq}".encode(), H.stamp(None, "plain:1", seq, base_ms + seq), key=b"k")
+    tx = _producer(kafka_bootstrap, **{"transactional.id": f"tx-{topic}"})
+    tx.init_transactions(30)
+    tx.begin_transaction()  # offsets 3, 4, abort marker 5
+    _send(tx, topic, 0, b"a0", H.stamp(None, "tx:1", 0, base_ms + 10, key="order-a0"))
+    _send(tx, topic, 0, b"a1", H.stamp(None, "tx:1", 1, base_ms + 11, key="order-a1"))
+    tx.abort_transaction(30)
+    tx.begin_transaction()  # offset 6, commit marker 7
+    _send(tx, topic, 0, b"c2", H.stamp(None, "tx:1", 2, base_ms + 12, key="order-c2"))
+    tx.commit_transaction(30)
+    _send(plain, topic, 1, b"g", [("audit.pid", b"plain:1"), ("audit.seq", b"\xff\xfe"), ("audit.ts", b"1")])
+    _send(plain, topic, 1, b"n", None)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "g1", "enable.auto.commit": "false"})
+    c.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    c.close()
+    return {"topic": topic, "t0": t0, "base_ms": base_ms}
+
+
+def _topic_cfg(make_config: Any, tmp_path: Any, topic: str, **extra: Any) -> Any:
+    return make_config(tmp_path, topics={topic: {"window": "1h", "grace": "15m", "groups": ["g1", "g2"], **extra}})
+
+
+def _rows(spark: Any, cfg: Any, table: str, topic: str, order: str) -> list[tuple[Any, ...]]:
+    from spark_jobs.lake import read_table
+
+    df = read_table(spark, cfg, table).where(f"topic = '{topic}'")
+    # PySpark returns timestamps as naive local times; make them aware UTC to compare.
+    return [tuple(v.astimezone(UTC) if isinstance(v, datetime) else v for v in r)
+            for r in df.orderBy(*order.split(",")).collect()]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.e2e
+def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_nothing(
+        spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any) -> None:
+    topic, t0, base = audited_topic["topic"], audited_topic["t0"], audited_topic["base_ms"]
+    cfg = _topic_cfg(make_config, tmp_path, topic)
+    result = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1))
+    ca = result.captured_at
+
+    got = result.topics[topic]
+    assert (got.partitions, got.records, got.written, got.aborted, got.header_errors, got.offsets_read,
+            got.deferred, got.groups) == (2, 8, 8, 2, 2, 10, 0, 4)
+
+    def hour(ms: int) -> str:
+        return from_millis(ms).strftime("%Y-%m-%dT%H")
+
+    def sha(k: bytes | None, v: bytes) -> str:
+        return hashlib.sha256((k or b"") + b"\x00" + v).hexdigest()
+
+    log = _rows(spark, cfg, "log_records", topic, "partition,offset")
+    kafka_ts = {(r[1], r[2]): r[3] for r in log}  # CreateTime set by the client: checked below
+    want = [
+        (topic, 0, 0, "plain:1", 0, base + 0, sha(b"k", b"v0"), True, None),
+        (topic, 0, 1, "plain:1", 1, base + 1, sha(b"k", b"v1"), True, None),
+        (topic, 0, 2, "plain:1", 2, base + 2, sha(b"k", b"v2"), True, None),
+        (topic, 0, 3, "tx:1", 0, base + 10, "order-a0", False, None),
+        (topic, 0, 4, "tx:1", 1, base + 11, "order-a1", False, None),
+        (topic, 0, 6, "tx:1", 2, base + 12, "order-c2", True, None),
+        (topic, 1, 0, "plain:1", None, 1, sha(None, b"g"), True, "audit.seq is not UTF-8"),
+        (topic, 1, 1, None, None, None, sha(None, b"n"), True, "no audit headers"),
+    ]
+    expected = [
+        (t, p, o, kafka_ts[(p, o)], pid, seq, from_millis(ts) if ts is not None else None, fp, committed, err, ca,
+         hour(ts) if ts is not None else kafka_ts[(p, o)].strftime("%Y-%m-%dT%H"))
+        for t, p, o, pid, seq, ts, fp, committed, err in want
+    ]
+    assert [r[:3] for r in log] == [r[:3] for r in expected]
+    assert log == expected
+    for (_, _), ts in kafka_ts.items():
+        assert abs(ts - t0) < timedelta(minutes=2)
+
+    groups = _rows(spark, cfg, "group_offsets", topic, "group,partition")
+    assert groups == [("g1", topic, 0, 2, ca), ("g1", topic, 1, None, ca),
+                      ("g2", topic, 0, None, ca), ("g2", topic, 1, None, ca)]
+    marks = _rows(spark, cfg, "partition_watermarks", topic, "partition")
+    assert marks == [(topic, 0, 0, 8, ca), (topic, 1, 0, 2, ca)]
+
+    from delta.tables import DeltaTable
+
+    from spark_jobs.lake import table_path
+
+    version = DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()["version"]
+    again = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1))
+    assert (again.topics[topic].records, again.topics[topic].aborted, again.topics[topic].written) == (8, 2, 0)
+    assert _rows(spark, cfg, "log_records", topic, "partition,offset") == expected
+    assert DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()["version"] == version
+    # Snapshots are appended: the latest one per captured_at.
+    assert len(_rows(spark, cfg, "partition_watermarks", topic, "partition")) == 4
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_empty_window_writes_no_records_but_creates_the_table(
+        spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any) -> None:
+    topic = audited_topic["topic"]
+    cfg = _topic_cfg(make_config, tmp_path, topic)
+    start = datetime(2001, 1, 1, tzinfo=UTC)
+    result = C.capture(spark, cfg, start, start + timedelta(hours=1))
+    got = result.topics[topic]
+    assert (got.records, got.offsets_read, got.aborted, got.header_errors) == (0, 0, 0, 0)
+    assert _rows(spark, cfg, "log_records", topic, "offset") == []
+    assert _rows(spark, cfg, "partition_watermarks", topic, "partition") == [
+        (topic, 0, 0, 8, result.captured_at), (topic, 1, 0, 2, result.captured_at)]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_open_transaction_is_deferred_then_captured_once_it_ends(
+        spark: Any, kafka_bootstrap: str, make_config: Any, tmp_path: Any) -> None:
+    from tests.conftest import new_topic
+
+    topic = new_topic(kafka_bootstrap)
+    t0 = datetime.now(UTC)
+    plain = _producer(kafka_bootstrap)
+    _send(plain, topic, 0, b"before", H.stamp(None, "p:1", 0, to_millis(t0)))  # offset 0
+    tx = _producer(kafka_bootstrap, **{"transactional.id": f"tx-{topic}"})
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    _send(tx, topic, 0, b"open", H.stamp(None, "tx:1", 0, to_millis(t0)))  # offset 1, still open
+    _send(plain, topic, 0, b"after", H.stamp(None, "p:1", 1, to_millis(t0)))  # offset 2, past the LSO
+    cfg = make_config(tmp_path, topics={topic: {}})
+
+    first = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1)).topics[topic]
+    assert (first.records, first.offsets_read, first.deferred, first.written) == (1, 1, 2, 1)
+    assert [r[2] for r in _rows(spark, cfg, "log_records", topic, "offset")] == [0]
+
+    tx.commit_transaction(30)  # commit marker at offset 3
+    second = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1)).topics[topic]
+    assert (second.records, second.offsets_read, second.deferred, second.aborted, second.written) == (3, 4, 0, 0, 2)
+    assert [(r[2], r[8]) for r in _rows(spark, cfg, "log_records", topic, "offset")] == [
+        (0, True), (1, True), (2, True)]
+
+
+@pytest.mark.kafka
+def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from audit.cli import main
+
+    conf = tmp_path / "msgaudit.yaml"
+    conf.write_text(f"kafka: {{bootstrap.servers: '{kafka_bootstrap}'}}\ntopics:\n  no-such-topic-x1: {{}}\n")
+    code = main(["capture", "--config", str(conf), "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (f"msgaudit capture: error: topic 'no-such-topic-x1': topic does not exist on the Kafka cluster "
+                   f"at {kafka_bootstrap} (create it, or remove it from {conf})\n")
+    code = main(["capture", "--config", str(conf), "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z",
+                 "--topic", "orders"])
+    assert code == 2
+    assert capsys.readouterr().err == (f"msgaudit capture: error: {conf}: unknown topic 'orders' "
+                                       "(configured: no-such-topic-x1)\n")
