@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from audit.config import Config, SinkConfig, TopicConfig
 from audit.errors import BrokerError, InputError
@@ -566,7 +566,7 @@ def unaudited(ctx: Context) -> Truth:
             offsets.append((int(msg.partition()), int(msg.offset())))
 
     for i, headers in enumerate(GARBAGE_HEADERS):
-        plain.produce(topic, _value(100 + i), headers=headers, on_delivery=dr)
+        plain.produce(topic, _value(100 + i), headers=cast(Any, headers), on_delivery=dr)
     if plain.flush(30) != 0 or len(offsets) != len(GARBAGE_HEADERS):
         raise BrokerError("unaudited: the plain producer's records were not all acked")
     for part, off in offsets:
@@ -610,7 +610,7 @@ def _wait_state(ctx: Context, topic: str, avoid: set[int], ok: Callable[[int | N
 
 def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]:
     """(pid, seq) of every record a plain read_committed consumer reads from partition 0."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-readback", "enable.auto.commit": False,
                   "enable.partition.eof": True, "log_level": 0})
@@ -622,13 +622,15 @@ def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]
             m = c.poll(0.5)
             if m is None:
                 continue
-            if m.error():
-                if m.error().code() == -191:  # _PARTITION_EOF
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     break
                 continue
-            h = dict(m.headers() or [])
+            h = {str(k): v if isinstance(v, bytes) else str(v).encode()
+                 for k, v in cast(list[tuple[str, Any]], m.headers() or []) if v is not None}
             seq = h.get("audit.seq")
-            out.add(((h.get("audit.pid") or b"").decode() or None, int(seq) if seq else None))
+            out.add((h.get("audit.pid", b"").decode() or None, int(seq) if seq else None))
     finally:
         c.close()
     return out
