@@ -141,7 +141,8 @@ def failed_rules(report_store_url: str, start: datetime, end: datetime,
 
     rows: list[Mapping[str, Any]] = []
     with ReportStore(report_store_url) as store:
-        for topic in topics or [None]:
+        selection: list[str | None] = list(topics) or [None]
+        for topic in selection:
             rows += [r for r in store.read("sla_results", topic=topic, start=start, end=end) if not r["passed"]]
     rules = [FailedRule(window_start=_iso(r["window_start"]), topic=r["topic"], partition=r.get("partition"),
                         stage=r.get("stage"), rule=r["rule"], observed=r.get("observed"),

@@ -152,7 +152,7 @@ with DAG(
     tags=["msgaudit", "backfill"],
     doc_md=__doc__,
 ) as dag:
-    planned = plan()
+    planned: Any = plan()
     previous: Any = SparkSubmitOperator(
         task_id="ingest",
         conn_id="spark_default",

@@ -154,7 +154,7 @@ def build(size: timedelta) -> DAG:
         tags=["msgaudit", "reconcile"],
         doc_md=__doc__,
     ) as dag:
-        planned = plan(label)
+        planned: Any = plan(label)
         previous: Any = DateTimeSensorAsync(task_id="wait_for_grace", target_time=planned["as_of"])
         for step in STEPS:
             submit = SparkSubmitOperator(

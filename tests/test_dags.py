@@ -359,6 +359,23 @@ def test_backfill_refuses_windows_that_are_not_final(dagbag: Any, tmp_path: Path
     assert r.states[("ingest", -1)] == "upstream_failed"
 
 
+@pytest.mark.airflow
+def test_retry_policy_fails_an_sla_breach_at_once_and_retries_the_rest(airflow_home: Path) -> None:
+    from airflow.sdk import RetryAction
+
+    def task(step: str, code: int) -> Any:
+        proc = type("Proc", (), {"returncode": code})()
+        hook = type("Hook", (), {"_submit_sp": proc})()
+        return type("Task", (), {"_hook": hook, "application_args": [step, "--config", "m.yaml"]})()
+
+    policy = alerts.spark_submit_retry_policy()
+    exc = RuntimeError("Cannot execute: spark-submit ...")
+    assert policy.evaluate(exc, 1, 4, {"task": task("sla", 3)}).action == RetryAction.FAIL
+    assert policy.evaluate(exc, 1, 4, {"task": task("sla", 1)}).action == RetryAction.DEFAULT
+    assert policy.evaluate(exc, 1, 4, {"task": task("reconcile", 3)}).action == RetryAction.DEFAULT
+    assert policy.evaluate(exc, 1, 4, None).action == RetryAction.DEFAULT
+
+
 # --------------------------------------------------------------------------------------------
 # airflow + e2e: real runs through spark-submit, the broker, Delta and the report store
 
@@ -470,14 +487,20 @@ def _rows(report_store: str, table: str, topic: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def e2e(injected: tuple[Injected, Path], kafka_bootstrap: str, dagbag: Any,
+def submit_entry_point() -> Path:
+    path = airflow_env.REPO / "spark_jobs" / "submit.py"
+    if not path.exists():
+        pytest.fail("spark_jobs/submit.py (the spark-submit entry point) does not exist yet")
+    return path
+
+
+@pytest.fixture(scope="module")
+def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstrap: str, dagbag: Any,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Three scheduled runs (A, B, C) on one lake + report store, one backfill over A..C on another."""
     from audit import config as config_mod
 
     facts, ledger = injected
-    if not (airflow_env.REPO / "spark_jobs" / "submit.py").exists():
-        pytest.fail("spark_jobs/submit.py (the spark-submit entry point) does not exist yet")
     root = tmp_path_factory.mktemp("e2e-runs")
     # Each side gets its own copy of the ledger, so ingest bookkeeping cannot leak between them.
     shutil.copytree(ledger, root / "ledger-scheduled")
