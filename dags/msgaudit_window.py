@@ -121,13 +121,15 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
     # gives the rows of the full run.
     as_of = end + max(t.grace for t in cfg.topics.values() if t.window == size)
 
-    args = ["--config", str(path), "--start", start.isoformat(), "--end", end.isoformat()]
-    args += [arg for t in topics for arg in ("--topic", t)]
+    window_args = ["--config", str(path), "--start", start.isoformat(), "--end", end.isoformat()]
+    args = window_args + [arg for t in topics for arg in ("--topic", t)]
     return {
         "topics": topics,
         "as_of": as_of.isoformat(),
-        **{step: [step, *args] for step in STEPS},
+        "ingest": ["ingest", *window_args],  # ingest lands every ledger segment, whatever the topic
+        "capture": ["capture", *args],
         "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
+        "sla": ["sla", *args],
         **submit_target(),
     }
 

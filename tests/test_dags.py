@@ -294,12 +294,12 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
     assert r.state == "success"
     assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", *SPARK_STEPS.split("|"))}
-    args = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00",
-            "--topic", "orders", "--topic", "payments"]
+    window = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00"]
+    args = [*window, "--topic", "orders", "--topic", "payments"]
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
     assert plan["topics"] == ["orders", "payments"]
     assert plan["as_of"] == "2026-05-01T10:07:20+00:00"
-    assert plan["ingest"] == ["ingest", *args]
+    assert plan["ingest"] == ["ingest", *window]
     assert plan["capture"] == ["capture", *args]
     assert plan["reconcile"] == ["reconcile", *args, "--as-of", "2026-05-01T10:07:20+00:00"]
     assert plan["sla"] == ["sla", *args]
