@@ -1,0 +1,643 @@
+"""The reconciliation rules of DESIGN §5, as plain Python: the readable statement of what each
+anomaly code means, and the oracle the Spark classifier (`spark_jobs/reconcile.py`) is tested
+against row for row. Plain dataclasses in, report rows + anomaly rows out.
+
+This module must not import pyspark, read or write files, or look at the wall clock: it is a
+pure function of its inputs and `as_of`. It is written for clarity, not speed (hand-written
+fixtures and generated histories of a few hundred rows).
+
+Decisions where DESIGN leaves a choice (the Spark job implements exactly these):
+
+Visibility (what one window's run reads; `L` = the topic's lookback, default one window)
+- ledger rows: produce_ts in [window_start - L, window_end); log records: natural time
+  (produce_ts, else kafka_ts, else captured_at) in the same range. Copies of one message share
+  their produce time, so a window always sees all its copies; the lookback gives the order,
+  gap and content-duplicate checks their context.
+- consumed_records: consume_ts in [window_start - L, window_end + grace + L); sink rows: sink_ts
+  in the same range (or NULL). A message first processed later than that is judged unprocessed.
+- group_offsets and partition_watermarks: every row of the topic (they are small).
+- `as_of` does not filter inputs; it only decides grace (pending) and status (final/provisional).
+- Log rows identical but for captured_at (a re-run capture) collapse into one record.
+
+Units and windows
+- A message is (topic, pid, seq); a record with missing/malformed audit headers is its own unit
+  keyed by (partition, offset) at every stage (so unaudited records are still followed through
+  groups and sinks; consumption and sink rows without pid/seq are matched to it by offset).
+- Produce time of a unit: min ledger produce_ts, else min log produce_ts (header audit.ts), else
+  min kafka_ts, else min captured_at, else min consume_ts, else min sink_ts. A unit belongs to the
+  window containing its produce time; every anomaly of a unit is reported in that window.
+- Ledger status of a message with several ledger rows: aborted > acked > failed. Its acked row is
+  the acked row with the lowest (partition, offset).
+- The "original" copy of a message in the log is the committed copy at the acked (partition,
+  offset) if there is one, else the lowest (partition, offset); every other committed copy is an
+  extra (`duplicate_in_log`). Originals carry the message's partition/offset in group and sink
+  anomalies.
+
+Stage `log` (report partition: the acked partition for expected messages)
+- expected = acked messages; delivered = acked messages with a committed copy.
+- acked and no committed copy: `lost_acked` if some capture covered the offset
+  (log_start_offset <= offset < high_watermark) and as_of >= produce time + grace;
+  `unverifiable` if no capture covered it but a capture's log_start_offset is above it;
+  otherwise it is counted as `pending` (report column only: the log stage has no pending code).
+- `ghost_write` on the original copy of a failed message; `unledgered` on the original copy of a
+  valid audited message without ledger row; `aborted` on every uncommitted record; `unaudited` on
+  every record without valid headers (detail = header_error, or "missing audit headers").
+- `reordered_in_log`: per (partition, pid), originals only (extras neither flagged nor raising
+  the running maximum), in offset order: seq lower than the maximum seq at lower offsets.
+- `seq_gap`: per pid, seqs strictly between two consecutive seqs present in ledger or log; each
+  missing seq belongs to the window of the next present seq (the one that reveals the gap).
+  A gap of more than MAX_GAP_ROWS seqs is one row (seq = first missing, detail says how many).
+- `content_duplicate`: among messages with a committed copy, grouped by the original copy's
+  fingerprint and ordered by (produce time, pid, seq), every message but the first.
+- ack latency = ack_ts - produce_ts of the acked row.
+
+Stage `group:<g>` (unit: each distinct log record of the window; report partition: its own)
+- expected = committed records; delivered = committed records processed at least once.
+- Per record, g's outcomes in (consume_ts, consume_seq, consumer) order. Not processed:
+  `dead_lettered` if any outcome is dead_lettered; else `pending` within grace; else
+  `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
+  < g's latest captured committed offset; else `overdue`.
+- `redelivered`: one row per processing after the first (detail: "processing k of n by <consumer>").
+- `reordered_in_consumption`: per (g, partition), over all processed outcomes visible, the first
+  processing of an offset lower than the highest offset processed before it; reported on committed
+  records only.
+- `aborted_read`: one row per uncommitted record that g processed.
+- produce-to-consume latency = first processing's consume_ts - produce time.
+
+Stage `sink:<s>` (unit: message, or unaudited record; fed by group g, or by the committed log
+when the sink has no group; report partition: the original copy's)
+- expected = units with a committed copy that g processed (any copy); delivered = expected units
+  with a sink row.
+- `unexpected_in_sink`: every sink row of a unit with no committed copy visible (partition =
+  the row's audit partition, -1 if NULL).
+- `duplicate_in_sink`: sink rows of a unit with a committed copy, ordered by (sink_ts, offset,
+  partition), every row but the first (detail "copy k of n", offset = that row's audit offset).
+- expected and no sink row: `pending` within grace, else `missing_in_sink`.
+- produce-to-sink latency = earliest sink_ts - produce time.
+
+Report rows: one per (stage, partition) for every partition of the topic in
+partition_watermarks and every partition a unit or anomaly of that stage has in the window.
+lost/duplicated/reordered/pending follow DESIGN §5; the stage's own code columns hold row counts
+(0 when none), other stages' code columns are NULL. Percentiles are Spark's exact `percentile`
+(linear interpolation between closest ranks). status = final iff as_of >= window_end + grace.
+run_id = stable hash of (topic, window_start, as_of); computed_at = as_of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from audit.codes import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
+from audit.config import TopicConfig
+from audit.timeutil import EPOCH
+
+LEDGER_STATUSES = ("acked", "failed", "aborted")
+CONSUME_OUTCOMES = ("processed", "failed", "dead_lettered")
+MAX_GAP_ROWS = 1000
+PERCENTILES = (0.5, 0.95, 0.99)
+_MS = timedelta(milliseconds=1)
+
+
+# ---------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class LedgerRow:
+    pid: str
+    seq: int
+    partition: int
+    offset: int | None
+    status: str
+    produce_ts: datetime
+    ack_ts: datetime | None = None
+    topic: str = "t"
+    producer: str | None = None
+    error: str | None = None
+    txn_id: str | None = None
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    partition: int
+    offset: int
+    pid: str | None
+    seq: int | None
+    produce_ts: datetime | None
+    kafka_ts: datetime | None
+    captured_at: datetime
+    fingerprint: str | None = None
+    committed: bool = True
+    header_error: str | None = None
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
+class ConsumedRow:
+    group: str
+    consumer: str
+    consume_seq: int
+    partition: int
+    offset: int
+    pid: str | None
+    seq: int | None
+    outcome: str
+    consume_ts: datetime
+    attempt: int = 1
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
+class GroupOffset:
+    group: str
+    partition: int
+    committed_offset: int | None
+    captured_at: datetime
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
+class Watermark:
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    captured_at: datetime
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    partition: int | None
+    offset: int | None
+    pid: str | None
+    seq: int | None
+    sink_ts: datetime | None
+    topic: str = "t"
+
+
+@dataclass
+class Inputs:
+    ledger: Sequence[LedgerRow] = ()
+    log: Sequence[LogRecord] = ()
+    consumed: Sequence[ConsumedRow] = ()
+    group_offsets: Sequence[GroupOffset] = ()
+    watermarks: Sequence[Watermark] = ()
+    sinks: Mapping[str, Sequence[SinkRow]] = field(default_factory=dict)
+
+
+@dataclass
+class OracleResult:
+    report: list[dict[str, Any]]
+    anomalies: list[dict[str, Any]]
+    quarantined_ledger_rows: int
+
+
+# ---------------------------------------------------------------------------- shared helpers
+@dataclass(frozen=True)
+class ReadRanges:
+    """What one window's run reads (see the module docstring)."""
+
+    message_lo: datetime
+    message_hi: datetime
+    event_lo: datetime
+    event_hi: datetime
+
+
+def read_ranges(tc: TopicConfig, window_start: datetime) -> ReadRanges:
+    lookback = tc.lookback_or_window
+    window_end = window_start + tc.window
+    return ReadRanges(window_start - lookback, window_end, window_start - lookback,
+                      window_end + tc.grace + lookback)
+
+
+def run_id_for(topic: str, window_start: datetime, as_of: datetime) -> str:
+    text = f"{topic}|{window_start.isoformat()}|{as_of.isoformat()}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def is_final(tc: TopicConfig, window_start: datetime, as_of: datetime) -> bool:
+    return as_of >= window_start + tc.window + tc.grace
+
+
+def spark_percentile(values: Sequence[float], p: float) -> float:
+    """Spark SQL `percentile` (exact): linear interpolation at position (n - 1) * p."""
+    xs = sorted(values)
+    position = (len(xs) - 1) * p
+    lower, higher = math.floor(position), math.ceil(position)
+    lo_v, hi_v = xs[lower], xs[higher]
+    if higher == lower or lo_v == hi_v:
+        return lo_v
+    return (higher - position) * lo_v + (position - lower) * hi_v
+
+
+def latency_columns(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"latency_p50_ms": None, "latency_p95_ms": None, "latency_p99_ms": None, "latency_max_ms": None}
+    p50, p95, p99 = (spark_percentile(values, p) for p in PERCENTILES)
+    return {"latency_p50_ms": p50, "latency_p95_ms": p95, "latency_p99_ms": p99,
+            "latency_max_ms": max(values)}
+
+
+def _ms(later: datetime, earlier: datetime) -> float:
+    return (later - earlier) / _MS
+
+
+def _log_time(r: LogRecord) -> datetime:
+    return r.produce_ts or r.kafka_ts or r.captured_at
+
+
+def _valid(r: LogRecord) -> bool:
+    return r.header_error is None and r.pid is not None and r.seq is not None
+
+
+Key = tuple[str, Any, Any]
+
+
+def _key(pid: str | None, seq: int | None, partition: int | None, offset: int | None) -> Key:
+    if pid is not None and seq is not None:
+        return ("m", pid, seq)
+    return ("o", partition, offset)
+
+
+@dataclass
+class _Unit:
+    key: Key
+    ledger: list[LedgerRow] = field(default_factory=list)
+    log: list[LogRecord] = field(default_factory=list)
+    consumed: list[tuple[ConsumedRow, bool]] = field(default_factory=list)  # (row, reorder flag)
+    sinks: dict[str, list[SinkRow]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def produce_time(self) -> datetime | None:
+        tiers: list[Iterable[datetime | None]] = [
+            (r.produce_ts for r in self.ledger), (r.produce_ts for r in self.log),
+            (r.kafka_ts for r in self.log), (r.captured_at for r in self.log),
+            (c.consume_ts for c, _ in self.consumed),
+            (s.sink_ts for rows in self.sinks.values() for s in rows),
+        ]
+        for tier in tiers:
+            present = [t for t in tier if t is not None]
+            if present:
+                return min(present)
+        return None
+
+    @property
+    def status(self) -> str | None:
+        statuses = {r.status for r in self.ledger}
+        for s in ("aborted", "acked", "failed"):
+            if s in statuses:
+                return s
+        return None
+
+    @property
+    def acked_row(self) -> LedgerRow | None:
+        acked = [r for r in self.ledger if r.status == "acked"]
+        return min(acked, key=lambda r: (r.partition, r.offset or 0)) if acked else None
+
+    @property
+    def committed_copies(self) -> list[LogRecord]:
+        return sorted((r for r in self.log if r.committed), key=lambda r: (r.partition, r.offset))
+
+    @property
+    def original(self) -> LogRecord | None:
+        copies = self.committed_copies
+        ack = self.acked_row
+        if ack is not None:
+            for r in copies:
+                if (r.partition, r.offset) == (ack.partition, ack.offset):
+                    return r
+        return copies[0] if copies else None
+
+    @property
+    def extras(self) -> list[LogRecord]:
+        orig = self.original
+        return [r for r in self.committed_copies if r is not orig]
+
+
+# ---------------------------------------------------------------------------- the classifier
+def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs) -> OracleResult:
+    """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (DESIGN §5)."""
+    topic = tc.name
+    ws, we = window_start, window_start + tc.window
+    rr = read_ranges(tc, window_start)
+    grace = tc.grace
+    run_id = run_id_for(topic, ws, as_of)
+
+    # --- read: visibility and quarantine
+    quarantined = 0
+    ledger: list[LedgerRow] = []
+    for lr in inputs.ledger:
+        if lr.topic != topic or not (rr.message_lo <= lr.produce_ts < rr.message_hi):
+            continue
+        if lr.status not in LEDGER_STATUSES or (lr.status == "acked" and (lr.offset is None or lr.partition < 0)):
+            quarantined += 1
+            continue
+        ledger.append(lr)
+    log_seen: dict[LogRecord, LogRecord] = {}
+    for r in inputs.log:
+        if r.topic == topic and rr.message_lo <= _log_time(r) < rr.message_hi:
+            # a re-run capture may hold the same record twice; keep its first capture
+            k = replace(r, captured_at=EPOCH)
+            prev = log_seen.get(k)
+            if prev is None or r.captured_at < prev.captured_at:
+                log_seen[k] = r
+    consumed = [c for c in inputs.consumed if c.topic == topic and c.group in tc.groups
+                and rr.event_lo <= c.consume_ts < rr.event_hi]
+    sink_rows = {s.name: [r for r in inputs.sinks.get(s.name, ()) if r.topic == topic
+                          and (r.sink_ts is None or rr.event_lo <= r.sink_ts < rr.event_hi)] for s in tc.sinks}
+    watermarks = [w for w in inputs.watermarks if w.topic == topic]
+    max_lso: dict[int, int] = {}
+    for w in watermarks:
+        max_lso[w.partition] = max(max_lso.get(w.partition, w.log_start_offset), w.log_start_offset)
+    committed_offset: dict[tuple[str, int], int | None] = {}
+    for go in sorted((go for go in inputs.group_offsets if go.topic == topic),
+                     key=lambda go: (go.captured_at, -1 if go.committed_offset is None else go.committed_offset)):
+        committed_offset[(go.group, go.partition)] = go.committed_offset
+
+    # --- order of consumption, per (group, partition): flags first processings that go backwards
+    reorder: set[int] = set()
+    by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
+    for c in consumed:
+        if c.outcome == "processed":
+            by_gp[(c.group, c.partition)].append(c)
+    for procs in by_gp.values():
+        seen: set[int] = set()
+        high: int | None = None
+        for c in sorted(procs, key=lambda c: (c.consume_ts, c.consume_seq, c.consumer)):
+            if c.offset not in seen and high is not None and c.offset < high:
+                reorder.add(id(c))
+            seen.add(c.offset)
+            high = c.offset if high is None else max(high, c.offset)
+
+    # --- gather every tier of a unit under its key
+    units: dict[Key, _Unit] = {}
+
+    def unit(k: Key) -> _Unit:
+        if k not in units:
+            units[k] = _Unit(k)
+        return units[k]
+
+    for lr in ledger:
+        unit(("m", lr.pid, lr.seq)).ledger.append(lr)
+    for r in log_seen.values():
+        if _valid(r):
+            unit(("m", r.pid, r.seq)).log.append(r)
+        else:
+            unit(("o", r.partition, r.offset)).log.append(r)
+    for c in consumed:
+        unit(_key(c.pid, c.seq, c.partition, c.offset)).consumed.append((c, id(c) in reorder))
+    for name, srows in sink_rows.items():
+        for s in srows:
+            unit(_key(s.pid, s.seq, s.partition, s.offset)).sinks[name].append(s)
+
+    def in_window(u: _Unit) -> bool:
+        pt = u.produce_time
+        return pt is not None and ws <= pt < we
+
+    anomalies: list[dict[str, Any]] = []
+    # (stage, partition) -> counters / latencies
+    counts: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    latencies: dict[tuple[str, int], list[float]] = defaultdict(list)
+
+    def emit(stage: str, code: str, partition: int, pid: str | None, seq: int | None,
+             offset: int | None, detail: str | None) -> None:
+        anomalies.append({"window_start": ws, "topic": topic, "partition": partition, "stage": stage,
+                          "anomaly": code, "pid": pid, "seq": seq, "offset": offset, "detail": detail,
+                          "run_id": run_id, "computed_at": as_of})
+
+    messages = [u for u in units.values() if u.key[0] == "m"]
+    window_units = [u for u in units.values() if in_window(u)]
+
+    # --- stage log
+    for u in window_units:
+        pt = u.produce_time
+        assert pt is not None
+        pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (None, None)
+        copies, orig = u.committed_copies, u.original
+        if u.key[0] == "m":
+            status, ack = u.status, u.acked_row
+            if status == "acked" and ack is not None:
+                p, o = ack.partition, ack.offset
+                lc = counts[("log", p)]
+                lc["expected"] += 1
+                if ack.ack_ts is not None:
+                    latencies[("log", p)].append(_ms(ack.ack_ts, ack.produce_ts))
+                if copies:
+                    lc["delivered"] += 1
+                else:
+                    assert o is not None
+                    covered = any(w.partition == p and w.log_start_offset <= o < w.high_watermark for w in watermarks)
+                    if covered and as_of >= pt + grace:
+                        emit("log", "lost_acked", p, pid, seq, o, "acked, capture covered the offset, not in the log")
+                    elif not covered and max_lso.get(p, -1) > o:
+                        emit("log", "unverifiable", p, pid, seq, o, "offset below log_start_offset before any capture")
+                    else:
+                        lc["pending"] += 1
+            if status == "failed" and orig is not None:
+                emit("log", "ghost_write", orig.partition, pid, seq, orig.offset, "ledger says failed, the log has it")
+            if status is None and orig is not None:
+                emit("log", "unledgered", orig.partition, pid, seq, orig.offset, "no producer ledger row")
+            for x in u.extras:
+                assert orig is not None
+                emit("log", "duplicate_in_log", x.partition, pid, seq, x.offset,
+                     f"extra copy of offset {orig.partition}:{orig.offset}")
+        for r in sorted(u.log, key=lambda r: (r.partition, r.offset)):
+            if not _valid(r):
+                emit("log", "unaudited", r.partition, r.pid, r.seq, r.offset, r.header_error or "missing audit headers")
+            if not r.committed:
+                emit("log", "aborted", r.partition, pid if pid is not None else r.pid,
+                     seq if seq is not None else r.seq, r.offset, "record of an aborted transaction")
+
+    # reordered_in_log: per (partition, pid), originals in offset order
+    per_ppid: dict[tuple[int, str], list[tuple[int, int, _Unit]]] = defaultdict(list)
+    for u in messages:
+        orig = u.original
+        if orig is not None:
+            per_ppid[(orig.partition, u.key[1])].append((orig.offset, u.key[2], u))
+    for (p, pid), originals in per_ppid.items():
+        high = None
+        for off, seq, u in sorted(originals, key=lambda t: t[0]):
+            if high is not None and seq < high and in_window(u):
+                emit("log", "reordered_in_log", p, pid, seq, off, f"seq {seq} after seq {high}")
+            high = seq if high is None else max(high, seq)
+
+    # seq_gap: per pid, between consecutive present seqs; belongs to the next present seq's window
+    present: dict[str, list[_Unit]] = defaultdict(list)
+    for u in messages:
+        if u.ledger or u.log:
+            present[u.key[1]].append(u)
+    for pid, us in present.items():
+        us.sort(key=lambda u: u.key[2])
+        for before, nxt in zip(us, us[1:], strict=False):
+            a, b = before.key[2], nxt.key[2]
+            if b - a > 1 and in_window(nxt):
+                missing = b - a - 1
+                if missing > MAX_GAP_ROWS:
+                    emit("log", "seq_gap", -1, pid, a + 1, None, f"{missing} seqs missing ({a + 1}..{b - 1})")
+                else:
+                    for gap_seq in range(a + 1, b):
+                        emit("log", "seq_gap", -1, pid, gap_seq, None, "in neither ledger nor log")
+
+    # content_duplicate: same fingerprint, every message but the first in (produce time, pid, seq)
+    by_fp: dict[str, list[_Unit]] = defaultdict(list)
+    for u in messages:
+        orig = u.original
+        if orig is not None and orig.fingerprint is not None:
+            by_fp[orig.fingerprint].append(u)
+    for us in by_fp.values():
+        us.sort(key=lambda u: (u.produce_time, u.key[1], u.key[2]))
+        first = us[0]
+        for u in us[1:]:
+            dorig = u.original
+            if in_window(u) and dorig is not None:
+                emit("log", "content_duplicate", dorig.partition, u.key[1], u.key[2], dorig.offset,
+                     f"same content as {first.key[1]}:{first.key[2]}")
+
+    # --- stage group:<g>
+    for g in tc.groups:
+        stage = f"group:{g}"
+        for u in window_units:
+            pt = u.produce_time
+            assert pt is not None
+            pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (None, None)
+            for r in sorted(u.log, key=lambda r: (r.partition, r.offset)):
+                rpid = pid if pid is not None else r.pid
+                rseq = seq if seq is not None else r.seq
+                outs = sorted(((c, f) for c, f in u.consumed
+                               if c.group == g and (c.partition, c.offset) == (r.partition, r.offset)),
+                              key=lambda cf: (cf[0].consume_ts, cf[0].consume_seq, cf[0].consumer))
+                processed = [(c, f) for c, f in outs if c.outcome == "processed"]
+                if not r.committed:
+                    if processed:
+                        emit(stage, "aborted_read", r.partition, rpid, rseq, r.offset,
+                             "processed a record of an aborted transaction")
+                    continue
+                cnt = counts[(stage, r.partition)]
+                cnt["expected"] += 1
+                if processed:
+                    cnt["delivered"] += 1
+                    latencies[(stage, r.partition)].append(_ms(processed[0][0].consume_ts, pt))
+                    n = len(processed)
+                    for i, (c, _) in enumerate(processed[1:], start=2):
+                        emit(stage, "redelivered", r.partition, rpid, rseq, r.offset,
+                             f"processing {i} of {n} by {c.consumer}")
+                    if any(f for _, f in processed):
+                        emit(stage, "reordered_in_consumption", r.partition, rpid, rseq, r.offset,
+                             "first processed after a higher offset")
+                elif any(c.outcome == "dead_lettered" for c, _ in outs):
+                    emit(stage, "dead_lettered", r.partition, rpid, rseq, r.offset, "dead-lettered")
+                elif as_of < pt + grace:
+                    emit(stage, "pending", r.partition, rpid, rseq, r.offset, "not processed yet, within grace")
+                elif r.offset < max_lso.get(r.partition, -1):
+                    emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset,
+                         "never processed, now below log_start_offset")
+                elif (co := committed_offset.get((g, r.partition))) is not None and r.offset < co:
+                    emit(stage, "missed", r.partition, rpid, rseq, r.offset,
+                         f"never processed, below committed offset {co}")
+                else:
+                    emit(stage, "overdue", r.partition, rpid, rseq, r.offset,
+                         "not processed, past grace, at or above the committed offset")
+
+    # --- stage sink:<s>
+    for sink in tc.sinks:
+        stage = f"sink:{sink.name}"
+        for u in window_units:
+            pt = u.produce_time
+            assert pt is not None
+            srows = u.sinks.get(sink.name, [])
+            sorig = u.original
+            if sorig is None:
+                for row in srows:
+                    emit(stage, "unexpected_in_sink", row.partition if row.partition is not None else -1,
+                         row.pid, row.seq, row.offset, "no committed log record")
+                continue
+            pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (sorig.pid, sorig.seq)
+            p = sorig.partition
+            if sink.group is None:
+                expected = True
+            else:
+                coords = {(r.partition, r.offset) for r in u.committed_copies}
+                expected = any(c.group == sink.group and c.outcome == "processed" and (c.partition, c.offset) in coords
+                               for c, _ in u.consumed)
+            scnt = counts[(stage, p)]
+            if expected:
+                scnt["expected"] += 1
+            if srows:
+                ordered = sorted(srows, key=lambda r: (_ts_key(r.sink_ts), _int_key(r.offset), _int_key(r.partition)))
+                if expected:
+                    scnt["delivered"] += 1
+                    ts = [r.sink_ts for r in srows if r.sink_ts is not None]
+                    if ts:
+                        latencies[(stage, p)].append(_ms(min(ts), pt))
+                n = len(ordered)
+                for i, row in enumerate(ordered[1:], start=2):
+                    emit(stage, "duplicate_in_sink", p, pid, seq, row.offset, f"copy {i} of {n}")
+            elif expected:
+                if as_of < pt + grace:
+                    emit(stage, "pending", p, pid, seq, sorig.offset, "not in the sink yet, within grace")
+                else:
+                    emit(stage, "missing_in_sink", p, pid, seq, sorig.offset, "processed by the group, not in the sink")
+
+    stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
+    report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))
+    return OracleResult(report, anomalies, quarantined)
+
+
+def _ts_key(t: datetime | None) -> tuple[int, datetime]:
+    return (0, EPOCH) if t is None else (1, t)
+
+
+def _int_key(v: int | None) -> int:
+    return -(2**62) if v is None else v
+
+
+def stages_of(tc: TopicConfig) -> list[str]:
+    return ["log", *(f"group:{g}" for g in tc.groups), *(f"sink:{s.name}" for s in tc.sinks)]
+
+
+def code_counts(anomalies: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, int]]:
+    out: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for a in anomalies:
+        out[(a["stage"], a["partition"])][a["anomaly"]] += 1
+    return out
+
+
+def assemble_report(tc: TopicConfig, ws: datetime, as_of: datetime, known_partitions: Iterable[int],
+                    stats: Mapping[tuple[str, int], Mapping[str, Any]],
+                    codes: Mapping[tuple[str, int], Mapping[str, int]]) -> list[dict[str, Any]]:
+    """Report rows from per-(stage, partition) unit counts + latencies (`stats`: expected, delivered,
+    pending (log stage), latency_*_ms) and anomaly row counts (`codes`). Shared with the Spark job:
+    it is bookkeeping, the classification is what the two implementations do independently."""
+    known = set(known_partitions)
+    status = "final" if is_final(tc, ws, as_of) else "provisional"
+    run_id = run_id_for(tc.name, ws, as_of)
+    no_latency = latency_columns([])
+    rows = []
+    for stage in stages_of(tc):
+        kind = stage_kind(stage)
+        parts = known | {p for (st, p) in stats if st == stage} | {p for (st, p) in codes if st == stage}
+        for p in sorted(parts):
+            c = stats.get((stage, p), {})
+            cc = codes.get((stage, p), {})
+            lost = {"log": cc.get("lost_acked", 0),
+                    "group": cc.get("missed", 0) + cc.get("expired_unconsumed", 0),
+                    "sink": cc.get("missing_in_sink", 0)}[kind]
+            dup = {"log": "duplicate_in_log", "group": "redelivered", "sink": "duplicate_in_sink"}[kind]
+            reo = {"log": "reordered_in_log", "group": "reordered_in_consumption", "sink": ""}[kind]
+            pending = int(c.get("pending", 0) or 0) if kind == "log" else cc.get("pending", 0)
+            row: dict[str, Any] = {
+                "window_start": ws, "window_end": ws + tc.window, "topic": tc.name, "partition": p,
+                "stage": stage, "expected": int(c.get("expected", 0) or 0),
+                "delivered": int(c.get("delivered", 0) or 0),
+                "lost": lost, "duplicated": cc.get(dup, 0), "reordered": cc.get(reo, 0) if reo else 0,
+                "pending": pending, **{k: c.get(k, v) for k, v in no_latency.items()},
+                "status": status, "run_id": run_id, "computed_at": as_of,
+            }
+            own = ANOMALY_CODES_BY_STAGE[kind]
+            for code in REPORT_CODE_COLUMNS:
+                row[code] = cc.get(code, 0) if code in own else None
+            rows.append(row)
+    return rows

@@ -1,0 +1,92 @@
+"""Read a user's sink table in place (Delta path, or SQL through Spark's JDBC source) as the audit's
+normalised sink rows: (topic, partition, offset, pid, seq, sink_ts).
+
+Only this module knows how sinks are stored. It never writes to a sink and never guesses a
+column: a sink without one of the audit columns is an InputError naming the column and the
+config key that maps it.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from audit.config import AUDIT_COLUMNS, SinkConfig
+from audit.errors import ConfigError, InputError
+
+_TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
+          "sink_ts": "timestamp"}
+
+
+def jdbc_options(url: str) -> dict[str, str]:
+    """SQLAlchemy URL -> Spark JDBC options (url, driver, user, password)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme in ("postgresql", "postgres"):
+        host = parts.hostname or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+        opts = {"url": f"jdbc:postgresql://{host}{port}{parts.path}", "driver": "org.postgresql.Driver"}
+        if parts.query:
+            opts["url"] += "?" + parts.query
+        if parts.username:
+            opts["user"] = unquote(parts.username)
+        if parts.password:
+            opts["password"] = unquote(parts.password)
+        return opts
+    if scheme == "sqlite":
+        path = url.split(":///", 1)[1] if ":///" in url else ""
+        if not path or path == ":memory:":
+            raise ConfigError(f"sink url {url!r}: an in-memory SQLite database cannot be read by Spark")
+        return {"url": f"jdbc:sqlite:{path}", "driver": "org.sqlite.JDBC"}
+    raise ConfigError(f"sink url {url!r}: Spark can read sql sinks on postgresql or sqlite URLs")
+
+
+def _load(spark: SparkSession, sink: SinkConfig) -> DataFrame:
+    if sink.format == "delta":
+        from delta.tables import DeltaTable
+
+        if not sink.location or not DeltaTable.isDeltaTable(spark, sink.location):
+            raise InputError(f"sink {sink.name!r}: no Delta table at {sink.location} "
+                             "(has the consumer written to it yet? check sinks[].location)")
+        return spark.read.format("delta").load(sink.location)
+    if sink.format == "sql":
+        if not sink.url or not sink.table:
+            raise ConfigError(f"sink {sink.name!r}: a sql sink needs url and table")
+        reader = spark.read.format("jdbc").option("dbtable", sink.table)
+        for k, v in jdbc_options(sink.url).items():
+            reader = reader.option(k, v)
+        try:
+            return reader.load()
+        except Exception as e:  # the JDBC source raises JVM errors: name the sink and the cause
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"sink {sink.name!r}: cannot read table {sink.table!r} over JDBC: {first}") from None
+    raise ConfigError(f"sink {sink.name!r}: unknown format {sink.format!r}")
+
+
+def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
+    """Rename the mapped audit columns to their logical names and types; error if one is missing."""
+    present = {c.lower(): c for c in df.columns}
+    cols = []
+    for logical in AUDIT_COLUMNS:
+        physical = sink.column(logical)
+        if physical.lower() not in present:
+            raise InputError(
+                f"sink {sink.name!r} has no audit column {physical!r} (for {logical}); add it to the table "
+                f"or map it with sinks[].columns.{logical}")
+        col = F.col(f"`{present[physical.lower()]}`")
+        if logical == "sink_ts":
+            # SQLite hands timestamps over as text: parse leniently (an unparseable one becomes NULL,
+            # and the row is then placed by its message's produce time, never dropped).
+            is_text = dict(df.dtypes)[present[physical.lower()]] == "string"
+            col = F.try_to_timestamp(col) if is_text else col.cast("timestamp")
+        else:
+            col = col.cast(_TYPES[logical])
+        cols.append(col.alias(logical))
+    return df.select(*cols)
+
+
+def read_sink(spark: SparkSession, sink: SinkConfig, topic: str) -> DataFrame:
+    """The sink's rows of `topic`, normalised. Filters push down to Delta and JDBC."""
+    return normalise(_load(spark, sink), sink).where(F.col("topic") == topic)

@@ -1,0 +1,367 @@
+"""Shared fixtures for the reconcile tests: hand-written histories as oracle dataclasses, and the
+adapters that turn them into the Spark job's DataFrames / Delta tables and normalise results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from audit.config import SinkConfig, TopicConfig
+from audit.oracle import (
+    ConsumedRow,
+    GroupOffset,
+    Inputs,
+    LedgerRow,
+    LogRecord,
+    SinkRow,
+    Watermark,
+)
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)  # window under test: [10:00, 11:00)
+TOPIC = "t"
+GROUP = "g1"
+SINK = "s1"
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def topic_config(groups: Sequence[str] = (GROUP,), sinks: Sequence[tuple[str, str | None]] = ((SINK, GROUP),),
+                 grace: timedelta = timedelta(minutes=15), window: timedelta = timedelta(hours=1),
+                 lookback: timedelta | None = None) -> TopicConfig:
+    return TopicConfig(name=TOPIC, window=window, grace=grace, lookback=lookback, groups=tuple(groups),
+                       sinks=tuple(SinkConfig(name=n, format="delta", group=g, location=f"/unused/{n}")
+                                   for n, g in sinks))
+
+
+@dataclass
+class History:
+    """A mutable builder of one topic's history across the tiers."""
+
+    ledger: list[LedgerRow] = field(default_factory=list)
+    log: list[LogRecord] = field(default_factory=list)
+    consumed: list[ConsumedRow] = field(default_factory=list)
+    group_offsets: list[GroupOffset] = field(default_factory=list)
+    watermarks: list[Watermark] = field(default_factory=list)
+    sinks: dict[str, list[SinkRow]] = field(default_factory=dict)
+    _cseq: int = 0
+
+    def inputs(self) -> Inputs:
+        return Inputs(self.ledger, self.log, self.consumed, self.group_offsets, self.watermarks,
+                      {k: list(v) for k, v in self.sinks.items()})
+
+    def produce(self, pid: str, seq: int, partition: int, offset: int | None, t: datetime,
+                status: str = "acked", ack_ms: int = 5) -> None:
+        self.ledger.append(LedgerRow(pid, seq, partition if status == "acked" else partition, offset, status, t,
+                                     t + timedelta(milliseconds=ack_ms) if status == "acked" else None))
+
+    def record(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
+               fingerprint: str | None = None, committed: bool = True, header_error: str | None = None) -> None:
+        self.log.append(LogRecord(partition, offset, pid, seq, t if header_error is None else None,
+                                  t + timedelta(milliseconds=2), t + timedelta(minutes=1),
+                                  fingerprint if fingerprint is not None else f"fp-{pid}-{seq}-{partition}",
+                                  committed, header_error))
+
+    def consume(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
+                outcome: str = "processed", group: str = GROUP, consumer: str = "c1") -> None:
+        self._cseq += 1
+        self.consumed.append(ConsumedRow(group, consumer, self._cseq, partition, offset, pid, seq, outcome, t))
+
+    def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
+             t: datetime | None, name: str = SINK) -> None:
+        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t))
+
+    def clean(self, pid: str, seq: int, partition: int, offset: int, t: datetime) -> None:
+        """A message that went through every tier exactly once."""
+        self.produce(pid, seq, partition, offset, t)
+        self.record(pid, seq, partition, offset, t)
+        self.consume(pid, seq, partition, offset, t + timedelta(seconds=1))
+        self.sink(pid, seq, partition, offset, t + timedelta(seconds=2))
+
+    def captured(self, partition: int, lso: int, hw: int, t: datetime, group_committed: int | None = None,
+                 group: str = GROUP) -> None:
+        self.watermarks.append(Watermark(partition, lso, hw, t))
+        if group_committed is not None:
+            self.group_offsets.append(GroupOffset(group, partition, group_committed, t))
+
+
+# ---------------------------------------------------------------------------- Spark adapters
+def _hour(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(UTC).strftime("%Y-%m-%dT%H")
+
+
+def table_rows(inputs: Inputs) -> dict[str, list[dict[str, Any]]]:
+    """Oracle inputs -> rows of the lake tables (DESIGN §4 columns + part_hour)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    out["producer_ledger"] = [{**asdict(r), "part_hour": _hour(r.produce_ts)} for r in inputs.ledger]
+    out["log_records"] = [{**asdict(r), "part_hour": _hour(r.produce_ts or r.kafka_ts or r.captured_at)}
+                          for r in inputs.log]
+    out["consumed_records"] = [{**asdict(r), "part_hour": _hour(r.consume_ts)} for r in inputs.consumed]
+    out["group_offsets"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.group_offsets]
+    out["partition_watermarks"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.watermarks]
+    return out
+
+
+def frame(spark: Any, table: str, rows: Iterable[Mapping[str, Any]]) -> Any:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_jobs.schemas import TABLES
+
+    schema = StructType([*TABLES[table].fields, StructField("part_hour", StringType(), True)])
+    return spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
+
+
+def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
+    from pyspark.sql.types import (
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
+                         StructField("offset", LongType()), StructField("pid", StringType()),
+                         StructField("seq", LongType()), StructField("sink_ts", TimestampType())])
+    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts) for r in rows], schema)
+
+
+def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
+    from spark_jobs.reconcile import WindowInputs
+
+    t = table_rows(inputs)
+    return WindowInputs(
+        ledger=frame(spark, "producer_ledger", t["producer_ledger"]),
+        log=frame(spark, "log_records", t["log_records"]),
+        consumed=frame(spark, "consumed_records", t["consumed_records"]),
+        group_offsets=frame(spark, "group_offsets", t["group_offsets"]),
+        watermarks=frame(spark, "partition_watermarks", t["partition_watermarks"]),
+        sinks={s.name: sink_frame(spark, inputs.sinks.get(s.name, [])) for s in tc.sinks},
+    )
+
+
+def write_lake(spark: Any, lake: Path, inputs: Inputs) -> None:
+    """Write the inputs as the lake's Delta tables (partitioned by topic, part_hour), replacing them."""
+    for table, rows in table_rows(inputs).items():
+        (frame(spark, table, rows).write.format("delta").mode("overwrite").partitionBy("topic", "part_hour")
+         .save(str(lake / table)))
+
+
+def write_delta_sink(spark: Any, location: Path, rows: Iterable[SinkRow], extra_col: bool = True) -> None:
+    df = sink_frame(spark, rows)
+    renamed = df.select(*[df[c].alias(f"audit_{c}") for c in df.columns])
+    if extra_col:
+        from pyspark.sql import functions as F
+
+        renamed = renamed.withColumn("payload", F.lit("x"))
+    renamed.write.format("delta").mode("overwrite").save(str(location))
+
+
+def aware(v: Any) -> Any:
+    return v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v
+
+
+def norm_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: aware(v) for k, v in r.items()} for r in rows]
+
+
+def anomaly_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple("" if r[k] is None else str(r[k]) for k in
+                 ("stage", "anomaly", "partition", "pid", "seq", "offset", "detail"))
+
+
+def sorted_anomalies(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(norm_rows(rows), key=anomaly_key)
+
+
+def brief(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """(stage, anomaly, partition, pid, seq, offset) of anomaly rows, sorted: for exact expectations."""
+    return sorted(((r["stage"], r["anomaly"], r["partition"], r["pid"], r["seq"], r["offset"]) for r in rows),
+                  key=lambda t: tuple("" if v is None else str(v) for v in t))
+
+
+def spark_reconcile(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime,
+                    inputs: Inputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    from spark_jobs.reconcile import reconcile_frames
+
+    report, anomalies, quarantined, _ = reconcile_frames(spark, window_inputs(spark, inputs, tc), tc, ws, as_of)
+    return norm_rows(report), sorted_anomalies(r.asDict() for r in anomalies.collect()), quarantined
+
+
+# ---------------------------------------------------------------------------- hand-written cases
+# One history holding one case per partition (each with its own pid), reconciled for [10:00, 11:00)
+# as of 11:30 (final). `CASES[name]` = the exact anomaly rows that case must produce, as
+# (stage, anomaly, partition, pid, seq, offset).
+AS_OF_FINAL = at(90)
+G, S = f"group:{GROUP}", f"sink:{SINK}"
+
+
+def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
+    h = History()
+    exp: dict[str, list[tuple[Any, ...]]] = {}
+    for p in range(20):
+        h.captured(p, 0, 100, at(70), group_committed=100)
+
+    # p0: three clean messages
+    for i in range(3):
+        h.clean("clean", i, 0, i, at(1 + i))
+    exp["clean"] = []
+
+    # p1: acked at offset 1, the capture covered it, the log does not have it
+    h.clean("lost", 0, 1, 0, at(5))
+    h.produce("lost", 1, 1, 1, at(6))
+    exp["lost_acked"] = [("log", "lost_acked", 1, "lost", 1, 1)]
+
+    # p2: acked at offset 3, but retention (log_start_offset 5) removed it before any capture
+    h.watermarks = [w for w in h.watermarks if w.partition != 2]
+    h.captured(2, 5, 10, at(70), group_committed=10)
+    h.produce("unver", 0, 2, 3, at(5))
+    h.clean("unver", 1, 2, 5, at(6))
+    exp["unverifiable"] = [("log", "unverifiable", 2, "unver", 0, 3)]
+
+    # p3: the producer saw a failure, the broker kept the write
+    h.produce("ghost", 0, -1, None, at(5), status="failed")
+    h.record("ghost", 0, 3, 0, at(5))
+    h.consume("ghost", 0, 3, 0, at(5.1))
+    h.sink("ghost", 0, 3, 0, at(5.2))
+    exp["ghost_write"] = [("log", "ghost_write", 3, "ghost", 0, 0)]
+
+    # p4: a producer retry wrote seq 0 twice (offsets 0 and 1); the group processed both copies,
+    # the (idempotent) sink kept one row
+    h.clean("dup", 0, 4, 0, at(5))
+    h.record("dup", 0, 4, 1, at(5))
+    h.consume("dup", 0, 4, 1, at(5.1))
+    exp["duplicate_in_log"] = [("log", "duplicate_in_log", 4, "dup", 0, 1)]
+
+    # p5: seq 2 landed before seq 1
+    h.clean("reo", 0, 5, 0, at(5))
+    h.clean("reo", 2, 5, 1, at(5.1))
+    h.clean("reo", 1, 5, 2, at(5.2))
+    exp["reordered_in_log"] = [("log", "reordered_in_log", 5, "reo", 1, 2)]
+
+    # p6: an audited record nobody ledgered
+    h.record("unl", 0, 6, 0, at(5))
+    h.consume("unl", 0, 6, 0, at(5.1))
+    h.sink("unl", 0, 6, 0, at(5.2))
+    exp["unledgered"] = [("log", "unledgered", 6, "unl", 0, 0)]
+
+    # p7: seqs 1 and 2 of pid 'gap' are in neither ledger nor log
+    h.clean("gap", 0, 7, 0, at(5))
+    h.clean("gap", 3, 7, 1, at(6))
+    exp["seq_gap"] = [("log", "seq_gap", -1, "gap", 1, None), ("log", "seq_gap", -1, "gap", 2, None)]
+
+    # p8: a record with a malformed header, still followed through the group and the sink by offset
+    h.record("bad", None, 8, 0, at(5), header_error="audit.seq: not an integer")
+    h.consume(None, None, 8, 0, at(5.1))
+    h.sink(None, None, 8, 0, at(5.2))
+    exp["unaudited"] = [("log", "unaudited", 8, "bad", None, 0)]
+
+    # p9: the application resent the same content as a new message
+    h.clean("cd", 0, 9, 0, at(5))
+    h.clean("cd", 1, 9, 1, at(6))
+    h.log = [replace_fp(r, "same") if r.pid == "cd" else r for r in h.log]
+    exp["content_duplicate"] = [("log", "content_duplicate", 9, "cd", 1, 1)]
+
+    # p10: two records of an aborted transaction; the group read the second one and the sink has it
+    h.produce("ab", 0, 10, 0, at(5), status="aborted")
+    h.record("ab", 0, 10, 0, at(5), committed=False)
+    h.produce("ab", 1, 10, 1, at(5), status="aborted")
+    h.record("ab", 1, 10, 1, at(5), committed=False)
+    h.consume("ab", 1, 10, 1, at(5.1))
+    h.sink("ab", 1, 10, 1, at(5.2))
+    exp["aborted"] = [("log", "aborted", 10, "ab", 0, 0), ("log", "aborted", 10, "ab", 1, 1)]
+    exp["aborted_read"] = [(G, "aborted_read", 10, "ab", 1, 1)]
+    exp["unexpected_in_sink"] = [(S, "unexpected_in_sink", 10, "ab", 1, 1)]
+
+    # p11: the group committed past offset 1 without processing it (commit-before-process crash)
+    h.group_offsets = [g for g in h.group_offsets if g.partition != 11]
+    h.captured(11, 0, 100, at(70), group_committed=2)
+    h.watermarks.pop()
+    h.clean("miss", 0, 11, 0, at(5))
+    h.produce("miss", 1, 11, 1, at(6))
+    h.record("miss", 1, 11, 1, at(6))
+    exp["missed"] = [(G, "missed", 11, "miss", 1, 1)]
+
+    # p12: never processed, and retention has moved past it
+    h.watermarks = [w for w in h.watermarks if w.partition != 12]
+    h.captured(12, 1, 2, at(70))
+    h.produce("exp", 0, 12, 0, at(5))
+    h.record("exp", 0, 12, 0, at(5))
+    exp["expired_unconsumed"] = [(G, "expired_unconsumed", 12, "exp", 0, 0)]
+
+    # p13: processed twice (a rebalance replayed it on consumer c2)
+    h.clean("redel", 0, 13, 0, at(5))
+    h.consume("redel", 0, 13, 0, at(5.5), consumer="c2")
+    exp["redelivered"] = [(G, "redelivered", 13, "redel", 0, 0)]
+
+    # p14: offset 1 processed before offset 0
+    h.produce("rc", 0, 14, 0, at(5))
+    h.record("rc", 0, 14, 0, at(5))
+    h.produce("rc", 1, 14, 1, at(5.01))
+    h.record("rc", 1, 14, 1, at(5.01))
+    h.consume("rc", 1, 14, 1, at(5.1))
+    h.consume("rc", 0, 14, 0, at(5.2))
+    h.sink("rc", 0, 14, 0, at(5.3))
+    h.sink("rc", 1, 14, 1, at(5.3))
+    exp["reordered_in_consumption"] = [(G, "reordered_in_consumption", 14, "rc", 0, 0)]
+
+    # p15: failed, then dead-lettered
+    h.produce("dl", 0, 15, 0, at(5))
+    h.record("dl", 0, 15, 0, at(5))
+    h.consume("dl", 0, 15, 0, at(5.1), outcome="failed")
+    h.consume("dl", 0, 15, 0, at(5.2), outcome="dead_lettered")
+    exp["dead_lettered"] = [(G, "dead_lettered", 15, "dl", 0, 0)]
+
+    # p16: never processed, past grace, at the group's committed offset
+    h.group_offsets = [g for g in h.group_offsets if g.partition != 16]
+    h.captured(16, 0, 100, at(70), group_committed=0)
+    h.watermarks.pop()
+    h.produce("ovd", 0, 16, 0, at(5))
+    h.record("ovd", 0, 16, 0, at(5))
+    exp["overdue"] = [(G, "overdue", 16, "ovd", 0, 0)]
+
+    # p17: processed, never written to the sink
+    h.produce("mis", 0, 17, 0, at(5))
+    h.record("mis", 0, 17, 0, at(5))
+    h.consume("mis", 0, 17, 0, at(5.1))
+    exp["missing_in_sink"] = [(S, "missing_in_sink", 17, "mis", 0, 0)]
+
+    # p18: written to the sink twice
+    h.clean("dsk", 0, 18, 0, at(5))
+    h.sink("dsk", 0, 18, 0, at(5.5))
+    exp["duplicate_in_sink"] = [(S, "duplicate_in_sink", 18, "dsk", 0, 0)]
+
+    # p19: a sink row for a message the log never had
+    h.sink("phantom", 0, 19, 7, at(5))
+    exp["unexpected_in_sink"].append((S, "unexpected_in_sink", 19, "phantom", 0, 7))
+    return h, exp
+
+
+def replace_fp(r: LogRecord, fp: str) -> LogRecord:
+    from dataclasses import replace
+
+    return replace(r, fingerprint=fp)
+
+
+def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, **values: Any) -> dict[str, Any]:
+    """An expected report row: zeros, no latency, this stage's code columns 0 and the others NULL."""
+    from audit.codes import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
+    from audit.oracle import run_id_for
+
+    row: dict[str, Any] = {
+        "window_start": T0, "window_end": T0 + timedelta(hours=1), "topic": TOPIC, "partition": partition,
+        "stage": stage, "expected": 0, "delivered": 0, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0,
+        "latency_p50_ms": None, "latency_p95_ms": None, "latency_p99_ms": None, "latency_max_ms": None,
+        "status": "final" if as_of >= T0 + timedelta(minutes=75) else "provisional",
+        "run_id": run_id_for(TOPIC, T0, as_of), "computed_at": as_of,
+    }
+    own = ANOMALY_CODES_BY_STAGE[stage_kind(stage)]
+    for code in REPORT_CODE_COLUMNS:
+        row[code] = 0 if code in own else None
+    row.update(values)
+    return row

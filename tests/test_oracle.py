@@ -1,0 +1,227 @@
+"""The DESIGN §5 rules on hand-written histories, through the pure-Python oracle (no JVM)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from audit.oracle import (
+    LedgerRow,
+    reconcile_window,
+    run_id_for,
+    spark_percentile,
+)
+from tests.reconcile_cases import (
+    AS_OF_FINAL,
+    GROUP,
+    SINK,
+    T0,
+    G,
+    History,
+    S,
+    at,
+    brief,
+    build_cases,
+    report_row,
+    topic_config,
+)
+
+pytestmark = pytest.mark.unit
+
+CASES_HISTORY, CASES = build_cases()
+
+
+@pytest.fixture(scope="module")
+def final_result():  # type: ignore[no-untyped-def]
+    return reconcile_window(topic_config(), T0, AS_OF_FINAL, CASES_HISTORY.inputs())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_anomaly_code_on_its_hand_written_case(final_result, case: str) -> None:  # type: ignore[no-untyped-def]
+    expected = CASES[case]
+    code = case if case != "clean" else None
+    got = brief(a for a in final_result.anomalies if a["anomaly"] == code)
+    assert got == sorted(expected, key=lambda t: tuple("" if v is None else str(v) for v in t))
+
+
+def test_no_anomaly_beyond_the_injected_ones(final_result) -> None:  # type: ignore[no-untyped-def]
+    injected = sorted({t for rows in CASES.values() for t in rows},
+                      key=lambda t: tuple("" if v is None else str(v) for v in t))
+    assert brief(final_result.anomalies) == injected
+    assert len(final_result.anomalies) == 23
+
+
+def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
+    from audit.codes import ANOMALY_CODES
+
+    assert set(ANOMALY_CODES) - set(CASES) == {"pending"}  # pending: see the grace tests below
+
+
+def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result) -> None:  # type: ignore[no-untyped-def]
+    rows = {(r["stage"], r["partition"]): r for r in final_result.report}
+    lat = {"latency_p50_ms": 5.0, "latency_p95_ms": 5.0, "latency_p99_ms": 5.0, "latency_max_ms": 5.0}
+    assert rows[("log", 0)] == report_row("log", 0, expected=3, delivered=3, **lat)
+    assert rows[(G, 0)] == report_row(G, 0, expected=3, delivered=3, latency_p50_ms=1000.0, latency_p95_ms=1000.0,
+                                      latency_p99_ms=1000.0, latency_max_ms=1000.0)
+    assert rows[(S, 0)] == report_row(S, 0, expected=3, delivered=3, latency_p50_ms=2000.0,
+                                      latency_p95_ms=2000.0, latency_p99_ms=2000.0, latency_max_ms=2000.0)
+    assert rows[("log", 1)] == report_row("log", 1, expected=2, delivered=1, lost=1, lost_acked=1, **lat)
+    assert rows[("log", 4)] == report_row("log", 4, expected=1, delivered=1, duplicated=1, duplicate_in_log=1, **lat)
+    # both copies are records the group had to process: one at +1 s, the extra one at +6 s
+    assert rows[(G, 4)] == report_row(G, 4, expected=2, delivered=2, latency_p50_ms=3500.0, latency_p95_ms=5750.0,
+                                      latency_p99_ms=5950.0, latency_max_ms=6000.0)
+    assert rows[(S, 17)] == report_row(S, 17, expected=1, lost=1, missing_in_sink=1)
+    assert rows[(G, 11)]["lost"] == 1 and rows[(G, 11)]["missed"] == 1
+    assert rows[(G, 13)]["duplicated"] == 1 and rows[(G, 14)]["reordered"] == 1
+    assert rows[("log", 5)]["reordered"] == 1 and rows[(S, 18)]["duplicated"] == 1
+    # seq gaps have no partition: they get their own row
+    assert rows[("log", -1)] == report_row("log", -1, seq_gap=2)
+    # one row per stage for each of the 20 captured partitions, plus the seq_gap row
+    assert len(final_result.report) == 3 * 20 + 1
+
+
+def test_detail_and_identity_columns_of_anomaly_rows(final_result) -> None:  # type: ignore[no-untyped-def]
+    by = {(a["anomaly"], a["pid"]): a for a in final_result.anomalies}
+    assert by[("redelivered", "redel")]["detail"] == "processing 2 of 2 by c2"
+    assert by[("content_duplicate", "cd")]["detail"] == "same content as cd:0"
+    assert by[("duplicate_in_sink", "dsk")]["detail"] == "copy 2 of 2"
+    assert by[("unaudited", "bad")]["detail"] == "audit.seq: not an integer"
+    assert by[("missed", "miss")]["detail"] == "never processed, below committed offset 2"
+    assert {a["run_id"] for a in final_result.anomalies} == {run_id_for("t", T0, AS_OF_FINAL)}
+    assert {a["computed_at"] for a in final_result.anomalies} == {AS_OF_FINAL}
+
+
+def _grace_history() -> History:
+    """Two messages at 10:50: one never processed, one processed but not yet in the sink."""
+    h = History()
+    h.captured(0, 0, 100, at(55), group_committed=0)
+    h.produce("p", 0, 0, 0, at(50))
+    h.record("p", 0, 0, 0, at(50))
+    h.produce("p", 1, 0, 1, at(50))
+    h.record("p", 1, 0, 1, at(50))
+    h.consume("p", 1, 0, 1, at(51))
+    return h
+
+
+@pytest.mark.parametrize(("as_of_min", "expected", "status"), [
+    (64.99, [(G, "pending", 0, "p", 0, 0), (S, "pending", 0, "p", 1, 1)], "provisional"),
+    (65, [(G, "overdue", 0, "p", 0, 0), (S, "missing_in_sink", 0, "p", 1, 1)], "provisional"),
+    (74.99, [(G, "overdue", 0, "p", 0, 0), (S, "missing_in_sink", 0, "p", 1, 1)], "provisional"),
+    (75, [(G, "overdue", 0, "p", 0, 0), (S, "missing_in_sink", 0, "p", 1, 1)], "final"),
+])
+def test_pending_until_produce_time_plus_grace_and_final_after_window_end_plus_grace(
+        as_of_min: float, expected: list[tuple[object, ...]], status: str) -> None:
+    as_of = at(as_of_min)
+    r = reconcile_window(topic_config(), T0, as_of, _grace_history().inputs())
+    assert brief(r.anomalies) == expected
+    assert {row["status"] for row in r.report} == {status}
+    group_row = next(row for row in r.report if row["stage"] == G)
+    assert group_row["pending"] == (1 if as_of_min < 65 else 0)
+    assert group_row["overdue"] == (0 if as_of_min < 65 else 1)
+
+
+def test_lost_acked_waits_for_grace_and_counts_as_pending_in_the_log_row() -> None:
+    h = History()
+    h.captured(0, 0, 10, at(55))
+    h.produce("p", 0, 0, 3, at(50))
+    early = reconcile_window(topic_config(groups=(), sinks=()), T0, at(60), h.inputs())
+    assert early.anomalies == []
+    assert early.report == [report_row("log", 0, at(60), expected=1, pending=1, latency_p50_ms=5.0,
+                                       latency_p95_ms=5.0, latency_p99_ms=5.0, latency_max_ms=5.0)]
+    late = reconcile_window(topic_config(groups=(), sinks=()), T0, at(80), h.inputs())
+    assert brief(late.anomalies) == [("log", "lost_acked", 0, "p", 0, 3)]
+
+
+def test_acked_offset_no_capture_reached_yet_stays_pending() -> None:
+    h = History()
+    h.captured(0, 0, 3, at(55))  # high watermark 3: offset 3 not covered
+    h.produce("p", 0, 0, 3, at(50))
+    r = reconcile_window(topic_config(groups=(), sinks=()), T0, at(200), h.inputs())
+    assert r.anomalies == []
+    assert r.report[0]["pending"] == 1 and r.report[0]["lost"] == 0
+
+
+def test_messages_outside_the_window_are_context_only() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.clean("p", 0, 0, 0, at(-30))  # previous window: context for order and gaps
+    h.clean("p", 2, 0, 1, at(-20))
+    h.clean("p", 3, 0, 2, at(10))   # reveals nothing new: seq 1's gap belongs to the previous window
+    h.clean("p", 5, 0, 3, at(70))   # next window: not read at all
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert r.anomalies == []
+    assert [(row["stage"], row["expected"]) for row in r.report] == [("log", 1), (G, 1), (S, 1)]
+
+
+def test_gap_belongs_to_the_window_of_the_seq_that_reveals_it() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.clean("p", 0, 0, 0, at(-30))
+    h.clean("p", 3, 0, 1, at(10))
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == [("log", "seq_gap", -1, "p", 1, None), ("log", "seq_gap", -1, "p", 2, None)]
+
+
+def test_a_huge_gap_is_one_row_that_says_how_many() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.clean("p", 0, 0, 0, at(5))
+    h.clean("p", 5000, 0, 1, at(6))
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert [(a["anomaly"], a["seq"], a["detail"]) for a in r.anomalies] == [
+        ("seq_gap", 1, "4999 seqs missing (1..4999)")]
+
+
+def test_malformed_ledger_rows_are_quarantined_and_counted() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.clean("p", 0, 0, 0, at(5))
+    h.ledger.append(LedgerRow("p", 1, 0, 1, "weird", at(6)))
+    h.ledger.append(LedgerRow("p", 2, 0, None, "acked", at(7)))  # acked without an offset
+    h.clean("p", 3, 0, 1, at(8))
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert r.quarantined_ledger_rows == 2
+    # the quarantined rows are counted, and their messages are not silently fine: they are a gap
+    assert brief(r.anomalies) == [("log", "seq_gap", -1, "p", 1, None), ("log", "seq_gap", -1, "p", 2, None)]
+
+
+def test_sink_without_a_group_is_judged_against_the_committed_log() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70))
+    h.produce("p", 0, 0, 0, at(5))
+    h.record("p", 0, 0, 0, at(5))
+    r = reconcile_window(topic_config(groups=(), sinks=((SINK, None),)), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == [(S, "missing_in_sink", 0, "p", 0, 0)]
+
+
+def test_empty_window_reports_zero_rows_for_captured_partitions() -> None:
+    h = History()
+    h.captured(0, 0, 0, at(70), group_committed=0)
+    h.captured(1, 0, 0, at(70), group_committed=0)
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert r.anomalies == []
+    assert r.report == [report_row(st, p) for st in ("log", G, S) for p in (0, 1)]
+
+
+def test_spark_percentile_interpolates_like_spark() -> None:
+    assert spark_percentile([1000.0, 6000.0], 0.5) == 3500.0
+    assert spark_percentile([1000.0, 6000.0], 0.95) == 5750.0
+    assert spark_percentile([7.0], 0.99) == 7.0
+    assert spark_percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+
+
+def test_run_id_is_stable_and_depends_on_window_topic_and_as_of() -> None:
+    a = run_id_for("t", T0, AS_OF_FINAL)
+    assert a == run_id_for("t", T0, AS_OF_FINAL)
+    assert len({a, run_id_for("u", T0, AS_OF_FINAL), run_id_for("t", T0 + timedelta(hours=1), AS_OF_FINAL),
+                run_id_for("t", T0, AS_OF_FINAL + timedelta(seconds=1))}) == 4
+
+
+def test_groups_not_in_the_config_are_ignored() -> None:
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.clean("p", 0, 0, 0, at(5))
+    h.consume("p", 0, 0, 0, at(6), group="other")
+    r = reconcile_window(topic_config(groups=(GROUP,)), T0, AS_OF_FINAL, h.inputs())
+    assert r.anomalies == []
