@@ -347,11 +347,16 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
 
     from spark_jobs.lake import table_path
 
-    version = DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()["version"]
+    def version() -> int:
+        last = DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()
+        assert last is not None
+        return int(last["version"])
+
+    before = version()
     again = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1))
     assert (again.topics[topic].records, again.topics[topic].aborted, again.topics[topic].written) == (8, 2, 0)
     assert _rows(spark, cfg, "log_records", topic, "partition,offset") == expected
-    assert DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()["version"] == version
+    assert version() == before  # not even an empty commit
     # Snapshots are appended: the latest one per captured_at.
     assert len(_rows(spark, cfg, "partition_watermarks", topic, "partition")) == 4
 
@@ -416,3 +421,77 @@ def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any
     assert code == 2
     assert capsys.readouterr().err == (f"msgaudit capture: error: {conf}: unknown topic 'orders' "
                                        "(configured: no-such-topic-x1)\n")
+
+
+# --------------------------------------------------------------------------------------------
+# spark_jobs/submit.py: the spark-submit entry point (run in-process on the shared session)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["capture", "--end", "2026-11-21T11:00Z"], "capture needs --start and --end"),
+        (["reconcile", "--start", "2026-11-21T11:00Z", "--end", "2026-11-21T10:00Z"], "must be after --start"),
+        (["sla", "--start", "yesterday", "--end", "2026-11-21T10:00Z"], "--start: 'yesterday' is not an ISO 8601"),
+        (["capture", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z", "--topic", "x"],
+         "unknown topic 'x'"),
+    ],
+)
+def test_submit_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_jobs import submit
+
+    conf = tmp_path / "msgaudit.yaml"
+    conf.write_text("topics:\n  orders: {}\n")
+    never_used = object()  # the step must fail before it touches Spark
+    assert submit.main([*argv, "--config", str(conf)], spark=never_used) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"msgaudit {argv[0]}: error: ") and message in err
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_submit_capture_of_an_empty_window(spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any],
+                                           make_config: Any, tmp_path: Any,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty window is fine: no records, an empty log_records table, fresh watermark snapshots."""
+    from spark_jobs import submit
+
+    topic = audited_topic["topic"]
+    conf = tmp_path / "msgaudit.yaml"
+    conf.write_text(f"kafka: {{bootstrap.servers: '{kafka_bootstrap}'}}\nlake: lake\n"
+                    f"topics:\n  {topic}: {{}}\n  other: {{}}\n")
+    code = submit.main(["capture", "--config", str(conf), "--start", "2001-01-01T00:00Z",
+                        "--end", "2001-01-01T01:00Z", "--topic", topic], spark=spark)
+    assert code == 0
+    assert f"  {topic}: 0 records in 0 offsets over 2 partitions, 0 new or changed" in capsys.readouterr().out
+    cfg = make_config(tmp_path, lake=str(tmp_path / "lake"))
+    assert _rows(spark, cfg, "log_records", topic, "offset") == []
+    marks = _rows(spark, cfg, "partition_watermarks", topic, "partition")
+    assert [m[:4] for m in marks] == [(topic, 0, 0, 8), (topic, 1, 0, 2)]
+
+
+@pytest.mark.spark
+def test_submit_sla_failure_exits_3(spark: Any, make_config: Any, tmp_path: Any,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_jobs import submit
+    from spark_jobs.lake import write_table
+    from spark_jobs.schemas import AUDIT_PARTITION_REPORT
+
+    conf = tmp_path / "msgaudit.yaml"
+    conf.write_text("lake: lake\nreport_store: sqlite:///report.db\n"
+                    "topics:\n  orders: {window: 1h, sla: {max_lost: 0}}\n")
+    ws = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    row: dict[str, Any] = {f.name: None for f in AUDIT_PARTITION_REPORT.fields}
+    row.update(window_start=ws, window_end=ws + timedelta(hours=1), topic="orders", partition=0, stage="log",
+               expected=10, delivered=9, lost=1, duplicated=0, reordered=0, pending=0, status="final",
+               run_id="r1", computed_at=ws + timedelta(hours=2))
+    cfg = make_config(tmp_path, lake=str(tmp_path / "lake"))
+    write_table(spark.createDataFrame([row], AUDIT_PARTITION_REPORT), cfg, "audit_partition_report", mode="overwrite")
+    argv = ["sla", "--config", str(conf), "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z"]
+    assert submit.main(argv, spark=spark) == 3
+    captured = capsys.readouterr()
+    assert "max_lost" in captured.out
+    assert captured.err == ("sla: 1 error-severity SLA check(s) failed for windows in "
+                            "2026-11-21T10:00:00+00:00 .. 2026-11-21T11:00:00+00:00\n")
