@@ -70,7 +70,7 @@ def _now() -> datetime:
 def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark_factory: Callable[[], Any],
                   *, say: Callable[[str], None] = print, window: timedelta = timedelta(minutes=1),
                   grace: timedelta = timedelta(seconds=5), wait_final: bool = False,
-                  progress: bool = False) -> LabResult:
+                  progress: bool = False, on_scenario_done: Callable[[str], None] | None = None) -> LabResult:
     """Run `names` (keys of SCENARIOS) on `lab`, audit them, compare with their ground truth."""
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -107,6 +107,8 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
             for t in new:
                 truth.topic(t)
         result.runs.append(ScenarioRun(name, truth, time.monotonic() - t0, error, new, first, _now()))
+        if on_scenario_done is not None:
+            on_scenario_done(name)
 
     audited = {t: tc for t, tc in ctx.topics.items()
                if any(t in r.topics and r.truth is not None for r in result.runs)}
@@ -123,10 +125,9 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
 
 def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime, end: datetime, *,
            wait_final: bool, grace: timedelta, say: Callable[[str], None], progress: bool) -> None:
-    from spark_jobs.ingest import ingest
-
     from audit.report_store import ReportStore
     from spark_jobs.capture import capture
+    from spark_jobs.ingest import ingest
     from spark_jobs.reconcile import reconcile_range
     from spark_jobs.sla import check_sla
 

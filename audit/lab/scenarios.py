@@ -43,13 +43,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from audit.config import Config, SinkConfig, TopicConfig
+from audit.config import Config, SinkConfig, SlaRule, TopicConfig
 from audit.errors import BrokerError, InputError
 from audit.lab.env import Lab
 from audit.lab.proxy import ProduceExchange
 from audit.lab.truth import Truth
 
 LOG = "log"
+# The strict SLA of a pipeline that promises exactly-once: every lab fault should break one rule.
+LAB_SLA = (SlaRule("max_lost", 0), SlaRule("max_duplicate_ratio", 0), SlaRule("max_reordered", 0))
 
 
 @dataclass
@@ -68,7 +70,8 @@ class Context:
     started_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
     def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = ()) -> None:
-        self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks)
+        self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks,
+                                        sla=LAB_SLA)
 
     @property
     def ledger_dir(self) -> Path:
