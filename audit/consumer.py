@@ -392,7 +392,6 @@ class AuditedConsumer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
-        self._assigned_at = time.monotonic()
         keys = [(tp.topic, tp.partition) for tp in partitions]
         for k in keys:
             self._held.pop(k, None)
@@ -412,6 +411,8 @@ class AuditedConsumer:
         if partitions:
             # A partition paused for a pending retry by an earlier owner of this member starts fresh.
             consumer.resume(partitions)
+        # After the (possibly slow) position restore: the idle clock starts once we can consume.
+        self._assigned_at = time.monotonic()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = {(tp.topic, tp.partition) for tp in partitions}

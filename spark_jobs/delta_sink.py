@@ -48,6 +48,9 @@ from audit.sinks import AuditColumns, Position, SinkRecord, TopicPartitionKey, d
 DELTA_MODES = ("append", "merge")
 _META_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 _AUTOMERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
+# Delta skips commits that add no files; a batch whose handler returned no rows must still
+# commit its positions.
+_EMPTY_COMMITS_CONF = "spark.databricks.delta.skipRecordingEmptyCommits"
 _META_TAG = '{"msgaudit":1'
 
 
@@ -101,6 +104,7 @@ class DeltaSink:
         self.mode = mode
         self.cols = AuditColumns.of(columns)
         self._schema = schema
+        self._payload: StructType | None = None  # payload columns of the table, once known
         self._now = now or (lambda: datetime.now(UTC))
 
     @classmethod
@@ -128,13 +132,16 @@ class DeltaSink:
             rows = dedupe_last(rows, self.cols.key())
         audit = audit_fields(self.cols)
         audit_names = {f.name for f in audit}
-        if self.exists():
-            known = StructType([f for f in self.read().schema.fields if f.name not in audit_names])
-        else:
-            known = self._schema or StructType([])
+        if self._payload is None:
+            if self.exists():
+                self._payload = StructType([f for f in self.read().schema.fields if f.name not in audit_names])
+            else:
+                self._payload = self._schema or StructType([])
+        known = self._payload
         new = payload_schema([r.payload for r in records])
         fields = list(known.fields) + [f for f in new.fields if f.name not in known.fieldNames()]
         schema = StructType(fields + audit)
+        self._payload = StructType(fields)
         names = schema.fieldNames()
         return self.spark.createDataFrame([tuple(row.get(n) for n in names) for row in rows], schema)
 
@@ -162,7 +169,8 @@ class DeltaSink:
         writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
         if meta is not None:
             writer = writer.option("userMetadata", meta)
-        writer.save(self.location)
+        with self._conf({_EMPTY_COMMITS_CONF: "false"} if not records else {}):
+            writer.save(self.location)
 
     def _merge(self, df: DataFrame, meta: str | None) -> None:
         from delta.tables import DeltaTable
