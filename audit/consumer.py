@@ -12,7 +12,9 @@ Semantics (`semantics=`), per batch of polled records:
   handler produces through `consumer.producer` (a transactional `AuditedProducer`), the input
   offsets go in with `send_offsets_to_transaction`, the input is read `read_committed`. A crash
   inside the transaction aborts it; the rerun (same `name`, so the same transactional.id fences
-  the dead instance) redoes the batch.
+  the dead instance) redoes the batch. A handler that raises should do so before it produces:
+  outputs produced before the exception stay in the (committed) transaction while the record
+  goes to the retry topic.
 - `exactly_once_sink`: the batch's rows and the consumer's next offsets are written in one sink
   transaction (`Sink.write(..., positions=...)`); on partition assignment the positions are read
   back from the sink (`Sink.read_positions`) and the consumer seeks there. Kafka offsets are

@@ -64,7 +64,7 @@ def test_audit_columns_from_config_and_mapping() -> None:
 
 @pytest.mark.unit
 def test_dedupe_last_keeps_the_last_row_per_key_and_every_keyless_row() -> None:
-    rows = [{"k": 1, "v": "a"}, {"k": None, "v": "b"}, {"k": 1, "v": "c"}, {"k": None, "v": "d"}, {"k": 2, "v": "e"}]
+    rows: list[dict[str, Any]] = [{"k": 1, "v": "a"}, {"k": None, "v": "b"}, {"k": 1, "v": "c"}, {"k": None, "v": "d"}, {"k": 2, "v": "e"}]
     assert dedupe_last(rows, ("k",)) == [{"k": None, "v": "b"}, {"k": 1, "v": "c"}, {"k": None, "v": "d"},
                                          {"k": 2, "v": "e"}]
 
@@ -239,9 +239,9 @@ def test_consumer_exactly_once_into_delta_survives_a_failed_commit(spark: Any, t
                           "poll_timeout_s": 0.2}
     with AuditedConsumer({"bootstrap.servers": kafka_bootstrap}, on_stage=crash_on_second, **kw) as c, \
             pytest.raises(Boom):
-        c.run(lambda r: {"n": json.loads(r.value)["n"]}, idle_timeout_s=3)
+        c.run(lambda r: {"n": json.loads(r.value or b"{}")["n"]}, idle_timeout_s=3)
     with AuditedConsumer({"bootstrap.servers": kafka_bootstrap}, **kw) as c:
-        c.run(lambda r: {"n": json.loads(r.value)["n"]}, idle_timeout_s=1.5)
+        c.run(lambda r: {"n": json.loads(r.value or b"{}")["n"]}, idle_timeout_s=1.5)
     assert sorted((r.n, r.audit_offset) for r in sink.read().collect()) == [(i, i) for i in range(8)]
     assert sorted(r["offset"] for r in ledger_rows(tmp_path / "ledger")) == list(range(8))
     assert sink.read_positions(f"g-{topic}", [(topic, 0)]) == {(topic, 0): 8}
