@@ -82,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                 as_of=True)
     _range_args(add("backfill", "Run capture + reconcile + SLA for every window in a past range (resumable, idempotent)."),
                 as_of=True)
-    _range_args(add("sla", "Check each topic's SLA on the report for a window range; exit 3 if an error-severity rule fails."))
+    sla = add("sla", "Check each topic's SLA on the report for a window range; exit 3 if an error-severity rule fails.")
+    _range_args(sla)
+    sla.add_argument("--data-docs", default=None, metavar="DIR",
+                     help="also build Great Expectations Data Docs (HTML) into DIR")
     d = add("dashboard", "Write a self-contained HTML dashboard from the report store.")
     d.add_argument("--out", default="report.html", help="output HTML file (default report.html)")
     d.add_argument("--start", default=None, help="first window to show (default: all)")
