@@ -34,8 +34,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from itertools import starmap
-from operator import mod
+from operator import itemgetter, mod
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,18 +55,23 @@ def encode_row(row: Any) -> str:
     return json.dumps(row, separators=(",", ":"))
 
 
+# `LINE_FORMAT % (LINE_FORMAT, line)` == line: an already encoded row in append_formatted form.
+LINE_FORMAT = "%.0s%s"
+_first = itemgetter(0)
+
+
 def _encode_checked(row: dict[str, Any]) -> tuple[str, str]:
     try:
-        return ("%s", encode_row(row))
+        return (LINE_FORMAT, encode_row(row))
     except (TypeError, ValueError) as e:
         raise LedgerError(f"ledger row is not JSON-serialisable ({e}); timestamps go in as epoch ms: {row!r}") from e
 
 
-def _format_one(item: tuple[Any, Any]) -> str:
+def _format_one(item: tuple[Any, ...]) -> str:
     """Slow path for a batch with a bad item: that item becomes a line ingest will quarantine
     (and count) rather than an exception that would stop the writer and lose every later row."""
     try:
-        return str(item[0] % item[1])
+        return str(item[0] % item)
     except (TypeError, ValueError, IndexError) as e:
         log.error("ledger row could not be formatted (%s): %r", e, item)
         return encode_row({"ledger_format_error": str(e), "item": repr(item)})
@@ -82,9 +86,17 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_last_stamp = [""]
+
+
 def _segment_stem(prefix: str) -> str:
+    # Microseconds, strictly increasing within a process: names sort in creation order.
     now = datetime.now(UTC)
-    stamp = now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+    stamp = now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond:06d}Z"
+    while stamp <= _last_stamp[0]:
+        now = datetime.now(UTC)
+        stamp = now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond:06d}Z"
+    _last_stamp[0] = stamp
     return f"{prefix}-{stamp}-{os.getpid()}-{os.urandom(4).hex()}"
 
 
@@ -185,11 +197,12 @@ class _State:
         while q:
             n = min(len(q), _CHUNK_ROWS)
             pop = q.popleft
-            # Each item is (formatter, args); `formatter % args` is one line. starmap keeps the
-            # per-row work in C, which matters: this thread shares the GIL with the hot path.
+            # Each item is a tuple (fmt, *values) and its line is `fmt % item` (see
+            # append_formatted). map() keeps the per-row work in C, which matters: this thread
+            # shares the GIL with the hot path.
             items = [pop() for _ in range(n)]
             try:
-                lines = list(starmap(mod, items))
+                lines = list(map(mod, map(_first, items), items))
             except (TypeError, ValueError):
                 lines = [_format_one(item) for item in items]
             if self.segment is None:
@@ -241,9 +254,10 @@ class LedgerWriter:
     writes and rotates. `flush()` makes every row appended so far durable in the open segment;
     `close()` seals it. A writer that is never closed is sealed at interpreter exit.
 
-    `append_formatted((fmt, args))` is the fast path for hot callers: the writer thread makes
-    the line as `fmt % args` (fmt a %-format string producing one JSON object), so the caller
-    pays for one tuple, not for JSON encoding. `append(row)` encodes the dict on the caller's
+    `append_formatted((fmt, v1, v2, ...))` is the fast path for hot callers: the writer thread
+    makes the line as `fmt % item`, where fmt is a %-format that starts with `%.0s` (it
+    swallows fmt itself) and produces one JSON object, so the caller pays for one tuple, not
+    for JSON encoding. `append(row)` encodes the dict on the caller's
     thread, so a row that is not JSON-serialisable fails there, loudly, not in the writer. `mirror`, if given,
     receives each batch of encoded lines after it is written (the optional Kafka ledger topic).
     """
@@ -271,7 +285,7 @@ class LedgerWriter:
         self.prefix = prefix
         self._state = _State(directory, prefix, max_bytes, max_age_s, flush_interval_s, mirror)
         # Bound method of the deque: appending is one C call, safe from any thread.
-        self.append_formatted: Callable[[tuple[Any, Any]], None] = self._state.queue.append
+        self.append_formatted: Callable[[tuple[Any, ...]], None] = self._state.queue.append
         self._thread = threading.Thread(target=self._state.run, name=f"ledger-{prefix}", daemon=True)
         self._thread.start()
         self._finalizer = weakref.finalize(self, self._state.finalize)
@@ -378,6 +392,8 @@ def recover_orphans(directory: Path) -> int:
             if keep < size:
                 log.warning("ledger segment %s: dropped %d bytes of an unfinished last line", path, size - keep)
                 os.ftruncate(fd, keep)
+            # A fresh mtime: file-source readers may skip files that look older than their newest.
+            os.utime(fd)
             os.fsync(fd)
             os.rename(path, path.with_name(name[: -len(OPEN_SUFFIX)] + SEALED_SUFFIX))
             _fsync_dir(directory)

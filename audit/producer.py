@@ -79,20 +79,38 @@ def _json_fmt(value: str) -> str:
 
 
 class _TopicFormats:
-    """Per-topic %-formats of a ledger line; the ledger thread fills them in (see LedgerWriter).
+    """Per-topic %-formats of a ledger line, in LedgerWriter.append_formatted form: the item is
+    (fmt, *values) and `fmt % item` is the line (the leading %.0s swallows fmt itself).
 
-    `acked` takes (seq, partition, offset, produce_ts, ack_ts): the one format on the hot path.
-    `any` takes (seq, partition, offset|'null', status, error json|'null', txn_id json|'null',
+    `acked` values: (seq, partition, offset, produce_ts, ack_ts) - the one format on the hot path.
+    `any` values: (seq, partition, offset|'null', status, error json|'null', txn_id json|'null',
     produce_ts, ack_ts|'null') for failed and transactional rows.
     """
 
     __slots__ = ("acked", "any")
 
     def __init__(self, producer_name: str, pid: str, topic: str) -> None:
-        head = f'{{"producer":{_json_fmt(producer_name)},"pid":{_json_fmt(pid)},"seq":%d,"topic":{_json_fmt(topic)},'
+        head = f'%.0s{{"producer":{_json_fmt(producer_name)},"pid":{_json_fmt(pid)},"seq":%d,"topic":{_json_fmt(topic)},'
         self.acked = head + ('"partition":%d,"offset":%d,"status":"acked","error":null,"txn_id":null,'
                              '"produce_ts":%d,"ack_ts":%d}')
         self.any = head + '"partition":%d,"offset":%s,"status":"%s","error":%s,"txn_id":%s,"produce_ts":%d,"ack_ts":%s}'
+
+
+class _Slot:
+    """Per-message state of one in-flight message, recycled through a pool.
+
+    A fresh functools.partial per message would be a garbage-collected object alive until its
+    delivery report; with hundreds of thousands in flight the collector's passes over them cost
+    about as much as the produce() call itself. A slot is reused once its report is served.
+    """
+
+    __slots__ = ("seq", "ts", "fmts", "user_cb", "dr")
+
+    seq: int
+    ts: int
+    fmts: _TopicFormats
+    user_cb: Any
+    dr: Callable[[KafkaError | None, Message], None]
 
 
 def _kafka_conf(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,28 +234,40 @@ class AuditedProducer:
         txn_current = self._txn_current
         txn_held = self._txn_held
         pid = self.pid
-        pid_bytes = pid.encode()
+        pid_header = (_PID, pid.encode())
         name = self.producer_name
         default_cb = self._default_cb
         only_errors = self._only_errors
         failed_call = self._failed_call
         emit_txn_row = self._emit_txn_row
         txn_outcome = self._txn_outcome
-        last_ts = [0, b"0"]
+        last_ts: list[Any] = [-1, None]
+        pool: list[_Slot] = []
+        pool_pop = pool.pop
+        pool_push = pool.append
 
         def new_topic(topic: str) -> tuple[Iterator[int], _TopicFormats]:
             return topics.setdefault(topic, (count(), _TopicFormats(name, pid, str(topic))))
 
-        def deliver(seq: int, ts: int, fmts: _TopicFormats, user_cb: DeliveryCallback | None,
-                    err: KafkaError | None, msg: Message) -> None:
+        def new_slot() -> _Slot:
+            slot = _Slot()
+            slot.dr = partial(deliver, slot)
+            return slot
+
+        def deliver(slot: _Slot, err: KafkaError | None, msg: Message) -> None:
+            seq = slot.seq
+            ts = slot.ts
+            fmts = slot.fmts
+            user_cb = slot.user_cb
+            pool_push(slot)  # free before user code runs: it may raise
             if err is None:
                 counts[0] += 1
-                append((fmts.acked, (seq, msg.partition(), msg.offset(), ts, time_ns() // 1_000_000)))
+                append((fmts.acked, seq, msg.partition(), msg.offset(), ts, time_ns() // 1_000_000))
             else:
                 counts[1] += 1
                 part = msg.partition()
-                append((fmts.any, (seq, -1 if part is None else part, "null", "failed", json.dumps(err.name()),
-                                   "null", ts, "null")))
+                append((fmts.any, seq, -1 if part is None else part, "null", "failed", json.dumps(err.name()),
+                        "null", ts, "null"))
             if user_cb is not None:
                 user_cb(err, msg)
 
@@ -273,29 +303,39 @@ class AuditedProducer:
             seq = next(counter)
             ts = time_ns() // 1_000_000
             if ts == last_ts[0]:
-                ts_bytes = last_ts[1]
-            else:
-                ts_bytes = str(ts).encode()
+                ts_header = last_ts[1]
+            else:  # one header tuple per millisecond, not per message
+                ts_header = (_TS, b"%d" % ts)
                 last_ts[0] = ts
-                last_ts[1] = ts_bytes
+                last_ts[1] = ts_header
             hdrs: list[tuple[str, Any]]
             if headers or audit_key is not None:
                 hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key)
             else:
-                hdrs = [(_PID, pid_bytes), (_SEQ, str(seq).encode()), (_TS, ts_bytes)]
+                hdrs = [pid_header, (_SEQ, b"%d" % seq), ts_header]
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:
                 user_cb = partial(only_errors_cb, user_cb)
             txn = txn_current[0]
             if txn is None:
-                dr = partial(deliver, seq, ts, fmts, user_cb)
+                slot = pool_pop() if pool else new_slot()
+                slot.seq = seq
+                slot.ts = ts
+                slot.fmts = fmts
+                slot.user_cb = user_cb
+                try:
+                    c_produce(topic, value, key, partition, slot.dr, None, timestamp, hdrs)
+                except BaseException as e:
+                    pool_push(slot)  # no delivery report will come for it
+                    failed_call(fmts, seq, ts, partition, e, None)
+                    raise
             else:
-                dr = partial(deliver_txn, seq, ts, fmts, user_cb, txn)
-            try:
-                c_produce(topic, value, key, partition, dr, None, timestamp, hdrs)
-            except BaseException as e:
-                failed_call(fmts, seq, ts, partition, e, txn)
-                raise
+                try:
+                    c_produce(topic, value, key, partition, partial(deliver_txn, seq, ts, fmts, user_cb, txn),
+                              None, timestamp, hdrs)
+                except BaseException as e:
+                    failed_call(fmts, seq, ts, partition, e, txn)
+                    raise
 
         produce.__doc__ = AuditedProducer.produce.__doc__
         return produce
@@ -311,7 +351,7 @@ class AuditedProducer:
             self._counts[2] += 1
         else:
             status = "acked" if err_json == "null" else "failed"
-        self.ledger.append_formatted((fmts.any, (seq, part, offset, status, err_json, self._txn_json(txn), ts, ack)))
+        self.ledger.append_formatted((fmts.any, seq, part, offset, status, err_json, self._txn_json(txn), ts, ack))
 
     def _failed_call(self, fmts: _TopicFormats, seq: int, ts: int, partition: Any, exc: BaseException,
                      txn: int | None) -> None:
@@ -319,7 +359,7 @@ class AuditedProducer:
         part = partition if isinstance(partition, int) and partition >= 0 else -1
         txn_json = self._txn_json(txn) if txn is not None else "null"
         self.ledger.append_formatted(
-            (fmts.any, (seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null")))
+            (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null"))
 
     def _resolve_txn(self, txn: int, outcome: str) -> None:
         self._txn_outcome[txn] = outcome

@@ -1,9 +1,11 @@
 """Throughput of AuditedProducer versus a plain confluent_kafka.Producer, on a real broker.
 
 Both producers use identical librdkafka settings (idempotent, acks=all, same linger/batch) and
-a counting delivery callback; the audited one also stamps headers and writes its ledger. Runs
-are interleaved (plain, audited, plain, audited, ...) over several repetitions so drifting load
-on a shared machine hits both alike; the figure per producer is the median over repetitions.
+a counting delivery callback; the audited one also stamps headers and writes its ledger. A
+third run, a plain Producer sending audit-sized static headers, shows how much of the gap is
+the headers themselves (wire + broker) rather than the audit code. Runs are interleaved (the
+order rotates each repetition) so drifting load on a shared machine hits all alike; the figure
+per producer is the median over repetitions.
 
     .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
     .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
@@ -22,7 +24,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _make_topic(bootstrap: str, partitions: int) -> str:
     return name
 
 
-def _drive(producer: Any, topic: str, n: int, value: bytes) -> tuple[float, int]:
+def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None) -> tuple[float, int]:
     """Produce n messages, poll on BufferError, flush; return (seconds, delivered count)."""
     delivered = [0]
 
@@ -64,7 +65,10 @@ def _drive(producer: Any, topic: str, n: int, value: bytes) -> tuple[float, int]
     for i in range(n):
         while True:
             try:
-                produce(topic, value, on_delivery=on_delivery)
+                if headers is None:
+                    produce(topic, value, on_delivery=on_delivery)
+                else:
+                    produce(topic, value, on_delivery=on_delivery, headers=headers)
                 break
             except BufferError:
                 poll(0.005)
@@ -74,40 +78,42 @@ def _drive(producer: Any, topic: str, n: int, value: bytes) -> tuple[float, int]
     return time.perf_counter() - t0, delivered[0]
 
 
-def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path) -> float:
+# Audit-sized static headers: what the wire and the broker pay for the audit, without our code.
+STATIC_HEADERS = [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000"), ("audit.ts", b"1795290000000")]
+
+
+def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path,
+        decompose: bool) -> float:
     value = b"x" * size
     conf = {"bootstrap.servers": bootstrap, **SETTINGS}
-    results: dict[str, list[float]] = {"plain": [], "audited": []}
-    factories: dict[str, Callable[[int], Any]] = {
-        "plain": lambda rep: Producer(conf),
-        "audited": lambda rep: AuditedProducer(conf, producer_name="bench",
-                                               ledger_dir=ledger_root / f"rep{rep}"),
-    }
+    kinds = ["plain", "plain+headers", "audited"] if decompose else ["plain", "audited"]
+    results: dict[str, list[float]] = {k: [] for k in kinds}
     # Warm the broker (topic creation, segment files, JIT) outside the measured runs.
-    warm_topic = _make_topic(bootstrap, partitions)
-    warm = Producer(conf)
-    _drive(warm, warm_topic, min(n, 50_000), value)
+    _drive(Producer(conf), _make_topic(bootstrap, partitions), min(n, 50_000), value)
     for rep in range(reps):
-        order = ("plain", "audited") if rep % 2 == 0 else ("audited", "plain")
+        order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]  # rotate: no kind always first
         for kind in order:
             topic = _make_topic(bootstrap, partitions)
-            producer = factories[kind](rep)
-            seconds, delivered = _drive(producer, topic, n, value)
             if kind == "audited":
-                producer.close()
-                rows = producer.ledger.rows_written
-                if rows != n:
-                    raise SystemExit(f"audited run wrote {rows} ledger rows for {n} messages")
+                audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger_root / f"rep{rep}")
+                seconds, delivered = _drive(audited, topic, n, value)
+                audited.close()
+                if audited.ledger.rows_written != n:
+                    raise SystemExit(f"audited run wrote {audited.ledger.rows_written} ledger rows for {n} messages")
+            else:
+                headers = STATIC_HEADERS if kind == "plain+headers" else None
+                seconds, delivered = _drive(Producer(conf), topic, n, value, headers)
             if delivered != n:
                 raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
-            rate = n / seconds
-            results[kind].append(rate)
-            print(f"rep {rep + 1}/{reps} {kind:>7}: {rate:>11,.0f} msg/s  ({seconds:.2f}s)", flush=True)
-    plain = statistics.median(results["plain"])
-    audited = statistics.median(results["audited"])
-    print(f"plain   median: {plain:,.0f} msg/s over {reps} runs of {n:,} x {size} B")
-    print(f"audited median: {audited:,.0f} msg/s (ledger rows written and sealed)")
-    ratio = audited / plain
+            results[kind].append(n / seconds)
+            print(f"rep {rep + 1}/{reps} {kind:>13}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s)", flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions:")
+    for k in kinds:
+        print(f"  {k:>13}: {med[k]:>11,.0f} msg/s")
+    if decompose:
+        print(f"ratio plain+headers/plain (the audit headers alone): {med['plain+headers'] / med['plain']:.3f}")
+    ratio = med["audited"] / med["plain"]
     print(f"ratio audited/plain: {ratio:.3f}")
     return ratio
 
@@ -118,13 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the plain/audited pair (default 3)")
     ap.add_argument("--size", type=int, default=200, help="message value size in bytes (default 200)")
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
+    ap.add_argument("--no-decompose", action="store_true",
+                    help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
                     help="use this running broker (default: start a private one with audit.local_kafka)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
     try:
         if args.bootstrap:
-            run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger")
+            run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
+                not args.no_decompose)
         else:
             from audit.local_kafka import LocalKafka, free_port, port_in_use
 
@@ -132,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             while port_in_use(port + 1):  # the controller listens on port + 1
                 port = free_port()
             with LocalKafka(work / "kafka", port=port, nodes=1) as kafka:
-                run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger")
+                run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
+                    not args.no_decompose)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -19,7 +19,7 @@ from audit.ledger import LedgerWriter, recover_orphans, sealed_segments
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^ledg-\d{8}T\d{9}Z-(\d+)-[0-9a-f]{8}\.jsonl$")
+NAME_RE = re.compile(r"^ledg-\d{8}T\d{12}Z-(\d+)-[0-9a-f]{8}\.jsonl$")
 
 
 def rows_of(paths: list[Path]) -> list[dict[str, object]]:
@@ -71,7 +71,9 @@ def test_rotation_by_size_keeps_order_across_segments(tmp_path: Path) -> None:
             if i % 5 == 4:
                 w.flush()  # several writes, so the size check runs between them
     segs = sealed_segments(tmp_path)
+    assert segs == w.sealed_segments  # names sort in creation order
     assert len(segs) >= 3
+    assert all(p.stat().st_size >= 200 for p in segs[:-1])  # sealed only once full
     assert [r["seq"] for r in rows_of(segs)] == list(range(30))
 
 
@@ -119,12 +121,12 @@ def test_recover_leaves_a_live_writers_segment_alone(tmp_path: Path) -> None:
 
 
 def test_recover_cuts_an_unfinished_last_line_and_seals(tmp_path: Path) -> None:
-    orphan = tmp_path / "ledg-20260101T000000000Z-999999-0badf00d.jsonl.open"
+    orphan = tmp_path / "ledg-20260101T000000000000Z-999999-0badf00d.jsonl.open"
     orphan.write_bytes(b'{"a":1}\n{"a":2}\n{"a":')
-    empty = tmp_path / "ledg-20260101T000000000Z-999999-00000000.jsonl.open"
+    empty = tmp_path / "ledg-20260101T000000000000Z-999999-00000000.jsonl.open"
     empty.write_bytes(b'{"half')
     assert recover_orphans(tmp_path) == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["ledg-20260101T000000000Z-999999-0badf00d.jsonl"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ledg-20260101T000000000000Z-999999-0badf00d.jsonl"]
     assert rows_of(sealed_segments(tmp_path)) == [{"a": 1}, {"a": 2}]
     assert recover_orphans(tmp_path) == 0
 
