@@ -348,7 +348,7 @@ def replace_fp(r: LogRecord, fp: str) -> LogRecord:
     return replace(r, fingerprint=fp)
 
 
-def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, **values: Any) -> dict[str, Any]:
+def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, /, **values: Any) -> dict[str, Any]:
     """An expected report row: zeros, no latency, this stage's code columns 0 and the others NULL."""
     from audit.codes import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
     from audit.oracle import run_id_for
