@@ -363,21 +363,6 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_empty_window_writes_no_records_but_creates_the_table(
-        spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any) -> None:
-    topic = audited_topic["topic"]
-    cfg = _topic_cfg(make_config, tmp_path, topic)
-    start = datetime(2001, 1, 1, tzinfo=UTC)
-    result = C.capture(spark, cfg, start, start + timedelta(hours=1))
-    got = result.topics[topic]
-    assert (got.records, got.offsets_read, got.aborted, got.header_errors) == (0, 0, 0, 0)
-    assert _rows(spark, cfg, "log_records", topic, "offset") == []
-    assert _rows(spark, cfg, "partition_watermarks", topic, "partition") == [
-        (topic, 0, 0, 8, result.captured_at), (topic, 1, 0, 2, result.captured_at)]
-
-
-@pytest.mark.kafka
-@pytest.mark.spark
 def test_open_transaction_is_deferred_then_captured_once_it_ends(
         spark: Any, kafka_bootstrap: str, make_config: Any, tmp_path: Any) -> None:
     from tests.conftest import new_topic
