@@ -33,7 +33,8 @@ def test_spark_submit_capture(kafka_bootstrap: str, tmp_path: Path) -> None:
     p = Producer({"bootstrap.servers": kafka_bootstrap})
     acks: list[Any] = []
     for seq in range(3):
-        p.produce(topic, value=b"v", headers=H.stamp(None, "p:1", seq, to_millis(now)),
+        headers: list[Any] = H.stamp(None, "p:1", seq, to_millis(now))
+        p.produce(topic, value=b"v", headers=headers,
                   on_delivery=lambda err, msg: acks.append(err))
     p.flush(30)
     assert acks == [None, None, None]
