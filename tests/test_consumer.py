@@ -23,7 +23,8 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, ConsumerGroupState, Message
+from confluent_kafka.admin import AdminClient
 
 from audit import consumer as consumer_mod
 from audit.consumer import AuditedConsumer, ConsumedRecord, HandlerFailed, RetryPolicy
@@ -41,13 +42,17 @@ N = 30  # messages per crash test: six batches of five
 # -- helpers ---------------------------------------------------------------------------------
 
 def produce_audited(bootstrap: str, topic: str, values: Sequence[dict[str, Any]], ledger_dir: Path,
-                    keys: Sequence[bytes | None] | None = None) -> None:
+                    keys: Sequence[bytes | None] | None = None, one_per_batch: bool = False) -> None:
+    """Produce with real audit headers; `one_per_batch` makes each message its own record batch
+    (so a consumer with a tiny fetch size reads the partitions interleaved)."""
     from audit.producer import AuditedProducer
 
     with AuditedProducer({"bootstrap.servers": bootstrap}, producer_name="test-src",
                          ledger_dir=ledger_dir / "producer") as p:
         for i, v in enumerate(values):
             p.produce(topic, json.dumps(v).encode(), keys[i] if keys else None)
+            if one_per_batch:
+                assert p.flush(30) == 0
         assert p.flush(30) == 0
 
 
@@ -313,24 +318,50 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
     topic = new_topic(kafka_bootstrap, partitions=2)
     total = 40
     produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(total)], tmp_path,
-                    keys=[str(i).encode() for i in range(total)])
+                    keys=[str(i).encode() for i in range(total)], one_per_batch=True)
     url = f"sqlite:///{tmp_path / 'sink.db'}"
     common = ["--bootstrap", kafka_bootstrap, "--topic", topic, "--group", f"g-{topic}", "--semantics",
               "at_least_once", "--ledger-dir", str(tmp_path / "ledger"), "--sink-url", url,
-              "--sink-table", "rows", "--batch-size", "2", "--sleep-ms", "60", "--idle-s", "3"]
+              "--sink-table", "rows", "--batch-size", "2", "--sleep-ms", "40", "--idle-s", "3",
+              "--max-partition-fetch-bytes", "64"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    progress = tmp_path / "a.progress"
-    a = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "a", "--progress", str(progress)],
-                         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (progress.exists() and int(progress.read_text() or 0) >= 6):
-        assert a.poll() is None and time.monotonic() < deadline, a.communicate()[1][-3000:]
-        time.sleep(0.05)
-    b = subprocess.run([sys.executable, str(SCRIPT), *common, "--name", "b"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=90)
-    a_out, a_err = a.communicate(timeout=90)
-    assert a.returncode == 0 and b.returncode == 0, (a_err[-2000:], b.stderr[-2000:])
+    progress, gate, b_ready = tmp_path / "a.progress", tmp_path / "gate", tmp_path / "b.ready"
+    # A holds in its handler once it has records of both partitions, until B is joining; so the
+    # partition B gets is one A already worked on.
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        a = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "a", "--progress", str(progress),
+                              "--hold-until", str(gate)],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(a)
+        deadline = time.monotonic() + 60
+        while not (progress.exists() and progress.read_text() == "held"):
+            assert a.poll() is None and time.monotonic() < deadline, a.communicate()[1][-3000:]
+            time.sleep(0.05)
+        b = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "b", "--ready", str(b_ready)],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(b)
+        while not b_ready.exists():
+            assert b.poll() is None and time.monotonic() < deadline, b.communicate()[1][-3000:]
+            time.sleep(0.05)
+        # B's JoinGroup has reached the coordinator once the group is rebalancing (A, held, has not
+        # rejoined yet); only then let A go on, so the rebalance surely happens mid-stream.
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        while admin.describe_consumer_groups([f"g-{topic}"])[f"g-{topic}"].result(10).state != \
+                ConsumerGroupState.PREPARING_REBALANCING:
+            assert b.poll() is None and time.monotonic() < deadline, b.communicate()[1][-3000:]
+            time.sleep(0.1)
+        gate.write_text("go")
+        b_out, b_err = b.communicate(timeout=90)
+        a_out, a_err = a.communicate(timeout=90)
+    finally:
+        for proc in procs:  # only on failure: both exited normally otherwise
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert a.returncode == 0 and b.returncode == 0, (a_err[-2000:], b_err[-2000:])
     assert json.loads(a_out.splitlines()[-1])["rebalances"] >= 2  # joined alone, then rebalanced
+    assert json.loads(b_out.splitlines()[-1])["processed"] > 0, (a_out, b_out, b_err[-3000:])
 
     rows = ledger_rows(tmp_path / "ledger")
     per_record = Counter((r["partition"], r["offset"]) for r in rows if r["outcome"] == "processed")

@@ -10,6 +10,9 @@ Fault injection (environment, so the parent test names the dangerous point):
 Before dying it writes the batch's source coordinates to --marker as JSON, then os._exit(137),
 so nothing is flushed or closed on the way out: exactly what a SIGKILL leaves behind.
 --progress FILE gets the number of handled records after every batch (for the rebalance test).
+--hold-until FILE: once records of two partitions were handled, write "held" to --progress and
+wait in the handler until FILE exists (so a second member can join mid-stream, deterministically).
+--ready FILE is written just before the loop starts (the member is about to join its group).
 """
 
 from __future__ import annotations
@@ -45,13 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-attempts", type=int, default=0, help="0: no RetryPolicy")
     p.add_argument("--marker")
     p.add_argument("--progress")
+    p.add_argument("--hold-until")
+    p.add_argument("--ready")
+    p.add_argument("--max-partition-fetch-bytes", type=int)
     args = p.parse_args(argv)
 
     kill_at = os.environ.get("MSGAUDIT_KILL_AT")
     kill_offset = int(os.environ.get("MSGAUDIT_KILL_OFFSET", "-1"))
 
     def on_stage(stage: str, records: Sequence[ConsumedRecord]) -> None:
-        if stage == "committed" and args.progress:
+        if stage == "committed" and args.progress and not args.hold_until:
             tmp = Path(args.progress + ".tmp")
             tmp.write_text(str(consumer.stats.handled))
             tmp.replace(args.progress)
@@ -67,13 +73,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Static membership: the rerun takes the dead instance's place at once instead of waiting
         # a session timeout for the broker to notice it is gone.
         {"bootstrap.servers": args.bootstrap, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-         "group.instance.id": args.name},
+         "group.instance.id": args.name,
+         **({"max.partition.fetch.bytes": args.max_partition_fetch_bytes} if args.max_partition_fetch_bytes else {})},
         topics=args.topic, group=args.group, name=args.name, semantics=args.semantics, sink=sink,
         retry=retry, ledger_dir=args.ledger_dir, batch_size=args.batch_size, poll_timeout_s=0.2,
         on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000},
     )
 
+    seen_partitions: set[int] = set()
+
+    def hold(partition: int) -> None:
+        seen_partitions.add(partition)
+        if args.hold_until and len(seen_partitions) >= 2 and not Path(args.hold_until).exists():
+            Path(args.progress).write_text("held")
+            deadline = time.monotonic() + 60
+            while not Path(args.hold_until).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
     def handle(rec: ConsumedRecord) -> Any:
+        hold(rec.partition)
         body = json.loads(rec.value or b"{}")
         if args.sleep_ms:
             time.sleep(args.sleep_ms / 1000)
@@ -85,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"n": body["n"], "body": (rec.value or b"").decode()} if sink is not None else None
 
     with consumer:
+        if args.ready:
+            Path(args.ready).write_text("ready")
         stats = consumer.run(handle, idle_timeout_s=args.idle_s)
     if sink is not None:
         sink.close()
