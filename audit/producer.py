@@ -241,7 +241,7 @@ class AuditedProducer:
         failed_call = self._failed_call
         emit_txn_row = self._emit_txn_row
         txn_outcome = self._txn_outcome
-        last_ts: list[Any] = [-1, None]
+        last_ts: list[tuple[int, tuple[str, bytes]]] = [(-1, (_TS, b""))]
         pool: list[_Slot] = []
         pool_pop = pool.pop
         pool_push = pool.append
@@ -302,12 +302,12 @@ class AuditedProducer:
             counter, fmts = state
             seq = next(counter)
             ts = time_ns() // 1_000_000
-            if ts == last_ts[0]:
-                ts_header = last_ts[1]
+            cached = last_ts[0]  # one read of an immutable pair: safe when threads share the producer
+            if cached[0] == ts:
+                ts_header = cached[1]
             else:  # one header tuple per millisecond, not per message
                 ts_header = (_TS, b"%d" % ts)
-                last_ts[0] = ts
-                last_ts[1] = ts_header
+                last_ts[0] = (ts, ts_header)
             hdrs: list[tuple[str, Any]]
             if headers or audit_key is not None:
                 hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key)
@@ -318,7 +318,10 @@ class AuditedProducer:
                 user_cb = partial(only_errors_cb, user_cb)
             txn = txn_current[0]
             if txn is None:
-                slot = pool_pop() if pool else new_slot()
+                try:
+                    slot = pool_pop()
+                except IndexError:  # pool empty (it grows to the most messages ever in flight)
+                    slot = new_slot()
                 slot.seq = seq
                 slot.ts = ts
                 slot.fmts = fmts

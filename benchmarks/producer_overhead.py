@@ -83,9 +83,9 @@ STATIC_HEADERS = [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000")
 
 
 def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path,
-        decompose: bool) -> float:
+        decompose: bool, compression: str = "none") -> float:
     value = b"x" * size
-    conf = {"bootstrap.servers": bootstrap, **SETTINGS}
+    conf = {"bootstrap.servers": bootstrap, **SETTINGS, "compression.type": compression}
     kinds = ["plain", "plain+headers", "audited"] if decompose else ["plain", "audited"]
     results: dict[str, list[float]] = {k: [] for k in kinds}
     # Warm the broker (topic creation, segment files, JIT) outside the measured runs.
@@ -108,7 +108,8 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
             results[kind].append(n / seconds)
             print(f"rep {rep + 1}/{reps} {kind:>13}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s)", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions:")
+    print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions, "
+          f"compression {compression}:")
     for k in kinds:
         print(f"  {k:>13}: {med[k]:>11,.0f} msg/s")
     if decompose:
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the plain/audited pair (default 3)")
     ap.add_argument("--size", type=int, default=200, help="message value size in bytes (default 200)")
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
+    ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd", "snappy", "gzip"],
+                    help="compression.type for every producer (default none)")
     ap.add_argument("--no-decompose", action="store_true",
                     help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bootstrap:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                not args.no_decompose)
+                not args.no_decompose, args.compression)
         else:
             from audit.local_kafka import LocalKafka, free_port, port_in_use
 
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
             with LocalKafka(work / "kafka", port=port, nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                    not args.no_decompose)
+                    not args.no_decompose, args.compression)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
