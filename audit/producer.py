@@ -15,7 +15,9 @@ Pointing it at your config::
 
 Without a config the ledger goes to `.msgaudit/ledger/producer` under the working directory,
 which is where the default config's `msgaudit ingest` looks. Call `close()` (or use `with`) so
-the last segment is sealed; a killed process loses at most its last ~0.2 s of ledger rows.
+the last segment is sealed. A killed process loses at most the ledger rows of its last ~0.2 s
+(plus delivery reports librdkafka had not yet handed over); those messages may still be in
+the log, where reconcile reports them as `unledgered` - never as silently fine.
 
 The hot path (`produce` and the delivery callback) only builds three headers, counts and puts
 a small tuple on a queue; JSON encoding and disk writes happen on the ledger's own thread.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +43,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from audit import headers as audit_headers
 from audit.errors import ConfigError
 from audit.ledger import LedgerWriter
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LEDGER_DIR = Path(".msgaudit") / "ledger" / "producer"
 LEDGER_PREFIX = "producer"
@@ -63,6 +68,7 @@ class ProducerStats:
     aborted: int
     in_flight: int
     ledger_pending: int
+    ledger_topic_failed: int = 0  # rows the optional ledger topic did not take (files have them)
 
 
 def _error_name(exc: BaseException) -> str:
@@ -176,6 +182,7 @@ class AuditedProducer:
         self._txn_outcome: dict[int, str] = {}
 
         self._mirror_producer: Producer | None = None
+        self._mirror_failed = 0
         mirror = None
         if ledger_topic:
             mirror_conf = {k: v for k, v in conf.items() if k != "transactional.id"}
@@ -370,17 +377,28 @@ class AuditedProducer:
             self._emit_txn_row(row, txn, outcome)
 
     def _mirror_lines(self, topic: str, lines: list[str]) -> None:
+        """Second ledger sink (runs on the ledger thread). The segment files are the ledger of
+        record, so a row the topic cannot take is counted and logged, never allowed to stop them."""
         mp = self._mirror_producer
         assert mp is not None
         key = self.pid.encode()
         for line in lines:
             while True:
                 try:
-                    mp.produce(topic, line.encode(), key)
+                    mp.produce(topic, line.encode(), key, on_delivery=self._mirror_report)
                     break
                 except BufferError:
                     mp.poll(0.1)
+                except KafkaException as e:
+                    self._mirror_failed += 1
+                    log.error("ledger topic %s rejected a row: %s", topic, e)
+                    break
         mp.poll(0)
+
+    def _mirror_report(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._mirror_failed += 1
+            log.error("ledger topic %s lost a row: %s", msg.topic(), err)
 
     # -- the rest of the Producer API -----------------------------------------------------
     def poll(self, timeout: float = -1) -> int:
@@ -466,6 +484,7 @@ class AuditedProducer:
             aborted=aborted,
             in_flight=in_flight,
             ledger_pending=self.ledger.pending + held,
+            ledger_topic_failed=self._mirror_failed,
         )
 
     def _register_metrics(self, registry: Any) -> None:
