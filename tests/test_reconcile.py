@@ -90,12 +90,15 @@ def _io_history() -> History:
     return h
 
 
+def _fixed(t: datetime) -> Callable[[], datetime]:
+    return lambda: t
+
+
 def _write_sql_sink(url: str, rows: list[Any]) -> None:
     from audit.sinks import SinkRecord, SqlSink
 
     for r in rows:
-        sink_ts: datetime = r.sink_ts
-        with SqlSink(url, "orders", "insert", now=lambda t=sink_ts: t) as sink:
+        with SqlSink(url, "orders", "insert", now=_fixed(r.sink_ts)) as sink:
             sink.write([SinkRecord({"amount": 1}, TOPIC, r.partition, r.offset, r.pid, r.seq)])
 
 
