@@ -39,6 +39,7 @@ class ScenarioRun:
     topics: tuple[str, ...] = ()
     first: datetime | None = None
     last: datetime | None = None
+    audit_seconds: float = 0.0
 
 
 @dataclass
@@ -154,7 +155,13 @@ def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime,
         if run.truth is None or not run.topics or run.first is None or run.last is None:
             continue
         say(f"audit: reconciling {run.name}")
-        reconcile_range(spark, cfg, run.first, run.last, as_of, topics=list(run.topics), progress=progress)
+        t1 = time.monotonic()
+        try:
+            reconcile_range(spark, cfg, run.first, run.last, as_of, topics=list(run.topics), progress=progress)
+        except Exception as e:  # noqa: BLE001 - a reconcile bug on one scenario must not hide the others
+            run.error = f"reconcile failed: {type(e).__name__}: {str(e)[:500]}"
+            say(f"{run.name}: {run.error}")
+        run.audit_seconds = time.monotonic() - t1
     result.timings["reconcile_s"] = time.monotonic() - t0
     t0 = time.monotonic()
     result.sla = check_sla(spark, cfg, start, end)
@@ -162,7 +169,7 @@ def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime,
     store = ReportStore(cfg.report_store)
     try:
         for run in result.runs:
-            if run.truth is None:
+            if run.truth is None or run.error is not None:
                 continue
             for t in run.topics:
                 rows = store.read("audit_anomalies", topic=t)
