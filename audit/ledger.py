@@ -34,6 +34,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from itertools import repeat, starmap
 from operator import itemgetter, mod
 from pathlib import Path
 from types import TracebackType
@@ -200,7 +201,7 @@ class _State:
             # Each item is a tuple (fmt, *values) and its line is `fmt % item` (see
             # append_formatted). map() keeps the per-row work in C, which matters: this thread
             # shares the GIL with the hot path.
-            items = [pop() for _ in range(n)]
+            items = list(starmap(pop, repeat((), n)))  # n poplefts, looped in C
             try:
                 lines = list(map(mod, map(_first, items), items))
             except (TypeError, ValueError):
