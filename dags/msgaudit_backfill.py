@@ -17,7 +17,6 @@ This file only declares: no I/O, no Spark, no config parsing at import time.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
+from audit.airflow_support import submit_target
 from audit.alerts import sla_failure_callback, spark_submit_retry_policy
 
 STEPS = ("capture", "reconcile", "sla")
@@ -44,32 +44,6 @@ def sla_args(window: dict[str, list[str]]) -> list[str]:
 
 
 STEP_ARGS = {"capture": capture_args, "reconcile": reconcile_args, "sla": sla_args}
-
-
-def submit_target() -> dict[str, Any]:
-    """Where spark-submit finds the application and, for a local master, which Python it runs.
-
-    Called inside tasks only (same rules as dags/msgaudit_window.py)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from airflow.sdk import BaseHook, Variable
-    from airflow.sdk.exceptions import AirflowFailException
-
-    application = Variable.get("msgaudit_spark_application", default=None)
-    if not application:
-        spec = importlib.util.find_spec("spark_jobs.submit")
-        if spec is None or spec.origin is None:
-            raise AirflowFailException("spark_jobs.submit not found: install msgaudit on the Airflow workers "
-                                       "or set the Variable msgaudit_spark_application")
-        application = spec.origin
-    env: dict[str, str] = {}
-    if str(BaseHook.get_connection("spark_default").host or "").startswith("local"):
-        bindir = str(Path(sys.executable).parent)
-        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    return {"application": application, "env": env}
 
 
 @task
@@ -157,6 +131,7 @@ with DAG(
         task_id="ingest",
         conn_id="spark_default",
         application=planned["application"],
+        jars=planned["jars"],
         application_args=planned["ingest"],
         env_vars=planned["env"],
         name="msgaudit-ingest",
@@ -166,6 +141,7 @@ with DAG(
             task_id=step,
             conn_id="spark_default",
             application=planned["application"],
+            jars=planned["jars"],
             env_vars=planned["env"],
             name=f"msgaudit-{step}",
             max_active_tis_per_dagrun=1,

@@ -29,6 +29,7 @@ from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
 from airflow.sdk import DAG, Param, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
+from audit.airflow_support import submit_target
 from audit.alerts import sla_failure_callback, spark_submit_retry_policy
 from audit.config import parse_duration
 
@@ -56,33 +57,6 @@ def window_cron(size: timedelta) -> str:
         return "0 0 * * *"
     raise ValueError(f"{WINDOWS_ENV}: a scheduled window must divide an hour (1m..30m) or a day in whole "
                      f"hours (1h..12h, 1d); got {window_label(size)}")
-
-
-def submit_target() -> dict[str, Any]:
-    """Where spark-submit finds the application and, for a local master, which Python it runs.
-
-    Called inside tasks only. With a `local[...]` master the driver runs on this worker, so the
-    driver Python and `spark-submit` itself must be this worker's environment (the venv)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from airflow.sdk import BaseHook, Variable
-    from airflow.sdk.exceptions import AirflowFailException
-
-    application = Variable.get("msgaudit_spark_application", default=None)
-    if not application:
-        spec = importlib.util.find_spec("spark_jobs.submit")
-        if spec is None or spec.origin is None:
-            raise AirflowFailException("spark_jobs.submit not found: install msgaudit on the Airflow workers "
-                                       "or set the Variable msgaudit_spark_application")
-        application = spec.origin
-    env: dict[str, str] = {}
-    if str(BaseHook.get_connection("spark_default").host or "").startswith("local"):
-        bindir = str(Path(sys.executable).parent)
-        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    return {"application": application, "env": env}
 
 
 @task(multiple_outputs=True)
@@ -163,6 +137,7 @@ def build(size: timedelta) -> DAG:
                 task_id=step,
                 conn_id="spark_default",
                 application=planned["application"],
+                jars=planned["jars"],
                 application_args=planned[step],
                 env_vars=planned["env"],
                 name=f"msgaudit-{step}",

@@ -1,7 +1,9 @@
 """`build_spark(cfg)`: a SparkSession with Delta Lake and Spark's Kafka source, from the jar cache.
 
 The jars come from `msgaudit setup` (audit/jars.py), never from the network at run time. The
-master and any extra Spark settings come from the config's `spark:` section. This module only
+master and any extra Spark settings come from the config's `spark:` section. Under spark-submit
+the driver JVM already exists, so the jars must be passed as `--jars` (see `spark_jar_paths`,
+which the Airflow DAGs use) and the master is spark-submit's. This module only
 builds sessions; it reads and writes nothing.
 """
 
@@ -36,18 +38,27 @@ def spark_jar_paths() -> list[str]:
     return [str(p) for p in jars.jars("spark-deps")]
 
 
+def under_spark_submit() -> bool:
+    """True when this Python was started by spark-submit (which hands it a running JVM gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str] | None = None) -> SparkSession:
     """A Delta- and Kafka-ready SparkSession (master from cfg.spark['master'], default local[2])."""
     # The Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     conf = dict(DEFAULTS)
-    conf.update({k: v for k, v in cfg.spark.items() if k != "master"})
+    conf.update({k: v for k, v in cfg.spark.items() if k not in ("master", "log_level")})
     conf.update(extra or {})
-    conf["spark.jars"] = ",".join(spark_jar_paths() + [p for p in conf.get("spark.jars", "").split(",") if p])
     conf.setdefault("spark.sql.warehouse.dir", str(cfg.home / "spark-warehouse"))
-    conf.setdefault("spark.driver.extraJavaOptions", f"-Dderby.system.home={cfg.home / 'derby'}")
-    builder = SparkSession.builder.master(cfg.spark_master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    # Under spark-submit the master and the driver JVM's --jars are already chosen; setting them
+    # here would be ignored (jars) or override the operator's choice (master).
+    if not under_spark_submit():
+        conf["spark.jars"] = ",".join(spark_jar_paths() + [p for p in conf.get("spark.jars", "").split(",") if p])
+        conf.setdefault("spark.driver.extraJavaOptions", f"-Dderby.system.home={cfg.home / 'derby'}")
+        builder = builder.master(cfg.spark_master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
