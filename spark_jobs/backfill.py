@@ -80,7 +80,9 @@ def capture_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime
 def reconcile_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
     from spark_jobs.reconcile import reconcile_window
 
-    return reconcile_window(spark, cfg, topic, ws, as_of)
+    result = reconcile_window(spark, cfg, topic, ws, as_of)
+    result.release()
+    return result
 
 
 def sla_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:

@@ -92,6 +92,13 @@ class WindowResult:
     anomaly_count: int
     quarantined_ledger_rows: int
     empty: bool
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Drop the cached summary (the anomalies DataFrame is recomputed if used afterwards)."""
+        for df in self.cached:
+            df.unpersist()
+        self.cached.clear()
 
 
 def _micros(t: datetime) -> int:
@@ -213,8 +220,10 @@ def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: dat
     """One row of the window's constants (times in micros, the lookup maps). Joined to the units
     instead of inlined as literals, so the generated code is the same for every window of a topic
     and Spark's codegen cache serves later windows without recompiling."""
-    cov = _map_sql({p: "array(" + ", ".join(f"named_struct('lo', {lo}L, 'hi', {hi}L)" for lo, hi in ivs) + ")"
-                    for p, ivs in lk.coverage.items()}, "array<struct<lo:bigint,hi:bigint>>")
+    # typed even when a partition has no interval (an empty capture): array() alone would be array<void>
+    cov = _map_sql({p: "cast(array(" + ", ".join(f"named_struct('lo', {lo}L, 'hi', {hi}L)" for lo, hi in ivs)
+                    + ") as array<struct<lo:bigint,hi:bigint>>)" for p, ivs in lk.coverage.items()},
+                   "array<struct<lo:bigint,hi:bigint>>")
     lso = _map_sql({p: f"{v}L" for p, v in lk.max_lso.items()}, "bigint")
     cols = [F.lit(_micros(ws)).alias("ws_us"), F.lit(_micros(ws + tc.window)).alias("we_us"),
             F.lit(_micros(as_of)).alias("asof_us"), F.lit(tc.grace // timedelta(microseconds=1)).alias("grace_us"),
@@ -475,11 +484,26 @@ def ledger_is_valid() -> Any:
             & ~((F.col("status") == "acked") & (F.col("offset").isNull() | (F.col("partition") < 0))))
 
 
+@dataclass
+class Classified:
+    report: list[dict[str, Any]]
+    anomalies: DataFrame
+    anomaly_count: int
+    quarantined: int
+    empty: bool
+    summary: DataFrame  # persisted; `anomalies` reads it
+
+
 def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
                      as_of: datetime) -> tuple[list[dict[str, Any]], DataFrame, int, bool]:
-    """Classify one window: (report rows, anomaly DataFrame, quarantined ledger rows, empty?).
+    """Classify one window: (report rows, anomaly DataFrame, quarantined ledger rows, empty?)."""
+    w = classify_window(spark, inputs, tc, ws, as_of)
+    return w.report, w.anomalies, w.quarantined, w.empty
 
-    The only actions are on small things: watermarks/offsets (collected for the literal maps), the
+
+def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
+                    as_of: datetime) -> Classified:
+    """Classify one window. The only actions are on small things: watermarks/offsets (collected for the literal maps), the
     quarantine count, and the persisted summary."""
     run_id = run_id_for(tc.name, ws, as_of)
     vis = restrict(inputs, tc, ws)
@@ -514,7 +538,8 @@ def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig,
                          "anomaly", "pid", "seq", "offset", "detail", F.lit(run_id).alias("run_id"),
                          F.lit(as_of).alias("computed_at")))
     empty = not any(s.get("expected") for s in stats.values()) and not codes
-    return report, anomalies, quarantined, empty
+    count = sum(n for c in codes.values() for n in c.values())
+    return Classified(report, anomalies, count, quarantined, empty, summary)
 
 
 # ---------------------------------------------------------------------------- I/O edge
@@ -586,13 +611,11 @@ def reconcile_window(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
                      publish: bool = True) -> WindowResult:
     tc = cfg.topic(topic)
     inputs = read_window_inputs(spark, cfg, tc, ws)
-    report, anomalies, quarantined, empty = reconcile_frames(spark, inputs, tc, ws, as_of)
-    anomalies = anomalies.persist(StorageLevel.MEMORY_AND_DISK)
-    count = anomalies.count()
+    w = classify_window(spark, inputs, tc, ws, as_of)
     if publish:
-        write_outputs(spark, cfg, topic, ws, report, anomalies)
-    return WindowResult(topic, ws, as_of, run_id_for(topic, ws, as_of), report, anomalies, count,
-                        quarantined, empty)
+        write_outputs(spark, cfg, topic, ws, w.report, w.anomalies)
+    return WindowResult(topic, ws, as_of, run_id_for(topic, ws, as_of), w.report, w.anomalies, w.anomaly_count,
+                        w.quarantined, w.empty, [w.summary])
 
 
 def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: datetime, as_of: datetime,
@@ -609,7 +632,9 @@ def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: date
 
         bar = tqdm(total=len(jobs), desc="reconcile", unit="window")
     for t, ws in jobs:
-        results.append(reconcile_window(spark, cfg, t, ws, as_of))
+        r = reconcile_window(spark, cfg, t, ws, as_of)
+        r.release()
+        results.append(r)
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -8,6 +8,7 @@ import pytest
 
 from audit.oracle import (
     LedgerRow,
+    OracleResult,
     reconcile_window,
     run_id_for,
     spark_percentile,
@@ -33,19 +34,19 @@ CASES_HISTORY, CASES = build_cases()
 
 
 @pytest.fixture(scope="module")
-def final_result():  # type: ignore[no-untyped-def]
+def final_result() -> OracleResult:
     return reconcile_window(topic_config(), T0, AS_OF_FINAL, CASES_HISTORY.inputs())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_anomaly_code_on_its_hand_written_case(final_result, case: str) -> None:  # type: ignore[no-untyped-def]
+def test_each_anomaly_code_on_its_hand_written_case(final_result: OracleResult, case: str) -> None:
     expected = CASES[case]
     code = case if case != "clean" else None
     got = brief(a for a in final_result.anomalies if a["anomaly"] == code)
     assert got == sorted(expected, key=lambda t: tuple("" if v is None else str(v) for v in t))
 
 
-def test_no_anomaly_beyond_the_injected_ones(final_result) -> None:  # type: ignore[no-untyped-def]
+def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None:
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
@@ -58,9 +59,9 @@ def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
     assert set(ANOMALY_CODES) - set(CASES) == {"pending"}  # pending: see the grace tests below
 
 
-def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result) -> None:  # type: ignore[no-untyped-def]
+def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result: OracleResult) -> None:
     rows = {(r["stage"], r["partition"]): r for r in final_result.report}
-    lat = {"latency_p50_ms": 5.0, "latency_p95_ms": 5.0, "latency_p99_ms": 5.0, "latency_max_ms": 5.0}
+    lat: dict[str, object] = {"latency_p50_ms": 5.0, "latency_p95_ms": 5.0, "latency_p99_ms": 5.0, "latency_max_ms": 5.0}
     assert rows[("log", 0)] == report_row("log", 0, expected=3, delivered=3, **lat)
     assert rows[(G, 0)] == report_row(G, 0, expected=3, delivered=3, latency_p50_ms=1000.0, latency_p95_ms=1000.0,
                                       latency_p99_ms=1000.0, latency_max_ms=1000.0)
@@ -81,7 +82,7 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert len(final_result.report) == 3 * 20 + 1
 
 
-def test_detail_and_identity_columns_of_anomaly_rows(final_result) -> None:  # type: ignore[no-untyped-def]
+def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult) -> None:
     by = {(a["anomaly"], a["pid"]): a for a in final_result.anomalies}
     assert by[("redelivered", "redel")]["detail"] == "processing 2 of 2 by c2"
     assert by[("content_duplicate", "cd")]["detail"] == "same content as cd:0"

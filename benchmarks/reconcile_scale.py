@@ -1,0 +1,325 @@
+"""Scale benchmark of `msgaudit reconcile` on one window (issue 5, item 6).
+
+Generates N messages for one 1-hour window over the four tiers (producer ledger, log, consumption,
+a Delta sink) with a known 0.1 % of each injected anomaly, reconciles that window on local[2] and
+prints:
+- messages/s of the reconciliation (classification + writing both outputs and the report store);
+- the ratio to a scan-only baseline: the same pruned inputs read and every used column hashed and
+  counted, in the same session (target <= 2.5);
+- the ratio of reconciling the same window with the tables holding 1x history (the window and the
+  lookback hour it reads) versus 24x (23 more hours of the same traffic before it) (target <= 1.3);
+- whether every injected anomaly was found, exactly (count per code);
+- peak RSS of the driver JVM and of the Python driver.
+
+    .venv/bin/python benchmarks/reconcile_scale.py --n 1000000
+
+This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from audit import config as config_mod  # noqa: E402
+from audit.config import Config  # noqa: E402
+
+TOPIC = "bench"
+GROUP = "loader"
+WINDOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+# Injected anomaly -> residue of the global message number m (m % 1000). Residues are far apart so
+# that the neighbours an injection touches (m - 1, m - partitions) are always ordinary messages.
+RESIDUES = {"lost_acked": 100, "ghost_write": 150, "duplicate_in_log": 200, "unledgered": 250,
+            "seq_gap": 300, "content_duplicate": 350, "aborted": 400, "missed": 450, "redelivered": 500,
+            "dead_lettered": 550, "missing_in_sink": 600, "duplicate_in_sink": 650, "reordered_in_log": 700,
+            "unaudited": 750, "unexpected_in_sink": 800}
+
+
+def _count(lo: int, hi: int, residue: int) -> int:
+    """How many m in [lo, hi) have m % 1000 == residue."""
+    def upto(x: int) -> int:
+        return (x - residue + 999) // 1000 if x > residue else 0
+    return upto(hi) - upto(lo)
+
+
+def expected_counts(n: int, partitions: int, ordinal: int) -> dict[str, int]:
+    """Exact anomaly counts the window (hour `ordinal`, messages [ordinal*n, (ordinal+1)*n)) must show."""
+    lo, hi = ordinal * n, (ordinal + 1) * n
+    out = {code: _count(lo, hi, r) for code, r in RESIDUES.items()}
+    # a gap is revealed by the pid's next seq (m + partitions), so it counts in that message's window
+    out["seq_gap"] = _count(lo - partitions, hi - partitions, RESIDUES["seq_gap"])
+    # a swap needs the pid's previous message in the same window; it shows in the log and in consumption
+    out["reordered_in_log"] = _count(lo + partitions, hi, RESIDUES["reordered_in_log"])
+    out["reordered_in_consumption"] = out["reordered_in_log"]
+    out["content_duplicate"] = _count(lo + 1, hi, RESIDUES["content_duplicate"])
+    return out
+
+
+def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, ordinals: range,
+             window_ordinal: int) -> None:
+    """Append the tiers of the hours `ordinals` (window_ordinal = the window under test)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.lake import table_path
+
+    r = F.col("m") % 1000
+    i = F.col("m") % n  # position inside its hour
+    hour_start = F.lit(WINDOW).cast("timestamp") + F.make_dt_interval(
+        hours=(F.floor(F.col("m") / n) - window_ordinal).cast("int"))
+    base = (spark.range(ordinals.start * n, ordinals.stop * n, numPartitions=max(2, len(ordinals) * 2))
+            .withColumnRenamed("id", "m")
+            .withColumn("pt", hour_start + F.make_dt_interval(secs=(i * 3600.0 / n).cast("decimal(18,6)")))
+            .withColumn("k", (F.col("m") % partitions).cast("int"))
+            .withColumn("pid", F.concat(F.lit("bench-"), F.col("k").cast("string")))
+            .withColumn("seq", (F.col("m") / partitions).cast("long"))
+            .withColumn("offset", F.when((r == RESIDUES["reordered_in_log"]) & (i >= partitions),
+                                         F.col("seq") * 2 - 2)
+                        .when(((F.col("m") + partitions) % 1000 == RESIDUES["reordered_in_log"])
+                              & (i + partitions < n), F.col("seq") * 2 + 2)
+                        .otherwise(F.col("seq") * 2))
+            .withColumn("part_hour", F.date_format("pt", "yyyy-MM-dd'T'HH"))
+            .withColumn("topic", F.lit(TOPIC))
+            .withColumn("fp", F.when((r == RESIDUES["content_duplicate"]) & (i >= 1),
+                                     F.concat(F.lit("fp"), (F.col("m") - 1).cast("string")))
+                        .otherwise(F.concat(F.lit("fp"), F.col("m").cast("string")))))
+    res = {k: (r == v) for k, v in RESIDUES.items()}
+
+    ledger = (base.where(~(res["unledgered"] | res["seq_gap"]))
+              .select(F.lit("bench").alias("producer"), "pid", "seq", "topic",
+                      F.when(res["ghost_write"], -1).otherwise(F.col("k")).alias("partition"),
+                      F.when(res["ghost_write"] | res["aborted"], None).otherwise(F.col("offset")).alias("offset"),
+                      F.when(res["ghost_write"], "failed").when(res["aborted"], "aborted").otherwise("acked")
+                      .alias("status"),
+                      F.lit(None).cast("string").alias("error"), F.lit(None).cast("string").alias("txn_id"),
+                      F.col("pt").alias("produce_ts"),
+                      F.when(res["ghost_write"] | res["aborted"], None)
+                      .otherwise(F.col("pt") + F.make_dt_interval(secs=(F.col("m") % 50 / 1000.0)
+                                                                  .cast("decimal(18,6)"))).alias("ack_ts"),
+                      "part_hour"))
+    log_cols = ["topic", "partition", "offset", "kafka_ts", "pid", "seq", "produce_ts", "fingerprint",
+                "committed", "header_error", "captured_at", "part_hour"]
+    captured = F.lit(WINDOW + 3 * HOUR).cast("timestamp")
+    log_main = (base.where(~(res["lost_acked"] | res["seq_gap"]))
+                .select("topic", F.col("k").alias("partition"), "offset",
+                        (F.col("pt") + F.expr("INTERVAL 1 MILLISECOND")).alias("kafka_ts"), "pid", "seq",
+                        F.col("pt").alias("produce_ts"), F.col("fp").alias("fingerprint"),
+                        (~res["aborted"]).alias("committed"), F.lit(None).cast("string").alias("header_error"),
+                        captured.alias("captured_at"), "part_hour"))
+    log_dup = base.where(res["duplicate_in_log"]).select(
+            "topic", F.col("k").alias("partition"), (F.col("offset") + 1).alias("offset"),
+            (F.col("pt") + F.expr("INTERVAL 5 MILLISECONDS")).alias("kafka_ts"), "pid", "seq",
+            F.col("pt").alias("produce_ts"), F.col("fp").alias("fingerprint"), F.lit(True).alias("committed"),
+            F.lit(None).cast("string").alias("header_error"), captured.alias("captured_at"), "part_hour")
+    unaudited = base.where(res["unaudited"]).select(
+        "topic", F.col("k").alias("partition"), (F.col("offset") + 1).alias("offset"),
+        F.col("pt").alias("kafka_ts"), F.lit(None).cast("string").alias("pid"), F.lit(None).cast("long").alias("seq"),
+        F.lit(None).cast("timestamp").alias("produce_ts"), F.concat(F.lit("u"), F.col("m").cast("string"))
+        .alias("fingerprint"), F.lit(True).alias("committed"), F.lit("audit.pid: missing").alias("header_error"),
+        captured.alias("captured_at"), "part_hour")
+    log = log_main.unionByName(log_dup).unionByName(unaudited)
+
+    # consumption: every committed record except the injected misses; times after produce
+    cons_base = log.where("committed").withColumn(
+        "rr", F.when(F.col("seq").isNull(), F.lit(-1)).otherwise(
+            (F.col("seq") * partitions + F.col("partition")) % 1000))
+    one = (cons_base.where(F.col("rr") != RESIDUES["missed"])
+           .select(F.lit(GROUP).alias("group"), F.lit("c1").alias("consumer"), F.col("offset").alias("consume_seq"),
+                   "topic", "partition", "offset", "pid", "seq",
+                   F.when(F.col("rr") == RESIDUES["dead_lettered"], "dead_lettered").otherwise("processed")
+                   .alias("outcome"), F.lit(1).alias("attempt"),
+                   (F.coalesce("produce_ts", "kafka_ts") + F.expr("INTERVAL 1 SECOND")).alias("consume_ts")))
+    again = (cons_base.where(F.col("rr") == RESIDUES["redelivered"])
+             .select(F.lit(GROUP).alias("group"), F.lit("c2").alias("consumer"), F.col("offset").alias("consume_seq"),
+                     "topic", "partition", "offset", "pid", "seq", F.lit("processed").alias("outcome"),
+                     F.lit(2).alias("attempt"), (F.col("produce_ts") + F.expr("INTERVAL 3 SECONDS")).alias("consume_ts")))
+    consumed = one.unionByName(again).withColumn("part_hour", F.date_format("consume_ts", "yyyy-MM-dd'T'HH"))
+
+    # sink: one row per processed message (by offset for unaudited records), minus / plus injections
+    processed = one.where("outcome = 'processed'")
+    sink_one = (processed.where(F.col("pid").isNull() | (F.col("offset") % 2 == 0))
+                .withColumn("rr", F.when(F.col("seq").isNull(), -1)
+                            .otherwise((F.col("seq") * partitions + F.col("partition")) % 1000))
+                .where(F.col("rr") != RESIDUES["missing_in_sink"]))
+    sink_cols = [F.col("topic").alias("audit_topic"), F.col("partition").alias("audit_partition"),
+                 F.col("offset").alias("audit_offset"), F.col("pid").alias("audit_pid"),
+                 F.col("seq").alias("audit_seq"),
+                 (F.col("consume_ts") + F.expr("INTERVAL 1 SECOND")).alias("audit_sink_ts"),
+                 F.lit(1.5).alias("amount")]
+    sink = (sink_one.select(*sink_cols)
+            .unionByName(sink_one.where(F.col("rr") == RESIDUES["duplicate_in_sink"]).select(*sink_cols))
+            .unionByName(base.where(res["unexpected_in_sink"]).select(
+                F.col("topic").alias("audit_topic"), F.col("k").alias("audit_partition"),
+                F.lit(None).cast("long").alias("audit_offset"), F.lit("phantom").alias("audit_pid"),
+                F.col("m").alias("audit_seq"), (F.col("pt") + F.expr("INTERVAL 2 SECONDS")).alias("audit_sink_ts"),
+                F.lit(1.5).alias("amount"))))
+
+    def append(df: Any, name: str) -> None:
+        df.write.format("delta").mode("append").partitionBy("topic", "part_hour").save(table_path(cfg, name))
+
+    append(ledger, "producer_ledger")
+    append(log.select(*log_cols), "log_records")
+    append(consumed, "consumed_records")
+    # the user's sink is not partitioned; it is appended hour by hour, so its files are time-clustered
+    for o in ordinals:
+        lo = WINDOW + (o - window_ordinal) * HOUR
+        sink.where((F.col("audit_sink_ts") >= F.lit(lo)) & (F.col("audit_sink_ts") < F.lit(lo + HOUR))) \
+            .write.format("delta").mode("append").save(str(sink_dir))
+    sink.where(F.col("audit_sink_ts") >= F.lit(WINDOW + (ordinals.stop - window_ordinal) * HOUR)) \
+        .write.format("delta").mode("append").save(str(sink_dir))
+
+
+def write_snapshots(spark: Any, cfg: Config, n: int, partitions: int, window_ordinal: int) -> None:
+    from spark_jobs.lake import table_path
+
+    hw = 2 * ((window_ordinal + 1) * n // partitions) + 4
+    at = WINDOW + 3 * HOUR
+    wm = spark.createDataFrame([(TOPIC, p, 0, hw, at, at.strftime("%Y-%m-%dT%H")) for p in range(partitions)],
+                               "topic string, partition int, log_start_offset long, high_watermark long, "
+                               "captured_at timestamp, part_hour string")
+    wm.write.format("delta").mode("overwrite").partitionBy("topic", "part_hour").save(
+        table_path(cfg, "partition_watermarks"))
+    go = spark.createDataFrame([(GROUP, TOPIC, p, hw, at, at.strftime("%Y-%m-%dT%H")) for p in range(partitions)],
+                               "group string, topic string, partition int, committed_offset long, "
+                               "captured_at timestamp, part_hour string")
+    go.write.format("delta").mode("overwrite").partitionBy("topic", "part_hour").save(
+        table_path(cfg, "group_offsets"))
+
+
+def scan_baseline(spark: Any, cfg: Config) -> tuple[float, int]:
+    """Read the same pruned inputs the window reads and hash + count every column it uses."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import read_window_inputs, restrict
+
+    t = time.perf_counter()
+    tc = cfg.topic(TOPIC)
+    vis = restrict(read_window_inputs(spark, cfg, tc, WINDOW), tc, WINDOW)
+    rows = 0
+    frames = [vis.ledger, vis.log, vis.consumed, vis.watermarks, vis.group_offsets, *vis.sinks.values()]
+    for df in frames:
+        if df is not None:
+            r = df.agg(F.count(F.lit(1)).alias("n"), F.max(F.xxhash64(*df.columns)).alias("h")).collect()[0]
+            rows += int(r["n"])
+    return time.perf_counter() - t, rows
+
+
+def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, float, Any]:
+    from spark_jobs.reconcile import reconcile_window, write_outputs
+
+    t = time.perf_counter()
+    result = reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False)
+    t_classify = time.perf_counter() - t
+    write_outputs(spark, cfg, TOPIC, WINDOW, result.report, result.anomalies)
+    return t_classify, time.perf_counter() - t, result
+
+
+def found_counts(spark: Any, result: Any) -> dict[str, int]:
+    return {r["anomaly"]: int(r["count"]) for r in result.anomalies.groupBy("anomaly").count().collect()}
+
+
+def jvm_peak_rss_mb(spark: Any) -> float | None:
+    """VmHWM of the driver JVM (local mode: driver and executors are one JVM)."""
+    try:
+        pid = spark.sparkContext._gateway.proc.pid
+    except AttributeError:
+        return None
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    except OSError:
+        pass
+    best = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    best = max(best, int(line.split()[1]))
+        except OSError:
+            continue
+    return best / 1024 if best else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=10_000_000, help="messages in the window (default 10,000,000)")
+    ap.add_argument("--history-n", type=int, default=None, help="messages per history hour (default: --n)")
+    ap.add_argument("--partitions", type=int, default=8, help="topic partitions = producer pids (default 8)")
+    ap.add_argument("--history", type=int, default=24, help="hours of history for the second run (default 24)")
+    ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
+    ap.add_argument("--shuffle-partitions", default="8")
+    args = ap.parse_args(argv)
+    n, parts = args.n, args.partitions
+    if n % parts or n % 1000:
+        ap.error("--n must be a multiple of 1000 and of --partitions")
+    if args.history_n not in (None, n):
+        ap.error("--history-n different from --n is not supported (seqs must stay contiguous per pid)")
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
+    cfg = config_mod.from_dict({
+        "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
+        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": args.shuffle_partitions},
+        "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
+                           "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
+                                      "group": GROUP}]}}}, source="<benchmark>", base=work)
+    from spark_jobs.session import build_spark
+
+    spark = build_spark(cfg, app_name="msgaudit-bench")
+    window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window
+    as_of = WINDOW + HOUR + timedelta(minutes=75)
+    print(f"n={n:,} messages in the window, {parts} partitions, local[2], work dir {work}")
+
+    t = time.perf_counter()
+    generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - 1, window_ordinal + 1), window_ordinal)
+    write_snapshots(spark, cfg, n, parts, window_ordinal)
+    print(f"generated window + lookback hour in {time.perf_counter() - t:.1f}s")
+
+    scan1, rows1 = scan_baseline(spark, cfg)  # also warms the JVM up
+    scan1, rows1 = scan_baseline(spark, cfg)
+    cls1, total1, result1 = reconcile_once(spark, cfg, as_of)
+    found = found_counts(spark, result1)
+    expected = expected_counts(n, parts, window_ordinal)
+    print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
+          f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
+
+    t = time.perf_counter()
+    generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - args.history + 1, window_ordinal - 1),
+             window_ordinal)
+    print(f"generated {args.history - 2} more history hours in {time.perf_counter() - t:.1f}s")
+    scan24, rows24 = scan_baseline(spark, cfg)
+    cls24, total24, result24 = reconcile_once(spark, cfg, as_of)
+    found24 = found_counts(spark, result24)
+    print(f"{args.history}x history: scan {scan24:.1f}s ({rows24:,} input rows), reconcile {cls24:.1f}s + "
+          f"publish {total24 - cls24:.1f}s = {total24:.1f}s -> {n / total24:,.0f} messages/s")
+
+    print()
+    print(f"messages/s (1x)                      : {n / total1:,.0f}")
+    print(f"reconcile / scan baseline (1x)       : {total1 / scan1:.2f}  (target <= 2.5)")
+    print(f"reconcile {args.history}x / 1x history          : {total24 / total1:.2f}  (target <= 1.3)")
+    ok = all(found.get(c, 0) == e for c, e in expected.items()) and found == found24
+    print(f"injected anomalies found exactly     : {'yes' if ok else 'NO'}")
+    for code in sorted(set(expected) | set(found)):
+        print(f"  {code:26s} expected {expected.get(code, 0):7,d}  found {found.get(code, 0):7,d}"
+              f"  (24x: {found24.get(code, 0):,d})")
+    jvm = jvm_peak_rss_mb(spark)
+    py = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS: driver JVM {jvm:,.0f} MB, Python driver {py:,.0f} MB" if jvm else
+          f"peak RSS: Python driver {py:,.0f} MB (JVM not visible)")
+    spark.stop()
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
