@@ -45,16 +45,10 @@ from audit.config import Config
 from audit.errors import InputError
 from audit.ledger import recover_orphans
 from spark_jobs import lake
-from spark_jobs.schemas import CONSUMED_RECORDS, PART_HOUR, PRODUCER_LEDGER
+from spark_jobs.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
 
 QUARANTINE_TABLE = "ledger_quarantine"
-QUARANTINE_SCHEMA = StructType([
-    StructField("table", StringType(), False),
-    StructField("source_file", StringType(), False),
-    StructField("line", StringType(), True),
-    StructField("reason", StringType(), False),
-    StructField("ingested_at", TimestampType(), False),
-])
+QUARANTINE_SCHEMA = LEDGER_QUARANTINE
 _CORRUPT = "_corrupt_line"
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 86_400_000

@@ -47,6 +47,7 @@ def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",
 
 PRODUCED_BY = {
     "producer_ledger": "`msgaudit ingest`",
+    "ledger_quarantine": "`msgaudit ingest`",
     "consumed_records": "`msgaudit ingest`",
     "log_records": "`msgaudit capture`",
     "group_offsets": "`msgaudit capture`",

@@ -136,7 +136,17 @@ SLA_RESULTS = _s(
     ("checked_at", TimestampType(), False),
 )
 
+# Ledger lines that could not be parsed: kept, with why, never silently dropped.
+LEDGER_QUARANTINE = _s(
+    ("table", StringType(), False),
+    ("source_file", StringType(), False),
+    ("line", StringType(), True),
+    ("reason", StringType(), False),
+    ("ingested_at", TimestampType(), False),
+)
+
 TABLES: dict[str, StructType] = {
+    "ledger_quarantine": LEDGER_QUARANTINE,
     "producer_ledger": PRODUCER_LEDGER,
     "log_records": LOG_RECORDS,
     "consumed_records": CONSUMED_RECORDS,
