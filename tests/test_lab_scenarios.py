@@ -32,7 +32,8 @@ DESIGNED: dict[str, dict[str, int]] = {
     "producer_restart": {"content_duplicate": 5},
     "at_most_once": {"missed": 5},  # the batch committed before the kill
     "at_least_once": {"redelivered": 10, "duplicate_in_sink": 5},  # 2 groups x 5; only the insert sink duplicates
-    "exactly_once": {},
+    "exactly_once_kafka": {},
+    "exactly_once_sink": {},
     "aborted": {"aborted": 5, "aborted_read": 5},
     "retention": {"expired_unconsumed": 15},  # 20 produced, 5 consumed before the stall
     "poison": {"dead_lettered": 1},
@@ -68,7 +69,17 @@ def _check(result: LabResult, name: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("name", PROXY_SCENARIOS)
+# Known product bug found by the lab (see docs/lab.md): a exactly_once_sink consumer killed after the
+# sink transaction committed but before its consumption-ledger rows were flushed leaves no ledger
+# rows for a batch that is in the sink; the audit then reports that batch `missed` (5 false alarms).
+EOS_SINK_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="audit/consumer.py exactly_once_sink: consumption-ledger rows are flushed after the sink commit, "
+           "so a kill at 'sink_written' loses them and reconcile reports the delivered batch as `missed`")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=EOS_SINK_BUG) if n == "exactly_once_sink" else n
+                                  for n in PROXY_SCENARIOS])
 def test_audit_reports_exactly_the_ground_truth(proxied_result: LabResult, name: str) -> None:
     _check(proxied_result, name)
 

@@ -18,7 +18,7 @@ Where the truth comes from, per scenario (never from the audit's tables, ledgers
   reorder                      the proxy's wire record: the batch that failed in flight; delivery reports
   producer_restart             the messages the scenario chose to re-send, and where they landed
   at_most_once / at_least_once the marker the killed worker wrote (the batch it held)
-  exactly_once                 the kill matrix: nothing is expected
+  exactly_once_kafka / _sink   the kill matrix: nothing is expected
   aborted                      the transaction the scenario aborted, and its delivery reports
   retention                    the records the scenario's consumer did not reach, and the broker's
                                log start offset after retention
@@ -400,39 +400,49 @@ EOS_KILL_POINTS = {
 }
 
 
-def exactly_once(ctx: Context) -> Truth:
-    """Both exactly-once modes, a worker killed at every point of the loop in turn: no anomaly."""
-    truth = Truth("exactly_once")
+def _exactly_once(ctx: Context, semantics: str) -> Truth:
+    """One exactly-once mode, a worker killed at every point of its loop in turn: no anomaly."""
+    truth = Truth(semantics)
     url = f"sqlite:///{ctx.work / 'lab_sinks.db'}"
-    kills = 0
-    for semantics, points in EOS_KILL_POINTS.items():
-        topic = ctx.lab.create_topic("lab-eos-kafka" if semantics == "exactly_once_kafka" else "lab-eos-sink")
-        group = f"{topic}-loader"
-        sinks: tuple[SinkConfig, ...] = ()
-        sink_arg = None
-        output = None
-        if semantics == "exactly_once_sink":
-            table = topic.replace("-", "_")
-            sinks = (SinkConfig(name="eos_table", format="sql", group=group, url=url, table=table),)
-            sink_arg = (url, table, "insert")
-        else:
-            output = ctx.lab.create_topic("lab-eos-out")
-        ctx.audit_topic(topic, groups=(group,), sinks=sinks)
-        truth.topic(topic)
-        n = 5 * (len(points) + 1)
-        _fill(ctx, topic, n, f"lab-{semantics}")
-        for k, point in enumerate(points):
-            marker = ctx.work / f"{group}.{point}.json"
-            rc = _worker(ctx, topic, group, semantics, kill_at=point, kill_offset=5 * k + 2, marker=marker,
-                         sink=sink_arg, output_topic=output)
-            if rc != 137:
-                raise BrokerError(f"exactly_once: {semantics} worker not killed at {point}")
-            kills += 1
-        _worker(ctx, topic, group, semantics, sink=sink_arg, output_topic=output)
-        truth.facts[f"{semantics}_messages"] = n
-    truth.facts.update(kills=kills)
-    ctx.say(f"exactly_once: {kills} kills across both modes, each at a different point of the loop")
+    points = EOS_KILL_POINTS[semantics]
+    topic = ctx.lab.create_topic("lab-eos-kafka" if semantics == "exactly_once_kafka" else "lab-eos-sink")
+    group = f"{topic}-loader"
+    sinks: tuple[SinkConfig, ...] = ()
+    sink_arg = None
+    output = None
+    if semantics == "exactly_once_sink":
+        table = topic.replace("-", "_")
+        sinks = (SinkConfig(name="eos_table", format="sql", group=group, url=url, table=table),)
+        sink_arg = (url, table, "insert")
+    else:
+        output = ctx.lab.create_topic("lab-eos-out")
+    ctx.audit_topic(topic, groups=(group,), sinks=sinks)
+    truth.topic(topic)
+    n = 5 * (len(points) + 1)
+    _fill(ctx, topic, n, f"lab-{semantics}")
+    killed = []
+    for k, point in enumerate(points):
+        # Batches of 5: kill k hits the batch holding offset 5k+2, at `point`.
+        marker = ctx.work / f"{group}.{point}.json"
+        rc = _worker(ctx, topic, group, semantics, kill_at=point, kill_offset=5 * k + 2, marker=marker,
+                     sink=sink_arg, output_topic=output)
+        if rc != 137 or not marker.exists():
+            raise BrokerError(f"{semantics}: worker not killed at {point}")
+        killed.append(point)
+    _worker(ctx, topic, group, semantics, sink=sink_arg, output_topic=output)
+    truth.facts.update(messages=n, kills=len(killed), kill_points=", ".join(killed))
+    ctx.say(f"{semantics}: {len(killed)} kills, one at each point of the loop ({', '.join(killed)})")
     return truth
+
+
+def exactly_once_kafka(ctx: Context) -> Truth:
+    """Consume-transform-produce in Kafka transactions, killed at every point."""
+    return _exactly_once(ctx, "exactly_once_kafka")
+
+
+def exactly_once_sink(ctx: Context) -> Truth:
+    """Offsets stored atomically with the sink rows, killed at every point."""
+    return _exactly_once(ctx, "exactly_once_sink")
 
 
 def aborted(ctx: Context) -> Truth:
@@ -715,7 +725,8 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "producer_restart": (producer_restart, "a restarted producer re-sends its last 5 messages"),
     "at_most_once": (at_most_once, "consumer killed after commit, before processing"),
     "at_least_once": (at_least_once, "consumer killed after processing, before commit; insert vs upsert sink"),
-    "exactly_once": (exactly_once, "both exactly-once modes, killed at every point of the loop"),
+    "exactly_once_kafka": (exactly_once_kafka, "transactional consume-transform-produce, killed at every point"),
+    "exactly_once_sink": (exactly_once_sink, "offsets stored with the sink rows, killed at every point"),
     "aborted": (aborted, "an aborted transaction, read by a read_uncommitted group"),
     "retention": (retention, "retention deletes records a stalled consumer never read"),
     "poison": (poison, "a poison message is retried, dead-lettered, the partition flows on"),
