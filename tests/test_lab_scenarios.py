@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from audit import config as config_mod
+from audit.errors import InputError
+from audit.lab import demo
 from audit.lab.env import LocalCluster, ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
-from audit.lab.scenarios import PROXY_SCENARIOS
-
-pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.spark]
+from audit.lab.scenarios import PROXY_SCENARIOS, SCENARIOS
+from audit.lab.truth import Truth, compare
 
 # What each scenario is designed to cause: anomaly -> rows.
 DESIGNED: dict[str, dict[str, int]] = {
@@ -78,12 +79,18 @@ EOS_SINK_BUG = pytest.mark.xfail(
            "so a kill at 'sink_written' loses them and reconcile reports the delivered batch as `missed`")
 
 
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
 @pytest.mark.parametrize("name", [pytest.param(n, marks=EOS_SINK_BUG) if n == "exactly_once_sink" else n
                                   for n in PROXY_SCENARIOS])
 def test_audit_reports_exactly_the_ground_truth(proxied_result: LabResult, name: str) -> None:
     _check(proxied_result, name)
 
 
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
 def test_lost_acked_write_on_a_three_node_cluster(cluster_result: LabResult) -> None:
     _check(cluster_result, "lost_acked")
     run = cluster_result.runs[0]
@@ -96,6 +103,9 @@ def test_lost_acked_write_on_a_three_node_cluster(cluster_result: LabResult) -> 
     assert sum(r["expected"] for r in log_rows) == 45
 
 
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
 def test_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
     """The per-partition report's lost/duplicated/reordered counts (what the SLA judges) per scenario."""
     by_topic: dict[str, dict[str, int]] = {}
@@ -112,3 +122,52 @@ def test_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
     assert by_topic[idem_topic] == {"lost": 0, "duplicated": 0, "reordered": 0}
     assert by_topic[reorder_topic] == {"lost": 0, "duplicated": 0, "reordered": 5}
     assert by_topic[amo_topic] == {"lost": 5, "duplicated": 0, "reordered": 0}
+
+
+# -- the comparison and the demo's plumbing, without a broker ------------------------------------
+
+
+@pytest.mark.unit
+def test_compare_is_exact_on_multisets() -> None:
+    truth = Truth("t")
+    truth.expect("tp", "group:g", "redelivered", 0, "p:1", 3, 3)
+    truth.expect("tp", "group:g", "redelivered", 0, "p:1", 3, 3)  # processed three times: two rows
+    row = {"stage": "group:g", "anomaly": "redelivered", "partition": 0, "pid": "p:1", "seq": 3, "offset": 3}
+    assert compare("tp", truth.rows["tp"], [row, dict(row)]).exact
+    one = compare("tp", truth.rows["tp"], [row])
+    assert not one.exact and one.missing == (("group:g", "redelivered", 0, "p:1", 3, 3),) and one.unexpected == ()
+    extra = {**row, "anomaly": "missed"}
+    three = compare("tp", truth.rows["tp"], [row, row, extra])
+    assert three.missing == () and three.unexpected == (("group:g", "missed", 0, "p:1", 3, 3),)
+    assert "false alarms (1)" in three.describe()
+
+
+@pytest.mark.unit
+def test_compare_treats_missing_identity_as_none() -> None:
+    truth = Truth("t")
+    truth.expect("tp", "log", "unaudited", 0, None, None, 7)
+    assert compare("tp", truth.rows["tp"], [{"stage": "log", "anomaly": "unaudited", "partition": 0,
+                                            "pid": None, "seq": None, "offset": 7}]).exact
+    assert not compare("tp", truth.rows["tp"], [{"stage": "log", "anomaly": "unaudited", "partition": 0,
+                                                "pid": None, "seq": None, "offset": 8}]).exact
+
+
+@pytest.mark.unit
+def test_demo_selection_and_listing() -> None:
+    assert demo.list_scenarios().count("\n") == len(SCENARIOS) + 2
+    assert demo._selection("mixed") == list(demo.MIXED)
+    assert demo._selection("all") == list(PROXY_SCENARIOS)
+    assert demo._selection("lost_acked") == ["lost_acked"]
+    with pytest.raises(InputError, match="unknown scenario 'nope'"):
+        demo._selection("nope")
+
+
+@pytest.mark.unit
+def test_demo_prints_the_report_and_summary() -> None:
+    rows = [{"topic": "t", "window_start": 1, "partition": 0, "stage": "log", "expected": 40, "delivered": 40,
+             "lost": 0, "duplicated": 10, "reordered": 0, "pending": 0, "latency_p99_ms": 12.4, "status": "final"}]
+    table = demo.format_report(rows).splitlines()
+    assert table[2].split() == ["t", "0", "log", "40", "40", "0", "10", "0", "0", "12", "final"]
+    summary = demo.format_anomalies({"t": [{"stage": "log", "anomaly": "duplicate_in_log"}] * 3})
+    assert summary.splitlines()[2].split() == ["t", "log", "duplicate_in_log", "3"]
+    assert demo.format_anomalies({}) == "(no anomalies)"
