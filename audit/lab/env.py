@@ -70,11 +70,11 @@ class ProxiedBroker:
 
     def __init__(self, data_dir: Path | str, port: int | None = None,
                  broker_config: dict[str, str] | None = None) -> None:
-        # One block for broker, controller and proxy: a proxy on an ephemeral port could take the
-        # controller's port (the kernel hands out ephemeral ports in sequence).
+        # One block for proxy, broker and controller (clients see the proxy at `port`, e.g. 9092): a
+        # proxy on an ephemeral port could take the controller's port (the kernel hands them out in sequence).
         first = free_port_block(3, port)
-        self.proxy = FaultProxy(f"127.0.0.1:{first}", listen_port=first + 2)
-        self.kafka = LocalKafka(Path(data_dir), port=first, nodes=1, advertised={1: self.proxy.address},
+        self.proxy = FaultProxy(f"127.0.0.1:{first + 1}", listen_port=first)
+        self.kafka = LocalKafka(Path(data_dir), port=first + 1, nodes=1, advertised={1: self.proxy.address},
                                 broker_config=broker_config)
 
     def start(self, timeout: float = 90.0) -> Lab:
