@@ -67,7 +67,6 @@ class Context:
     say: Callable[[str], None] = print
     capture_now: Callable[[str], None] | None = None
     topics: dict[str, TopicConfig] = field(default_factory=dict)
-    started_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
     def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = ()) -> None:
         self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks,
@@ -169,8 +168,8 @@ def _marker_offsets(marker: Path) -> list[tuple[int, int]]:
     return [(int(p), int(o)) for _, p, o in data["records"]]
 
 
-def _fill(ctx: Context, topic: str, n: int, producer_name: str, poison: set[int] = frozenset(),  # type: ignore[assignment]
-          ) -> tuple[str, Acks]:
+def _fill(ctx: Context, topic: str, n: int, producer_name: str,
+          poison: frozenset[int] = frozenset()) -> tuple[str, Acks]:
     """n audited JSON messages {"n": i}, idempotent producer; returns (pid, acks)."""
     p = ctx.producer(producer_name, **{"linger.ms": 5})
     acks = Acks()
@@ -541,7 +540,7 @@ def poison(ctx: Context) -> Truth:
     ctx.audit_topic(topic, groups=(group,))
     truth.topic(topic)
     n, bad = 20, 7
-    pid, acks = _fill(ctx, topic, n, "lab-poison", poison={bad})
+    pid, acks = _fill(ctx, topic, n, "lab-poison", poison=frozenset({bad}))
     _worker(ctx, topic, group, "at_least_once", max_attempts=3, idle_s=3.0)
     part, off = acks.acked[bad]
     truth.expect(topic, f"group:{group}", "dead_lettered", part, pid, bad, off)
