@@ -538,12 +538,14 @@ def _report_row(facts: Injected, w: datetime, **counts: int) -> dict[str, Any]:
 @pytest.mark.e2e
 def test_scheduled_run_reports_the_injected_anomalies(e2e: dict[str, Any]) -> None:
     facts: Injected = e2e["facts"]
-    a, b, _ = facts.windows
+    a, b, c = facts.windows
     report = _rows(e2e["scheduled_store"], "audit_partition_report", facts.topic)
     assert report == [
         _report_row(facts, a, expected=facts.acked_a, delivered=facts.acked_a, duplicated=1,
                     duplicate_in_log=1, content_duplicate=2, unaudited=3),
         _report_row(facts, b, expected=facts.acked_b, delivered=facts.acked_b),
+        # An empty window still gets its zero row per partition: proof that nothing was expected.
+        _report_row(facts, c, expected=0, delivered=0),
     ]
     anomalies = sorted((r["window_start"], r["stage"], r["anomaly"], r["seq"], r["offset"])
                        for r in _rows(e2e["scheduled_store"], "audit_anomalies", facts.topic))
