@@ -254,6 +254,24 @@ class LocalKafka:
             os.kill(pid, sig)
             _wait_dead(pid, 30)
 
+    def pid_of(self, node_id: int) -> int | None:
+        """The OS pid of a running node, or None."""
+        pid = self._pids().get(node_id)
+        return pid if pid and _pid_alive(pid) else None
+
+    def pause_node(self, node_id: int) -> None:
+        """Freeze a node (SIGSTOP): it keeps its sockets but stops fetching, like a stalled follower."""
+        pid = self.pid_of(node_id)
+        if pid is None:
+            raise BrokerError(f"node {node_id} is not running")
+        os.kill(pid, signal.SIGSTOP)
+
+    def resume_node(self, node_id: int) -> None:
+        pid = self.pid_of(node_id)
+        if pid is None:
+            raise BrokerError(f"node {node_id} is not running")
+        os.kill(pid, signal.SIGCONT)
+
     def restart_node(self, node_id: int) -> None:
         node = next(n for n in self.nodes if n.node_id == node_id)
         pids = self._pids()

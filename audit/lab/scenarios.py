@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -682,8 +681,7 @@ def lost_acked(ctx: Context) -> Truth:
                 raise BrokerError("lost_acked: follower did not catch up")
             time.sleep(0.2)
         probe.close()
-        pids = kafka._pids()
-        os.kill(pids[follower], signal.SIGSTOP)
+        kafka.pause_node(follower)
         try:
             _wait_state(ctx, topic, {follower}, lambda ld, isr: isr == [leader], "ISR shrink to the leader")
             for _ in range(during):
@@ -692,7 +690,7 @@ def lost_acked(ctx: Context) -> Truth:
             _flush(p)
             kafka.kill_node(leader)
         finally:
-            os.kill(pids[follower], signal.SIGCONT)
+            kafka.resume_node(follower)
         _wait_state(ctx, topic, {leader}, lambda ld, isr: ld == follower, "unclean election of the follower")
         kafka.restart_node(leader)
         _wait_state(ctx, topic, set(), lambda ld, isr: leader in isr, "old leader rejoining", timeout=120)
