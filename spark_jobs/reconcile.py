@@ -13,8 +13,10 @@ holds the two equal row for row. Shape of the computation, for one window:
    order-dependent checks per (pid, partition) (`reordered_in_log`) and per pid (`seq_gap`) run
    as window functions on the same partitions, without another exchange.
 3. `classify`: per unit, narrow array expressions emit anomaly rows and per-unit facts
-   (expected/delivered/pending/latency); `content_duplicate` needs the units of a fingerprint
-   together, so it shuffles a narrow (fingerprint, time, pid, seq) projection.
+   (expected/delivered/pending/latency). Ordinary delivered messages (`simple_condition`: the vast
+   majority) take a scalar fast path; the higher-order array functions, which Spark interprets
+   rather than compiles, run only for the units that need them. `content_duplicate` needs the
+   units of a fingerprint together, so it shuffles a narrow (fingerprint, time, pid, seq) projection.
 4. One small aggregation turns facts into per-(stage, partition) counts and exact percentiles and
    keeps anomaly rows as they are; that result is tiny and is persisted, so the heavy part runs once.
 
@@ -235,35 +237,61 @@ def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: dat
     return spark.range(1).select(*cols)
 
 
-def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
+def simple_condition(tc: TopicConfig) -> str:
+    """SQL: the unit is an ordinary delivered message -- one acked ledger row, its one committed log
+    record at the acked offset, processed once (and in order) by each group, one row in each sink.
+    Such a unit has no anomaly of its own (only the order/gap checks can still flag it), so its
+    facts are computed from scalars; higher-order array functions (interpreted, slow) run only for
+    the rest. Must imply exactly what the general path concludes for it: the property test checks."""
+    cond = ["ktype = 0", "size(L) = 1", "get(L, 0).status = 'acked'", "size(R) = 1", "get(R, 0).committed",
+            "get(R, 0).partition = get(L, 0).partition", "get(R, 0).offset = get(L, 0).offset",
+            f"size(C) = {len(tc.groups)}", f"size(S) = {len(tc.sinks)}"]
+    if tc.groups:
+        cond.append("forall(C, c -> c.outcome = 'processed' AND c.partition = get(R, 0).partition "
+                    "AND c.offset = get(R, 0).offset AND NOT c.reorder)")
+        cond.append(f"size(array_distinct(transform(C, c -> c.group))) = {len(tc.groups)}")
+    if tc.sinks:
+        cond.append(f"size(array_distinct(transform(S, x -> x.sink))) = {len(tc.sinks)}")
+    return "coalesce(" + " AND ".join(cond) + ", false)"
+
+
+def describe_units(units: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFrame:
     """Unit-level facts every stage uses: produce time, ledger status, committed copies, original."""
+    slow = "CASE WHEN simple THEN NULL ELSE {} END"
     return (units.crossJoin(F.broadcast(params))
+            .withColumn("simple", F.expr(simple_condition(tc)))
             .withColumns({
-                "R2": F.expr(
+                "R2": F.expr(slow.format(
                     "array_sort(array_distinct(transform(R, x -> named_struct('partition', x.partition, "
                     "'offset', x.offset, 'committed', x.committed, 'pid', x.pid, 'seq', x.seq, "
                     "'produce_ts', x.produce_ts, 'kafka_ts', x.kafka_ts, 'fingerprint', x.fingerprint, "
-                    "'header_error', x.header_error))))"),
+                    "'header_error', x.header_error))))")),
                 "pt_us": F.expr(
+                    "CASE WHEN simple THEN unix_micros(get(L, 0).produce_ts) ELSE "
                     "unix_micros(coalesce(array_min(transform(L, x -> x.produce_ts)), "
                     "array_min(transform(R, x -> x.produce_ts)), array_min(transform(R, x -> x.kafka_ts)), "
                     "array_min(transform(R, x -> x.captured_at)), array_min(transform(C, x -> x.consume_ts)), "
-                    "array_min(transform(S, x -> x.sink_ts))))"),
+                    "array_min(transform(S, x -> x.sink_ts)))) END"),
                 "status": F.expr(
-                    "CASE WHEN exists(L, x -> x.status = 'aborted') THEN 'aborted' "
+                    "CASE WHEN simple THEN 'acked' WHEN exists(L, x -> x.status = 'aborted') THEN 'aborted' "
                     "WHEN exists(L, x -> x.status = 'acked') THEN 'acked' "
                     "WHEN size(L) > 0 THEN 'failed' END"),
-                "ack": F.expr("array_min(filter(L, x -> x.status = 'acked'))"),
+                "ack": F.expr("CASE WHEN simple THEN get(L, 0) ELSE array_min(filter(L, x -> x.status = 'acked')) END"),
             })
             .withColumns({
                 "in_w": F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"),
-                "copies": F.expr("filter(R2, x -> x.committed)"),
+                "copies": F.expr(slow.format("filter(R2, x -> x.committed)")),
             })
             .withColumn("orig", F.expr(
+                "CASE WHEN simple THEN named_struct('partition', get(R, 0).partition, 'offset', get(R, 0).offset, "
+                "'committed', get(R, 0).committed, 'pid', get(R, 0).pid, 'seq', get(R, 0).seq, "
+                "'produce_ts', get(R, 0).produce_ts, 'kafka_ts', get(R, 0).kafka_ts, "
+                "'fingerprint', get(R, 0).fingerprint, 'header_error', get(R, 0).header_error) ELSE "
                 "coalesce(get(filter(copies, x -> x.partition = ack.partition AND x.offset = ack.offset), 0), "
-                "get(copies, 0))"))
+                "get(copies, 0)) END"))
             .withColumns({
-                "extras": F.expr("filter(copies, x -> NOT (x.partition = orig.partition AND x.offset = orig.offset))"),
+                "extras": F.expr(slow.format(
+                    "filter(copies, x -> NOT (x.partition = orig.partition AND x.offset = orig.offset))")),
                 "pid": F.expr("CASE WHEN ktype = 0 THEN k1 ELSE orig.pid END"),
                 "seq": F.expr("CASE WHEN ktype = 0 THEN k2 ELSE orig.seq END"),
             }))
@@ -308,9 +336,10 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
              "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
          .where("in_w")
          .withColumns({
-             "acked_missing": F.expr("status = 'acked' AND size(copies) = 0"),
-             "covered": F.expr(f"coalesce(exists(try_element_at({cov}, ack.partition), "
-                               "w -> w.lo <= ack.offset AND ack.offset < w.hi), false)")})
+             "acked_missing": F.expr("NOT simple AND status = 'acked' AND size(copies) = 0"),
+             "covered": F.expr(f"CASE WHEN NOT simple AND status = 'acked' AND size(copies) = 0 THEN "
+                               f"coalesce(exists(try_element_at({cov}, ack.partition), "
+                               "w -> w.lo <= ack.offset AND ack.offset < w.hi), false) ELSE false END")})
          .withColumns({
              "lost": F.expr(f"acked_missing AND covered AND {due}"),
              "unverif": F.expr(f"acked_missing AND NOT covered AND "
@@ -336,6 +365,8 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
                      "coalesce(x.header_error, 'missing audit headers')") + ")",
         "transform(filter(R2, x -> NOT x.committed), x -> " + _a(
             log, "'aborted'", "x.partition", "x.pid", "x.seq", "x.offset", "'record of an aborted transaction'") + ")",
+    ]
+    window_anoms = [
         _opt("ktype = 0 AND orig IS NOT NULL AND k2 < rl_high",
              _a(log, "'reordered_in_log'", "orig.partition", "pid", "seq", "orig.offset",
                 f"concat('seq ', {_s('k2')}, ' after seq ', {_s('rl_high')})")),
@@ -348,6 +379,8 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
                                                                  "'in neither ledger nor log'")
         + f") ELSE {EMPTY_X} END",
     ]
+    fast = [_opt("true", _f(log, "ack.partition", "1", "1", "0",
+                            "(unix_micros(ack.ack_ts) - unix_micros(ack.produce_ts)) / 1000D"))]
     facts = [_opt("ktype = 0 AND status = 'acked'", _f(
         log, "ack.partition", "1", "CASE WHEN size(copies) > 0 THEN 1 ELSE 0 END",
         "CASE WHEN acked_missing AND NOT lost AND NOT unverif THEN 1 ELSE 0 END",
@@ -358,10 +391,14 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
         gcol = f"_group{gi}"
         co = f"co{gi}"
         match = f"c.group = {_q(g)} AND c.partition = r.partition AND c.offset = r.offset"
+        only_g = "get(C, 0)" if len(tc.groups) == 1 else f"get(filter(C, c -> c.group = {_q(g)}), 0)"
+        fast.append(_opt("true", _f(stage, "orig.partition", "1", "1", "0",
+                                    f"(unix_micros({only_g}.consume_ts) - pt_us) / 1000D")))
         per_stage[gcol] = (F.expr(
+            "CASE WHEN simple THEN NULL ELSE "
             f"transform(R2, r -> named_struct('r', r, "
             f"'proc', array_sort(filter(C, c -> {match} AND c.outcome = 'processed')), "
-            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered')))"))
+            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered'))) END"))
         n = "size(x.proc)"
         unprocessed_code = (f"CASE WHEN x.dead THEN 'dead_lettered' WHEN NOT {due} THEN 'pending' "
                             f"WHEN x.r.offset < coalesce(try_element_at({lso}, x.r.partition), -1) "
@@ -404,10 +441,14 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
             expected = (f"exists(C, c -> c.group = {_q(s.group)} AND c.outcome = 'processed' AND "
                         "exists(copies, r -> r.partition = c.partition AND r.offset = c.offset))")
         scol = f"_sink{si}"
+        only_s = "get(S, 0)" if len(tc.sinks) == 1 else f"get(filter(S, x -> x.sink = {_q(s.name)}), 0)"
+        fast.append(_opt("true", _f(stage, "orig.partition", "1", "1", "0",
+                                    f"(unix_micros({only_s}.sink_ts) - pt_us) / 1000D")))
         per_stage[scol] = (F.expr(
+            "CASE WHEN simple THEN NULL ELSE "
             f"named_struct('rows', {rows}, 'exp', {expected}, 'sorted', array_sort(transform({rows}, x -> "
             f"named_struct('a', coalesce(unix_micros(x.sink_ts), {_MIN}L), 'b', coalesce(x.offset, {_MIN}L), "
-            f"'c', coalesce(cast(x.partition as bigint), {_MIN}L), 'row', x))))"))
+            f"'c', coalesce(cast(x.partition as bigint), {_MIN}L), 'row', x)))) END"))
         n = f"size({scol}.rows)"
         log_anoms += [
             f"CASE WHEN orig IS NULL THEN transform({scol}.rows, x -> "
@@ -430,7 +471,9 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
 
     if per_stage:
         u = u.withColumns(per_stage)
-    return u.select(F.explode(F.expr("concat(" + ", ".join(log_anoms + facts) + ")")).alias("x")).select("x.*")
+    rows = (f"CASE WHEN simple THEN concat({', '.join(window_anoms + fast)}) "
+            f"ELSE concat({', '.join(window_anoms + log_anoms + facts)}) END")
+    return u.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
 
 
 def content_duplicates(units: DataFrame) -> DataFrame:
@@ -503,8 +546,8 @@ def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig,
 
 def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
                     as_of: datetime) -> Classified:
-    """Classify one window. The only actions are on small things: watermarks/offsets (collected for the literal maps), the
-    quarantine count, and the persisted summary."""
+    """Classify one window. The only actions are on small things: watermarks and group offsets
+    (collected for the lookup maps), the quarantine count, and the persisted summary."""
     run_id = run_id_for(tc.name, ws, as_of)
     vis = restrict(inputs, tc, ws)
     wm_rows = [r.asDict() for r in vis.watermarks.where(F.col("topic") == tc.name).collect()] \
@@ -516,7 +559,7 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     ledger = vis.ledger.where(ledger_is_valid())
     consumed = flag_consumption_order(vis.consumed) if vis.consumed is not None else None
     params = window_params(spark, tc, ws, as_of, lk)
-    units = describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks)), params)
+    units = describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks)), params, tc)
     x = classify(units, tc).unionByName(content_duplicates(units))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
