@@ -80,8 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
                 as_of=True)
-    _range_args(add("backfill", "Run capture + reconcile + SLA for every window in a past range (resumable, idempotent)."),
-                as_of=True)
+    bf = add("backfill", "Run capture + reconcile + SLA for every window in a past range (resumable, idempotent). "
+             "With --as-of left at 'now', each window is judged at its end + grace (capped at now), so a "
+             "rerun skips finished windows and gives the same rows.")
+    _range_args(bf, as_of=True)
+    bf.add_argument("--force", action="store_true", help="redo windows already finished by an earlier run")
     sla = add("sla", "Check each topic's SLA on the report for a window range; exit 3 if an error-severity rule fails.")
     _range_args(sla)
     sla.add_argument("--data-docs", default=None, metavar="DIR",

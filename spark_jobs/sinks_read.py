@@ -57,6 +57,10 @@ def _load(spark: SparkSession, sink: SinkConfig) -> DataFrame:
         reader = spark.read.format("jdbc").option("dbtable", sink.table)
         for k, v in jdbc_options(sink.url).items():
             reader = reader.option(k, v)
+        if sink.url.startswith("sqlite"):
+            # SQLite keeps timestamps as text with microseconds; sqlite-jdbc would read that fraction
+            # as milliseconds (up to 16 minutes off). Take the text and parse it in Spark instead.
+            reader = reader.option("customSchema", f"`{sink.column('sink_ts')}` STRING")
         try:
             return reader.load()
         except Exception as e:  # the JDBC source raises JVM errors: name the sink and the cause
