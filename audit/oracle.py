@@ -57,6 +57,12 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
   `dead_lettered` if any outcome is dead_lettered; else `pending` within grace; else
   `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
   < g's latest captured committed offset; else `overdue`.
+- A committed record with no processed or dead_lettered outcome of g, whose unit has a row in a
+  sink fed by g (sink config `group == g`; matched to the unit as the sink stage matches it, by
+  (pid, seq), or by (partition, offset) for unaudited records), counts as processed by g: it is
+  delivered, with no missed/overdue/pending/expired_unconsumed row, no redelivered row, and no
+  produce-to-consume latency (no consume_ts). An exactly-once sink commits offsets and sink rows
+  together, so a consumer killed before flushing its consumption rows leaves only this evidence.
 - `redelivered`: one row per processing after the first (detail: "processing k of n by <consumer>").
 - `reordered_in_consumption`: per (g, partition), over all processed outcomes visible, the first
   processing of an offset lower than the highest offset processed before it; reported on committed
@@ -499,6 +505,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     # --- stage group:<g>
     for g in tc.groups:
         stage = f"group:{g}"
+        fed_sinks = [s.name for s in tc.sinks if s.group == g]
         for u in window_units:
             pt = u.produce_time
             assert pt is not None
@@ -529,6 +536,8 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                              "first processed after a higher offset")
                 elif any(c.outcome == "dead_lettered" for c, _ in outs):
                     emit(stage, "dead_lettered", r.partition, rpid, rseq, r.offset, "dead-lettered")
+                elif any(u.sinks.get(name) for name in fed_sinks):
+                    cnt["delivered"] += 1  # in a sink g feeds: processed, consumption row never flushed
                 elif as_of < pt + grace:
                     emit(stage, "pending", r.partition, rpid, rseq, r.offset, "not processed yet, within grace")
                 elif r.offset < max_lso.get(r.partition, -1):

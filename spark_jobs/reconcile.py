@@ -394,11 +394,15 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
         only_g = "get(C, 0)" if len(tc.groups) == 1 else f"get(filter(C, c -> c.group = {_q(g)}), 0)"
         fast.append(_opt("true", _f(stage, "orig.partition", "1", "1", "0",
                                     f"(unix_micros({only_g}.consume_ts) - pt_us) / 1000D")))
+        # a sink row from a sink g feeds is evidence that g processed the unit (exactly-once sinks
+        # commit offsets with the rows; the consumption row may never have been flushed)
+        fed = [s.name for s in tc.sinks if s.group == g]
+        sunk = (f"exists(S, x -> x.sink IN ({', '.join(_q(name) for name in fed)}))" if fed else "false")
         per_stage[gcol] = (F.expr(
             "CASE WHEN simple THEN NULL ELSE "
             f"transform(R2, r -> named_struct('r', r, "
             f"'proc', array_sort(filter(C, c -> {match} AND c.outcome = 'processed')), "
-            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered'))) END"))
+            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered'), 'sunk', {sunk})) END"))
         n = "size(x.proc)"
         unprocessed_code = (f"CASE WHEN x.dead THEN 'dead_lettered' WHEN NOT {due} THEN 'pending' "
                             f"WHEN x.r.offset < coalesce(try_element_at({lso}, x.r.partition), -1) "
@@ -424,12 +428,12 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
             _opt("x.r.committed AND exists(x.proc, c -> c.reorder)",
                  _a(stage, "'reordered_in_consumption'", "x.r.partition", "x.r.pid", "x.r.seq", "x.r.offset",
                     "'first processed after a higher offset'")),
-            _opt(f"x.r.committed AND {n} = 0", _a(stage, unprocessed_code, "x.r.partition", "x.r.pid", "x.r.seq",
+            _opt(f"x.r.committed AND {n} = 0 AND (x.dead OR NOT x.sunk)", _a(stage, unprocessed_code, "x.r.partition", "x.r.pid", "x.r.seq",
                                                  "x.r.offset", unprocessed_detail)),
         ])
         log_anoms.append(f"flatten(transform({gcol}, x -> concat({per_record})))")
         facts.append(f"transform(filter({gcol}, x -> x.r.committed), x -> " + _f(
-            stage, "x.r.partition", "1", f"CASE WHEN {n} > 0 THEN 1 ELSE 0 END", "0",
+            stage, "x.r.partition", "1", f"CASE WHEN {n} > 0 OR (NOT x.dead AND x.sunk) THEN 1 ELSE 0 END", "0",
             f"CASE WHEN {n} > 0 THEN (unix_micros(get(x.proc, 0).consume_ts) - pt_us) / 1000D END") + ")")
 
     for si, s in enumerate(tc.sinks):

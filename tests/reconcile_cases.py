@@ -204,7 +204,7 @@ G, S = f"group:{GROUP}", f"sink:{SINK}"
 def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h = History()
     exp: dict[str, list[tuple[Any, ...]]] = {}
-    for p in range(20):
+    for p in range(21):
         h.captured(p, 0, 100, at(70), group_committed=100)
 
     # p0: three clean messages
@@ -339,6 +339,17 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     # p19: a sink row for a message the log never had
     h.sink("phantom", 0, 19, 7, at(5))
     exp["unexpected_in_sink"].append((S, "unexpected_in_sink", 19, "phantom", 0, 7))
+
+    # p20: an exactly-once sink committed the rows and g1's offsets (100) together, and the consumer
+    # died before flushing its consumption rows: the rows of s1 (fed by g1) are the evidence that g1
+    # processed them -- an audited message (matched by pid/seq) and an unaudited record (by offset)
+    h.produce("eos", 0, 20, 0, at(5))
+    h.record("eos", 0, 20, 0, at(5))
+    h.sink("eos", 0, 20, 0, at(5.2))
+    h.record("eosbad", None, 20, 1, at(5), header_error="audit.seq: not an integer")
+    h.sink(None, None, 20, 1, at(5.2))
+    exp["unaudited"].append(("log", "unaudited", 20, "eosbad", None, 1))
+    exp["sink_evidence"] = []  # no missed: g1 counts both as delivered (test_oracle checks the report)
     return h, exp
 
 

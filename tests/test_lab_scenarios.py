@@ -70,20 +70,10 @@ def _check(result: LabResult, name: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-# Known product bug found by the lab (see docs/lab.md): a exactly_once_sink consumer killed after the
-# sink transaction committed but before its consumption-ledger rows were flushed leaves no ledger
-# rows for a batch that is in the sink; the audit then reports that batch `missed` (5 false alarms).
-EOS_SINK_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="audit/consumer.py exactly_once_sink: consumption-ledger rows are flushed after the sink commit, "
-           "so a kill at 'sink_written' loses them and reconcile reports the delivered batch as `missed`")
-
-
 @pytest.mark.e2e
 @pytest.mark.kafka
 @pytest.mark.spark
-@pytest.mark.parametrize("name", [pytest.param(n, marks=EOS_SINK_BUG) if n == "exactly_once_sink" else n
-                                  for n in PROXY_SCENARIOS])
+@pytest.mark.parametrize("name", PROXY_SCENARIOS)
 def test_audit_reports_exactly_the_ground_truth(proxied_result: LabResult, name: str) -> None:
     _check(proxied_result, name)
 

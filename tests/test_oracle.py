@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 23
+    assert len(final_result.anomalies) == 24
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -78,8 +78,11 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert rows[("log", 5)]["reordered"] == 1 and rows[(S, 18)]["duplicated"] == 1
     # seq gaps have no partition: they get their own row
     assert rows[("log", -1)] == report_row("log", -1, seq_gap=2)
-    # one row per stage for each of the 20 captured partitions, plus the seq_gap row
-    assert len(final_result.report) == 3 * 20 + 1
+    # a sink row from a sink g1 feeds counts as g1's processing (no consumption row, no latency)
+    assert rows[(G, 20)] == report_row(G, 20, expected=2, delivered=2)
+    assert rows[(S, 20)] == report_row(S, 20)
+    # one row per stage for each of the 21 captured partitions, plus the seq_gap row
+    assert len(final_result.report) == 3 * 21 + 1
 
 
 def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult) -> None:

@@ -46,7 +46,7 @@ def test_every_anomaly_code_in_spark_equals_the_hand_written_expectation_and_the
     oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert report == norm_rows(oracle.report)
-    assert len(report) == 61 and quarantined == 0
+    assert len(report) == 64 and quarantined == 0
 
 
 @pytest.mark.spark
