@@ -100,5 +100,5 @@ def test_postgres_is_real(pg_url: str) -> None:
     eng = sa.create_engine(pg_url)
     with eng.connect() as c:
         assert c.execute(sa.text("select current_database()")).scalar() == "msgaudit"
-        assert c.execute(sa.text("show server_version_num")).scalar() >= "150000"
+        assert int(c.execute(sa.text("show server_version_num")).scalar_one()) >= 150000
     eng.dispose()
