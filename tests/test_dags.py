@@ -578,9 +578,9 @@ def test_sla_breach_fails_the_run_and_fires_one_alert(e2e: dict[str, Any]) -> No
 @pytest.mark.airflow
 @pytest.mark.e2e
 @pytest.mark.xfail(strict=False, reason=(
-    "seen once in a fresh-clone CI run: the backfill run ended before its mapped steps expanded (no "
-    "sla[0] task instance); passed in the other runs; cause not yet found - the assertion now prints "
-    "every task state"))
+    "fails in fresh-clone CI runs (2 of 2: the backfill run ends before its mapped steps expand, no "
+    "sla[0] task instance) yet passes in a development checkout (2 of 2); cause not yet found - the "
+    "assertion prints every task state"))
 def test_backfill_over_three_windows_equals_three_scheduled_runs(e2e: dict[str, Any]) -> None:
     facts: Injected = e2e["facts"]
     bf: RunResult = e2e["backfill"]
