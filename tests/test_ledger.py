@@ -82,7 +82,8 @@ def test_rotation_by_age_seals_without_close(tmp_path: Path) -> None:
     try:
         w.append({"seq": 0})
         deadline = time.monotonic() + 10
-        while not sealed_segments(tmp_path) and time.monotonic() < deadline:
+        # The writer renames the segment, then forgets it: wait for both, not just the file.
+        while not (sealed_segments(tmp_path) and w.open_segment is None) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rows_of(sealed_segments(tmp_path)) == [{"seq": 0}]
         assert w.open_segment is None
@@ -156,3 +157,24 @@ def test_sigkilled_writer_loses_at_most_its_unflushed_tail(tmp_path: Path) -> No
     seen = [r["i"] for r in rows_of(segs)]  # every line parses: no partial line survived
     assert seen == list(range(len(seen)))
     assert len(seen) >= n
+
+
+def test_formatted_rows_are_written_in_batches_and_a_bad_row_costs_only_itself(tmp_path: Path) -> None:
+    acked = '%.0s{"seq":%d,"status":"acked","offset":%d}'
+    failed = '%.0s{"seq":%d,"status":"failed","error":%s}'
+    items: list[tuple[object, ...]] = []
+    for i in range(5000):  # more than one formatting batch, two formats interleaved
+        items.append((acked, i, 10 * i) if i % 3 else (failed, i, json.dumps(f"E{i}")))
+    items[4321] = (acked, "not-a-number", 1)  # a bad row in the second batch
+    mirrored: list[str] = []
+    with LedgerWriter(tmp_path, "ledg", mirror=mirrored.extend) as w:
+        for item in items:
+            w.append_formatted(item)
+    rows = rows_of(sealed_segments(tmp_path))
+    assert len(rows) == 5000 and len(mirrored) == 5000
+    assert [json.loads(line) for line in mirrored] == rows
+    bad = rows.pop(4321)
+    assert set(bad) == {"ledger_format_error", "item"} and "not-a-number" in str(bad["item"])
+    expected = [{"seq": i, "status": "acked", "offset": 10 * i} if i % 3 else
+                {"seq": i, "status": "failed", "error": f"E{i}"} for i in range(5000) if i != 4321]
+    assert rows == expected
