@@ -361,7 +361,7 @@ class AuditedConsumer:
             self.producer = producer
             # Retry copies ride in the same transaction but are plumbing, not audited messages of
             # their own: they go through the wrapped Producer so they get no new audit identity.
-            self._raw_producer = producer._producer
+            self._raw_producer = producer.raw_producer
         elif self.retry is not None:
             self._raw_producer = Producer({**self._producer_conf, "enable.idempotence": True, "acks": "all"})
         subscription = list(self.topics) + ([self.retry_topic] if self.retry_topic else [])

@@ -401,6 +401,14 @@ class AuditedProducer:
             log.error("ledger topic %s lost a row: %s", msg.topic(), err)
 
     # -- the rest of the Producer API -----------------------------------------------------
+    @property
+    def raw_producer(self) -> Producer:
+        """The wrapped `confluent_kafka.Producer`, for records that are not audited messages of
+        their own but must ride in this producer's transaction (e.g. a consumer's retry copy,
+        which keeps the original's audit headers). What goes through it gets no seq, no new
+        headers and no ledger row."""
+        return self._producer
+
     def poll(self, timeout: float = -1) -> int:
         return int(self._producer.poll(timeout))
 

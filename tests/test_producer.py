@@ -90,6 +90,21 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_raw_producer_sends_without_identity_or_ledger_row(tmp_path: Path) -> None:
+    conf = {"test.mock.num.brokers": 1, "log_level": 0}
+    reports: list[Any] = []
+    with AuditedProducer(conf, producer_name="raw", ledger_dir=tmp_path) as p:
+        p.produce("a", b"audited")
+        p.raw_producer.produce("a", b"copy", headers=[("audit.seq", b"7")],
+                               on_delivery=lambda err, msg: reports.append((err, msg.value())))
+        p.flush(10)
+        stats = p.stats()
+    assert reports == [(None, b"copy")]
+    assert [(r["seq"], r["status"]) for r in ledger_rows(tmp_path)] == [(0, "acked")]
+    assert (stats.sent, stats.acked) == (1, 1)
+
+
+@pytest.mark.unit
 def test_broker_unreachable_gives_failed_rows_with_the_error(tmp_path: Path) -> None:
     reports: list[tuple[str | None, int | None]] = []
     conf = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 300, "log_level": 0}
