@@ -16,7 +16,8 @@ Parse rules, checked in this order; the first one broken is the `error` (a short
 5. `audit.seq` missing -> "missing audit.seq"; not ASCII digits only (no sign, no spaces)
    -> "audit.seq not an integer: '<value>'"; above 2**63-1 -> "audit.seq out of range: '<value>'".
 6. `audit.ts` the same as `audit.seq` ("missing audit.ts", "audit.ts not an integer: ...",
-   "audit.ts out of range: ...").
+   "audit.ts out of range: ..."), except that its range ends at 9999-12-31T23:59:59.999Z
+   (253402300799999): the latest instant a timestamp column or Python's datetime can hold.
 7. `audit.key` is optional; when present it must be non-empty -> "audit.key is empty".
 
 Other headers (the user's own) are ignored. Each field that passes its own checks is returned
@@ -38,6 +39,7 @@ KEY = "audit.key"
 AUDIT_HEADERS = (PID, SEQ, TS, KEY)
 MAX_PID_CHARS = 64
 MAX_LONG = 2**63 - 1
+MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, epoch ms
 _RANDOM_CHARS = 12  # hex chars: 48 random bits per producer start
 _QUOTE_CHARS = 40
 
@@ -99,13 +101,13 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
 
 
-def _long(name: str, text: str | None) -> tuple[int | None, str | None]:
+def _long(name: str, text: str | None, limit: int = MAX_LONG) -> tuple[int | None, str | None]:
     if text is None:
         return None, f"missing {name}"
     if not text or not text.isascii() or not text.isdigit():
         return None, f"{name} not an integer: {_quote(text)}"
     value = int(text)
-    if value > MAX_LONG:
+    if value > limit:
         return None, f"{name} out of range: {_quote(text)}"
     return value, None
 
@@ -157,7 +159,7 @@ def parse(headers: Headers | None) -> AuditHeaders:
     for name in (SEQ, TS):
         if name in broken:
             continue
-        number, err = _long(name, text[name])
+        number, err = _long(name, text[name], MAX_LONG if name == SEQ else MAX_TS_MS)
         if err:
             errors.append(err)
         if name == SEQ:

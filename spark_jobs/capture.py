@@ -53,8 +53,6 @@ from spark_jobs.schemas import GROUP_OFFSETS, LOG_RECORDS, PART_HOUR, PART_HOUR_
 
 # How far Kafka timestamps may sit from audit.ts (see module docstring).
 SKEW = timedelta(minutes=5)
-# Latest audit.ts Spark (and Python's datetime) can represent: 9999-12-31T23:59:59.999Z.
-MAX_TS_MS = 253_402_300_799_999
 ADMIN_TIMEOUT_S = 30.0
 LOG_TABLE = "log_records"
 GROUP_OFFSETS_TABLE = "group_offsets"
@@ -337,6 +335,8 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     for name in (H.SEQ, H.TS):
         t = c(name, "text")
         value = t.try_cast("long")
+        if name == H.TS:
+            value = F.when(value <= H.MAX_TS_MS, value)
         step2 += [
             value.alias(f"{tmp[name]}_value"),
             _first((broken(name), F.lit(None).cast("string")),
@@ -390,9 +390,7 @@ def to_log_records(kafka_rows: DataFrame, committed_offsets: DataFrame, captured
     """
     seen = committed_offsets.select("topic", "partition", "offset").distinct().withColumn("_c", F.lit(True))
     parsed = with_audit_headers(kafka_rows).join(seen, ["topic", "partition", "offset"], "left")
-    # audit.ts beyond year 9999 is a valid header (parse allows any long) but no timestamp: the
-    # row keeps its (valid) headers and falls back to kafka_ts for its hour.
-    produce_ts = F.when(F.col("ts_ms") <= MAX_TS_MS, F.timestamp_millis(F.col("ts_ms")))
+    produce_ts = F.timestamp_millis(F.col("ts_ms"))  # parse rejects audit.ts beyond year 9999
     return parsed.select(
         F.col("topic"),
         F.col("partition").cast("int").alias("partition"),

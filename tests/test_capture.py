@@ -156,6 +156,9 @@ HAND_CASES: list[list[tuple[str, bytes | None]] | None] = [
     [("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", "\U0001f600\ufeff".encode())],
     [("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"2"), ("audit.key", b"")],
     [("audit.pid", b"\xed\xa0\x80"), ("audit.seq", b"1"), ("audit.ts", b"\xc0\xaf")],  # surrogate, overlong
+    [("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"253402300799999")],
+    [("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"253402300800000")],
+    [("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"9223372036854775808")],
 ]
 
 
@@ -178,6 +181,9 @@ def test_header_parsing_matches_python_on_hand_cases(spark: Any) -> None:
     assert want[3] == ("p:1", 7, 1_700_000_000_000, None, None)
     assert want[5][4] == "duplicate audit header: audit.seq"
     assert want[21][4].startswith("audit.ts not an integer: ")
+    assert want[-3] == ("p", 1, 253_402_300_799_999, None, None)  # the last millisecond of year 9999
+    assert [w[4] for w in want[-2:]] == ["audit.ts out of range: '253402300800000'",
+                                         "audit.ts out of range: '9223372036854775808'"]
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"case {i}: {HAND_CASES[i]!r}"
 

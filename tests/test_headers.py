@@ -80,6 +80,12 @@ def test_parse_valid_without_and_with_key() -> None:
          AuditHeaders("p", None, 2, None, "audit.seq out of range: '9223372036854775808'")),
         ([("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"")],
          AuditHeaders("p", 1, None, None, "audit.ts not an integer: ''")),
+        ([("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"253402300799999")],  # 9999-12-31T23:59:59.999Z
+         AuditHeaders("p", 1, 253402300799999, None, None)),
+        ([("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"253402300800000")],  # year 10000
+         AuditHeaders("p", 1, None, None, "audit.ts out of range: '253402300800000'")),
+        ([("audit.pid", b"p"), ("audit.seq", b"1"), ("audit.ts", b"9223372036854775807")],
+         AuditHeaders("p", 1, None, None, "audit.ts out of range: '9223372036854775807'")),
         ([("audit.pid", b"q" * 65), ("audit.seq", b"1"), ("audit.ts", b"2")],
          AuditHeaders(None, 1, 2, None, "audit.pid longer than 64 chars")),
         ([("audit.pid", b""), ("audit.seq", b"1"), ("audit.ts", b"2")],
@@ -106,7 +112,7 @@ def test_parse_rules(headers: list[tuple[str, bytes | None]] | None, expected: A
 
 @given(
     seq=st.integers(min_value=0, max_value=2**63 - 1),
-    ts=st.integers(min_value=0, max_value=2**63 - 1),
+    ts=st.integers(min_value=0, max_value=h.MAX_TS_MS),
     name=st.text(min_size=1, max_size=80),
     key=st.one_of(st.none(), st.text(min_size=1, max_size=30)),
     user=st.lists(st.tuples(st.sampled_from(["a", "b", "trace"]), st.binary(max_size=5)), max_size=3),
