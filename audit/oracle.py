@@ -35,8 +35,10 @@ Units and windows
 
 Stage `log` (report partition: the acked partition for expected messages)
 - expected = acked messages; delivered = acked messages with a committed copy.
-- acked and no committed copy: `lost_acked` if some capture covered the offset
-  (log_start_offset <= offset < high_watermark) and as_of >= produce time + grace;
+- acked and no committed copy: `lost_acked` if some capture covered the offset (it read it:
+  captured_from <= offset < captured_to, and log_start_offset <= offset < high_watermark; a
+  snapshot without a captured range covers [log_start_offset, high_watermark)) and as_of >=
+  produce time + grace;
   `unverifiable` if no capture covered it but a capture's log_start_offset is above it;
   otherwise it is counted as `pending` (report column only: the log stage has no pending code).
 - `ghost_write` on the original copy of a failed message; `unledgered` on the original copy of a
@@ -172,6 +174,14 @@ class Watermark:
     high_watermark: int
     captured_at: datetime
     topic: str = "t"
+    captured_from: int | None = None  # the offsets the capture read; None: [log start, high watermark)
+    captured_to: int | None = None
+
+    def covers(self, offset: int) -> bool:
+        """The capture read this offset and the log still held it."""
+        lo = self.log_start_offset if self.captured_from is None else max(self.log_start_offset, self.captured_from)
+        hi = self.high_watermark if self.captured_to is None else min(self.high_watermark, self.captured_to)
+        return lo <= offset < hi
 
 
 @dataclass(frozen=True)
@@ -435,7 +445,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     lc["delivered"] += 1
                 else:
                     assert o is not None
-                    covered = any(w.partition == p and w.log_start_offset <= o < w.high_watermark for w in watermarks)
+                    covered = any(w.partition == p and w.covers(o) for w in watermarks)
                     if covered and as_of >= pt + grace:
                         emit("log", "lost_acked", p, pid, seq, o, "acked, capture covered the offset, not in the log")
                     elif not covered and max_lso.get(p, -1) > o:

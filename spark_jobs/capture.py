@@ -7,7 +7,8 @@ belong to aborted transactions), parses the audit headers with Spark expressions
 `audit.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
 `log_records` keyed on (topic, partition, offset), so a rerun changes nothing. It also appends
 snapshots of the configured groups' committed offsets (`group_offsets`) and of every
-partition's watermarks (`partition_watermarks`).
+partition's watermarks (`partition_watermarks`, with the offset range this capture read:
+`captured_from`/`captured_to`, which is what reconcile takes as "covered by a capture").
 
 Offset planning (`plan_partition`):
 * The time range read is [first window start - lookback - SKEW, last window end + grace + SKEW)
@@ -564,7 +565,8 @@ def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, r
     from spark_jobs.lake import write_table
 
     if rows:
-        write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",))
+        write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",),
+                    add_columns=True)
 
 
 @dataclass
@@ -586,7 +588,8 @@ def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, part
     groups = group_offsets(admin, cfg, topic, partitions)
     ranges = plan_topic(admin, cfg, topic, partitions, start, end)
     snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups]
-    snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at) for r in ranges]
+    snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
+                             for r in ranges]
     to_read = [r for r in ranges if r.offsets > 0]
     records = aborted = header_errors = written = 0
     if to_read:

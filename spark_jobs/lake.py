@@ -35,9 +35,13 @@ def read_table(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
 
 
 def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",
-                partition_by: Sequence[str] = (), replace_where: str | None = None) -> None:
-    """Append to / overwrite (optionally only the rows matching `replace_where`) a lake table."""
+                partition_by: Sequence[str] = (), replace_where: str | None = None,
+                add_columns: bool = False) -> None:
+    """Append to / overwrite (optionally only the rows matching `replace_where`) a lake table.
+    `add_columns` lets an append add columns a table written by an older version lacks."""
     writer = df.write.format("delta").mode(mode)
+    if add_columns:
+        writer = writer.option("mergeSchema", "true")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     if replace_where is not None:

@@ -77,7 +77,7 @@ class WindowInputs:
 class Lookups:
     """Small per-partition facts collected to the driver and inlined as literal maps."""
 
-    coverage: dict[int, list[tuple[int, int]]]  # merged [log_start_offset, high_watermark) intervals
+    coverage: dict[int, list[tuple[int, int]]]  # merged captured ranges, each within [log start, high watermark)
     max_lso: dict[int, int]
     committed: dict[str, dict[int, int | None]]  # group -> partition -> latest committed offset
     partitions: set[int]
@@ -119,7 +119,12 @@ def collect_lookups(watermarks: Sequence[Mapping[str, Any]], group_offsets: Sequ
     max_lso: dict[int, int] = {}
     for w in watermarks:
         p = int(w["partition"])
-        raw.setdefault(p, []).append((int(w["log_start_offset"]), int(w["high_watermark"])))
+        lo, hi = int(w["log_start_offset"]), int(w["high_watermark"])
+        if w.get("captured_from") is not None:  # rows written before these columns: the whole log
+            lo = max(lo, int(w["captured_from"]))
+        if w.get("captured_to") is not None:
+            hi = min(hi, int(w["captured_to"]))
+        raw.setdefault(p, []).append((lo, hi))
         max_lso[p] = max(max_lso.get(p, int(w["log_start_offset"])), int(w["log_start_offset"]))
     coverage: dict[int, list[tuple[int, int]]] = {}
     for p, ivs in raw.items():

@@ -85,6 +85,10 @@ PARTITION_WATERMARKS = _s(
     ("log_start_offset", LongType(), False),
     ("high_watermark", LongType(), False),
     ("captured_at", TimestampType(), False),
+    # The offsets this capture actually read, [captured_from, captured_to): what "the capture
+    # covered" means in DESIGN §5. Null in rows written before these columns existed.
+    ("captured_from", LongType(), True),
+    ("captured_to", LongType(), True),
 )
 
 AUDIT_PARTITION_REPORT = _s(

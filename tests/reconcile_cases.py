@@ -83,8 +83,10 @@ class History:
         self.sink(pid, seq, partition, offset, t + timedelta(seconds=2))
 
     def captured(self, partition: int, lso: int, hw: int, t: datetime, group_committed: int | None = None,
-                 group: str = GROUP) -> None:
-        self.watermarks.append(Watermark(partition, lso, hw, t))
+                 group: str = GROUP, read: tuple[int, int] | None = None) -> None:
+        """A capture at t: watermarks, the offsets it read ([lso, hw) unless `read`), group offsets."""
+        lo, hi = read if read is not None else (None, None)
+        self.watermarks.append(Watermark(partition, lso, hw, t, captured_from=lo, captured_to=hi))
         if group_committed is not None:
             self.group_offsets.append(GroupOffset(group, partition, group_committed, t))
 

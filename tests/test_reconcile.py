@@ -70,6 +70,27 @@ def test_pending_then_judged_around_the_grace_boundary_in_spark(
     assert {r["status"] for r in report} == {"provisional" if as_of_min < 75 else "final"}
 
 
+@pytest.mark.spark
+def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
+    """An acked offset inside [log start, high watermark) that no capture read (it was past the
+    last stable offset, or outside the planned time range) stays pending, never lost_acked."""
+    h = History()
+    h.captured(0, 0, 100, at(70), read=(0, 5))
+    h.captured(1, 0, 100, at(70), read=(0, 5))
+    h.captured(1, 0, 100, at(80), read=(5, 9))  # a later capture read further
+    for p in (0, 1):
+        h.produce("p", 2 * p, p, 4, at(10))  # read, not in the log: lost
+        h.produce("p", 2 * p + 1, p, 6, at(10))  # read only on partition 1
+    tc = topic_config()
+    report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
+    assert brief(anomalies) == [("log", "lost_acked", 0, "p", 0, 4), ("log", "lost_acked", 1, "p", 2, 4),
+                                ("log", "lost_acked", 1, "p", 3, 6)]
+    log = {r["partition"]: (r["expected"], r["lost"], r["pending"]) for r in report if r["stage"] == "log"}
+    assert log == {0: (2, 1, 1), 1: (2, 2, 0)}
+    oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs())
+    assert anomalies == sorted_anomalies(oracle.anomalies) and report == norm_rows(oracle.report)
+
+
 # ---------------------------------------------------------------------------- the job, with I/O
 def _config(make_config: Callable[..., Config], tmp_path: Path) -> Config:
     return make_config(tmp_path, topics={TOPIC: {
