@@ -51,8 +51,9 @@ def _make_topic(bootstrap: str, partitions: int) -> str:
     return name
 
 
-def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None) -> tuple[float, int]:
-    """Produce n messages, poll on BufferError, flush; return (seconds, delivered count)."""
+def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None) -> tuple[float, int, float]:
+    """Produce n messages, poll on BufferError, flush; return (seconds, delivered count, CPU
+    seconds of this process: every thread, librdkafka's and the ledger writer's included)."""
     delivered = [0]
 
     def on_delivery(err: Any, msg: Any) -> None:
@@ -61,6 +62,7 @@ def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None)
 
     produce = producer.produce
     poll = producer.poll
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for i in range(n):
         while True:
@@ -75,7 +77,7 @@ def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None)
         if not i & 1023:
             poll(0)
     producer.flush()
-    return time.perf_counter() - t0, delivered[0]
+    return time.perf_counter() - t0, delivered[0], time.process_time() - c0
 
 
 # Audit-sized static headers: what the wire and the broker pay for the audit, without our code.
@@ -88,30 +90,33 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
     conf = {"bootstrap.servers": bootstrap, **SETTINGS, "compression.type": compression}
     kinds = ["plain", "plain+headers", "audited"] if decompose else ["plain", "audited"]
     results: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu_us: dict[str, list[float]] = {k: [] for k in kinds}
     # Warm the broker (topic creation, segment files, JIT) outside the measured runs.
-    _drive(Producer(conf), _make_topic(bootstrap, partitions), min(n, 50_000), value)
+    _drive(Producer(conf), _make_topic(bootstrap, partitions), min(n, 50_000), value)  # warm-up
     for rep in range(reps):
         order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]  # rotate: no kind always first
         for kind in order:
             topic = _make_topic(bootstrap, partitions)
             if kind == "audited":
                 audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger_root / f"rep{rep}")
-                seconds, delivered = _drive(audited, topic, n, value)
+                seconds, delivered, cpu = _drive(audited, topic, n, value)
                 audited.close()
                 if audited.ledger.rows_written != n:
                     raise SystemExit(f"audited run wrote {audited.ledger.rows_written} ledger rows for {n} messages")
             else:
                 headers = STATIC_HEADERS if kind == "plain+headers" else None
-                seconds, delivered = _drive(Producer(conf), topic, n, value, headers)
+                seconds, delivered, cpu = _drive(Producer(conf), topic, n, value, headers)
             if delivered != n:
                 raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
             results[kind].append(n / seconds)
-            print(f"rep {rep + 1}/{reps} {kind:>13}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s)", flush=True)
+            cpu_us[kind].append(cpu / n * 1e6)
+            print(f"rep {rep + 1}/{reps} {kind:>13}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s, "
+                  f"client CPU {cpu / n * 1e6:.2f} us/msg)", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions, "
           f"compression {compression}:")
     for k in kinds:
-        print(f"  {k:>13}: {med[k]:>11,.0f} msg/s")
+        print(f"  {k:>13}: {med[k]:>11,.0f} msg/s, client CPU {statistics.median(cpu_us[k]):.2f} us/msg")
     if decompose:
         print(f"ratio plain+headers/plain (the audit headers alone): {med['plain+headers'] / med['plain']:.3f}")
         print(f"ratio audited/plain+headers (the audit code alone): {med['audited'] / med['plain+headers']:.3f}")
