@@ -5,7 +5,9 @@ a counting delivery callback; the audited one also stamps headers and writes its
 third run, a plain Producer sending audit-sized static headers, shows how much of the gap is
 the headers themselves (wire + broker) rather than the audit code. Runs are interleaved (the
 order rotates each repetition) so drifting load on a shared machine hits all alike; the figure
-per producer is the median over repetitions.
+per producer is the median over repetitions. Each run also reports the client's CPU time per
+message (every thread of this process): with the broker on the same machine, throughput ratios
+include the broker's share of the CPU, while client CPU is what an application host pays.
 
     .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
     .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
