@@ -70,7 +70,11 @@ _IMPORT_PROBE = textwrap.dedent("""
         "dags": {d: {"tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
                      "timetable": getattr(dag.timetable, "summary", None),
                      "params": sorted(dag.params.keys()),
-                     "max_active_runs": dag.max_active_runs}
+                     "max_active_runs": dag.max_active_runs,
+                     "retry": {t.task_id: [t.retries, t.retry_delay.total_seconds(), t.retry_exponential_backoff,
+                                           t.max_retry_delay.total_seconds(), type(t.retry_policy).__name__,
+                                           [c.__name__ for c in t.on_failure_callback]]
+                               for t in dag.tasks}}
                  for d, dag in dags.items()},
     }))
 """)
@@ -131,6 +135,17 @@ def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
                             "reconcile": ["capture", "plan"], "sla": ["plan", "reconcile"]}
     assert dag["params"] == ["end", "start", "topics"]
     assert dag["timetable"] is None
+
+
+@pytest.mark.unit
+@pytest.mark.airflow
+def test_every_task_retries_with_backoff_except_an_sla_breach_and_alerts(import_probe: dict[str, Any]) -> None:
+    """audit.airflow_support.default_args: 3 retries, 1 min doubling up to 30 min, SLA breach final."""
+    expected = [3, 60.0, 2.0, 1800.0, "SlaBreachIsFinal", ["sla_failure_callback"]]
+    for name, dag_ids in DAG_FILES.items():
+        for dag_id in dag_ids:
+            retry = import_probe[name]["dags"][dag_id]["retry"]
+            assert retry == {t: expected for t in import_probe[name]["dags"][dag_id]["tasks"]}
 
 
 @pytest.mark.unit
