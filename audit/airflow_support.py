@@ -1,4 +1,5 @@
-"""What the msgaudit DAGs compute inside their tasks (never at import): the spark-submit target.
+"""What the msgaudit DAGs share: their `default_args`, and what they compute inside their tasks
+(never at import): the spark-submit target.
 
 Airflow is imported only inside functions, so `audit` stays importable without it.
 """
@@ -6,7 +7,25 @@ Airflow is imported only inside functions, so `audit` stays importable without i
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
+
+
+def default_args() -> dict[str, Any]:
+    """`default_args` of every msgaudit DAG: 3 retries with exponential backoff (1 min, at most 30 min),
+    except an SLA breach, which fails at once (`spark_submit_retry_policy`); every failure alerts.
+
+    No I/O: DAG files call it at import time."""
+    from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+
+    return {
+        "retries": 3,
+        "retry_delay": timedelta(minutes=1),
+        "retry_exponential_backoff": 2.0,  # the multiplier (Airflow 3.3 turns True into 2.0 only when deserializing)
+        "max_retry_delay": timedelta(minutes=30),
+        "retry_policy": spark_submit_retry_policy(),
+        "on_failure_callback": sla_failure_callback,
+    }
 
 
 def submit_target() -> dict[str, Any]:

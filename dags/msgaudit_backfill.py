@@ -24,8 +24,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
-from audit.airflow_support import submit_target
-from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+from audit.airflow_support import default_args, submit_target
 
 STEPS = ("capture", "reconcile", "sla")
 
@@ -115,14 +114,7 @@ with DAG(
         "topics": Param([], type="array", items={"type": "string"},
                         description="only these topics (default: every configured topic)"),
     },
-    default_args={
-        "retries": 3,
-        "retry_delay": timedelta(minutes=1),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(minutes=30),
-        "retry_policy": spark_submit_retry_policy(),
-        "on_failure_callback": sla_failure_callback,
-    },
+    default_args=default_args(),
     tags=["msgaudit", "backfill"],
     doc_md=__doc__,
 ) as dag:

@@ -29,8 +29,7 @@ from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
 from airflow.sdk import DAG, Param, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from audit.airflow_support import submit_target
-from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+from audit.airflow_support import default_args, submit_target
 from audit.config import parse_duration
 
 WINDOWS_ENV = "MSGAUDIT_WINDOWS"
@@ -119,14 +118,7 @@ def build(size: timedelta) -> DAG:
         max_active_runs=1,  # one writer per Delta table at a time
         params={"topics": Param([], type="array", items={"type": "string"},
                                 description="only these topics (default: every topic with this window size)")},
-        default_args={
-            "retries": 3,
-            "retry_delay": timedelta(minutes=1),
-            "retry_exponential_backoff": True,
-            "max_retry_delay": timedelta(minutes=30),
-            "retry_policy": spark_submit_retry_policy(),
-            "on_failure_callback": sla_failure_callback,
-        },
+        default_args=default_args(),
         tags=["msgaudit", "reconcile"],
         doc_md=__doc__,
     ) as dag:
