@@ -9,9 +9,11 @@ holds the two equal row for row. Shape of the computation, for one window:
    first processings that go backwards in offset (`reordered_in_consumption`).
 2. `unit_tiers` + `collect_units`: every tier (ledger, log, consumption, sinks) keyed by its unit
    (topic, pid, seq) -- or (partition, offset) for unaudited records -- and ONE shuffle, hashed by
-   pid, that gathers each unit's rows into arrays. Because the hash key is the pid, the
-   order-dependent checks per (pid, partition) (`reordered_in_log`) and per pid (`seq_gap`) run
-   as window functions on the same partitions, without another exchange.
+   pid, that gathers each unit's rows into arrays. The described units are persisted: the three
+   readers below use them, and the shuffle and aggregation run once. Because the hash key is the
+   pid, the order-dependent checks per (pid, partition) (`reordered_in_log`) and per pid
+   (`seq_gap`) run as window functions on the same partitions, without another exchange, over a
+   narrow projection (`order_checks`), so their sorts never move the units' arrays.
 3. `classify`: per unit, narrow array expressions emit anomaly rows and per-unit facts
    (expected/delivered/pending/latency). Ordinary delivered messages (`simple_condition`: the vast
    majority) take a scalar fast path; the higher-order array functions, which Spark interprets
@@ -330,16 +332,7 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
     due = "(asof_us >= pt_us + grace_us)"
     cov, lso = "cov", "lso"
 
-    # Order-dependent checks: the window partitions are unions of the collect_units hash partitions.
-    by_pid_part = (Window.partitionBy("ktype", "k1", "o_part").orderBy("o_off")
-                   .rowsBetween(Window.unboundedPreceding, -1))
-    by_pid = Window.partitionBy("ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
-    present = (F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))
-    u = (units.withColumns({"o_part": F.col("orig.partition"), "o_off": F.col("orig.offset"), "present": present})
-         .withColumns({
-             "rl_high": F.max(F.when((F.col("ktype") == 0) & F.col("orig").isNotNull(), F.col("k2"))).over(by_pid_part),
-             "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
-         .where("in_w")
+    u = (units.where("in_w")
          .withColumns({
              "acked_missing": F.expr("NOT simple AND status = 'acked' AND size(copies) = 0"),
              "covered": F.expr(f"CASE WHEN NOT simple AND status = 'acked' AND size(copies) = 0 THEN "
@@ -370,19 +363,6 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
                      "coalesce(x.header_error, 'missing audit headers')") + ")",
         "transform(filter(R2, x -> NOT x.committed), x -> " + _a(
             log, "'aborted'", "x.partition", "x.pid", "x.seq", "x.offset", "'record of an aborted transaction'") + ")",
-    ]
-    window_anoms = [
-        _opt("ktype = 0 AND orig IS NOT NULL AND k2 < rl_high",
-             _a(log, "'reordered_in_log'", "orig.partition", "pid", "seq", "orig.offset",
-                f"concat('seq ', {_s('k2')}, ' after seq ', {_s('rl_high')})")),
-        _opt(f"present AND k2 - gap_prev - 1 > {MAX_GAP_ROWS}",
-             _a(log, "'seq_gap'", "-1", "pid", "gap_prev + 1", "null",
-                f"concat({_s('k2 - gap_prev - 1')}, ' seqs missing (', {_s('gap_prev + 1')}, '..', "
-                f"{_s('k2 - 1')}, ')')")),
-        f"CASE WHEN present AND k2 - gap_prev > 1 AND k2 - gap_prev - 1 <= {MAX_GAP_ROWS} THEN "
-        "transform(sequence(gap_prev + 1, k2 - 1), s -> " + _a(log, "'seq_gap'", "-1", "pid", "s", "null",
-                                                                 "'in neither ledger nor log'")
-        + f") ELSE {EMPTY_X} END",
     ]
     fast = [_opt("true", _f(log, "ack.partition", "1", "1", "0",
                             "(unix_micros(ack.ack_ts) - unix_micros(ack.produce_ts)) / 1000D"))]
@@ -480,9 +460,43 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
 
     if per_stage:
         u = u.withColumns(per_stage)
-    rows = (f"CASE WHEN simple THEN concat({', '.join(window_anoms + fast)}) "
-            f"ELSE concat({', '.join(window_anoms + log_anoms + facts)}) END")
+    rows = (f"CASE WHEN simple THEN concat({', '.join(fast)}) "
+            f"ELSE concat({', '.join(log_anoms + facts)}) END")
     return u.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
+
+
+def order_checks(units: DataFrame) -> DataFrame:
+    """`reordered_in_log` and `seq_gap` X rows: the order-dependent checks, as window functions over
+    a narrow projection of the units (key, original copy's position, presence), so the two sorts
+    they need move a few columns per unit, not the units' arrays. The window partitions are unions
+    of the collect_units hash partitions (hashed by pid): no exchange."""
+    by_pid_part = (Window.partitionBy("ktype", "k1", "o_part").orderBy("o_off")
+                   .rowsBetween(Window.unboundedPreceding, -1))
+    by_pid = Window.partitionBy("ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
+    narrow = units.select(
+        "ktype", "k1", "k2", "pid", "seq", "in_w", F.col("orig.partition").alias("o_part"),
+        F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
+        ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"))
+    u = (narrow.withColumns({
+             "rl_high": F.max(F.when((F.col("ktype") == 0) & F.col("has_orig"), F.col("k2"))).over(by_pid_part),
+             "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
+         .where("in_w"))
+    log = "'log'"
+    anoms = [
+        _opt("ktype = 0 AND has_orig AND k2 < rl_high",
+             _a(log, "'reordered_in_log'", "o_part", "pid", "seq", "o_off",
+                f"concat('seq ', {_s('k2')}, ' after seq ', {_s('rl_high')})")),
+        _opt(f"present AND k2 - gap_prev - 1 > {MAX_GAP_ROWS}",
+             _a(log, "'seq_gap'", "-1", "pid", "gap_prev + 1", "null",
+                f"concat({_s('k2 - gap_prev - 1')}, ' seqs missing (', {_s('gap_prev + 1')}, '..', "
+                f"{_s('k2 - 1')}, ')')")),
+        f"CASE WHEN present AND k2 - gap_prev > 1 AND k2 - gap_prev - 1 <= {MAX_GAP_ROWS} THEN "
+        "transform(sequence(gap_prev + 1, k2 - 1), s -> " + _a(log, "'seq_gap'", "-1", "pid", "s", "null",
+                                                                 "'in neither ledger nor log'")
+        + f") ELSE {EMPTY_X} END",
+    ]
+    return (u.where("(ktype = 0 AND has_orig AND k2 < rl_high) OR (present AND k2 - gap_prev > 1)")
+            .select(F.explode(F.expr(f"concat({', '.join(anoms)})")).alias("x")).select("x.*"))
 
 
 def content_duplicates(units: DataFrame) -> DataFrame:
@@ -569,7 +583,10 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     consumed = flag_consumption_order(vis.consumed) if vis.consumed is not None else None
     params = window_params(spark, tc, ws, as_of, lk)
     units = describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks)), params, tc)
-    x = classify(units, tc).unionByName(content_duplicates(units))
+    # Both the classification and the content-duplicate shuffle read the units: persisted, so the
+    # tier shuffle and the per-unit aggregation run once (released with the summary).
+    units = units.persist(StorageLevel.MEMORY_AND_DISK)
+    x = classify(units, tc).unionByName(order_checks(units)).unionByName(content_duplicates(units))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
     stats: dict[tuple[str, int], dict[str, Any]] = {}
@@ -583,6 +600,7 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     for r in (summary.where("kind = 'A'").groupBy("stage", "partition", "anomaly")
               .agg(F.sum("n").alias("n")).collect()):
         codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])
+    units.unpersist()  # the summary is materialised now; the units are only needed to recompute it
     report = assemble_report(tc, ws, as_of, lk.partitions, stats, codes)
     anomalies = (summary.where("kind = 'A'")
                  .withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("n").cast("int"))))
