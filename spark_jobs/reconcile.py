@@ -334,10 +334,10 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
 
     u = (units.where("in_w")
          .withColumns({
-             "acked_missing": F.expr("NOT simple AND status = 'acked' AND size(copies) = 0"),
-             "covered": F.expr(f"CASE WHEN NOT simple AND status = 'acked' AND size(copies) = 0 THEN "
-                               f"coalesce(exists(try_element_at({cov}, ack.partition), "
-                               "w -> w.lo <= ack.offset AND ack.offset < w.hi), false) ELSE false END")})
+             "acked_missing": F.expr("NOT simple AND status = 'acked' AND size(copies) = 0")})
+         .withColumn("covered", F.expr(f"CASE WHEN acked_missing THEN coalesce(exists(try_element_at({cov}, "
+                                       "ack.partition), w -> w.lo <= ack.offset AND ack.offset < w.hi), false) "
+                                       "ELSE false END"))
          .withColumns({
              "lost": F.expr(f"acked_missing AND covered AND {due}"),
              "unverif": F.expr(f"acked_missing AND NOT covered AND "
