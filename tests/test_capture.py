@@ -489,3 +489,25 @@ def test_submit_sla_failure_exits_3(spark: Any, make_config: Any, tmp_path: Any,
     assert "max_lost" in captured.out
     assert captured.err == ("sla: 1 error-severity SLA check(s) failed for windows in "
                             "2026-11-21T10:00:00+00:00 .. 2026-11-21T11:00:00+00:00\n")
+
+
+@pytest.mark.spark
+def test_watermark_snapshot_adds_the_captured_range_columns_to_an_older_table(
+        spark: Any, make_config: Any, tmp_path: Any) -> None:
+    """A partition_watermarks table written before captured_from/captured_to existed takes the new
+    snapshot rows; its old rows read back with nulls there (reconcile: the whole log was covered)."""
+    from spark_jobs.lake import write_table
+    from spark_jobs.schemas import PARTITION_WATERMARKS
+
+    cfg = make_config(tmp_path)
+    from pyspark.sql.types import StructType
+
+    old_schema = StructType(PARTITION_WATERMARKS.fields[:-2])
+    assert old_schema.fieldNames()[-1] == "captured_at"
+    t1 = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
+    t2 = t1 + timedelta(hours=1)
+    write_table(spark.createDataFrame([("t", 0, 0, 5, t1)], old_schema), cfg, C.WATERMARKS_TABLE,
+                partition_by=("topic",))
+    C._Snapshots(watermarks=[("t", 0, 0, 9, t2, 3, 9)]).write(spark, cfg)
+    assert _rows(spark, cfg, C.WATERMARKS_TABLE, "t", "captured_at") == [
+        ("t", 0, 0, 5, t1, None, None), ("t", 0, 0, 9, t2, 3, 9)]
