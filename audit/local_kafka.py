@@ -77,6 +77,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: 22 URL-safe base64 characters, never starting with '-'.
+
+    Like Kafka's own `Uuid.randomUuid()`, ids that begin with '-' are skipped: command-line
+    tools would read them as an option (1 in 64 random ids).
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -190,7 +202,7 @@ class LocalKafka:
         f = self.data_dir / "cluster.id"
         if f.exists():
             return f.read_text().strip()
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cid = new_cluster_id()
         f.write_text(cid)
         return cid
 
@@ -203,7 +215,7 @@ class LocalKafka:
         jvm = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={node.data_dir}", "-cp", classpath]
         if not (node.data_dir / "logs" / "meta.properties").exists():
-            fmt = subprocess.run([*jvm, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props),
+            fmt = subprocess.run([*jvm, STORAGE_TOOL, "format", f"--cluster-id={cluster_id}", "-c", str(props),
                                   "--ignore-formatted"], capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting node {node.node_id} storage failed: {fmt.stderr.strip()[-400:]}")

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from audit.errors import BrokerError, SetupError
-from audit.local_kafka import LocalKafka, free_port
+from audit.local_kafka import LocalKafka, free_port, new_cluster_id
 from tests.conftest import new_topic
 
 
@@ -57,6 +57,27 @@ def test_broker_start_status_stop(tmp_path: Path) -> None:
         k.stop()
     assert k.running_nodes() == []
     assert not k.is_ready()
+
+
+def test_new_cluster_ids_never_start_with_a_dash() -> None:
+    ids = [new_cluster_id() for _ in range(3000)]  # 1 in 64 random ids starts with '-'
+    assert all(len(c) == 22 and not c.startswith("-") for c in ids)
+    assert len(set(ids)) == 3000
+
+
+@pytest.mark.kafka
+def test_broker_formats_storage_with_a_cluster_id_that_looks_like_an_option(tmp_path: Path) -> None:
+    # A cluster id kept from an earlier run (or chosen by a user) may begin with '-'; the storage
+    # tool must receive it as the value of --cluster-id, not as an unknown option.
+    k = LocalKafka(tmp_path / "k", port=free_port())
+    (tmp_path / "k").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "k" / "cluster.id").write_text("-" + new_cluster_id()[1:])
+    k.start()
+    try:
+        assert k.running_nodes() == [1]
+        assert k.is_ready()
+    finally:
+        k.stop()
 
 
 @pytest.mark.spark
