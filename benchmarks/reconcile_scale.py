@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -224,6 +225,25 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
     return t_classify, time.perf_counter() - t, result
 
 
+def measure(spark: Any, cfg: Config, as_of: datetime, reps: int) -> tuple[float, int, float, float, dict[str, int]]:
+    """`reps` alternating (scan, reconcile) pairs: median scan, rows, median classify and total
+    reconcile seconds, and the anomalies found (identical in every rep, or the run is reported)."""
+    scans, classes, totals, founds = [], [], [], []
+    rows = 0
+    for _ in range(reps):
+        scan, rows = scan_baseline(spark, cfg)
+        cls, total, result = reconcile_once(spark, cfg, as_of)
+        founds.append(found_counts(spark, result))
+        result.release()
+        scans.append(scan)
+        classes.append(cls)
+        totals.append(total)
+    if any(f != founds[0] for f in founds):
+        print(f"anomalies differ between repetitions: {founds}")
+    return (statistics.median(scans), rows, statistics.median(classes), statistics.median(totals),
+            founds[0])
+
+
 def found_counts(spark: Any, result: Any) -> dict[str, int]:
     return {r["anomaly"]: int(r["count"]) for r in result.anomalies.groupBy("anomaly").count().collect()}
 
@@ -259,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=24, help="hours of history for the second run (default 24)")
     ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
     ap.add_argument("--shuffle-partitions", default="8")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="timed scan + reconcile pairs per history size, alternating; medians are printed")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed reconcile that compiles the plan before the timed 1x run")
     args = ap.parse_args(argv)
@@ -279,19 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_spark(cfg, app_name="msgaudit-bench")
     window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window
     as_of = WINDOW + HOUR + timedelta(minutes=75)
-    print(f"n={n:,} messages in the window, {parts} partitions, local[2], work dir {work}")
+    print(f"n={n:,} messages in the window, {parts} partitions, local[2], {args.reps} rep(s) (medians), "
+          f"work dir {work}")
 
     t = time.perf_counter()
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - 1, window_ordinal + 1), window_ordinal)
     write_snapshots(spark, cfg, n, parts, window_ordinal)
     print(f"generated window + lookback hour in {time.perf_counter() - t:.1f}s")
 
-    scan1, rows1 = scan_baseline(spark, cfg)  # also warms the JVM up
-    scan1, rows1 = scan_baseline(spark, cfg)
+    scan_baseline(spark, cfg)  # warms the JVM up
     if not args.no_warmup:
         reconcile_once(spark, cfg, as_of)[2].release()
-    cls1, total1, result1 = reconcile_once(spark, cfg, as_of)
-    found = found_counts(spark, result1)
+    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps)
     expected = expected_counts(n, parts, window_ordinal)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
@@ -300,9 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - args.history + 1, window_ordinal - 1),
              window_ordinal)
     print(f"generated {args.history - 2} more history hours in {time.perf_counter() - t:.1f}s")
-    scan24, rows24 = scan_baseline(spark, cfg)
-    cls24, total24, result24 = reconcile_once(spark, cfg, as_of)
-    found24 = found_counts(spark, result24)
+    scan24, rows24, cls24, total24, found24 = measure(spark, cfg, as_of, args.reps)
     print(f"{args.history}x history: scan {scan24:.1f}s ({rows24:,} input rows), reconcile {cls24:.1f}s + "
           f"publish {total24 - cls24:.1f}s = {total24:.1f}s -> {n / total24:,.0f} messages/s")
 

@@ -6,20 +6,25 @@ DESIGN leaves open); this module is the same rules as Spark transforms, and a pr
 holds the two equal row for row. Shape of the computation, for one window:
 
 1. `flag_consumption_order`: one shuffle of the consumption rows by (group, partition) marks the
-   first processings that go backwards in offset (`reordered_in_consumption`).
-2. `unit_tiers` + `collect_units`: every tier (ledger, log, consumption, sinks) keyed by its unit
-   (topic, pid, seq) -- or (partition, offset) for unaudited records -- and ONE shuffle, hashed by
-   pid, that gathers each unit's rows into arrays. The described units are persisted: the three
-   readers below use them, and the shuffle and aggregation run once. Because the hash key is the
-   pid, the order-dependent checks per (pid, partition) (`reordered_in_log`) and per pid
-   (`seq_gap`) run as window functions on the same partitions, without another exchange, over a
-   narrow projection (`order_checks`), so their sorts never move the units' arrays.
-3. `classify`: per unit, narrow array expressions emit anomaly rows and per-unit facts
-   (expected/delivered/pending/latency). Ordinary delivered messages (`simple_condition`: the vast
-   majority) take a scalar fast path; the higher-order array functions, which Spark interprets
-   rather than compiles, run only for the units that need them. `content_duplicate` needs the
-   units of a fingerprint together, so it shuffles a narrow (fingerprint, time, pid, seq) projection.
-4. One small aggregation turns facts into per-(stage, partition) counts and exact percentiles and
+   first processings that go backwards in offset (`reordered_in_consumption`); persisted, as both
+   paths below read it.
+2. Typed path, for every unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
+   consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
+   records -- and ONE shuffle, hashed by pid, reduces each unit to fixed-width aggregates (counts,
+   the single partition/offset/times, two hashes of the fingerprint): a compiled hash aggregation,
+   no arrays. `simple` marks the ordinary delivered messages (one acked ledger row, its one
+   committed log record at the acked offset, processed once and in order by each group, one row in
+   each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
+   aggregates. An ordinary message has no anomaly of its own.
+3. General path, for the other units only: their keys (a small broadcast) semi-join the tiers
+   before the shuffle of `unit_tiers` + `collect_units`, which gathers each unit's rows into
+   arrays; `describe_units` + `classify` apply every rule of DESIGN §5 with array expressions.
+   The property test holds both paths, together, equal to the oracle.
+4. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
+   neighbours: `order_checks` (`reordered_in_log` per (pid, partition), `seq_gap` per pid: window
+   functions over one exchange by pid) and `content_duplicates` (one shuffle by the fingerprint's
+   96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
+5. One small aggregation turns facts into per-(stage, partition) counts and exact percentiles and
    keeps anomaly rows as they are; that result is tiny and is persisted, so the heavy part runs once.
 
 Transforms here take and return DataFrames and never read or write tables; `read_window_inputs`
@@ -219,10 +224,127 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
 
 
 def collect_units(tiers: DataFrame) -> DataFrame:
-    """The one wide shuffle: hash by k1 (the pid), then gather each unit's rows per tier."""
+    """The general path's shuffle (only the units `typed_units` did not settle): hash by k1 (the
+    pid), then gather each unit's rows per tier."""
+    # kh leads the grouping key: the aggregation sorts by it when its hash map spills (always, at
+    # scale), and a long compares by its sort prefix alone where (ktype, k1) would compare strings.
     return (tiers.repartition("k1")
-            .groupBy("ktype", "k1", "k2")
-            .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")]))
+            .withColumn("kh", F.xxhash64("ktype", "k1", "k2"))
+            .groupBy("kh", "ktype", "k1", "k2")
+            .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
+            .drop("kh"))
+
+
+def _fp_hash(fp: Any) -> list[Any]:
+    """Two independent hashes of a fingerprint (96 bits together; null for a null fingerprint):
+    the typed path compares fingerprints by them, so no string travels through its aggregation."""
+    return [F.when(fp.isNotNull(), F.xxhash64(fp)).alias("fph"), F.when(fp.isNotNull(), F.hash(fp)).alias("fph2")]
+
+
+def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
+                sinks: Mapping[str, DataFrame], tc: TopicConfig) -> DataFrame:
+    """Every tier's rows as narrow fixed-width columns keyed like `unit_tiers`: what `typed_units`
+    needs to recognise an ordinary delivered message and compute its facts without arrays."""
+    us = F.unix_micros
+    none_l, none_i = F.lit(None).cast("bigint"), F.lit(None).cast("int")
+    cols = ("t", "st", "part", "off", "ts1", "ts2", "ok", "gi", "fph", "fph2")
+
+    def shape(df: DataFrame, key: list[Any], **c: Any) -> DataFrame:
+        defaults = {"st": none_i, "part": none_i, "off": none_l, "ts1": none_l, "ts2": none_l,
+                    "ok": F.lit(None).cast("boolean"), "gi": none_i, "fph": none_l, "fph2": none_i}
+        defaults.update(c)
+        return df.select(*key, *[defaults[n].alias(n) if n != "t" else F.lit(c["t"]).alias("t") for n in cols])
+
+    st = (F.when(F.col("status") == "acked", 1).when(F.col("status") == "aborted", 3)
+          .otherwise(2).cast("int"))
+    parts = [shape(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
+                   t=0, st=st, part=F.col("partition"), off=F.col("offset"), ts1=us("produce_ts"), ts2=us("ack_ts"))]
+    valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
+    log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
+    fph, fph2 = _fp_hash(F.col("fingerprint"))
+    parts.append(shape(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
+                       off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
+    if consumed is not None and tc.groups:
+        gi = F.lit(None).cast("int")
+        for i, g in enumerate(tc.groups):
+            gi = F.when(F.col("group") == g, i).otherwise(gi)
+        parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
+                           off=F.col("offset"), ts1=us("consume_ts"),
+                           ok=(F.col("outcome") == "processed") & ~F.col("reorder"), gi=gi))
+    names = [x.name for x in tc.sinks]
+    for name, df in sinks.items():
+        parts.append(shape(df, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
+                           gi=F.lit(names.index(name) if name in names else None).cast("int")))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
+    """The one wide shuffle of the typed path: per unit, counts and single values of every tier as
+    fixed-width aggregates (a hash aggregation, compiled; no arrays). `simple` marks the ordinary
+    delivered messages (`simple_condition`, stated on these aggregates); their facts come from the
+    aggregates. Only the other units are gathered into arrays, by the general path."""
+    t = F.col("t")
+    sink_names = [x.name for x in tc.sinks]
+
+    def n(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    def one(cond: Any, col: str) -> Any:
+        return F.max(F.when(cond, F.col(col)))
+
+    aggs = [n(t == 0).alias("nL"), n((t == 0) & (F.col("st") == 1)).alias("nLa"),
+            one(t == 0, "part").alias("lp"), one(t == 0, "off").alias("lo"),
+            one(t == 0, "ts1").alias("lpt"), one(t == 0, "ts2").alias("lack"),
+            n(t == 1).alias("nR"), n((t == 1) & F.col("ok")).alias("nRc"),
+            one(t == 1, "part").alias("rp"), one(t == 1, "off").alias("ro"),
+            one(t == 1, "fph").alias("fph"), one(t == 1, "fph2").alias("fph2"),
+            n(t == 2).alias("nC"), F.min(F.when(t == 2, F.col("part"))).alias("cp_lo"),
+            one(t == 2, "part").alias("cp_hi"), F.min(F.when(t == 2, F.col("off"))).alias("co_lo"),
+            one(t == 2, "off").alias("co_hi"), n(t == 3).alias("nS")]
+    for i in range(len(tc.groups)):
+        c = (t == 2) & (F.col("gi") == i)
+        aggs += [n(c & F.col("ok")).alias(f"c{i}_ok"), one(c, "ts1").alias(f"c{i}_ts")]
+    for i in range(len(sink_names)):
+        c = (t == 3) & (F.col("gi") == i)
+        aggs += [n(c).alias(f"s{i}_n"), one(c, "ts1").alias(f"s{i}_ts")]
+    simple = ((F.col("ktype") == 0) & (F.col("nL") == 1) & (F.col("nLa") == 1) & (F.col("nR") == 1)
+              & (F.col("nRc") == 1) & (F.col("rp") == F.col("lp")) & (F.col("ro") == F.col("lo"))
+              & (F.col("nC") == len(tc.groups)) & (F.col("nS") == len(sink_names)))
+    if tc.groups:
+        simple = (simple & (F.col("cp_lo") == F.col("rp")) & (F.col("cp_hi") == F.col("rp"))
+                  & (F.col("co_lo") == F.col("ro")) & (F.col("co_hi") == F.col("ro")))
+        for i in range(len(tc.groups)):
+            simple = simple & (F.col(f"c{i}_ok") == 1)
+    for i in range(len(sink_names)):
+        simple = simple & (F.col(f"s{i}_n") == 1)
+    # Hashed by kh, the unit key's hash, before the aggregation: units spread evenly (hashing by pid
+    # leaves some tasks idle), and no map-side partial aggregation runs -- it has nothing to
+    # combine (a unit's tiers come from different tables) and measured slower than none.
+    return (tiers.withColumn("kh", F.xxhash64("ktype", "k1", "k2")).repartition("kh")
+            .groupBy("kh", "ktype", "k1", "k2").agg(*aggs)
+            .drop("kh")
+            .withColumn("simple", F.coalesce(simple, F.lit(False))))
+
+
+def simple_facts(typed: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFrame:
+    """X rows (facts only: an ordinary delivered message has no anomaly of its own) of the simple units."""
+    stages = [_f("'log'", "lp", "1", "1", "0", "(lack - lpt) / 1000D")]
+    stages += [_f(_q(f"group:{g}"), "rp", "1", "1", "0", f"(c{i}_ts - lpt) / 1000D") for i, g in enumerate(tc.groups)]
+    stages += [_f(_q(f"sink:{s.name}"), "rp", "1", "1", "0", f"(s{i}_ts - lpt) / 1000D")
+               for i, s in enumerate(tc.sinks)]
+    return (typed.where("simple").crossJoin(F.broadcast(params))
+            .where("lpt >= ws_us AND lpt < we_us")
+            .select(F.explode(F.expr(f"array({', '.join(stages)})")).alias("x")).select("x.*"))
+
+
+def unit_keys(units: DataFrame) -> list[Any]:
+    """Narrow per-unit columns the order and content checks read, from a typed (simple) unit."""
+    return [F.col("ktype"), F.col("k1"), F.col("k2"), F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+            F.col("lpt").alias("pt_us"), F.col("rp").alias("o_part"), F.col("ro").alias("o_off"),
+            F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2"]
 
 
 def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: datetime, lk: Lookups) -> DataFrame:
@@ -465,19 +587,28 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
     return u.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
 
 
-def order_checks(units: DataFrame) -> DataFrame:
+def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame) -> DataFrame:
+    """One narrow row per unit, simple (typed) or not (described): what the order and content checks
+    read -- key, produce time, the original copy's position, presence, the fingerprint's hashes."""
+    fph, fph2 = _fp_hash(F.col("orig.fingerprint"))
+    general = units.select(
+        "ktype", "k1", "k2", "pid", "seq", "pt_us", F.col("orig.partition").alias("o_part"),
+        F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
+        ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"), fph, fph2)
+    return (typed.where("simple").select(*unit_keys(typed)).unionByName(general)
+            .crossJoin(F.broadcast(params.select("ws_us", "we_us")))
+            .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
+            .drop("ws_us", "we_us"))
+
+
+def order_checks(narrow: DataFrame) -> DataFrame:
     """`reordered_in_log` and `seq_gap` X rows: the order-dependent checks, as window functions over
-    a narrow projection of the units (key, original copy's position, presence), so the two sorts
-    they need move a few columns per unit, not the units' arrays. The window partitions are unions
-    of the collect_units hash partitions (hashed by pid): no exchange."""
+    the narrow units (`narrow_units`), so the two sorts they need move a few columns per unit."""
     by_pid_part = (Window.partitionBy("ktype", "k1", "o_part").orderBy("o_off")
                    .rowsBetween(Window.unboundedPreceding, -1))
     by_pid = Window.partitionBy("ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
-    narrow = units.select(
-        "ktype", "k1", "k2", "pid", "seq", "in_w", F.col("orig.partition").alias("o_part"),
-        F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
-        ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"))
-    u = (narrow.withColumns({
+    # hashed by pid once: both windows' partitions are unions of these (one exchange, two sorts)
+    u = (narrow.repartition("k1").withColumns({
              "rl_high": F.max(F.when((F.col("ktype") == 0) & F.col("has_orig"), F.col("k2"))).over(by_pid_part),
              "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
          .where("in_w"))
@@ -499,12 +630,12 @@ def order_checks(units: DataFrame) -> DataFrame:
             .select(F.explode(F.expr(f"concat({', '.join(anoms)})")).alias("x")).select("x.*"))
 
 
-def content_duplicates(units: DataFrame) -> DataFrame:
-    """`content_duplicate` X rows: one shuffle of a narrow projection by fingerprint."""
-    w = Window.partitionBy("fp").orderBy("pt_us", "k1", "k2")
-    narrow = (units.where("ktype = 0 AND orig.fingerprint IS NOT NULL")
-              .select(F.col("orig.fingerprint").alias("fp"), "pt_us", "k1", "k2", "in_w",
-                      F.col("orig.partition").alias("p"), F.col("orig.offset").alias("o")))
+def content_duplicates(narrow: DataFrame) -> DataFrame:
+    """`content_duplicate` X rows: one shuffle of the narrow units by their fingerprint's 96-bit hash."""
+    w = Window.partitionBy("fph", "fph2").orderBy("pt_us", "k1", "k2")
+    narrow = (narrow.where("ktype = 0 AND has_orig AND fph IS NOT NULL")
+              .select("fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
+                      F.col("o_off").alias("o")))
     ranked = (narrow.withColumn("rn", F.row_number().over(w))
               .withColumn("first", F.first(F.struct("k1", "k2")).over(
                   w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))))
@@ -580,13 +711,27 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     lk = collect_lookups(wm_rows, go_rows, tc.groups)
     quarantined = vis.ledger.where(~ledger_is_valid()).count()
     ledger = vis.ledger.where(ledger_is_valid())
-    consumed = flag_consumption_order(vis.consumed) if vis.consumed is not None else None
     params = window_params(spark, tc, ws, as_of, lk)
-    units = describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks)), params, tc)
-    # Both the classification and the content-duplicate shuffle read the units: persisted, so the
-    # tier shuffle and the per-unit aggregation run once (released with the summary).
-    units = units.persist(StorageLevel.MEMORY_AND_DISK)
-    x = classify(units, tc).unionByName(order_checks(units)).unionByName(content_duplicates(units))
+    cached: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        cached.append(df.persist(StorageLevel.MEMORY_AND_DISK))
+        return cached[-1]
+
+    # The order flag needs every processing of a (group, partition): computed once, read by both paths.
+    consumed = keep(flag_consumption_order(vis.consumed)) if vis.consumed is not None and tc.groups else None
+    # Typed path: every unit's tiers as fixed-width aggregates; ordinary messages end here.
+    typed = keep(typed_units(typed_tiers(ledger, vis.log, consumed, vis.sinks, tc), tc))
+    # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
+    # before their shuffle, so the ordinary majority never reaches it).
+    keys = typed.where("NOT simple").select("ktype", "k1", "k2")
+    tiers = unit_tiers(ledger, vis.log, consumed, vis.sinks)
+    tiers = tiers.join(F.broadcast(keys), [tiers[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")],
+                       "left_semi")
+    units = keep(describe_units(collect_units(tiers), params, tc))
+    narrow = narrow_units(typed, units, params)
+    x = (simple_facts(typed, params, tc).unionByName(classify(units, tc))
+         .unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow)))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
     stats: dict[tuple[str, int], dict[str, Any]] = {}
@@ -600,7 +745,8 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     for r in (summary.where("kind = 'A'").groupBy("stage", "partition", "anomaly")
               .agg(F.sum("n").alias("n")).collect()):
         codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])
-    units.unpersist()  # the summary is materialised now; the units are only needed to recompute it
+    for df in cached:  # the summary is materialised now; these are only needed to recompute it
+        df.unpersist()
     report = assemble_report(tc, ws, as_of, lk.partitions, stats, codes)
     anomalies = (summary.where("kind = 'A'")
                  .withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("n").cast("int"))))

@@ -224,3 +224,36 @@ def test_jdbc_options_from_sqlalchemy_urls() -> None:
     with pytest.raises(ConfigError, match="postgresql or sqlite"):
         jdbc_options("mysql://x/y")
 
+
+
+@pytest.mark.spark
+def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
+    """`typed_units` settles exactly the ordinary delivered messages; every unit with something to
+    report goes to the general (array) path. Both paths together equal the oracle."""
+    from datetime import timedelta
+
+    from spark_jobs.reconcile import flag_consumption_order, restrict, typed_tiers, typed_units
+    from tests.reconcile_cases import window_inputs
+
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    for seq in range(4):
+        h.clean("p", seq, 0, seq, at(10 + seq))  # seq 0..3 ordinary
+    h.consume("p", 1, 0, 1, at(30), consumer="c2")  # seq 1 redelivered
+    h.sink("p", 2, 0, 2, at(31))  # seq 2 twice in the sink
+    h.produce("p", 4, 0, 4, at(14))
+    h.record("p", 4, 0, 4, at(14))  # seq 4 never consumed: missed
+    h.produce("p", 5, 0, 5, at(15))
+    h.record("p", 5, 0, 6, at(15))  # seq 5 in the log at another offset than acked
+    h.consume("p", 5, 0, 6, at(15) + timedelta(seconds=1))
+    h.sink("p", 5, 0, 6, at(15) + timedelta(seconds=2))
+    tc = topic_config()
+    vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
+    typed = typed_units(typed_tiers(vis.ledger, vis.log, flag_consumption_order(vis.consumed), vis.sinks, tc), tc)
+    assert sorted((r["k2"], r["simple"]) for r in typed.select("k2", "simple").collect()) == [
+        (0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
+    report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
+    oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs())
+    assert anomalies == sorted_anomalies(oracle.anomalies)
+    assert report == norm_rows(oracle.report)
+    assert sorted(a[1] for a in brief(anomalies)) == ["duplicate_in_sink", "missed", "redelivered"]
