@@ -5,16 +5,17 @@ The rules are stated once, readably, in `audit/oracle.py` (its docstring lists e
 DESIGN leaves open); this module is the same rules as Spark transforms, and a property test
 holds the two equal row for row. Shape of the computation, for one window:
 
-1. `flag_consumption_order`: one shuffle of the consumption rows by (group, partition) marks the
-   first processings that go backwards in offset (`reordered_in_consumption`); persisted, as both
-   paths below read it.
+1. `flag_consumption_order` (through `reordered_processings`): one shuffle of a narrow projection of
+   the consumption rows by (group, partition) finds the first processings that go backwards in
+   offset (`reordered_in_consumption`). Only those few rows are kept: their units go to the
+   general path, and `with_reorder` marks them there with a broadcast lookup.
 2. Typed path, for every unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
    consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
    records -- and ONE shuffle, hashed by pid, reduces each unit to fixed-width aggregates (counts,
    the single partition/offset/times, two hashes of the fingerprint): a compiled hash aggregation,
    no arrays. `simple` marks the ordinary delivered messages (one acked ledger row, its one
-   committed log record at the acked offset, processed once and in order by each group, one row in
-   each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
+   committed log record at the acked offset, processed once by each group -- in order, unless
+   flagged in step 1 --, one row in each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
    aggregates. An ordinary message has no anomaly of its own.
 3. General path, for the other units only: their keys (a small broadcast) semi-join the tiers
    before the shuffle of `unit_tiers` + `collect_units`, which gathers each unit's rows into
@@ -174,6 +175,24 @@ def flag_consumption_order(consumed: DataFrame) -> DataFrame:
             .drop("_proc", "_high", "_rn"))
 
 
+ORDER_COLUMNS = ("group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
+
+
+def reordered_processings(consumed: DataFrame) -> DataFrame:
+    """The processings `flag_consumption_order` flags -- few -- by their identifying columns and unit
+    key. The window runs over a narrow projection; only its flagged rows leave it."""
+    cols = [*ORDER_COLUMNS, "outcome", "pid", "seq"]
+    return (flag_consumption_order(consumed.select(*cols)).where("reorder")
+            .select(*ORDER_COLUMNS, *_key("pid", "seq", "partition", "offset")).distinct())
+
+
+def with_reorder(consumed: DataFrame, flagged: DataFrame) -> DataFrame:
+    """`consumed` plus `reorder`, looked up in the flagged processings (a small broadcast)."""
+    marks = flagged.select(*ORDER_COLUMNS).distinct().withColumn("_flag", F.lit(True))
+    return (consumed.join(F.broadcast(marks), list(ORDER_COLUMNS), "left")
+            .withColumn("reorder", F.coalesce(F.col("_flag"), F.lit(False))).drop("_flag"))
+
+
 def _key(pid: str, seq: str, partition: str, offset: str) -> list[Any]:
     audited = F.col(pid).isNotNull() & F.col(seq).isNotNull()
     return [F.when(audited, 0).otherwise(1).alias("ktype"),
@@ -269,8 +288,7 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
         for i, g in enumerate(tc.groups):
             gi = F.when(F.col("group") == g, i).otherwise(gi)
         parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
-                           off=F.col("offset"), ts1=us("consume_ts"),
-                           ok=(F.col("outcome") == "processed") & ~F.col("reorder"), gi=gi))
+                           off=F.col("offset"), ts1=us("consume_ts"), ok=F.col("outcome") == "processed", gi=gi))
     names = [x.name for x in tc.sinks]
     for name, df in sinks.items():
         parts.append(shape(df, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
@@ -718,13 +736,20 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
         cached.append(df.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]
 
-    # The order flag needs every processing of a (group, partition): computed once, read by both paths.
-    consumed = keep(flag_consumption_order(vis.consumed)) if vis.consumed is not None and tc.groups else None
+    # A unit one of whose processings went backwards is not ordinary: the order check runs once,
+    # over the consumption rows alone, and only its flagged rows come back.
+    flagged = keep(reordered_processings(vis.consumed)) if vis.consumed is not None else None
     # Typed path: every unit's tiers as fixed-width aggregates; ordinary messages end here.
-    typed = keep(typed_units(typed_tiers(ledger, vis.log, consumed, vis.sinks, tc), tc))
+    typed = typed_units(typed_tiers(ledger, vis.log, vis.consumed, vis.sinks, tc), tc)
+    if flagged is not None:
+        marks = flagged.select("ktype", "k1", "k2").distinct().withColumn("_reordered", F.lit(True))
+        typed = (typed.join(F.broadcast(marks), ["ktype", "k1", "k2"], "left")
+                 .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
+    typed = keep(typed)
     # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
     # before their shuffle, so the ordinary majority never reaches it).
     keys = typed.where("NOT simple").select("ktype", "k1", "k2")
+    consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
     tiers = unit_tiers(ledger, vis.log, consumed, vis.sinks)
     tiers = tiers.join(F.broadcast(keys), [tiers[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")],
                        "left_semi")
