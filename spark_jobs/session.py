@@ -63,4 +63,8 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.spark.get("log_level", "WARN"))
+    # reconcile releases its local checkpoints on purpose; RDD.unpersist warns about each one
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.rdd.MapPartitionsRDD", jvm.org.apache.logging.log4j.Level.ERROR)
     return spark

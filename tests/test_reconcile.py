@@ -130,6 +130,12 @@ def _delta_rows(spark: Any, cfg: Config, table: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: tuple("" if r[k] is None else str(r[k]) for k in sorted(r)))
 
 
+def _our_persisted_rdds(spark: Any) -> set[int]:
+    """Ids of the RDDs kept in the block manager, except Delta's own cached table states."""
+    rdds = spark.sparkContext._jsc.getPersistentRDDs()
+    return {int(k) for k, r in rdds.items() if not str(r.name() or "").startswith("Delta Table State")}
+
+
 @pytest.mark.spark
 def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the_window(
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
@@ -149,8 +155,10 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
         ("sink:s2", "missing_in_sink", 0, "p", 2, 2),
     ]
 
+    kept_before = _our_persisted_rdds(spark)
     first = reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
     assert norm_rows(first.report) == norm_rows(oracle.report)
+    assert len(_our_persisted_rdds(spark) - kept_before) == 1  # the summary the result holds, nothing else
     report_1 = _delta_rows(spark, cfg, "audit_partition_report")
     anomalies_1 = _delta_rows(spark, cfg, "audit_anomalies")
     assert sorted_anomalies(anomalies_1) == sorted_anomalies(oracle.anomalies)
@@ -158,6 +166,8 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     with ReportStore(cfg.report_store) as store:
         stored_1 = (store.read(PARTITION_REPORT, TOPIC), store.read(ANOMALIES, TOPIC))
     assert len(stored_1[0]) == 4 and len(stored_1[1]) == 3
+    first.release()
+    assert _our_persisted_rdds(spark) == kept_before  # the checkpoints and the summary are freed
 
     # Same inputs, same as_of: identical rows everywhere, nothing appended.
     reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
