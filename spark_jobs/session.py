@@ -65,6 +65,7 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
     spark.sparkContext.setLogLevel(cfg.spark.get("log_level", "WARN"))
     # reconcile releases its local checkpoints on purpose; RDD.unpersist warns about each one
     jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a classic (non-Connect) session
     jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
         "org.apache.spark.rdd.MapPartitionsRDD", jvm.org.apache.logging.log4j.Level.ERROR)
     return spark

@@ -259,6 +259,7 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     h.sink("p", 5, 0, 6, at(15) + timedelta(seconds=2))
     tc = topic_config()
     vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
+    assert vis.consumed is not None
     typed = typed_units(typed_tiers(vis.ledger, vis.log, flag_consumption_order(vis.consumed), vis.sinks, tc), tc)
     assert sorted((r["k2"], r["simple"]) for r in typed.select("k2", "simple").collect()) == [
         (0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
