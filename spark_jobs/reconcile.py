@@ -11,7 +11,7 @@ holds the two equal row for row. Shape of the computation, for one window:
    general path, and `with_reorder` marks them there with a broadcast lookup.
 2. Typed path, for every unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
    consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
-   records -- and ONE shuffle, hashed by pid, reduces each unit to fixed-width aggregates (counts,
+   records -- and ONE shuffle, hashed by the unit key, reduces each unit to fixed-width aggregates (counts,
    the single partition/offset/times, two hashes of the fingerprint): a compiled hash aggregation,
    no arrays. `simple` marks the ordinary delivered messages (one acked ledger row, its one
    committed log record at the acked offset, processed once by each group -- in order, unless
@@ -27,6 +27,8 @@ holds the two equal row for row. Shape of the computation, for one window:
    96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
 5. One small aggregation turns facts into per-(stage, partition) counts and exact percentiles and
    keeps anomaly rows as they are; that result is tiny and is persisted, so the heavy part runs once.
+   What more than one step reads (the flagged processings, the typed units, the described units) is
+   kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
 
 Transforms here take and return DataFrames and never read or write tables; `read_window_inputs`
 and `write_outputs` at the bottom are the only I/O (with `spark_jobs/sinks_read.py` for sinks).
@@ -302,8 +304,11 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
 def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
     """The one wide shuffle of the typed path: per unit, counts and single values of every tier as
     fixed-width aggregates (a hash aggregation, compiled; no arrays). `simple` marks the ordinary
-    delivered messages (`simple_condition`, stated on these aggregates); their facts come from the
-    aggregates. Only the other units are gathered into arrays, by the general path."""
+    delivered messages: one acked ledger row, its one committed log record at the acked offset,
+    processed once by each group at that position (and, as the caller adds, not out of order), one
+    row in each sink. Such a unit has no anomaly of its own (only the order/gap and content checks
+    can still flag it), so its facts come from the aggregates (`simple_facts`). Only the other units
+    are gathered into arrays, by the general path; the property test holds both paths to the oracle."""
     t = F.col("t")
     sink_names = [x.name for x in tc.sinks]
 
@@ -384,61 +389,35 @@ def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: dat
     return spark.range(1).select(*cols)
 
 
-def simple_condition(tc: TopicConfig) -> str:
-    """SQL: the unit is an ordinary delivered message -- one acked ledger row, its one committed log
-    record at the acked offset, processed once (and in order) by each group, one row in each sink.
-    Such a unit has no anomaly of its own (only the order/gap checks can still flag it), so its
-    facts are computed from scalars; higher-order array functions (interpreted, slow) run only for
-    the rest. Must imply exactly what the general path concludes for it: the property test checks."""
-    cond = ["ktype = 0", "size(L) = 1", "get(L, 0).status = 'acked'", "size(R) = 1", "get(R, 0).committed",
-            "get(R, 0).partition = get(L, 0).partition", "get(R, 0).offset = get(L, 0).offset",
-            f"size(C) = {len(tc.groups)}", f"size(S) = {len(tc.sinks)}"]
-    if tc.groups:
-        cond.append("forall(C, c -> c.outcome = 'processed' AND c.partition = get(R, 0).partition "
-                    "AND c.offset = get(R, 0).offset AND NOT c.reorder)")
-        cond.append(f"size(array_distinct(transform(C, c -> c.group))) = {len(tc.groups)}")
-    if tc.sinks:
-        cond.append(f"size(array_distinct(transform(S, x -> x.sink))) = {len(tc.sinks)}")
-    return "coalesce(" + " AND ".join(cond) + ", false)"
-
-
 def describe_units(units: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFrame:
     """Unit-level facts every stage uses: produce time, ledger status, committed copies, original."""
-    slow = "CASE WHEN simple THEN NULL ELSE {} END"
     return (units.crossJoin(F.broadcast(params))
-            .withColumn("simple", F.expr(simple_condition(tc)))
             .withColumns({
-                "R2": F.expr(slow.format(
+                "R2": F.expr(
                     "array_sort(array_distinct(transform(R, x -> named_struct('partition', x.partition, "
                     "'offset', x.offset, 'committed', x.committed, 'pid', x.pid, 'seq', x.seq, "
                     "'produce_ts', x.produce_ts, 'kafka_ts', x.kafka_ts, 'fingerprint', x.fingerprint, "
-                    "'header_error', x.header_error))))")),
+                    "'header_error', x.header_error))))"),
                 "pt_us": F.expr(
-                    "CASE WHEN simple THEN unix_micros(get(L, 0).produce_ts) ELSE "
                     "unix_micros(coalesce(array_min(transform(L, x -> x.produce_ts)), "
                     "array_min(transform(R, x -> x.produce_ts)), array_min(transform(R, x -> x.kafka_ts)), "
                     "array_min(transform(R, x -> x.captured_at)), array_min(transform(C, x -> x.consume_ts)), "
-                    "array_min(transform(S, x -> x.sink_ts)))) END"),
+                    "array_min(transform(S, x -> x.sink_ts))))"),
                 "status": F.expr(
-                    "CASE WHEN simple THEN 'acked' WHEN exists(L, x -> x.status = 'aborted') THEN 'aborted' "
+                    "CASE WHEN exists(L, x -> x.status = 'aborted') THEN 'aborted' "
                     "WHEN exists(L, x -> x.status = 'acked') THEN 'acked' "
                     "WHEN size(L) > 0 THEN 'failed' END"),
-                "ack": F.expr("CASE WHEN simple THEN get(L, 0) ELSE array_min(filter(L, x -> x.status = 'acked')) END"),
+                "ack": F.expr("array_min(filter(L, x -> x.status = 'acked'))"),
             })
             .withColumns({
                 "in_w": F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"),
-                "copies": F.expr(slow.format("filter(R2, x -> x.committed)")),
+                "copies": F.expr("filter(R2, x -> x.committed)"),
             })
             .withColumn("orig", F.expr(
-                "CASE WHEN simple THEN named_struct('partition', get(R, 0).partition, 'offset', get(R, 0).offset, "
-                "'committed', get(R, 0).committed, 'pid', get(R, 0).pid, 'seq', get(R, 0).seq, "
-                "'produce_ts', get(R, 0).produce_ts, 'kafka_ts', get(R, 0).kafka_ts, "
-                "'fingerprint', get(R, 0).fingerprint, 'header_error', get(R, 0).header_error) ELSE "
                 "coalesce(get(filter(copies, x -> x.partition = ack.partition AND x.offset = ack.offset), 0), "
-                "get(copies, 0)) END"))
+                "get(copies, 0))"))
             .withColumns({
-                "extras": F.expr(slow.format(
-                    "filter(copies, x -> NOT (x.partition = orig.partition AND x.offset = orig.offset))")),
+                "extras": F.expr("filter(copies, x -> NOT (x.partition = orig.partition AND x.offset = orig.offset))"),
                 "pid": F.expr("CASE WHEN ktype = 0 THEN k1 ELSE orig.pid END"),
                 "seq": F.expr("CASE WHEN ktype = 0 THEN k2 ELSE orig.seq END"),
             }))
@@ -474,7 +453,7 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
 
     u = (units.where("in_w")
          .withColumns({
-             "acked_missing": F.expr("NOT simple AND status = 'acked' AND size(copies) = 0")})
+             "acked_missing": F.expr("status = 'acked' AND size(copies) = 0")})
          .withColumn("covered", F.expr(f"CASE WHEN acked_missing THEN coalesce(exists(try_element_at({cov}, "
                                        "ack.partition), w -> w.lo <= ack.offset AND ack.offset < w.hi), false) "
                                        "ELSE false END"))
@@ -504,8 +483,6 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
         "transform(filter(R2, x -> NOT x.committed), x -> " + _a(
             log, "'aborted'", "x.partition", "x.pid", "x.seq", "x.offset", "'record of an aborted transaction'") + ")",
     ]
-    fast = [_opt("true", _f(log, "ack.partition", "1", "1", "0",
-                            "(unix_micros(ack.ack_ts) - unix_micros(ack.produce_ts)) / 1000D"))]
     facts = [_opt("ktype = 0 AND status = 'acked'", _f(
         log, "ack.partition", "1", "CASE WHEN size(copies) > 0 THEN 1 ELSE 0 END",
         "CASE WHEN acked_missing AND NOT lost AND NOT unverif THEN 1 ELSE 0 END",
@@ -516,18 +493,14 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
         gcol = f"_group{gi}"
         co = f"co{gi}"
         match = f"c.group = {_q(g)} AND c.partition = r.partition AND c.offset = r.offset"
-        only_g = "get(C, 0)" if len(tc.groups) == 1 else f"get(filter(C, c -> c.group = {_q(g)}), 0)"
-        fast.append(_opt("true", _f(stage, "orig.partition", "1", "1", "0",
-                                    f"(unix_micros({only_g}.consume_ts) - pt_us) / 1000D")))
         # a sink row from a sink g feeds is evidence that g processed the unit (exactly-once sinks
         # commit offsets with the rows; the consumption row may never have been flushed)
         fed = [s.name for s in tc.sinks if s.group == g]
         sunk = (f"exists(S, x -> x.sink IN ({', '.join(_q(name) for name in fed)}))" if fed else "false")
-        per_stage[gcol] = (F.expr(
-            "CASE WHEN simple THEN NULL ELSE "
+        per_stage[gcol] = F.expr(
             f"transform(R2, r -> named_struct('r', r, "
             f"'proc', array_sort(filter(C, c -> {match} AND c.outcome = 'processed')), "
-            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered'), 'sunk', {sunk})) END"))
+            f"'dead', exists(C, c -> {match} AND c.outcome = 'dead_lettered'), 'sunk', {sunk}))")
         n = "size(x.proc)"
         unprocessed_code = (f"CASE WHEN x.dead THEN 'dead_lettered' WHEN NOT {due} THEN 'pending' "
                             f"WHEN x.r.offset < coalesce(try_element_at({lso}, x.r.partition), -1) "
@@ -570,14 +543,10 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
             expected = (f"exists(C, c -> c.group = {_q(s.group)} AND c.outcome = 'processed' AND "
                         "exists(copies, r -> r.partition = c.partition AND r.offset = c.offset))")
         scol = f"_sink{si}"
-        only_s = "get(S, 0)" if len(tc.sinks) == 1 else f"get(filter(S, x -> x.sink = {_q(s.name)}), 0)"
-        fast.append(_opt("true", _f(stage, "orig.partition", "1", "1", "0",
-                                    f"(unix_micros({only_s}.sink_ts) - pt_us) / 1000D")))
-        per_stage[scol] = (F.expr(
-            "CASE WHEN simple THEN NULL ELSE "
+        per_stage[scol] = F.expr(
             f"named_struct('rows', {rows}, 'exp', {expected}, 'sorted', array_sort(transform({rows}, x -> "
             f"named_struct('a', coalesce(unix_micros(x.sink_ts), {_MIN}L), 'b', coalesce(x.offset, {_MIN}L), "
-            f"'c', coalesce(cast(x.partition as bigint), {_MIN}L), 'row', x)))) END"))
+            f"'c', coalesce(cast(x.partition as bigint), {_MIN}L), 'row', x))))")
         n = f"size({scol}.rows)"
         log_anoms += [
             f"CASE WHEN orig IS NULL THEN transform({scol}.rows, x -> "
@@ -600,8 +569,7 @@ def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
 
     if per_stage:
         u = u.withColumns(per_stage)
-    rows = (f"CASE WHEN simple THEN concat({', '.join(fast)}) "
-            f"ELSE concat({', '.join(log_anoms + facts)}) END")
+    rows = f"concat({', '.join(log_anoms + facts)})"
     return u.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
 
 
