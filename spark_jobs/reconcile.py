@@ -389,7 +389,7 @@ def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: dat
     return spark.range(1).select(*cols)
 
 
-def describe_units(units: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFrame:
+def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
     """Unit-level facts every stage uses: produce time, ledger status, committed copies, original."""
     return (units.crossJoin(F.broadcast(params))
             .withColumns({
@@ -737,7 +737,7 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     tiers = unit_tiers(ledger, vis.log, consumed, vis.sinks)
     tiers = tiers.join(F.broadcast(keys), [tiers[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")],
                        "left_semi")
-    units = keep(describe_units(collect_units(tiers), params, tc))
+    units = keep(describe_units(collect_units(tiers), params))
     narrow = narrow_units(typed, units, params)
     x = (simple_facts(typed, params, tc).unionByName(classify(units, tc))
          .unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow)))
