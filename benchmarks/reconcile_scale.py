@@ -8,6 +8,9 @@ prints:
   counted, in the same session (target <= 2.5);
 - the ratio of reconciling the same window with the tables holding 1x history (the window and the
   lookback hour it reads) versus 24x (23 more hours of the same traffic before it) (target <= 1.3);
+- with `--floor`, the bare operations any reconciliation of these rules needs (bring each message's
+  tiers together, sort the log's positions, group its fingerprints), timed alone, as a ratio to
+  the same scan: how much of the target is left for everything else;
 - whether every injected anomaly was found, exactly (count per code);
 - peak RSS of the driver JVM and of the Python driver.
 
@@ -215,6 +218,40 @@ def scan_baseline(spark: Any, cfg: Config) -> tuple[float, int]:
     return time.perf_counter() - t, rows
 
 
+def floor_baseline(spark: Any, cfg: Config) -> dict[str, float]:
+    """The bare operations any implementation of DESIGN §5 needs, timed alone on the same inputs
+    (no classification, no output): `join`, one shuffle of every tier's rows keyed by message and a
+    hash aggregation per message (the read included); `order`, one sort of the log's positions by
+    (pid, partition, offset) for the order and gap checks; `content`, one shuffle and sort of the
+    log's fingerprints for the content duplicates. `order` and `content` are net of `log_read`, a
+    read of the same log columns, since one implementation could share that read with `join`."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import read_window_inputs, restrict, typed_tiers
+
+    tc = cfg.topic(TOPIC)
+    vis = restrict(read_window_inputs(spark, cfg, tc, WINDOW), tc, WINDOW)
+    out: dict[str, float] = {}
+
+    def timed(name: str, df: Any) -> None:
+        t = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        out[name] = time.perf_counter() - t
+
+    timed("join", typed_tiers(vis.ledger, vis.log, vis.consumed, vis.sinks, tc)
+          .groupBy("ktype", "k1", "k2").agg(F.count(F.lit(1)).alias("n"), F.max("off").alias("o")))
+    positions = vis.log.select("pid", "seq", "partition", "offset")
+    fingerprints = vis.log.select("fingerprint", "pid", "seq")
+    timed("log_read", positions.unionByName(fingerprints.select(
+        F.col("fingerprint").alias("pid"), "seq", F.lit(0).alias("partition"), F.lit(0).alias("offset"))))
+    timed("order", positions.repartition("pid").sortWithinPartitions("pid", "partition", "offset"))
+    timed("content", fingerprints.repartition("fingerprint").sortWithinPartitions("fingerprint"))
+    read = out.pop("log_read")
+    out["order"] = max(0.0, out["order"] - read / 2)
+    out["content"] = max(0.0, out["content"] - read / 2)
+    return out
+
+
 def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, float, Any]:
     from spark_jobs.reconcile import reconcile_window, write_outputs
 
@@ -225,13 +262,16 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
     return t_classify, time.perf_counter() - t, result
 
 
-def measure(spark: Any, cfg: Config, as_of: datetime, reps: int) -> tuple[float, int, float, float, dict[str, int]]:
+def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
+            floors: list[dict[str, float]] | None = None) -> tuple[float, int, float, float, dict[str, int]]:
     """`reps` alternating (scan, reconcile) pairs: median scan, rows, median classify and total
     reconcile seconds, and the anomalies found (identical in every rep, or the run is reported)."""
     scans, classes, totals, founds = [], [], [], []
     rows = 0
     for _ in range(reps):
         scan, rows = scan_baseline(spark, cfg)
+        if floors is not None:
+            floors.append(floor_baseline(spark, cfg))
         cls, total, result = reconcile_once(spark, cfg, as_of)
         founds.append(found_counts(spark, result))
         result.release()
@@ -281,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shuffle-partitions", default="8")
     ap.add_argument("--reps", type=int, default=1,
                     help="timed scan + reconcile pairs per history size, alternating; medians are printed")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time, beside each 1x scan, the bare operations any reconciliation needs "
+                         "(join the tiers per message, sort positions, group fingerprints) and print "
+                         "their sum as a ratio to the scan")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed reconcile that compiles the plan before the timed 1x run")
     args = ap.parse_args(argv)
@@ -312,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     scan_baseline(spark, cfg)  # warms the JVM up
     if not args.no_warmup:
         reconcile_once(spark, cfg, as_of)[2].release()
-    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps)
+    floors: list[dict[str, float]] | None = [] if args.floor else None
+    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, floors)
     expected = expected_counts(n, parts, window_ordinal)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
@@ -329,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"messages/s (1x)                      : {n / total1:,.0f}")
     print(f"reconcile / scan baseline (1x)       : {total1 / scan1:.2f}  (target <= 2.5)")
     print(f"reconcile {args.history}x / 1x history          : {total24 / total1:.2f}  (target <= 1.3)")
+    if floors:
+        med = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+        parts_s = ", ".join(f"{k} {v:.1f}s" for k, v in med.items())
+        print(f"floor / scan baseline (1x)           : {sum(med.values()) / scan1:.2f}  ({parts_s}; "
+              f"reconcile / floor {total1 / sum(med.values()):.2f})")
     ok = all(found.get(c, 0) == e for c, e in expected.items()) and found == found24
     print(f"injected anomalies found exactly     : {'yes' if ok else 'NO'}")
     for code in sorted(set(expected) | set(found)):

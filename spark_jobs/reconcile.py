@@ -808,20 +808,28 @@ def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
                   report: Sequence[Mapping[str, Any]], anomalies: DataFrame) -> list[dict[str, Any]]:
-    """Replace the window's rows in both Delta tables and the report store; returns anomaly rows."""
+    """Replace the window's rows in both Delta tables and the report store; returns anomaly rows.
+    The two Delta commits run side by side (each is mostly the driver waiting on the table's log),
+    while this thread collects the anomalies and writes the report store."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from audit.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.lake import write_table
     from spark_jobs.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
     where = f"topic = {_q(topic)} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
-    write_table(_to_df(spark, report, AUDIT_PARTITION_REPORT), cfg, "audit_partition_report", mode="overwrite",
-                partition_by=["topic"], replace_where=where)
+    report_df = _to_df(spark, report, AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
-    write_table(anomaly_df, cfg, "audit_anomalies", mode="overwrite", partition_by=["topic"], replace_where=where)
-    anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
-    with ReportStore(cfg.report_store) as store:
-        store.replace_window(PARTITION_REPORT, topic, ws, report)
-        store.replace_window(ANOMALIES, topic, ws, anomaly_rows)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
+        delta = [pool.submit(write_table, df, cfg, name, mode="overwrite", partition_by=["topic"],
+                             replace_where=where)
+                 for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
+        anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
+        with ReportStore(cfg.report_store) as store:
+            store.replace_window(PARTITION_REPORT, topic, ws, report)
+            store.replace_window(ANOMALIES, topic, ws, anomaly_rows)
+        for f in delta:
+            f.result()  # a failed commit raises here
     return anomaly_rows
 
 
