@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=24, help="hours of history for the second run (default 24)")
     ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
     ap.add_argument("--shuffle-partitions", default="8")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark setting, repeatable (e.g. spark.driver.memory=8g)")
     ap.add_argument("--reps", type=int, default=1,
                     help="timed scan + reconcile pairs per history size, alternating; medians are printed")
     ap.add_argument("--floor", action="store_true",
@@ -329,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the untimed reconcile that compiles the plan before the timed 1x run")
     args = ap.parse_args(argv)
     n, parts = args.n, args.partitions
+    if any("=" not in c for c in args.conf):
+        ap.error("--conf takes KEY=VALUE")
     if n % parts or n % 1000:
         ap.error("--n must be a multiple of 1000 and of --partitions")
     if args.history_n not in (None, n):
@@ -336,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
     cfg = config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
-        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": args.shuffle_partitions},
+        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": args.shuffle_partitions,
+                  **dict(c.split("=", 1) for c in args.conf)},
         "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
                            "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
                                       "group": GROUP}]}}}, source="<benchmark>", base=work)
