@@ -17,8 +17,8 @@ holds the two equal row for row. Shape of the computation, for one window:
    committed log record at the acked offset, processed once by each group -- in order, unless
    flagged in step 1 --, one row in each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
    aggregates. An ordinary message has no anomaly of its own.
-3. General path, for the other units only: their keys (a small broadcast) semi-join the tiers
-   before the shuffle of `unit_tiers` + `collect_units`, which gathers each unit's rows into
+3. General path, for the other units only: their key hashes (a broadcast of one long per unit)
+   semi-join the tiers before the shuffle of `unit_tiers` + `collect_units`, which gathers each unit's rows into
    arrays; `describe_units` + `classify` apply every rule of DESIGN §5 with array expressions.
    The property test holds both paths, together, equal to the oracle.
 4. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
@@ -244,16 +244,26 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     return out
 
 
-def collect_units(tiers: DataFrame) -> DataFrame:
-    """The general path's shuffle (only the units `typed_units` did not settle): hash by k1 (the
-    pid), then gather each unit's rows per tier."""
+def unit_hash() -> Any:
+    """A unit key's 64-bit hash: what the shuffles by unit hash by and sort by first."""
+    return F.xxhash64("ktype", "k1", "k2")
+
+
+def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
+    """The general path's shuffle, for the units in `keys` (ktype, k1, k2) only: the tiers' rows
+    whose unit hash is one of the keys' pass a broadcast of those hashes (a long per unit, compact
+    even for millions of units), are hashed by k1 (the pid) and gathered per unit and tier; a unit
+    that only shares a hash with one of `keys` is then dropped by an exact join on the whole key."""
+    hashes = keys.select(unit_hash().alias("kh")).distinct()
     # kh leads the grouping key: the aggregation sorts by it when its hash map spills (always, at
     # scale), and a long compares by its sort prefix alone where (ktype, k1) would compare strings.
-    return (tiers.repartition("k1")
-            .withColumn("kh", F.xxhash64("ktype", "k1", "k2"))
-            .groupBy("kh", "ktype", "k1", "k2")
-            .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
-            .drop("kh"))
+    units = (tiers.withColumn("kh", unit_hash())
+             .join(F.broadcast(hashes), "kh", "left_semi")
+             .repartition("k1")
+             .groupBy("kh", "ktype", "k1", "k2")
+             .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
+             .drop("kh"))
+    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")], "left_semi")
 
 
 def _fp_hash(fp: Any) -> list[Any]:
@@ -346,7 +356,7 @@ def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
     # Hashed by kh, the unit key's hash, before the aggregation: units spread evenly (hashing by pid
     # leaves some tasks idle), and no map-side partial aggregation runs -- it has nothing to
     # combine (a unit's tiers come from different tables) and measured slower than none.
-    return (tiers.withColumn("kh", F.xxhash64("ktype", "k1", "k2")).repartition("kh")
+    return (tiers.withColumn("kh", unit_hash()).repartition("kh")
             .groupBy("kh", "ktype", "k1", "k2").agg(*aggs)
             .drop("kh")
             .withColumn("simple", F.coalesce(simple, F.lit(False))))
@@ -730,14 +740,11 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
         typed = (typed.join(F.broadcast(marks), ["ktype", "k1", "k2"], "left")
                  .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
     typed = keep(typed)
-    # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
-    # before their shuffle, so the ordinary majority never reaches it).
+    # General path: only the other units' rows are gathered into arrays (a broadcast semi-join on
+    # their key hashes before their shuffle, so the ordinary majority never reaches it).
     keys = typed.where("NOT simple").select("ktype", "k1", "k2")
     consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
-    tiers = unit_tiers(ledger, vis.log, consumed, vis.sinks)
-    tiers = tiers.join(F.broadcast(keys), [tiers[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")],
-                       "left_semi")
-    units = keep(describe_units(collect_units(tiers), params))
+    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys), params))
     narrow = narrow_units(typed, units, params)
     x = (simple_facts(typed, params, tc).unionByName(classify(units, tc))
          .unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow)))
