@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-n", type=int, default=None, help="messages per history hour (default: --n)")
     ap.add_argument("--partitions", type=int, default=8, help="topic partitions = producer pids (default 8)")
     ap.add_argument("--history", type=int, default=24, help="hours of history for the second run (default 24)")
-    ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
+    ap.add_argument("--dir", default=None,
+                    help="work folder, new or empty (default: a temporary one, removed at the end)")
     ap.add_argument("--shuffle-partitions", default="8")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, repeatable (e.g. spark.driver.memory=8g)")
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--n must be a multiple of 1000 and of --partitions")
     if args.history_n not in (None, n):
         ap.error("--history-n different from --n is not supported (seqs must stay contiguous per pid)")
+    if args.dir and Path(args.dir).exists() and any(Path(args.dir).iterdir()):
+        # the generator appends: a second run into the same folder would double every message
+        ap.error(f"--dir {args.dir} is not empty: remove it or name a new folder")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
     cfg = config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
