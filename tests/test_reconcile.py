@@ -50,6 +50,28 @@ def test_every_anomaly_code_in_spark_equals_the_hand_written_expectation_and_the
 
 
 @pytest.mark.spark
+def test_general_path_without_the_broadcast_gives_the_same_rows(spark: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond BROADCAST_KEYS_MAX non-ordinary units the general path semi-joins by shuffle; with the
+    limit at 0 (and Spark's own size-based broadcasts off) every hand-written case takes that path
+    and must still equal the oracle."""
+    from spark_jobs import reconcile
+
+    monkeypatch.setattr(reconcile, "BROADCAST_KEYS_MAX", 0)
+    history, _ = build_cases()
+    tc = topic_config()
+    before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, history.inputs())
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", before)
+    oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
+    assert anomalies == sorted_anomalies(oracle.anomalies)
+    assert report == norm_rows(oracle.report)
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize(("as_of_min", "expected"), [
     (64.99, [(G, "pending", 0, "p", 0, 0), (S, "pending", 0, "p", 1, 1)]),
     (75, [(G, "overdue", 0, "p", 0, 0), (S, "missing_in_sink", 0, "p", 1, 1)]),
