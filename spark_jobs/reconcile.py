@@ -18,9 +18,10 @@ holds the two equal row for row. Shape of the computation, for one window:
    flagged in step 1 --, one row in each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
    aggregates. An ordinary message has no anomaly of its own.
 3. General path, for the other units only: their key hashes (a broadcast of one long per unit,
-   unless there are millions) semi-join the tiers before the shuffle of `unit_tiers` + `collect_units`, which gathers each unit's rows into
-   arrays; `describe_units` + `classify` apply every rule of DESIGN §5 with array expressions.
-   The property test holds both paths, together, equal to the oracle.
+   unless there are millions) semi-join the tiers before the shuffle of `unit_tiers` +
+   `collect_units`, which gathers each unit's rows into arrays; `describe_units` + `classify`
+   apply every rule of DESIGN §5 with array expressions. The property test holds both paths,
+   together, equal to the oracle.
 4. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
    neighbours: `order_checks` (`reordered_in_log` per (pid, partition), `seq_gap` per pid: window
    functions over one exchange by pid) and `content_duplicates` (one shuffle by the fingerprint's
@@ -255,14 +256,14 @@ def unit_hash() -> Any:
 BROADCAST_KEYS_MAX = 2_000_000
 
 
-def collect_units(tiers: DataFrame, keys: DataFrame, n_keys: int) -> DataFrame:
-    """The general path's shuffle, for the `n_keys` units in `keys` (ktype, k1, k2) only: the
+def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
+    """The general path's shuffle, for the units in `keys` (ktype, k1, k2; one row each) only: the
     tiers' rows whose unit hash is one of the keys' pass a semi-join on those hashes (a broadcast
     of one long per unit, unless there are more than `BROADCAST_KEYS_MAX`), are hashed by k1 (the
     pid) and gathered per unit and tier; a unit that only shares a hash with one of `keys` is then
     dropped by an exact join on the whole key."""
-    hashes = keys.select(unit_hash().alias("kh")).distinct()
-    if n_keys <= BROADCAST_KEYS_MAX:
+    hashes = keys.select(unit_hash().alias("kh"))
+    if keys.count() <= BROADCAST_KEYS_MAX:
         hashes = F.broadcast(hashes)
     # kh leads the grouping key: the aggregation sorts by it when its hash map spills (always, at
     # scale), and a long compares by its sort prefix alone where (ktype, k1) would compare strings.
@@ -753,8 +754,7 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     # their key hashes before their shuffle, so the ordinary majority never reaches it).
     keys = typed.where("NOT simple").select("ktype", "k1", "k2")
     consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
-    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys, keys.count()),
-                                params))
+    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys), params))
     narrow = narrow_units(typed, units, params)
     x = (simple_facts(typed, params, tc).unionByName(classify(units, tc))
          .unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow)))
