@@ -238,15 +238,26 @@ def is_final(tc: TopicConfig, window_start: datetime, as_of: datetime) -> bool:
     return as_of >= window_start + tc.window + tc.grace
 
 
-def spark_percentile(values: Sequence[float], p: float) -> float:
-    """Spark SQL `percentile` (exact): linear interpolation at position (n - 1) * p."""
-    xs = sorted(values)
-    position = (len(xs) - 1) * p
-    lower, higher = math.floor(position), math.ceil(position)
-    lo_v, hi_v = xs[lower], xs[higher]
+def percentile_position(n: int, p: float) -> tuple[float, int, int]:
+    """Spark SQL `percentile` (exact) over n values: the position (n - 1) * p in the sorted values
+    and the two 0-based ranks around it (equal when the position is whole)."""
+    position = (n - 1) * p
+    return position, math.floor(position), math.ceil(position)
+
+
+def interpolate(position: float, lower: int, higher: int, lo_v: float, hi_v: float) -> float:
+    """Spark's linear interpolation between the values at ranks `lower` and `higher` (same float
+    operations in the same order, so the result is bit for bit Spark's)."""
     if higher == lower or lo_v == hi_v:
         return lo_v
     return (higher - position) * lo_v + (position - lower) * hi_v
+
+
+def spark_percentile(values: Sequence[float], p: float) -> float:
+    """Spark SQL `percentile` (exact): linear interpolation at position (n - 1) * p."""
+    xs = sorted(values)
+    position, lower, higher = percentile_position(len(xs), p)
+    return interpolate(position, lower, higher, xs[lower], xs[higher])
 
 
 def latency_columns(values: Sequence[float]) -> dict[str, float | None]:

@@ -26,8 +26,10 @@ holds the two equal row for row. Shape of the computation, for one window:
    neighbours: `order_checks` (`reordered_in_log` per (pid, partition), `seq_gap` per pid: window
    functions over one exchange by pid) and `content_duplicates` (one shuffle by the fingerprint's
    96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
-5. One small aggregation turns facts into per-(stage, partition) counts and exact percentiles and
-   keeps anomaly rows as they are; that result is tiny and is persisted, so the heavy part runs once.
+5. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
+   anomaly rows as they are; that result is small and is persisted, so the heavy part runs once.
+   Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank, and only the facts
+   in those few buckets are sorted -- bounded memory, unlike Spark's `percentile`.
    What more than one step reads (the flagged processings, the typed units, the described units) is
    kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
 
@@ -53,7 +55,10 @@ from audit.errors import InputError
 from audit.oracle import (
     LEDGER_STATUSES,
     MAX_GAP_ROWS,
+    PERCENTILES,
     assemble_report,
+    interpolate,
+    percentile_position,
     read_ranges,
     run_id_for,
 )
@@ -650,15 +655,73 @@ def content_duplicates(narrow: DataFrame) -> DataFrame:
            f"concat('same content as ', first.k1, ':', {_s('first.k2')})")).alias("x")).select("x.*")
 
 
+def latency_bucket(latency: Any) -> Any:
+    """An int that never decreases as the latency grows (`log2` is monotone): 256 buckets per power
+    of two, each spanning 0.27 % of its values; 0 holds 0, negative latencies (clock skew) get
+    negative buckets. Used to find, without keeping every value, where a percentile's ranks are."""
+    mag = F.floor(F.log2(F.abs(latency)) * 256) + (1 << 20)
+    return F.when(latency > 0, mag).when(latency < 0, -mag).when(latency == 0, 0).cast("int")
+
+
 def summarise(x: DataFrame) -> DataFrame:
-    """Facts -> per-(stage, partition) sums and exact percentiles; anomaly rows kept (n = copies)."""
+    """X rows -> anomaly rows kept as they are (n = copies) and facts summed per (stage, partition,
+    latency bucket): counts, how many latencies (`n_lat`) and the largest. Exact percentiles come
+    from these counts and one more look at the facts (`latency_at_ranks`), not from Spark's
+    `percentile`, which holds every distinct latency of a (stage, partition) in a hash map outside
+    Spark's memory manager (one entry per message at a stage: millions per window)."""
     keys = ["kind", "stage", "partition", "anomaly", "pid", "seq", "offset", "detail"]
-    return x.groupBy(*keys).agg(
+    return x.withColumn("bucket", latency_bucket(F.col("latency"))).groupBy(*keys, "bucket").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
-        F.sum("pending").alias("pending"),
-        F.expr("percentile(latency, array(0.5, 0.95, 0.99))").alias("pct"),
+        F.sum("pending").alias("pending"), F.count("latency").alias("n_lat"),
         F.max("latency").alias("latency_max_ms"))
+
+
+def latency_at_ranks(summary: DataFrame, facts: DataFrame, ranks: DataFrame) -> DataFrame:
+    """(stage, partition, rank) -> (stage, partition, rank, latency): the latency at that 0-based rank
+    of the (stage, partition)'s sorted latencies. The summary's bucket counts, added up in bucket
+    order, say which bucket holds each rank and at which place inside it; only the facts of those
+    few buckets are sorted."""
+    grp = ["stage", "partition"]
+    upto = Window.partitionBy(*grp).orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
+    wanted = (summary.where("kind = 'F' AND bucket IS NOT NULL").groupBy(*grp, "bucket")
+              .agg(F.sum("n_lat").alias("c")).withColumn("end", F.sum("c").over(upto))
+              .join(F.broadcast(ranks), grp).where("rank >= end - c AND rank < end")
+              .select(*grp, "bucket", "rank", (F.col("rank") - F.col("end") + F.col("c")).alias("off")))
+    place = Window.partitionBy(*grp, "bucket").orderBy("latency")
+    return (facts.where("kind = 'F' AND latency IS NOT NULL").select(*grp, "latency")
+            .withColumn("bucket", latency_bucket(F.col("latency")))
+            .join(F.broadcast(wanted.select(*grp, "bucket").distinct()), [*grp, "bucket"], "left_semi")
+            .withColumn("off", F.row_number().over(place) - 1)
+            .join(F.broadcast(wanted), [*grp, "bucket", "off"]).select(*grp, "rank", "latency"))
+
+
+def stage_stats(spark: SparkSession, summary: DataFrame, facts: DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (stage, partition): expected/delivered/pending sums and exact latency percentiles (Spark's
+    `percentile`: linear interpolation between closest ranks) and maximum."""
+    sums = (summary.where("kind = 'F'").groupBy("stage", "partition")
+            .agg(F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
+                 F.sum("pending").alias("pending"), F.sum("n_lat").alias("n_lat"),
+                 F.max("latency_max_ms").alias("latency_max_ms")).collect())
+    ranks = sorted({(r["stage"], r["partition"], rank) for r in sums if r["n_lat"]
+                    for p in PERCENTILES for rank in percentile_position(r["n_lat"], p)[1:]})
+    values: dict[tuple[str, int, int], float] = {}
+    if ranks:
+        rdf = spark.createDataFrame(ranks, "stage string, partition int, rank bigint")
+        values = {(r["stage"], r["partition"], r["rank"]): r["latency"]
+                  for r in latency_at_ranks(summary, facts, rdf).collect()}
+    stats: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in sums:
+        key = (r["stage"], r["partition"])
+        pct: list[float | None] = [None] * len(PERCENTILES)
+        if r["n_lat"]:
+            for i, p in enumerate(PERCENTILES):
+                position, lower, higher = percentile_position(r["n_lat"], p)
+                pct[i] = interpolate(position, lower, higher, values[(*key, lower)], values[(*key, higher)])
+        stats[key] = {"expected": r["expected"], "delivered": r["delivered"], "pending": r["pending"],
+                      "latency_p50_ms": pct[0], "latency_p95_ms": pct[1], "latency_p99_ms": pct[2],
+                      "latency_max_ms": r["latency_max_ms"]}
+    return stats
 
 
 def restrict(inputs: WindowInputs, tc: TopicConfig, ws: datetime) -> WindowInputs:
@@ -756,18 +819,12 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys), params))
     narrow = narrow_units(typed, units, params)
-    x = (simple_facts(typed, params, tc).unionByName(classify(units, tc))
-         .unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow)))
+    facts = simple_facts(typed, params, tc).unionByName(classify(units, tc))
+    x = facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
-    stats: dict[tuple[str, int], dict[str, Any]] = {}
+    stats = stage_stats(spark, summary, facts)  # reads the checkpoints once more: before `release`
     codes: dict[tuple[str, int], dict[str, int]] = {}
-    for r in summary.where("kind = 'F'").collect():
-        pct = r["pct"]
-        stats[(r["stage"], r["partition"])] = {
-            "expected": r["expected"], "delivered": r["delivered"], "pending": r["pending"],
-            "latency_p50_ms": pct[0] if pct else None, "latency_p95_ms": pct[1] if pct else None,
-            "latency_p99_ms": pct[2] if pct else None, "latency_max_ms": r["latency_max_ms"]}
     for r in (summary.where("kind = 'A'").groupBy("stage", "partition", "anomaly")
               .agg(F.sum("n").alias("n")).collect()):
         codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])

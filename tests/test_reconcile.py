@@ -290,3 +290,49 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert report == norm_rows(oracle.report)
     assert sorted(a[1] for a in brief(anomalies)) == ["duplicate_in_sink", "missed", "redelivered"]
+
+
+@pytest.mark.spark
+def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) -> None:
+    """`stage_stats` locates each rank through the latency buckets and sorts only those buckets; its
+    p50/p95/p99 must be bit for bit Spark's exact `percentile` (and the oracle's) on ties, values
+    either side of a bucket edge, negative and zero latencies, one value, none, and many."""
+    import math
+    import random
+
+    from pyspark.sql import functions as F
+
+    from audit.oracle import latency_columns
+    from spark_jobs.reconcile import X_FIELDS, stage_stats, summarise
+
+    rnd = random.Random(7)
+    edge = 2.0 ** 3  # a power of two starts a bucket
+    groups: dict[int, list[float | None]] = {
+        0: [5.0] * 1000 + [4.0, 6.0, 7.5],                        # ties across the wanted ranks
+        1: [math.nextafter(edge, 0), edge, math.nextafter(edge, 9), edge * 2 ** (1 / 256)] * 7 + [edge] * 3,
+        2: [-12.5, -0.001, 0.0, 0.0, 0.001, 3.0, -7.0, 250.0],    # clock skew: negative buckets
+        3: [42.125],                                              # one value
+        4: [None, None],                                          # facts without a latency (pending)
+        5: [rnd.randrange(-2_000, 9_000_000) / 1000 for _ in range(20_000)],  # wide range, duplicates
+        6: [1.0, 1.0 + 1e-9],                                     # interpolation inside one bucket
+    }
+    rows = [("F", "group:g", None, p, None, None, None, None, 1, 1, 0, v)
+            for p, vs in groups.items() for v in vs]
+    rnd.shuffle(rows)
+    facts = spark.createDataFrame(rows, ", ".join(f"{n} {t}" for n, t in X_FIELDS))
+    anomaly = spark.createDataFrame([("A", "log", "lost", 0, "p", 1, 1, "x", 0, 0, 0, None)],
+                                    ", ".join(f"{n} {t}" for n, t in X_FIELDS))
+    summary = summarise(facts.unionByName(anomaly)).persist()
+    stats = stage_stats(spark, summary, facts)
+    summary.unpersist()
+    sparks = {r["partition"]: r["pct"] for r in facts.groupBy("partition").agg(
+        F.expr("percentile(latency, array(0.5, 0.95, 0.99))").alias("pct")).collect()}
+    assert sorted(stats) == [("group:g", p) for p in sorted(groups)]
+    for p, vs in groups.items():
+        got = stats[("group:g", p)]
+        assert (got["expected"], got["delivered"], got["pending"]) == (len(vs), len(vs), 0)
+        lat = [v for v in vs if v is not None]
+        assert [got["latency_p50_ms"], got["latency_p95_ms"], got["latency_p99_ms"]] == (sparks[p] or [None] * 3)
+        assert {k: got[k] for k in latency_columns(lat)} == latency_columns(lat)
+    assert stats[("group:g", 4)]["latency_p50_ms"] is None
+    assert stats[("group:g", 0)]["latency_p99_ms"] == 5.0 and stats[("group:g", 3)]["latency_p50_ms"] == 42.125
