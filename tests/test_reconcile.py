@@ -308,8 +308,8 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) 
     rnd = random.Random(7)
     edge = 2.0 ** 3  # a power of two starts a bucket
     groups: dict[int, list[float | None]] = {
-        0: [5.0] * 1000 + [4.0, 6.0, 7.5],                        # ties across the wanted ranks
-        1: [math.nextafter(edge, 0), edge, math.nextafter(edge, 9), edge * 2 ** (1 / 256)] * 7 + [edge] * 3,
+        0: [*[5.0] * 1000, 4.0, 6.0, 7.5],                        # ties across the wanted ranks
+        1: [*[math.nextafter(edge, 0), edge, math.nextafter(edge, 9), edge * 2 ** (1 / 256)] * 7, *[edge] * 3],
         2: [-12.5, -0.001, 0.0, 0.0, 0.001, 3.0, -7.0, 250.0],    # clock skew: negative buckets
         3: [42.125],                                              # one value
         4: [None, None],                                          # facts without a latency (pending)
