@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from audit.config import Config
 
 
 def default_args() -> dict[str, Any]:
@@ -28,8 +31,10 @@ def default_args() -> dict[str, Any]:
     }
 
 
-def submit_target() -> dict[str, Any]:
-    """Where spark-submit finds the application, the jars it must ship, and (local master) which Python runs.
+def submit_target(cfg: Config) -> dict[str, Any]:
+    """Where spark-submit finds the application, the jars it must ship, the driver JVM's settings
+    (`--conf`s: heap and collector, `Config.driver_jvm`; spark-submit's own default heap is 1 GB), and
+    (local master) which Python runs.
 
     The jars go on `--jars`: under spark-submit the driver JVM exists before `build_spark` runs, so
     setting `spark.jars` there would be too late for the Delta extension. With a `local[...]` master
@@ -65,4 +70,4 @@ def submit_target() -> dict[str, Any]:
         bindir = str(Path(sys.executable).parent)
         env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    return {"application": application, "jars": jar_list, "env": env}
+    return {"application": application, "jars": jar_list, "env": env, "conf": cfg.driver_jvm}

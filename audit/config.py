@@ -82,6 +82,13 @@ class TopicConfig:
         return self.lookback if self.lookback is not None else self.window
 
 
+# The parallel collector compacts everything it keeps. G1 leaves its humongous objects in place,
+# and Spark's 64 MB memory pages are humongous: at 10M messages a window, G1 drivers ran out of heap
+# with a quarter of it free (fragmented); the parallel collector ran the same windows in the same heap.
+DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
+                                          "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
+
+
 @dataclass(frozen=True)
 class Config:
     source: str  # the file it came from, or "<defaults>"
@@ -96,6 +103,13 @@ class Config:
     @property
     def spark_master(self) -> str:
         return self.spark.get("master", "local[2]")
+
+    @property
+    def driver_jvm(self) -> dict[str, str]:
+        """Settings of the driver JVM itself (`DRIVER_JVM_DEFAULTS` unless `spark:` sets them). They
+        take effect only where the JVM is started: by `build_spark`, or as spark-submit `--conf`s
+        (the DAGs pass them); a running JVM ignores them."""
+        return {k: self.spark.get(k, v) for k, v in DRIVER_JVM_DEFAULTS.items()}
 
     def topic(self, name: str) -> TopicConfig:
         try:

@@ -97,7 +97,7 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str,
     first, last = min(ws for ws, _ in by_window), max(we for _, we in by_window)
     ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", first.isoformat(),
                                       "--end", last.isoformat()])
-    for key, value in submit_target().items():
+    for key, value in submit_target(cfg).items():
         ti.xcom_push(key=key, value=value)
     return per_window
 
@@ -124,6 +124,7 @@ with DAG(
         conn_id="spark_default",
         application=planned["application"],
         jars=planned["jars"],
+        conf=planned["conf"],
         application_args=planned["ingest"],
         env_vars=planned["env"],
         name="msgaudit-ingest",
@@ -134,6 +135,7 @@ with DAG(
             conn_id="spark_default",
             application=planned["application"],
             jars=planned["jars"],
+            conf=planned["conf"],
             env_vars=planned["env"],
             name=f"msgaudit-{step}",
             max_active_tis_per_dagrun=1,

@@ -103,7 +103,7 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
         "capture": ["capture", *args],
         "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
         "sla": ["sla", *args],
-        **submit_target(),
+        **submit_target(cfg),
     }
 
 
@@ -130,6 +130,7 @@ def build(size: timedelta) -> DAG:
                 conn_id="spark_default",
                 application=planned["application"],
                 jars=planned["jars"],
+                conf=planned["conf"],
                 application_args=planned[step],
                 env_vars=planned["env"],
                 name=f"msgaudit-{step}",

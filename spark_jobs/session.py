@@ -25,7 +25,6 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.driver.memory": "4g",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     "spark.sql.sources.partitionOverwriteMode": "static",
@@ -48,7 +47,7 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
     # The Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    conf = dict(DEFAULTS)
+    conf = {**DEFAULTS, **cfg.driver_jvm}
     conf.update({k: v for k, v in cfg.spark.items() if k not in ("master", "log_level")})
     conf.update(extra or {})
     conf.setdefault("spark.sql.warehouse.dir", str(cfg.home / "spark-warehouse"))
@@ -57,7 +56,9 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
     # here would be ignored (jars) or override the operator's choice (master).
     if not under_spark_submit():
         conf["spark.jars"] = ",".join(spark_jar_paths() + [p for p in conf.get("spark.jars", "").split(",") if p])
-        conf.setdefault("spark.driver.extraJavaOptions", f"-Dderby.system.home={cfg.home / 'derby'}")
+        java = conf["spark.driver.extraJavaOptions"]
+        if "-Dderby.system.home=" not in java:
+            conf["spark.driver.extraJavaOptions"] = f"{java} -Dderby.system.home={cfg.home / 'derby'}".strip()
         builder = builder.master(cfg.spark_master)
     for key, value in conf.items():
         builder = builder.config(key, value)

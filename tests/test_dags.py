@@ -333,7 +333,8 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     assert plan["sla"] == ["sla", *args]
     assert plan["application"] == APPLICATION
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
-    assert plan["application"] == APPLICATION
+    # spark-submit starts the driver JVM: its heap and collector go as --conf (its own default heap is 1g)
+    assert plan["conf"] == {"spark.driver.memory": "4g", "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
     assert plan["env"]["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
 
 
@@ -348,6 +349,7 @@ def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path:
 @pytest.mark.airflow
 def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {
+        "spark": {"spark.driver.memory": "6g"},
         "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "20s"},
                    "hourly": {"window": "1h", "grace": "10m"}}})
     r = run_dag(dagbag, "msgaudit_backfill", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
@@ -368,6 +370,7 @@ def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: 
     assert plan["ingest"] == ["ingest", *args(w[0], w[4])]
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
     assert plan["application"] == APPLICATION
+    assert plan["conf"] == {"spark.driver.memory": "6g", "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
     # orders alone is judged with the grace of all 1m topics (payments: 20s), as its scheduled run is
     as_of = ["2026-05-01T11:10:00+00:00", "2026-05-01T10:07:20+00:00", "2026-05-01T10:08:20+00:00"]
     assert plan["return_value"] == [

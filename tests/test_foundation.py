@@ -81,6 +81,18 @@ def test_broker_formats_storage_with_a_cluster_id_that_looks_like_an_option(tmp_
 
 
 @pytest.mark.spark
+def test_driver_jvm_gets_the_default_heap_and_collector(spark: Any) -> None:
+    """`build_spark` starts the JVM with `DRIVER_JVM_DEFAULTS` (4g, the parallel collector) and keeps
+    Derby's home out of the working folder."""
+    jvm = spark.sparkContext._jvm
+    collectors = sorted(b.getName() for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
+    assert collectors == ["PS MarkSweep", "PS Scavenge"]
+    # the parallel collector reports Xmx minus one survivor space
+    assert 3500 < jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20 <= 4096
+    assert jvm.java.lang.System.getProperty("derby.system.home").endswith("derby")
+
+
+@pytest.mark.spark
 def test_delta_write_and_read_back(spark: Any, tmp_path: Path) -> None:
     from delta.tables import DeltaTable
 
