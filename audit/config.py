@@ -82,9 +82,10 @@ class TopicConfig:
         return self.lookback if self.lookback is not None else self.window
 
 
-# The parallel collector compacts everything it keeps. G1 leaves its humongous objects in place,
-# and Spark's 64 MB memory pages are humongous: at 10M messages a window, G1 drivers ran out of heap
-# with a quarter of it free (fragmented); the parallel collector ran the same windows in the same heap.
+# The parallel collector: at 10M messages a window, G1 drivers ran out of a 4 GB heap that still had
+# over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
+# humongous objects to G1, which does not move them when it compacts); the parallel collector ran
+# the same windows in the same heap, and 1M-message windows 22 % faster.
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 
