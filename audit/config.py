@@ -85,7 +85,7 @@ class TopicConfig:
 # The parallel collector: at 10M messages a window, G1 drivers ran out of a 4 GB heap that still had
 # over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
-# the same windows in the same heap, and 1M-message windows 22 % faster.
+# the same windows in the same heap, and 1M-message windows 12-22 % faster.
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 
