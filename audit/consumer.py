@@ -685,7 +685,11 @@ class AuditedConsumer:
     # -- transactions (exactly_once_kafka) ---------------------------------------------------
 
     def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord]) -> None:
-        assert self.producer is not None
+        assert self.producer is not None and self._raw_producer is not None
+        # The batch's outputs reach the log (inside the open transaction) before its offsets join
+        # it: commit_transaction would wait for them anyway, and a crash from here on leaves an
+        # aborted transaction whose records are in the log, never records still in this process.
+        self._raw_producer.flush(30)
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
         self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
         self._stage("txn_before_commit", handled)
