@@ -12,6 +12,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -71,7 +72,29 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _ephemeral_low() -> int:
+    """Lowest port of the kernel's ephemeral range (what outgoing connections get)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, so the next few ports are below it
+    too. A port picked inside that range can be handed to an outgoing connection (a starting
+    broker's own, to its peers) between picking it and binding it; below it only another listener
+    can take it."""
+    top = _ephemeral_low() - 64
+    rng = random.SystemRandom()
+    for _ in range(200 if top > 10_000 else 0):
+        port = rng.randrange(10_000, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -80,6 +80,16 @@ def test_broker_formats_storage_with_a_cluster_id_that_looks_like_an_option(tmp_
         k.stop()
 
 
+@pytest.mark.unit
+def test_free_ports_are_below_the_ephemeral_range() -> None:
+    """Outgoing connections take ports from the ephemeral range; a broker port picked there could be
+    taken before the broker binds it (it happened to a 3-node cluster's own peer connections)."""
+    from audit.local_kafka import _ephemeral_low
+
+    ports = [free_port() for _ in range(50)]
+    assert all(10_000 <= p < _ephemeral_low() - 64 for p in ports)
+
+
 @pytest.mark.spark
 def test_driver_jvm_gets_the_default_heap_and_collector(spark: Any) -> None:
     """`build_spark` starts the JVM with `DRIVER_JVM_DEFAULTS` (4g, the parallel collector) and keeps
