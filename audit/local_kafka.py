@@ -100,6 +100,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int, preferred: int | None = None) -> int:
+    """First port of `n` consecutive free loopback ports (`preferred` if that block is free)."""
+    if preferred is not None and not any(port_in_use(p) for p in range(preferred, preferred + n)):
+        return preferred
+    for _ in range(100):
+        port = free_port()
+        if port + n < 65536 and not any(port_in_use(p) for p in range(port + 1, port + n)):
+            return port
+    raise BrokerError(f"no block of {n} free ports on 127.0.0.1")
+
+
 def new_cluster_id() -> str:
     """A random KRaft cluster id: 22 URL-safe base64 characters, never starting with '-'.
 

@@ -146,12 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
                 not args.no_decompose, args.compression)
         else:
-            from audit.local_kafka import LocalKafka, free_port, port_in_use
+            from audit.local_kafka import LocalKafka, free_port_block
 
-            port = free_port()
-            while port_in_use(port + 1):  # the controller listens on port + 1
-                port = free_port()
-            with LocalKafka(work / "kafka", port=port, nodes=1) as kafka:
+            # the controller listens on port + 1
+            with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
                     not args.no_decompose, args.compression)
     finally:

@@ -12,25 +12,16 @@ import pytest
 
 from audit import config as config_mod
 from audit.config import Config
-from audit.local_kafka import LocalKafka, free_port
+from audit.local_kafka import LocalKafka, free_port_block
 
 
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node KRaft broker on a free loopback port, from the cached jars."""
-    port = free_port()
-    while not _free_block(port, 2):
-        port = free_port()
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=port, nodes=1)
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=free_port_block(2), nodes=1)
     broker.start()
     yield broker
     broker.stop()
-
-
-def _free_block(port: int, n: int) -> bool:
-    from audit.local_kafka import port_in_use
-
-    return not any(port_in_use(p) for p in range(port, port + n))
 
 
 @pytest.fixture(scope="session")
