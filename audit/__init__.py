@@ -12,18 +12,18 @@ __version__ = "0.1.0"
 __all__ = ["AuditedProducer", "AuditedConsumer", "__version__"]
 
 if TYPE_CHECKING:
-    from audit.consumer import AuditedConsumer
-    from audit.producer import AuditedProducer
+    from audit.clients.consumer import AuditedConsumer
+    from audit.clients.producer import AuditedProducer
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so `import audit.config` stays light and free of librdkafka.
+    # Lazy, so `import audit.core.config` stays light and free of librdkafka.
     if name == "AuditedProducer":
-        from audit.producer import AuditedProducer
+        from audit.clients.producer import AuditedProducer
 
         return AuditedProducer
     if name == "AuditedConsumer":
-        from audit.consumer import AuditedConsumer
+        from audit.clients.consumer import AuditedConsumer
 
         return AuditedConsumer
     raise AttributeError(name)

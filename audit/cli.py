@@ -14,18 +14,18 @@ from importlib import import_module
 from typing import Any
 
 from audit import __version__
-from audit.errors import MsgauditError
+from audit.core.errors import MsgauditError
 
 # command -> "module:function"; each function takes (args, config) and returns an exit code.
 COMMANDS: dict[str, str] = {
-    "setup": "audit.jars:cli_setup",
-    "kafka": "audit.local_kafka:cli_kafka",
+    "setup": "audit.runtime.jars:cli_setup",
+    "kafka": "audit.runtime.local_kafka:cli_kafka",
     "ingest": "spark_jobs.ingest:cli_ingest",
     "capture": "spark_jobs.capture:cli_capture",
     "reconcile": "spark_jobs.reconcile:cli_reconcile",
-    "backfill": "spark_jobs.backfill:cli_backfill",
+    "backfill": "spark_jobs.pipeline.backfill:cli_backfill",
     "sla": "spark_jobs.sla:cli_sla",
-    "dashboard": "audit.dashboard:cli_dashboard",
+    "dashboard": "audit.serving.dashboard:cli_dashboard",
     "demo": "audit.lab.demo:cli_demo",
 }
 
@@ -107,7 +107,7 @@ def _resolve(target: str) -> Callable[[argparse.Namespace, Any], int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from audit import config as config_mod
+        from audit.core import config as config_mod
 
         cfg = config_mod.load(args.config)
         return int(_resolve(COMMANDS[args.command])(args, cfg) or 0)

@@ -101,9 +101,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from audit.codes import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
-from audit.config import TopicConfig
-from audit.timeutil import EPOCH
+from audit.core.config import TopicConfig
+from audit.core.vocabulary import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
+from audit.core.windows import EPOCH
 
 LEDGER_STATUSES = ("acked", "failed", "aborted")
 CONSUME_OUTCOMES = ("processed", "failed", "dead_lettered")

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from audit.producer import AuditedProducer  # noqa: E402
+from audit.clients.producer import AuditedProducer  # noqa: E402
 
 SETTINGS = {
     "enable.idempotence": True,
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-decompose", action="store_true",
                     help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
-                    help="use this running broker (default: start a private one with audit.local_kafka)")
+                    help="use this running broker (default: start a private one with audit.runtime.local_kafka)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
     try:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
                 not args.no_decompose, args.compression)
         else:
-            from audit.local_kafka import LocalKafka, free_port_block
+            from audit.runtime.local_kafka import LocalKafka, free_port_block
 
             # the controller listens on port + 1
             with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:

@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from audit import config as config_mod  # noqa: E402
-from audit.config import Config  # noqa: E402
+from audit.core import config as config_mod  # noqa: E402
+from audit.core.config import Config  # noqa: E402
 
 TOPIC = "bench"
 GROUP = "loader"
@@ -75,7 +75,7 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, o
     """Append the tiers of the hours `ordinals` (window_ordinal = the window under test)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.lake import table_path
+    from spark_jobs.io.lake import table_path
 
     r = F.col("m") % 1000
     i = F.col("m") % n  # position inside its hour
@@ -184,7 +184,7 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, o
 
 
 def write_snapshots(spark: Any, cfg: Config, n: int, partitions: int, window_ordinal: int) -> None:
-    from spark_jobs.lake import table_path
+    from spark_jobs.io.lake import table_path
 
     hw = 2 * ((window_ordinal + 1) * n // partitions) + 4
     at = WINDOW + 3 * HOUR
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
                            "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
                                       "group": GROUP}]}}}, source="<benchmark>", base=work)
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name="msgaudit-bench")
     window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window

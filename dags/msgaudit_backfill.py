@@ -3,13 +3,13 @@
     plan -> ingest -> capture[w] -> reconcile[w] -> sla[w]     (one mapped task per window w)
 
 `plan` lists every UTC-aligned window of each selected topic's size that overlaps [start, end)
-(`audit.timeutil.windows`), groups the topics that share a window, and gives each window the
+(`audit.core.windows.windows`), groups the topics that share a window, and gives each window the
 same `as_of = window_end + grace` a scheduled run of `msgaudit_window_<size>` would use -- so a
 backfill produces the same report rows as the scheduled runs, and re-running it replaces them
 with identical rows. Windows that are not final yet (as_of still in the future) are refused:
 those belong to the scheduled DAG.
 
-Spark steps are `spark-submit spark_jobs/submit.py <step>` through the `spark_default`
+Spark steps are `spark-submit spark_jobs/pipeline/submit.py <step>` through the `spark_default`
 connection, one window at a time (Delta tables get one writer at a time).
 
 This file only declares: no I/O, no Spark, no config parsing at import time.
@@ -24,7 +24,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
-from audit.airflow_support import default_args, submit_target
+from spark_jobs.pipeline.airflow import default_args, submit_target
 
 STEPS = ("capture", "reconcile", "sla")
 
@@ -57,9 +57,9 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str,
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException
 
-    from audit import config as config_mod
-    from audit.errors import MsgauditError
-    from audit.timeutil import parse_instant, windows
+    from audit.core import config as config_mod
+    from audit.core.errors import MsgauditError
+    from audit.core.windows import parse_instant, windows
 
     params = params or {}
     path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()

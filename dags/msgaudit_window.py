@@ -8,7 +8,7 @@ whose window has that size:
 `plan` reads the msgaudit config (path in the Airflow Variable `msgaudit_config`), picks the
 topics and fixes `as_of = data_interval_end + grace` (the largest grace among those topics), so a
 rerun of the same interval gives the same rows. `wait_for_grace` defers until `as_of`. The four
-Spark steps are `spark-submit spark_jobs/submit.py <step>` through the `spark_default`
+Spark steps are `spark-submit spark_jobs/pipeline/submit.py <step>` through the `spark_default`
 connection (its host is the master: `local[2]`, `spark://...`, `yarn`, `k8s://...`).
 
 Window sizes come from the environment variable MSGAUDIT_WINDOWS (comma-separated, default
@@ -29,8 +29,8 @@ from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
 from airflow.sdk import DAG, Param, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from audit.airflow_support import default_args, submit_target
-from audit.config import parse_duration
+from audit.core.config import parse_duration
+from spark_jobs.pipeline.airflow import default_args, submit_target
 
 WINDOWS_ENV = "MSGAUDIT_WINDOWS"
 STEPS = ("ingest", "capture", "reconcile", "sla")
@@ -70,9 +70,9 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from audit import config as config_mod
-    from audit.errors import MsgauditError
-    from audit.timeutil import floor_window
+    from audit.core import config as config_mod
+    from audit.core.errors import MsgauditError
+    from audit.core.windows import floor_window
 
     size = parse_duration(window, "window")
     start = datetime.fromtimestamp(data_interval_start.timestamp(), UTC)

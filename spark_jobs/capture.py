@@ -4,7 +4,7 @@ For every configured topic, `capture` plans an offset range per partition in the
 (confluent_kafka AdminClient: describe_topics, list_offsets), batch-reads that range twice with
 Spark's Kafka source (read_uncommitted for every record, read_committed to tell which records
 belong to aborted transactions), parses the audit headers with Spark expressions that mirror
-`audit.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
+`audit.core.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
 `log_records` keyed on (topic, partition, offset), so a rerun changes nothing. It also appends
 snapshots of the configured groups' committed offsets (`group_offsets`) and of every
 partition's watermarks (`partition_watermarks`, with the offset range this capture read:
@@ -46,11 +46,17 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from audit import headers as H
-from audit.config import Config, TopicConfig
-from audit.errors import BrokerError, ConfigError, InputError
-from audit.timeutil import parse_instant, to_millis, windows
-from spark_jobs.schemas import GROUP_OFFSETS, LOG_RECORDS, PART_HOUR, PART_HOUR_FORMAT, PARTITION_WATERMARKS
+from audit.core import headers as H
+from audit.core.config import Config, TopicConfig
+from audit.core.errors import BrokerError, ConfigError, InputError
+from audit.core.windows import parse_instant, to_millis, windows
+from spark_jobs.io.schemas import (
+    GROUP_OFFSETS,
+    LOG_RECORDS,
+    PART_HOUR,
+    PART_HOUR_FORMAT,
+    PARTITION_WATERMARKS,
+)
 
 # How far Kafka timestamps may sit from audit.ts (see module docstring).
 SKEW = timedelta(minutes=5)
@@ -247,7 +253,7 @@ _DIGITS = r"\A[0-9]+\z"
 
 
 def py_repr(text: Column, max_chars: int = 40) -> Column:
-    """Spark mirror of `audit.headers._quote`: repr() of the text, cut to `max_chars` + '...'.
+    """Spark mirror of `audit.core.headers._quote`: repr() of the text, cut to `max_chars` + '...'.
 
     Python's rule for repr(str): quote with " only when the text holds ' and no ", else with ';
     escape the quote and backslash, \\t \\n \\r, and every non-printable character as \\xhh,
@@ -290,7 +296,7 @@ def _key_is(name: str) -> Any:
 
 
 def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame:
-    """Add pid, seq, ts_ms, audit_key, header_error: `audit.headers.parse` as Spark expressions.
+    """Add pid, seq, ts_ms, audit_key, header_error: `audit.core.headers.parse` as Spark expressions.
 
     The Python module is the definition; this mirrors its rules and their order exactly
     (tests compare the two on generated headers). `headers_col` is Spark's Kafka source column,
@@ -516,7 +522,7 @@ def _log_table_schema() -> Any:
 def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
     from delta.tables import DeltaTable
 
-    from spark_jobs.lake import table_path
+    from spark_jobs.io.lake import table_path
 
     (DeltaTable.createIfNotExists(spark).location(table_path(cfg, LOG_TABLE))
      .addColumns(_log_table_schema()).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
@@ -534,7 +540,7 @@ def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFr
     """
     from delta.tables import DeltaTable
 
-    from spark_jobs.lake import table_path
+    from spark_jobs.io.lake import table_path
 
     ensure_log_table(spark, cfg)
     t, s = "t", "s"
@@ -562,7 +568,7 @@ def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFr
 
 
 def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, rows: list[tuple[Any, ...]]) -> None:
-    from spark_jobs.lake import write_table
+    from spark_jobs.io.lake import write_table
 
     if rows:
         write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",),
@@ -667,7 +673,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
 
 def cli_capture(args: argparse.Namespace, cfg: Config) -> int:
     """`msgaudit capture --start S --end E [--topic T ...]`."""
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")

@@ -41,11 +41,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from audit.config import Config
-from audit.errors import InputError
-from audit.ledger import recover_orphans
-from spark_jobs import lake
-from spark_jobs.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
+from audit.clients.ledger import recover_orphans
+from audit.core.config import Config
+from audit.core.errors import InputError
+from spark_jobs.io import lake
+from spark_jobs.io.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
 
 QUARANTINE_TABLE = "ledger_quarantine"
 QUARANTINE_SCHEMA = LEDGER_QUARANTINE
@@ -263,7 +263,7 @@ def ingest(spark: SparkSession, cfg: Config) -> IngestResult:
 
 
 def cli_ingest(args: argparse.Namespace, cfg: Config) -> int:
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     t0 = time.monotonic()
     print(f"ingest: ledgers under {cfg.ledger_dir} -> Delta tables under {cfg.lake}", flush=True)

@@ -34,7 +34,7 @@ holds the two equal row for row. Shape of the computation, for one window:
    kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
 
 Transforms here take and return DataFrames and never read or write tables; `read_window_inputs`
-and `write_outputs` at the bottom are the only I/O (with `spark_jobs/sinks_read.py` for sinks).
+and `write_outputs` at the bottom are the only I/O (with `spark_jobs/io/sinks_read.py` for sinks).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from audit.config import Config, TopicConfig
-from audit.errors import InputError
+from audit.core.config import Config, TopicConfig
+from audit.core.errors import InputError
+from audit.core.windows import parse_instant, windows
 from audit.oracle import (
     LEDGER_STATUSES,
     MAX_GAP_ROWS,
@@ -62,7 +63,6 @@ from audit.oracle import (
     read_ranges,
     run_id_for,
 )
-from audit.timeutil import parse_instant, windows
 
 _MIN = -(2**62)
 X_FIELDS = (("kind", "string"), ("stage", "string"), ("anomaly", "string"), ("partition", "int"),
@@ -849,8 +849,8 @@ def _hours(lo: datetime, hi: datetime) -> tuple[str, str]:
 
 def read_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig, ws: datetime) -> WindowInputs:
     """Read only the Delta partitions (topic, part_hour) the window and its lookback need."""
-    from spark_jobs.lake import read_table, table_exists
-    from spark_jobs.sinks_read import read_sink
+    from spark_jobs.io.lake import read_table, table_exists
+    from spark_jobs.io.sinks_read import read_sink
 
     rr = read_ranges(tc, ws)
     m_lo, m_hi = _hours(rr.message_lo, rr.message_hi)
@@ -887,9 +887,9 @@ def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
     while this thread collects the anomalies and writes the report store."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from audit.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
-    from spark_jobs.lake import write_table
-    from spark_jobs.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
+    from spark_jobs.io.lake import write_table
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
     where = f"topic = {_q(topic)} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
     report_df = _to_df(spark, report, AUDIT_PARTITION_REPORT)
@@ -961,7 +961,7 @@ def summary_line(r: WindowResult) -> str:
 
 
 def cli_reconcile(args: argparse.Namespace, cfg: Config) -> int:
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from audit.config import Config, SlaRule, TopicConfig
-from audit.errors import InputError, SlaFailed
-from audit.report_store import SLA_RESULTS, ReportStore
-from audit.timeutil import EPOCH, floor_window, parse_instant, windows
+from audit.core.config import Config, SlaRule, TopicConfig
+from audit.core.errors import InputError, SlaFailed
+from audit.core.windows import EPOCH, floor_window, parse_instant, windows
+from audit.serving.report_store import SLA_RESULTS, ReportStore
 
 if TYPE_CHECKING:
     from great_expectations.core import ExpectationSuite
@@ -227,7 +227,7 @@ def check_sla(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     store, replacing every (topic, window) of the range. Optionally builds GE Data Docs in
     `data_docs_dir`. Raises InputError when the report table is missing or the range is empty.
     """
-    from spark_jobs.lake import read_table
+    from spark_jobs.io.lake import read_table
 
     start, end = _aware(start, "start"), _aware(end, "end")
     if end <= start:
@@ -332,7 +332,7 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
 
 def cli_sla(args: argparse.Namespace, cfg: Config) -> int:
     """`msgaudit sla --start --end [--topic T]`: print the table; SlaFailed (exit 3) on error-severity failures."""
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")

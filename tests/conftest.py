@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from audit import config as config_mod
-from audit.config import Config
-from audit.local_kafka import LocalKafka, free_port_block
+from audit.core import config as config_mod
+from audit.core.config import Config
+from audit.runtime.local_kafka import LocalKafka, free_port_block
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def new_topic(bootstrap: str, partitions: int = 1, prefix: str = "t", **topic_co
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Delta- and Kafka-ready local[2] SparkSession for the whole test run."""
-    from spark_jobs.session import build_spark
+    from spark_jobs.io.session import build_spark
 
     home = tmp_path_factory.mktemp("spark-home")
     cfg = config_mod.from_dict({"home": str(home), "spark": {"spark.sql.shuffle.partitions": "2",

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from audit.config import SinkConfig, TopicConfig
+from audit.core.config import SinkConfig, TopicConfig
 from audit.oracle import (
     ConsumedRow,
     GroupOffset,
@@ -111,7 +111,7 @@ def table_rows(inputs: Inputs) -> dict[str, list[dict[str, Any]]]:
 def frame(spark: Any, table: str, rows: Iterable[Mapping[str, Any]]) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from spark_jobs.schemas import TABLES
+    from spark_jobs.io.schemas import TABLES
 
     schema = StructType([*TABLES[table].fields, StructField("part_hour", StringType(), True)])
     return spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
@@ -363,7 +363,7 @@ def replace_fp(r: LogRecord, fp: str) -> LogRecord:
 
 def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, /, **values: Any) -> dict[str, Any]:
     """An expected report row: zeros, no latency, this stage's code columns 0 and the others NULL."""
-    from audit.codes import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
+    from audit.core.vocabulary import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
     from audit.oracle import run_id_for
 
     row: dict[str, Any] = {

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from audit.config import Config
-from audit.errors import InputError
-from spark_jobs.backfill import BackfillState, backfill_range, state_key, window_as_of
+from audit.core.config import Config
+from audit.core.errors import InputError
+from spark_jobs.pipeline.backfill import BackfillState, backfill_range, state_key, window_as_of
 from tests.reconcile_cases import GROUP, T0, TOPIC, History, at, norm_rows, write_delta_sink, write_lake
 
 NOW = T0 + timedelta(days=1)
@@ -100,8 +100,8 @@ def test_corrupt_state_file_is_one_clear_error(tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_backfill_reconcile_and_sla_for_real_is_resumable_and_idempotent(
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
-    from audit.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
-    from spark_jobs.backfill import reconcile_step, sla_step
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
+    from spark_jobs.pipeline.backfill import reconcile_step, sla_step
 
     cfg = _cfg(make_config, tmp_path)
     h = History()

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit import headers as H
-from audit.config import from_dict
-from audit.errors import ConfigError, InputError
-from audit.timeutil import from_millis, to_millis
+from audit.core import headers as H
+from audit.core.config import from_dict
+from audit.core.errors import ConfigError, InputError
+from audit.core.windows import from_millis, to_millis
 from spark_jobs import capture as C
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_fingerprint_is_audit_key_or_sha256_of_key_nul_value(spark: Any) -> None
 def test_to_log_records_marks_aborted_and_partitions_by_produce_hour(spark: Any) -> None:
     from chispa import assert_df_equality
 
-    from spark_jobs.schemas import LOG_RECORDS
+    from spark_jobs.io.schemas import LOG_RECORDS
 
     kafka_ts = datetime(2026, 11, 21, 10, 59, 59, tzinfo=UTC)
     produce = datetime(2026, 11, 21, 11, 0, 0, 500000, tzinfo=UTC)
@@ -293,7 +293,7 @@ def _topic_cfg(make_config: Any, tmp_path: Any, topic: str, **extra: Any) -> Any
 
 
 def _rows(spark: Any, cfg: Any, table: str, topic: str, order: str) -> list[tuple[Any, ...]]:
-    from spark_jobs.lake import read_table
+    from spark_jobs.io.lake import read_table
 
     df = read_table(spark, cfg, table).where(f"topic = '{topic}'")
     # PySpark returns timestamps as naive local times; make them aware UTC to compare.
@@ -351,7 +351,7 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
 
     from delta.tables import DeltaTable
 
-    from spark_jobs.lake import table_path
+    from spark_jobs.io.lake import table_path
 
     def version() -> int:
         last = DeltaTable.forPath(spark, table_path(cfg, "log_records")).history(1).first()
@@ -418,7 +418,7 @@ def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any
 
 
 # --------------------------------------------------------------------------------------------
-# spark_jobs/submit.py: the spark-submit entry point (run in-process on the shared session)
+# spark_jobs/pipeline/submit.py: the spark-submit entry point (run in-process on the shared session)
 
 
 @pytest.mark.unit
@@ -434,7 +434,7 @@ def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any
 )
 def test_submit_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Any,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from spark_jobs import submit
+    from spark_jobs.pipeline import submit
 
     conf = tmp_path / "msgaudit.yaml"
     conf.write_text("topics:\n  orders: {}\n")
@@ -450,7 +450,7 @@ def test_submit_capture_of_an_empty_window(spark: Any, kafka_bootstrap: str, aud
                                            make_config: Any, tmp_path: Any,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """An empty window is fine: no records, an empty log_records table, fresh watermark snapshots."""
-    from spark_jobs import submit
+    from spark_jobs.pipeline import submit
 
     topic = audited_topic["topic"]
     conf = tmp_path / "msgaudit.yaml"
@@ -469,9 +469,9 @@ def test_submit_capture_of_an_empty_window(spark: Any, kafka_bootstrap: str, aud
 @pytest.mark.spark
 def test_submit_sla_failure_exits_3(spark: Any, make_config: Any, tmp_path: Any,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from spark_jobs import submit
-    from spark_jobs.lake import write_table
-    from spark_jobs.schemas import AUDIT_PARTITION_REPORT
+    from spark_jobs.io.lake import write_table
+    from spark_jobs.io.schemas import AUDIT_PARTITION_REPORT
+    from spark_jobs.pipeline import submit
 
     conf = tmp_path / "msgaudit.yaml"
     conf.write_text("lake: lake\nreport_store: sqlite:///report.db\n"
@@ -496,8 +496,8 @@ def test_watermark_snapshot_adds_the_captured_range_columns_to_an_older_table(
         spark: Any, make_config: Any, tmp_path: Any) -> None:
     """A partition_watermarks table written before captured_from/captured_to existed takes the new
     snapshot rows; its old rows read back with nulls there (reconcile: the whole log was covered)."""
-    from spark_jobs.lake import write_table
-    from spark_jobs.schemas import PARTITION_WATERMARKS
+    from spark_jobs.io.lake import write_table
+    from spark_jobs.io.schemas import PARTITION_WATERMARKS
 
     cfg = make_config(tmp_path)
     from pyspark.sql.types import StructType

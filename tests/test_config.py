@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from audit import config
-from audit.config import SlaRule
-from audit.errors import ConfigError
+from audit.core import config
+from audit.core.config import SlaRule
+from audit.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -26,12 +26,12 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, ConsumerGroupState, Message
 from confluent_kafka.admin import AdminClient
 
-from audit import consumer as consumer_mod
-from audit.consumer import AuditedConsumer, ConsumedRecord, HandlerFailed, RetryPolicy
-from audit.errors import ConfigError
-from audit.headers import parse, stamp
-from audit.ledger import recover_orphans, sealed_segments
-from audit.sinks import SqlSink
+from audit.clients import consumer as consumer_mod
+from audit.clients.consumer import AuditedConsumer, ConsumedRecord, HandlerFailed, RetryPolicy
+from audit.clients.ledger import recover_orphans, sealed_segments
+from audit.clients.sinks import SqlSink
+from audit.core.errors import ConfigError
+from audit.core.headers import parse, stamp
 from tests.conftest import new_topic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def produce_audited(bootstrap: str, topic: str, values: Sequence[dict[str, Any]]
                     keys: Sequence[bytes | None] | None = None, one_per_batch: bool = False) -> None:
     """Produce with real audit headers; `one_per_batch` makes each message its own record batch
     (so a consumer with a tiny fetch size reads the partitions interleaved)."""
-    from audit.producer import AuditedProducer
+    from audit.clients.producer import AuditedProducer
 
     with AuditedProducer({"bootstrap.servers": bootstrap}, producer_name="test-src",
                          ledger_dir=ledger_dir / "producer") as p:
@@ -293,7 +293,7 @@ def test_exactly_once_sink_restores_positions_from_the_sink_not_kafka(tmp_path: 
     topic = new_topic(kafka_bootstrap)
     produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(10)], tmp_path)
     sink = SqlSink(f"sqlite:///{tmp_path / 'sink.db'}", "rows")
-    from audit.sinks import Position
+    from audit.clients.sinks import Position
 
     sink.write([], group="g1", positions=[Position(topic, 0, 6)])
     seen: list[int] = []

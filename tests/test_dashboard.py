@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from audit import cli
-from audit.dashboard import build_html, cell_status, heatmap_data, latency_data, render, trend_data
-from audit.errors import InputError
-from audit.report_store import ReportStore
+from audit.core.errors import InputError
+from audit.serving.dashboard import build_html, cell_status, heatmap_data, latency_data, render, trend_data
+from audit.serving.report_store import ReportStore
 from tests.test_report_store import anomaly_row, report_row, sla_row
 
 W0 = datetime(2026, 11, 21, 6, tzinfo=UTC)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from audit.errors import BrokerError, SetupError
-from audit.local_kafka import LocalKafka, free_port, new_cluster_id
+from audit.core.errors import BrokerError, SetupError
+from audit.runtime.local_kafka import LocalKafka, free_port, new_cluster_id
 from tests.conftest import new_topic
 
 
@@ -84,7 +84,7 @@ def test_broker_formats_storage_with_a_cluster_id_that_looks_like_an_option(tmp_
 def test_free_ports_are_below_the_ephemeral_range() -> None:
     """Outgoing connections take ports from the ephemeral range; a broker port picked there could be
     taken before the broker binds it (it happened to a 3-node cluster's own peer connections)."""
-    from audit.local_kafka import _ephemeral_low
+    from audit.runtime.local_kafka import _ephemeral_low
 
     ports = [free_port() for _ in range(50)]
     assert all(10_000 <= p < _ephemeral_low() - 64 for p in ports)

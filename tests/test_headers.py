@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from audit import headers as h
-from audit.headers import AuditHeaders
+from audit.core import headers as h
+from audit.core.headers import AuditHeaders
 
 pytestmark = pytest.mark.unit
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
-from audit.ledger import LedgerWriter, sealed_segments
-from spark_jobs import lake
+from audit.clients.ledger import LedgerWriter, sealed_segments
 from spark_jobs.ingest import (
     QUARANTINE_TABLE,
     SOURCES,
@@ -26,7 +25,8 @@ from spark_jobs.ingest import (
     parse_lines,
     part_hour_of_millis,
 )
-from spark_jobs.schemas import CONSUMED_RECORDS, PART_HOUR, PRODUCER_LEDGER
+from spark_jobs.io import lake
+from spark_jobs.io.schemas import CONSUMED_RECORDS, PART_HOUR, PRODUCER_LEDGER
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCER = SOURCES[0]
@@ -241,7 +241,7 @@ def test_sigkilled_producer_leaves_an_ingestible_ledger(spark: Any, kafka_bootst
     # Every landed acked row points at the record that carries its seq.
     from confluent_kafka import Consumer, TopicPartition
 
-    from audit import headers as h
+    from audit.core import headers as h
 
     c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "wm"})
     total = sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in (0, 1))

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from audit import config as config_mod
-from audit.errors import InputError
+from audit.core import config as config_mod
+from audit.core.errors import InputError
 from audit.lab import demo
 from audit.lab.env import LocalCluster, ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.errors import LedgerError
-from audit.ledger import LedgerWriter, recover_orphans, sealed_segments
+from audit.clients.ledger import LedgerWriter, recover_orphans, sealed_segments
+from audit.core.errors import LedgerError
 
 pytestmark = pytest.mark.unit
 

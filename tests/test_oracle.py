@@ -54,7 +54,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
-    from audit.codes import ANOMALY_CODES
+    from audit.core.vocabulary import ANOMALY_CODES
 
     assert set(ANOMALY_CODES) - set(CASES) == {"pending"}  # pending: see the grace tests below
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from audit import headers as h
-from audit.ledger import sealed_segments
-from audit.producer import AuditedProducer, _kafka_conf
+from audit.clients.ledger import sealed_segments
+from audit.clients.producer import AuditedProducer, _kafka_conf
+from audit.core import headers as h
 from tests.conftest import new_topic
 
 LEDGER_COLUMNS = ["producer", "pid", "seq", "topic", "partition", "offset", "status", "error", "txn_id",

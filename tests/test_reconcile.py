@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from audit.config import Config
-from audit.errors import ConfigError, InputError
+from audit.core.config import Config
+from audit.core.errors import ConfigError, InputError
 from audit.oracle import reconcile_window as oracle_reconcile
 from tests.reconcile_cases import (
     AS_OF_FINAL,
@@ -138,7 +138,7 @@ def _fixed(t: datetime) -> Callable[[], datetime]:
 
 
 def _write_sql_sink(url: str, rows: list[Any]) -> None:
-    from audit.sinks import SinkRecord, SqlSink
+    from audit.clients.sinks import SinkRecord, SqlSink
 
     for r in rows:
         with SqlSink(url, "orders", "insert", now=_fixed(r.sink_ts)) as sink:
@@ -146,7 +146,7 @@ def _write_sql_sink(url: str, rows: list[Any]) -> None:
 
 
 def _delta_rows(spark: Any, cfg: Config, table: str) -> list[dict[str, Any]]:
-    from spark_jobs.lake import read_table
+    from spark_jobs.io.lake import read_table
 
     rows = norm_rows(r.asDict() for r in read_table(spark, cfg, table).collect())
     return sorted(rows, key=lambda r: tuple("" if r[k] is None else str(r[k]) for k in sorted(r)))
@@ -161,7 +161,7 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 @pytest.mark.spark
 def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the_window(
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
-    from audit.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.reconcile import reconcile_window
 
     cfg = _config(make_config, tmp_path)
@@ -221,7 +221,7 @@ def test_missing_input_table_is_one_clear_error(spark: Any, make_config: Callabl
 @pytest.mark.spark
 def test_sink_without_audit_columns_is_one_clear_error(spark: Any, make_config: Callable[..., Config],
                                                       tmp_path: Path) -> None:
-    from spark_jobs.sinks_read import read_sink
+    from spark_jobs.io.sinks_read import read_sink
 
     cfg = _config(make_config, tmp_path)
     location = tmp_path / "sinks" / "s1"
@@ -247,7 +247,7 @@ def test_unknown_topic_is_a_config_error_before_any_jvm(make_config: Callable[..
 
 @pytest.mark.unit
 def test_jdbc_options_from_sqlalchemy_urls() -> None:
-    from spark_jobs.sinks_read import jdbc_options
+    from spark_jobs.io.sinks_read import jdbc_options
 
     assert jdbc_options("postgresql+psycopg://u:p%40ss@db:5433/audit") == {
         "url": "jdbc:postgresql://db:5433/audit", "driver": "org.postgresql.Driver", "user": "u",

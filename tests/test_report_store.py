@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from audit.codes import REPORT_CODE_COLUMNS
-from audit.errors import ConfigError, InputError
-from audit.report_store import VIEW_NAMES, ReportStore
+from audit.core.errors import ConfigError, InputError
+from audit.core.vocabulary import REPORT_CODE_COLUMNS
+from audit.serving.report_store import VIEW_NAMES, ReportStore
 
 W0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
 W1 = W0 + timedelta(hours=1)

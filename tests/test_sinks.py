@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from audit.config import SinkConfig
-from audit.errors import ConfigError, InputError
-from audit.sinks import AuditColumns, Position, SinkRecord, SqlSink, dedupe_last
+from audit.clients.sinks import AuditColumns, Position, SinkRecord, SqlSink, dedupe_last
+from audit.core.config import SinkConfig
+from audit.core.errors import ConfigError, InputError
 
 TS = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 
@@ -176,7 +176,7 @@ def test_delta_sink_append_and_merge(spark: Any, tmp_path: Path, mode: str,
                                      expected: list[tuple[str, int, int]]) -> None:
     from chispa import assert_df_equality
 
-    from spark_jobs.delta_sink import DeltaSink
+    from spark_jobs.io.delta_sink import DeltaSink
 
     sink = DeltaSink(spark, str(tmp_path / "sink"), mode, now=lambda: TS)
     sink.write([rec(0, v="a"), rec(1, v="a")])
@@ -192,7 +192,7 @@ def test_delta_sink_append_and_merge(spark: Any, tmp_path: Path, mode: str,
 def test_delta_sink_positions_travel_in_the_same_commit(spark: Any, tmp_path: Path) -> None:
     from delta.tables import DeltaTable
 
-    from spark_jobs.delta_sink import DeltaSink
+    from spark_jobs.io.delta_sink import DeltaSink
 
     sink = DeltaSink(spark, str(tmp_path / "sink"), "merge")
     assert sink.read_positions("g", [("orders", 0)]) == {}
@@ -218,8 +218,8 @@ def test_consumer_exactly_once_into_delta_survives_a_failed_commit(spark: Any, t
                                                                    kafka_bootstrap: str) -> None:
     """exactly_once_sink with Delta: the first run dies just before its second Delta commit; the
     rerun resumes from the positions in the table and every record lands exactly once."""
-    from audit.consumer import AuditedConsumer
-    from spark_jobs.delta_sink import DeltaSink
+    from audit.clients.consumer import AuditedConsumer
+    from spark_jobs.io.delta_sink import DeltaSink
     from tests.conftest import new_topic
     from tests.test_consumer import ledger_rows, produce_audited
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from audit.config import SinkConfig
-from audit.sinks import SinkRecord, SqlSink
-from spark_jobs.sinks_read import read_sink
+from audit.clients.sinks import SinkRecord, SqlSink
+from audit.core.config import SinkConfig
+from spark_jobs.io.sinks_read import read_sink
 
 
 @pytest.mark.spark

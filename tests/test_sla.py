@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from audit import cli
-from audit import config as config_mod
-from audit.codes import REPORT_CODE_COLUMNS
-from audit.config import Config
-from audit.errors import InputError
-from audit.report_store import ReportStore
+from audit.core import config as config_mod
+from audit.core.config import Config
+from audit.core.errors import InputError
+from audit.core.vocabulary import REPORT_CODE_COLUMNS
+from audit.serving.report_store import ReportStore
 from spark_jobs.sla import SlaOutcome, check_sla, format_table, with_sla_observations
 
 W0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
@@ -105,8 +105,8 @@ EXPECTED = [
 
 
 def write_report(spark: Any, cfg: Config, rows: list[dict[str, Any]]) -> None:
-    from spark_jobs.lake import write_table
-    from spark_jobs.schemas import AUDIT_PARTITION_REPORT
+    from spark_jobs.io.lake import write_table
+    from spark_jobs.io.schemas import AUDIT_PARTITION_REPORT
 
     write_table(spark.createDataFrame(rows, schema=AUDIT_PARTITION_REPORT), cfg, "audit_partition_report",
                 mode="overwrite")
@@ -191,7 +191,7 @@ def test_table_summarises_and_lists_failures(checked: Checked) -> None:
 
 @pytest.mark.spark
 def test_observations_transform(spark: Any) -> None:
-    from spark_jobs.schemas import AUDIT_PARTITION_REPORT
+    from spark_jobs.io.schemas import AUDIT_PARTITION_REPORT
 
     rows = [report(W0, "orders", 0, "group:g", 4, 2, duplicated=3, dead_lettered=1),
             report(W0, "orders", 0, "sink:s", 0, 0, duplicated=2)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from audit.report_store import SUPPORTED_DIALECTS, VIEW_NAMES, ReportStore, ddl
+from audit.serving.report_store import SUPPORTED_DIALECTS, VIEW_NAMES, ReportStore, ddl
 from tests.test_report_store import anomaly_row, fresh_pg_url, report_row, sla_row
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
@@ -181,7 +181,7 @@ def test_every_view_has_expected_rows_in_this_test() -> None:
 def test_sql_files_match_the_code(dialect: str) -> None:
     path = SQL_DIR / dialect / "report_store.sql"
     assert path.read_text(encoding="utf-8") == ddl(dialect), (
-        f"{path} is stale: run `python -m audit.report_store --write-ddl sql`")
+        f"{path} is stale: run `python -m audit.serving.report_store --write-ddl sql`")
 
 
 @pytest.mark.unit

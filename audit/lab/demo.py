@@ -25,8 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from audit.config import Config
-from audit.errors import InputError
+from audit.core.config import Config
+from audit.core.errors import InputError
 from audit.lab.env import Lab, LocalCluster, ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
 from audit.lab.scenarios import CLUSTER_SCENARIOS, PROXY_SCENARIOS, SCENARIOS
@@ -123,7 +123,7 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
 
     def spark() -> Any:
         if "spark" not in spark_holder:
-            from spark_jobs.session import build_spark
+            from spark_jobs.io.session import build_spark
 
             say("spark: starting a local Spark session (Delta + Kafka source)")
             spark_holder["spark"] = build_spark(cfg, app_name="msgaudit-demo")
@@ -136,7 +136,7 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
         say("kafka: starting a local 3-node KRaft cluster ...")
     else:
         data_dir = home / "kafka"
-        from audit.local_kafka import LocalKafka
+        from audit.runtime.local_kafka import LocalKafka
 
         if LocalKafka(data_dir).running_nodes():  # `msgaudit kafka start` owns that one: leave it alone
             data_dir = home / "kafka-demo"
@@ -153,7 +153,7 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
     finally:
         env.stop()
     if "spark" in spark_holder:
-        from audit.dashboard import render
+        from audit.serving.dashboard import render
 
         render(result.cfg, out)
     print()

@@ -16,9 +16,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from audit.errors import BrokerError
+from audit.core.errors import BrokerError
 from audit.lab.proxy import FaultProxy
-from audit.local_kafka import LocalKafka, free_port_block
+from audit.runtime.local_kafka import LocalKafka, free_port_block
 
 
 @dataclass

@@ -23,11 +23,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from audit.config import Config
+from audit.core.config import Config
+from audit.core.windows import floor_window
 from audit.lab.env import Lab
 from audit.lab.scenarios import SCENARIOS, Context, with_bootstrap
 from audit.lab.truth import Comparison, Truth, compare
-from audit.timeutil import floor_window
 
 
 @dataclass
@@ -75,7 +75,7 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     """Run `names` (keys of SCENARIOS) on `lab`, audit them, compare with their ground truth."""
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        from audit.errors import InputError
+        from audit.core.errors import InputError
 
         raise InputError(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     work.mkdir(parents=True, exist_ok=True)
@@ -126,7 +126,7 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
 
 def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime, end: datetime, *,
            wait_final: bool, grace: timedelta, say: Callable[[str], None], progress: bool) -> None:
-    from audit.report_store import ReportStore
+    from audit.serving.report_store import ReportStore
     from spark_jobs.capture import capture
     from spark_jobs.ingest import ingest
     from spark_jobs.reconcile import reconcile_range

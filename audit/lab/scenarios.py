@@ -42,8 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from audit.config import Config, SinkConfig, SlaRule, TopicConfig
-from audit.errors import BrokerError, InputError
+from audit.core.config import Config, SinkConfig, SlaRule, TopicConfig
+from audit.core.errors import BrokerError, InputError
 from audit.lab.env import Lab
 from audit.lab.proxy import ProduceExchange
 from audit.lab.truth import Truth
@@ -76,7 +76,7 @@ class Context:
         return Path(self.cfg.ledger_dir)
 
     def producer(self, name: str, **conf: Any) -> Any:
-        from audit.producer import AuditedProducer
+        from audit.clients.producer import AuditedProducer
 
         return AuditedProducer.from_config(self.cfg, producer_name=name, **{"log_level": 0, **conf})
 

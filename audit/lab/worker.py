@@ -4,7 +4,7 @@ It consumes JSON messages {"n": <int>, "poison": <bool>} with `AuditedConsumer` 
 semantics, writes {"n", "body"} rows to an optional SQL sink, or (exactly_once_kafka) forwards the
 value to --output-topic inside the transaction, and stops when idle or after --max-messages.
 
-Kill switch: --kill-at STAGE (one of audit.consumer.STAGES) and --kill-offset N. At that stage of
+Kill switch: --kill-at STAGE (one of audit.clients.consumer.STAGES) and --kill-offset N. At that stage of
 the first batch that holds source offset N (first attempt), the worker writes the batch's source
 coordinates to --marker as JSON and calls os._exit(137): nothing is flushed, committed or closed
 on the way out, which is what SIGKILL leaves behind. The marker is the scenario's ground truth
@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--marker")
     args = p.parse_args(argv)
 
-    from audit.consumer import AuditedConsumer, ConsumedRecord, RetryPolicy
-    from audit.sinks import SqlSink
+    from audit.clients.consumer import AuditedConsumer, ConsumedRecord, RetryPolicy
+    from audit.clients.sinks import SqlSink
 
     def on_stage(stage: str, records: Sequence[ConsumedRecord]) -> None:
         if stage == args.kill_at and any(r.offset == args.kill_offset and r.attempt == 1 for r in records):

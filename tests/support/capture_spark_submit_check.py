@@ -1,4 +1,4 @@
-"""Manual check (not collected by default): `spark-submit spark_jobs/submit.py capture` end to end.
+"""Manual check (not collected by default): `spark-submit spark_jobs/pipeline/submit.py capture` end to end.
 
 It launches a real spark-submit driver JVM of its own, which the shared-session rule keeps out of
 the default suite. Run it explicitly when the jars, session or submit entry point change:
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from audit import headers as H
-from audit.timeutil import to_millis
+from audit.core import headers as H
+from audit.core.windows import to_millis
 
 
 @pytest.mark.e2e
@@ -41,7 +41,7 @@ def test_spark_submit_capture(kafka_bootstrap: str, tmp_path: Path) -> None:
     conf = tmp_path / "msgaudit.yaml"
     conf.write_text(f"kafka: {{bootstrap.servers: '{kafka_bootstrap}'}}\nlake: lake\nhome: home\n"
                     f"spark: {{master: 'local[1]'}}\ntopics:\n  {topic}: {{}}\n")
-    from spark_jobs.session import spark_jar_paths
+    from spark_jobs.io.session import spark_jar_paths
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}

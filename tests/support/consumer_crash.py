@@ -5,7 +5,7 @@ It consumes JSON messages {"n": <int>, ...} with AuditedConsumer and the given s
 --output-topic inside the transaction), and stops when idle.
 
 Fault injection (environment, so the parent test names the dangerous point):
-  MSGAUDIT_KILL_AT      a stage of audit.consumer.STAGES
+  MSGAUDIT_KILL_AT      a stage of audit.clients.consumer.STAGES
   MSGAUDIT_KILL_OFFSET  source offset: die at that stage of the first batch that holds it
 Before dying it writes the batch's source coordinates to --marker as JSON, then os._exit(137),
 so nothing is flushed or closed on the way out: exactly what a SIGKILL leaves behind.
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.consumer import AuditedConsumer, ConsumedRecord, RetryPolicy
-from audit.sinks import SqlSink
+from audit.clients.consumer import AuditedConsumer, ConsumedRecord, RetryPolicy
+from audit.clients.sinks import SqlSink
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     mode, directory, n = argv[0], Path(argv[1]), int(argv[2])
     if mode == "ledger":
-        from audit.ledger import LedgerWriter
+        from audit.clients.ledger import LedgerWriter
 
         w = LedgerWriter(directory, "kill", flush_interval_s=0.05)
         for i in range(n):
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
             if i % 100 == 0:
                 time.sleep(0.001)
     if mode == "producer":
-        from audit.producer import AuditedProducer
+        from audit.clients.producer import AuditedProducer
 
         bootstrap, topic = argv[3], argv[4]
         p = AuditedProducer({"bootstrap.servers": bootstrap, "linger.ms": 2}, producer_name="victim",

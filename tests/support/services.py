@@ -1,7 +1,7 @@
 """Real services for the test tiers: a throwaway PostgreSQL cluster from Debian's packages.
 
-The Kafka broker comes from `audit.local_kafka` (the same code users run); Spark from
-`spark_jobs.session`. Nothing here is a stand-in: these are the real servers.
+The Kafka broker comes from `audit.runtime.local_kafka` (the same code users run); Spark from
+`spark_jobs.io.session`. Nothing here is a stand-in: these are the real servers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from audit.local_kafka import free_port
+from audit.runtime.local_kafka import free_port
 
 
 def _pg_bin() -> Path:

@@ -19,7 +19,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from audit.codes import REPORT_CODE_COLUMNS
+from audit.core.vocabulary import REPORT_CODE_COLUMNS
 
 PART_HOUR = "part_hour"
 PART_HOUR_FORMAT = "yyyy-MM-dd'T'HH"  # Spark date_format pattern; Python: "%Y-%m-%dT%H"

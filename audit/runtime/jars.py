@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from audit.errors import SetupError
+from audit.core.errors import SetupError
 
 MANIFESTS = ("spark-deps", "kafka-broker")
 _STAMP = ".manifest-sha256"
 
 
 def project_root() -> Path:
-    """The checkout holding `jvm/` (the package lives one level below it)."""
-    return Path(__file__).resolve().parent.parent
+    """The checkout holding `jvm/` (this module lives two levels below it)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def jars_home() -> Path:

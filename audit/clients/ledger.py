@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from audit.errors import LedgerError
+from audit.core.errors import LedgerError
 
 log = logging.getLogger(__name__)
 

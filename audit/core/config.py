@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from audit.errors import ConfigError
+from audit.core.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "msgaudit.yaml"
 DEFAULT_HOME = ".msgaudit"

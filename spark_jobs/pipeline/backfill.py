@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from audit.config import Config
-from audit.errors import InputError, MsgauditError
-from audit.timeutil import parse_instant, windows
+from audit.core.config import Config
+from audit.core.errors import InputError, MsgauditError
+from audit.core.windows import parse_instant, windows
 
 STATE_FILE = "backfill-state.json"
 Step = Callable[[Any, Config, str, datetime, datetime, datetime], Any]
@@ -144,8 +144,8 @@ def _describe(step: str, out: Any) -> dict[str, Any]:
 
 
 def cli_backfill(args: argparse.Namespace, cfg: Config) -> int:
-    from audit.errors import SlaFailed
-    from spark_jobs.session import build_spark
+    from audit.core.errors import SlaFailed
+    from spark_jobs.io.session import build_spark
 
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")

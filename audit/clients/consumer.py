@@ -75,15 +75,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from audit import headers as audit_headers
-from audit.errors import BrokerError, ConfigError, MsgauditError
-from audit.headers import AuditHeaders
-from audit.ledger import LedgerWriter
-from audit.sinks import Position, Sink, SinkRecord
+from audit.clients.ledger import LedgerWriter
+from audit.clients.sinks import Position, Sink, SinkRecord
+from audit.core import headers as audit_headers
+from audit.core.errors import BrokerError, ConfigError, MsgauditError
+from audit.core.headers import AuditHeaders
 
 if TYPE_CHECKING:
-    from audit.config import Config
-    from audit.producer import AuditedProducer
+    from audit.clients.producer import AuditedProducer
+    from audit.core.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class AuditedConsumer:
         if self.retry is not None:
             self._ensure_topics([t for t in (self.retry_topic, self.dlq_topic) if t])
         if self.semantics == "exactly_once_kafka":
-            from audit.producer import AuditedProducer
+            from audit.clients.producer import AuditedProducer
 
             tconf = {**self._producer_conf, "transactional.id": f"msgaudit-{self.group}-{self.name}"}
             producer = AuditedProducer(tconf, producer_name=f"{self.group}.{self.name}",

@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from audit.config import Config
-from audit.errors import InputError
-from audit.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
-from audit.timeutil import parse_instant
+from audit.core.config import Config
+from audit.core.errors import InputError
+from audit.core.windows import parse_instant
+from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
 
 MAX_ANOMALY_ROWS = 2000
 MAX_SLA_FAILURE_ROWS = 1000

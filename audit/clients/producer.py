@@ -8,7 +8,7 @@ librdkafka error name, `aborted` for every message of an aborted transaction.
 
 Pointing it at your config::
 
-    cfg = audit.config.load("msgaudit.yaml")
+    cfg = audit.core.config.load("msgaudit.yaml")
     producer = AuditedProducer.from_config(cfg, producer_name="orders-svc")
     # same as: AuditedProducer(dict(cfg.kafka), producer_name="orders-svc",
     #                          ledger_dir=cfg.ledger_dir / "producer")
@@ -40,9 +40,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from audit import headers as audit_headers
-from audit.errors import ConfigError
-from audit.ledger import LedgerWriter
+from audit.clients.ledger import LedgerWriter
+from audit.core import headers as audit_headers
+from audit.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class AuditedProducer:
       producer_name: logical name of this producer (ledger column `producer`, pid prefix).
       ledger_dir: folder for producer ledger segments (default `.msgaudit/ledger/producer`).
       ledger_topic: optional Kafka topic that also receives every ledger row as JSON.
-      ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.ledger.LedgerWriter`).
+      ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.clients.ledger.LedgerWriter`).
       metrics_registry: a prometheus_client CollectorRegistry (or True for the default one) to
         export the counters as `msgaudit_producer_*{producer=..., pid=...}`.
     """

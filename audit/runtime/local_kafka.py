@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit import jars
-from audit.errors import BrokerError, SetupError
+from audit.core.errors import BrokerError, SetupError
+from audit.runtime import jars
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from audit.errors import InputError
+from audit.core.errors import InputError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

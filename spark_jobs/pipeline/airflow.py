@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from audit.config import Config
+    from audit.core.config import Config
 
 
 def default_args() -> dict[str, Any]:
@@ -19,7 +19,7 @@ def default_args() -> dict[str, Any]:
     except an SLA breach, which fails at once (`spark_submit_retry_policy`); every failure alerts.
 
     No I/O: DAG files call it at import time."""
-    from audit.alerts import sla_failure_callback, spark_submit_retry_policy
+    from audit.serving.alerts import sla_failure_callback, spark_submit_retry_policy
 
     return {
         "retries": 3,
@@ -49,14 +49,14 @@ def submit_target(cfg: Config) -> dict[str, Any]:
     from airflow.sdk import BaseHook, Variable
     from airflow.sdk.exceptions import AirflowFailException
 
-    from audit import jars
-    from audit.errors import SetupError
+    from audit.core.errors import SetupError
+    from audit.runtime import jars
 
     application = Variable.get("msgaudit_spark_application", default=None)
     if not application:
-        spec = importlib.util.find_spec("spark_jobs.submit")
+        spec = importlib.util.find_spec("spark_jobs.pipeline.submit")
         if spec is None or spec.origin is None:
-            raise AirflowFailException("spark_jobs.submit not found: install msgaudit on the Airflow workers "
+            raise AirflowFailException("spark_jobs.pipeline.submit not found: install msgaudit on the Airflow workers "
                                        "or set the Variable msgaudit_spark_application")
         application = spec.origin
     jar_list = Variable.get("msgaudit_spark_jars", default=None)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from audit.config import Config
-from audit.errors import InputError
+from audit.core.config import Config
+from audit.core.errors import InputError
 
 
 def table_path(cfg: Config, name: str) -> str:

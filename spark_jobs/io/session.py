@@ -1,6 +1,6 @@
 """`build_spark(cfg)`: a SparkSession with Delta Lake and Spark's Kafka source, from the jar cache.
 
-The jars come from `msgaudit setup` (audit/jars.py), never from the network at run time. The
+The jars come from `msgaudit setup` (audit/runtime/jars.py), never from the network at run time. The
 master and any extra Spark settings come from the config's `spark:` section. Under spark-submit
 the driver JVM already exists, so the jars must be passed as `--jars` (see `spark_jar_paths`,
 which the Airflow DAGs use) and the master is spark-submit's. This module only
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from audit import jars
-from audit.config import Config
+from audit.core.config import Config
+from audit.runtime import jars
 
 DEFAULTS: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

@@ -13,8 +13,8 @@ from urllib.parse import unquote, urlsplit
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from audit.config import AUDIT_COLUMNS, SinkConfig
-from audit.errors import ConfigError, InputError
+from audit.core.config import AUDIT_COLUMNS, SinkConfig
+from audit.core.errors import ConfigError, InputError
 
 _TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
           "sink_ts": "timestamp"}

@@ -1,4 +1,4 @@
-"""`DeltaSink`: the Delta implementation of `audit.sinks.Sink`, for consumers that land rows in a
+"""`DeltaSink`: the Delta implementation of `audit.clients.sinks.Sink`, for consumers that land rows in a
 Delta table (a user's "sink table" the audit reads in place).
 
 Each batch is ONE Delta commit: the payload rows stamped with the audit columns (default
@@ -41,9 +41,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from audit.config import SinkConfig
-from audit.errors import ConfigError, InputError
-from audit.sinks import AuditColumns, Position, SinkRecord, TopicPartitionKey, dedupe_last, stamp_row
+from audit.clients.sinks import AuditColumns, Position, SinkRecord, TopicPartitionKey, dedupe_last, stamp_row
+from audit.core.config import SinkConfig
+from audit.core.errors import ConfigError, InputError
 
 DELTA_MODES = ("append", "merge")
 _META_CONF = "spark.databricks.delta.commitInfo.userMetadata"

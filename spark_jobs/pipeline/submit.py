@@ -1,9 +1,9 @@
 """The `spark-submit` entry point: one msgaudit Spark step per submission (Airflow's SparkSubmitOperator).
 
-    spark-submit spark_jobs/submit.py <ingest|capture|reconcile|sla> --config FILE \\
+    spark-submit spark_jobs/pipeline/submit.py <ingest|capture|reconcile|sla> --config FILE \\
         --start S --end E [--topic T ...] [--as-of A]
 
-It builds the session with `spark_jobs.session.build_spark` and calls the same library functions
+It builds the session with `spark_jobs.io.session.build_spark` and calls the same library functions
 the `msgaudit` CLI commands call: `ingest.ingest`, `capture.capture`, `reconcile.reconcile_range`
 and `sla.check_sla`. Exit codes: 0 ok; 2 bad input (one line on stderr: config, topic, window,
 missing table, broker); 3 an error-severity SLA rule failed (schedulers alert, and should not
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    # Run as a file (`spark-submit spark_jobs/submit.py`): Python puts spark_jobs/ itself on the
+    # Run as a file (`spark-submit spark_jobs/pipeline/submit.py`): Python puts spark_jobs/ itself on the
     # path, not the checkout that holds the packages.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from audit.errors import InputError, MsgauditError  # noqa: E402
+from audit.core.errors import InputError, MsgauditError  # noqa: E402
 
 STEPS = ("ingest", "capture", "reconcile", "sla")
 SLA_EXIT_CODE = 3
@@ -40,7 +40,7 @@ SLA_EXIT_CODE = 3
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="spark_jobs/submit.py",
+        prog="spark_jobs/pipeline/submit.py",
         description="Run one msgaudit Spark step (for spark-submit / Airflow's SparkSubmitOperator).",
     )
     p.add_argument("step", choices=STEPS)
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _range(args: argparse.Namespace) -> tuple[Any, Any]:
-    from audit.timeutil import parse_instant
+    from audit.core.windows import parse_instant
 
     if args.start is None or args.end is None:
         raise InputError(f"{args.step} needs --start and --end (ISO 8601 UTC, e.g. 2026-11-21T10:00Z)")
@@ -67,7 +67,7 @@ def _range(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run_step(spark: Any, cfg: Any, args: argparse.Namespace) -> int:
     """Run one step on an existing session; return the exit code (SLA failure -> 3)."""
-    from audit.timeutil import parse_instant
+    from audit.core.windows import parse_instant
 
     topics = args.topics or None
     if args.step == "ingest":
@@ -112,11 +112,11 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
     args = build_parser().parse_args(argv)
     own = spark is None
     try:
-        from audit import config as config_mod
+        from audit.core import config as config_mod
 
         cfg = config_mod.load(args.config)
         if own:
-            from spark_jobs.session import build_spark
+            from spark_jobs.io.session import build_spark
 
             spark = build_spark(cfg, app_name=f"msgaudit-{args.step}")
         return run_step(spark, cfg, args)

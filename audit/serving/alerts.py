@@ -15,7 +15,7 @@ Airflow's notifiers when they are configured:
 A notifier that fails is logged and skipped: the task already failed, the alert must not hide why.
 
 `spark_submit_retry_policy()` returns the retry policy of those steps: exit code 3 of
-`spark_jobs/submit.py` (an error-severity SLA rule failed) fails the task at once -- the same
+`spark_jobs/pipeline/submit.py` (an error-severity SLA rule failed) fails the task at once -- the same
 report would fail again -- and everything else (broker, cluster, store hiccups) is retried with
 the task's exponential backoff.
 
@@ -36,7 +36,7 @@ from typing import Any
 
 log = logging.getLogger("msgaudit.alerts")
 
-SLA_EXIT_CODE = 3  # spark_jobs/submit.py: an error-severity SLA rule failed
+SLA_EXIT_CODE = 3  # spark_jobs/pipeline/submit.py: an error-severity SLA rule failed
 
 VAR_CONFIG = "msgaudit_config"
 VAR_ALERT_LOG = "msgaudit_alert_log"
@@ -137,7 +137,7 @@ def exit_code_of(exception: BaseException | None, task: Any = None) -> int | Non
 def failed_rules(report_store_url: str, start: datetime, end: datetime,
                  topics: Sequence[str] = ()) -> tuple[FailedRule, ...]:
     """Failed `sla_results` rows of windows starting in [start, end), error severity first."""
-    from audit.report_store import ReportStore
+    from audit.serving.report_store import ReportStore
 
     rows: list[Mapping[str, Any]] = []
     with ReportStore(report_store_url) as store:
@@ -157,7 +157,7 @@ def _iso(value: Any) -> str:
 
 
 def _instant(text: str | None, fallback: Any) -> datetime | None:
-    from audit.timeutil import parse_instant
+    from audit.core.windows import parse_instant
 
     if text:
         return parse_instant(text)
@@ -192,7 +192,7 @@ def build_alert(context: Mapping[str, Any]) -> Alert:
     rules: tuple[FailedRule, ...] = ()
     if breach and start is not None and end is not None:
         try:
-            from audit import config as config_mod
+            from audit.core import config as config_mod
 
             cfg = config_mod.load(submit["config"] or _variable(VAR_CONFIG, DEFAULT_CONFIG))
             rules = failed_rules(cfg.report_store, start, end, submit["topics"])

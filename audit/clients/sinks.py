@@ -15,7 +15,7 @@ audit_offset, audit_pid, audit_seq, audit_sink_ts` by default, renamed through
   rows, and `read_positions` gives them back on partition assignment ("store the offset with the
   output").
 
-`Sink` is the protocol the consumer talks to; `spark_jobs.delta_sink.DeltaSink` is the Delta
+`Sink` is the protocol the consumer talks to; `spark_jobs.io.delta_sink.DeltaSink` is the Delta
 implementation. This module must not import pyspark or Kafka, and never drops a row silently:
 a payload column the table does not have is an InputError, not a lost field.
 """
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from audit.config import AUDIT_COLUMNS, SinkConfig
-from audit.errors import ConfigError, InputError
+from audit.core.config import AUDIT_COLUMNS, SinkConfig
+from audit.core.errors import ConfigError, InputError
 
 OFFSETS_TABLE = "msgaudit_sink_offsets"
 SINK_MODES = ("insert", "upsert")
