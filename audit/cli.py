@@ -1,8 +1,10 @@
-"""The `msgaudit` command line (DESIGN §9).
+"""The `msgaudit` command line (docs/design.md §9): the top of the import levels.
 
 Every command takes --config, turns every MsgauditError into one line on stderr and a non-zero
-exit code, and shows progress on long work. Spark jobs are imported only inside the command
-that runs them, so `msgaudit --help` and the broker commands start fast and without a JVM.
+exit code, and shows progress on long work. Each command's module is imported only inside the
+function that runs it (plain imports, no module names in strings), so `msgaudit --help` and the
+broker commands start fast and without a JVM. The pipeline steps (ingest, capture, reconcile,
+sla) run through `spark_jobs.pipeline.steps.run_step`, as spark-submit and the DAGs run them.
 """
 
 from __future__ import annotations
@@ -10,24 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from audit import __version__
 from audit.core.errors import MsgauditError
-
-# command -> "module:function"; each function takes (args, config) and returns an exit code.
-COMMANDS: dict[str, str] = {
-    "setup": "audit.runtime.jars:cli_setup",
-    "kafka": "audit.runtime.local_kafka:cli_kafka",
-    "ingest": "spark_jobs.ingest:cli_ingest",
-    "capture": "spark_jobs.capture:cli_capture",
-    "reconcile": "spark_jobs.reconcile:cli_reconcile",
-    "backfill": "spark_jobs.pipeline.backfill:cli_backfill",
-    "sla": "spark_jobs.sla:cli_sla",
-    "dashboard": "audit.serving.dashboard:cli_dashboard",
-    "demo": "audit.lab.demo:cli_demo",
-}
 
 EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once",
@@ -42,14 +31,13 @@ EXAMPLES: dict[str, str] = {
 }
 
 
-def _range_args(p: argparse.ArgumentParser, as_of: bool = False) -> None:
+def _range_args(p: argparse.ArgumentParser, as_of: str | None = None) -> None:
     p.add_argument("--start", required=True, help="window range start, ISO 8601 UTC (e.g. 2026-11-21T10:00Z)")
     p.add_argument("--end", required=True, help="window range end (exclusive), ISO 8601 UTC")
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every configured topic)")
     if as_of:
-        p.add_argument("--as-of", default="now",
-                       help="judge as of this instant (default: now); same inputs + same as-of = same rows")
+        p.add_argument("--as-of", default=None, help=as_of)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
-                as_of=True)
+                as_of="judge as of this instant (default: now); same inputs + same as-of = same rows")
     bf = add("backfill", "Run capture + reconcile + SLA for every window in a past range (resumable, idempotent). "
-             "With --as-of left at 'now', each window is judged at its end + grace (capped at now), so a "
-             "rerun skips finished windows and gives the same rows.")
-    _range_args(bf, as_of=True)
+             "Without --as-of, each window is judged as the schedule judges it, at its end + grace, so a "
+             "rerun skips finished windows and gives the same rows; windows not final yet are refused.")
+    _range_args(bf, as_of="judge every window as of this instant (default: each window's end + grace)")
     bf.add_argument("--force", action="store_true", help="redo windows already finished by an earlier run")
     sla = add("sla", "Check each topic's SLA on the report for a window range; exit 3 if an error-severity rule fails.")
-    _range_args(sla)
+    _range_args(sla, as_of="the SLA results' checked_at (default: now; the schedule passes the window's as_of)")
     sla.add_argument("--data-docs", default=None, metavar="DIR",
                      help="also build Great Expectations Data Docs (HTML) into DIR")
     d = add("dashboard", "Write a self-contained HTML dashboard from the report store.")
@@ -99,9 +87,75 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(target: str) -> Callable[[argparse.Namespace, Any], int]:
-    module, func = target.split(":")
-    return getattr(import_module(module), func)  # type: ignore[no-any-return,unused-ignore]
+def _setup(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.runtime.jars import cli_setup
+
+    return cli_setup(args, cfg)
+
+
+def _kafka(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.runtime.local_kafka import cli_kafka
+
+    return cli_kafka(args, cfg)
+
+
+def _step(args: argparse.Namespace, cfg: Any) -> int:
+    """ingest / capture / reconcile / sla: one pipeline step over the given range."""
+    from audit.core.errors import SlaFailed
+    from audit.core.windows import parse_instant
+    from spark_jobs.pipeline.steps import StepRange, check_topics, run_step, sla_breach_message
+
+    def instant(name: str) -> Any:
+        value = getattr(args, name, None)
+        return parse_instant(value, "--" + name.replace("_", "-")) if value and value != "now" else None
+
+    rng = StepRange(instant("start"), instant("end"), tuple(args.topics) if getattr(args, "topics", None) else None,
+                    instant("as_of"))
+    if args.command != "ingest":
+        rng.window_range(args.command)
+        check_topics(cfg, rng.topics)
+    if args.command == "capture":
+        from spark_jobs.capture import selected_topics, topic_partitions
+
+        topic_partitions(cfg, selected_topics(cfg, rng.topics))  # a missing topic fails before a JVM starts
+    if args.command == "ingest":
+        print(f"ingest: ledgers under {cfg.ledger_dir} -> Delta tables under {cfg.lake}", flush=True)
+    from spark_jobs.io.session import build_spark
+
+    spark = build_spark(cfg, app_name=f"msgaudit-{args.command}")
+    data_docs = getattr(args, "data_docs", None)
+    result = run_step(spark, cfg, args.command, rng, progress=True, say=print,
+                      data_docs=Path(data_docs) if data_docs else None)
+    if args.command == "sla":
+        breach = sla_breach_message(result, *rng.window_range("sla"))
+        if breach:
+            raise SlaFailed(f"{breach} (details above and in sla_results)")
+    return 0
+
+
+def _backfill(args: argparse.Namespace, cfg: Any) -> int:
+    from spark_jobs.pipeline.backfill import cli_backfill
+
+    return cli_backfill(args, cfg)
+
+
+def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.serving.dashboard import cli_dashboard
+
+    return cli_dashboard(args, cfg)
+
+
+def _demo(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.lab.demo import cli_demo
+
+    return cli_demo(args, cfg)
+
+
+# command -> function(args, config) -> exit code
+COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
+    "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from audit.core import config as config_mod
 
         cfg = config_mod.load(args.config)
-        return int(_resolve(COMMANDS[args.command])(args, cfg) or 0)
+        return int(COMMANDS[args.command](args, cfg) or 0)
     except MsgauditError as e:
         print(f"msgaudit {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -3,10 +3,10 @@
     plan -> ingest -> capture[w] -> reconcile[w] -> sla[w]     (one mapped task per window w)
 
 `plan` lists every UTC-aligned window of each selected topic's size that overlaps [start, end)
-(`audit.core.windows.windows`), groups the topics that share a window, and gives each window the
-same `as_of = window_end + grace` a scheduled run of `msgaudit_window_<size>` would use -- so a
-backfill produces the same report rows as the scheduled runs, and re-running it replaces them
-with identical rows. Windows that are not final yet (as_of still in the future) are refused:
+(`spark_jobs.pipeline.plan.plan_windows`), groups the topics that share a window, and gives each
+window the as_of a scheduled run of `msgaudit_window_<size>` uses (`plan.final_as_of`) -- so a
+backfill produces the same report rows as the scheduled runs, SLA `checked_at` included, and
+re-running it replaces them with identical rows. Windows that are not final yet (as_of still in the future) are refused:
 those belong to the scheduled DAG.
 
 Spark steps are `spark-submit spark_jobs/pipeline/submit.py <step>` through the `spark_default`
@@ -17,7 +17,6 @@ This file only declares: no I/O, no Spark, no config parsing at import time.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pendulum
@@ -25,8 +24,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Param, task
 
 from spark_jobs.pipeline.airflow import default_args, submit_target
-
-STEPS = ("capture", "reconcile", "sla")
+from spark_jobs.pipeline.plan import WINDOW_STEPS
 
 
 # What each mapped step takes from a window of `plan` (named functions: DAG serialization needs them).
@@ -46,7 +44,7 @@ STEP_ARGS = {"capture": capture_args, "reconcile": reconcile_args, "sla": sla_ar
 
 
 @task
-def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str, list[str]]]:
+def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = None) -> list[dict[str, list[str]]]:
     """Per-window spark-submit arguments for [start, end) (no Spark, no Kafka).
 
     Returns one {capture, reconcile, sla: argv} per window (the list the steps map over) and
@@ -59,7 +57,8 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str,
 
     from audit.core import config as config_mod
     from audit.core.errors import MsgauditError
-    from audit.core.windows import parse_instant, windows
+    from audit.core.windows import parse_instant
+    from spark_jobs.pipeline.plan import not_final, plan_windows
 
     params = params or {}
     path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()
@@ -67,36 +66,19 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None) -> list[dict[str,
         start = parse_instant(str(params.get("start") or ""), "start")
         end = parse_instant(str(params.get("end") or ""), "end")
         cfg = config_mod.load(path)
-        selected = [cfg.topic(t) for t in params.get("topics") or []] or list(cfg.topics.values())
-        if not selected:
-            raise AirflowFailException(f"{cfg.source}: no topics configured")
-        by_window: dict[tuple[datetime, datetime], list[str]] = {}
-        for t in selected:
-            for w in windows(start, end, t.window):
-                by_window.setdefault(w, []).append(t.name)
+        runs = plan_windows(cfg, start, end, params.get("topics") or None)
     except MsgauditError as e:  # bad params or config will not get better by retrying
         raise AirflowFailException(str(e)) from None
-    # as_of = window_end + the largest grace among all topics of that window size: what the
-    # scheduled DAG of that size uses, whatever the topic selection.
-    grace: dict[timedelta, timedelta] = {}
-    for t in cfg.topics.values():
-        grace[t.window] = max(grace.get(t.window, timedelta(0)), t.grace)
-    now = datetime.now(UTC)  # only to refuse windows that are not final yet, never as data
-    per_window: list[dict[str, list[str]]] = []
-    for (ws, we), names in sorted(by_window.items()):
-        as_of = we + grace[we - ws]
-        if as_of > now:
-            raise AirflowFailException(
-                f"window [{ws.isoformat()}, {we.isoformat()}) is not final until {as_of.isoformat()}; "
-                "backfill past windows only (the scheduled msgaudit_window DAG handles the rest)")
-        args = ["--config", str(path), "--start", ws.isoformat(), "--end", we.isoformat()]
-        args += [arg for n in sorted(names) for arg in ("--topic", n)]
-        per_window.append({"capture": ["capture", *args],
-                           "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
-                           "sla": ["sla", *args]})
-    first, last = min(ws for ws, _ in by_window), max(we for _, we in by_window)
-    ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", first.isoformat(),
-                                      "--end", last.isoformat()])
+    # Finality is judged at the instant the run was triggered (never the wall clock, never as data).
+    early = not_final(runs, datetime.fromtimestamp(dag_run.run_after.timestamp(), UTC))
+    if early:
+        w = early[0]
+        raise AirflowFailException(
+            f"window [{w.start.isoformat()}, {w.end.isoformat()}) is not final until {w.as_of.isoformat()}; "
+            "backfill past windows only (the scheduled msgaudit_window DAG handles the rest)")
+    per_window = [{step: run.argv(step, str(path)) for step in WINDOW_STEPS} for run in runs]
+    ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", runs[0].start.isoformat(),
+                                      "--end", max(r.end for r in runs).isoformat()])
     for key, value in submit_target(cfg).items():
         ti.xcom_push(key=key, value=value)
     return per_window
@@ -129,7 +111,7 @@ with DAG(
         env_vars=planned["env"],
         name="msgaudit-ingest",
     )
-    for step in STEPS:
+    for step in WINDOW_STEPS:
         mapped = SparkSubmitOperator.partial(
             task_id=step,
             conn_id="spark_default",

@@ -6,8 +6,9 @@ whose window has that size:
     plan -> wait_for_grace -> ingest -> capture -> reconcile -> sla
 
 `plan` reads the msgaudit config (path in the Airflow Variable `msgaudit_config`), picks the
-topics and fixes `as_of = data_interval_end + grace` (the largest grace among those topics), so a
-rerun of the same interval gives the same rows. `wait_for_grace` defers until `as_of`. The four
+topics and fixes `as_of` by the pipeline's one rule (`spark_jobs.pipeline.plan.final_as_of`:
+window end + the largest grace among the topics of this window size), so a rerun of the same
+interval gives the same rows, SLA `checked_at` included. `wait_for_grace` defers until `as_of`. The four
 Spark steps are `spark-submit spark_jobs/pipeline/submit.py <step>` through the `spark_default`
 connection (its host is the master: `local[2]`, `spark://...`, `yarn`, `k8s://...`).
 
@@ -31,9 +32,9 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from audit.core.config import parse_duration
 from spark_jobs.pipeline.airflow import default_args, submit_target
+from spark_jobs.pipeline.plan import STEPS
 
 WINDOWS_ENV = "MSGAUDIT_WINDOWS"
-STEPS = ("ingest", "capture", "reconcile", "sla")
 
 
 def window_label(size: timedelta) -> str:
@@ -73,6 +74,7 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
     from audit.core import config as config_mod
     from audit.core.errors import MsgauditError
     from audit.core.windows import floor_window
+    from spark_jobs.pipeline.plan import plan_windows
 
     size = parse_duration(window, "window")
     start = datetime.fromtimestamp(data_interval_start.timestamp(), UTC)
@@ -84,27 +86,15 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
     try:
         cfg = config_mod.load(path)
         wanted = [cfg.topic(t).name for t in (params or {}).get("topics") or []]
+        topics = sorted(n for n, t in cfg.topics.items() if t.window == size and (not wanted or n in wanted))
+        if not topics:
+            raise AirflowSkipException(f"{cfg.source}: no topic with a {window} window"
+                                       + (f" among {', '.join(wanted)}" if wanted else ""))
+        [run] = plan_windows(cfg, start, end, topics)
     except MsgauditError as e:  # a bad config will not get better by retrying
         raise AirflowFailException(str(e)) from None
-    topics = sorted(n for n, t in cfg.topics.items() if t.window == size and (not wanted or n in wanted))
-    if not topics:
-        raise AirflowSkipException(f"{cfg.source}: no topic with a {window} window"
-                                   + (f" among {', '.join(wanted)}" if wanted else ""))
-    # The largest grace of all topics of this size, whatever the selection: a rerun for one topic
-    # gives the rows of the full run.
-    as_of = end + max(t.grace for t in cfg.topics.values() if t.window == size)
-
-    window_args = ["--config", str(path), "--start", start.isoformat(), "--end", end.isoformat()]
-    args = window_args + [arg for t in topics for arg in ("--topic", t)]
-    return {
-        "topics": topics,
-        "as_of": as_of.isoformat(),
-        "ingest": ["ingest", *window_args],  # ingest lands every ledger segment, whatever the topic
-        "capture": ["capture", *args],
-        "reconcile": ["reconcile", *args, "--as-of", as_of.isoformat()],
-        "sla": ["sla", *args],
-        **submit_target(cfg),
-    }
+    return {"topics": list(run.topics), "as_of": run.as_of.isoformat(),
+            **{step: run.argv(step, str(path)) for step in STEPS}, **submit_target(cfg)}
 
 
 def build(size: timedelta) -> DAG:

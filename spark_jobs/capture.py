@@ -35,7 +35,6 @@ above, or commit offsets for any consumer group (Spark's Kafka source never comm
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from pyspark.sql import functions as F
 from audit.core import headers as H
 from audit.core.config import Config, TopicConfig
 from audit.core.errors import BrokerError, ConfigError, InputError
-from audit.core.windows import parse_instant, to_millis, windows
+from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
     GROUP_OFFSETS,
     LOG_RECORDS,
@@ -635,7 +634,7 @@ def topic_partitions(cfg: Config, topics: Sequence[str], admin: Any = None) -> d
     return {name: _partitions(admin, cfg, name) for name in topics}
 
 
-def _selected_topics(cfg: Config, topics: Sequence[str] | None) -> list[str]:
+def selected_topics(cfg: Config, topics: Sequence[str] | None) -> list[str]:
     if topics:
         return [cfg.topic(t).name for t in dict.fromkeys(topics)]
     if not cfg.topics:
@@ -650,7 +649,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
         raise InputError("capture: start and end must be timezone-aware (UTC) datetimes")
     if end <= start:
         raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
-    names = _selected_topics(cfg, topics)
+    names = selected_topics(cfg, topics)
     now = datetime.now(UTC)
     captured_at = now.replace(microsecond=now.microsecond // 1000 * 1000)  # Delta keeps microseconds
     admin = _admin(cfg)
@@ -669,17 +668,3 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
                       f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
     snapshots.write(spark, cfg)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
-
-
-def cli_capture(args: argparse.Namespace, cfg: Config) -> int:
-    """`msgaudit capture --start S --end E [--topic T ...]`."""
-    from spark_jobs.io.session import build_spark
-
-    start = parse_instant(args.start, "--start")
-    end = parse_instant(args.end, "--end")
-    topics = getattr(args, "topics", None)
-    topic_partitions(cfg, _selected_topics(cfg, topics))  # bad --topic or missing topic: fail before a JVM starts
-    spark = build_spark(cfg, app_name="msgaudit-capture")
-    result = capture(spark, cfg, start, end, topics, progress=True)
-    print(result.summary())
-    return 0

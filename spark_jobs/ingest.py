@@ -22,8 +22,6 @@ table, and it must not reorder or deduplicate rows (reconcile judges duplicates)
 
 from __future__ import annotations
 
-import argparse
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -107,6 +105,18 @@ class IngestResult:
     @property
     def landed(self) -> int:
         return sum(t.landed for t in self.tables.values())
+
+    def summary_lines(self, cfg: Config) -> list[str]:
+        """One line per ledger table, then the totals (what `msgaudit ingest` prints)."""
+        lines = []
+        for t in self.tables.values():
+            recovered = f" ({t.recovered} recovered from dead writers)" if t.recovered else ""
+            lines.append(f"ingest {t.table}: {t.landed} rows landed from {t.segments} segments{recovered}, "
+                         f"{t.quarantined} lines quarantined")
+        where = lake.table_path(cfg, QUARANTINE_TABLE)
+        lines.append(f"ingest: {self.landed} rows landed, {self.quarantined} lines quarantined"
+                     f"{f' (see {where})' if self.quarantined else ''}")
+        return lines
 
 
 # -- pure transforms ------------------------------------------------------------------------
@@ -260,23 +270,3 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
 def ingest(spark: SparkSession, cfg: Config) -> IngestResult:
     """Land every new sealed segment of both ledgers; running it again lands nothing new."""
     return IngestResult({s.table: ingest_source(spark, cfg, s) for s in SOURCES})
-
-
-def cli_ingest(args: argparse.Namespace, cfg: Config) -> int:
-    from spark_jobs.io.session import build_spark
-
-    t0 = time.monotonic()
-    print(f"ingest: ledgers under {cfg.ledger_dir} -> Delta tables under {cfg.lake}", flush=True)
-    spark = build_spark(cfg, app_name="msgaudit-ingest")
-    results = {}
-    for source in SOURCES:
-        r = ingest_source(spark, cfg, source)
-        results[source.table] = r
-        recovered = f" ({r.recovered} recovered from dead writers)" if r.recovered else ""
-        print(f"ingest {r.table}: {r.landed} rows landed from {r.segments} segments{recovered}, "
-              f"{r.quarantined} lines quarantined", flush=True)
-    result = IngestResult(results)
-    where = lake.table_path(cfg, QUARANTINE_TABLE)
-    print(f"ingest: {result.landed} rows landed, {result.quarantined} lines quarantined"
-          f"{f' (see {where})' if result.quarantined else ''} in {time.monotonic() - t0:.1f}s")
-    return 0

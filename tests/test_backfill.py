@@ -13,7 +13,7 @@ import pytest
 
 from audit.core.config import Config
 from audit.core.errors import InputError
-from spark_jobs.pipeline.backfill import BackfillState, backfill_range, state_key, window_as_of
+from spark_jobs.pipeline.backfill import BackfillState, backfill_range, state_key
 from tests.reconcile_cases import GROUP, T0, TOPIC, History, at, norm_rows, write_delta_sink, write_lake
 
 NOW = T0 + timedelta(days=1)
@@ -76,12 +76,16 @@ def test_a_failing_window_is_reported_not_marked_and_redone_on_rerun(make_config
 
 
 @pytest.mark.unit
-def test_explicit_as_of_is_part_of_the_key_and_windows_not_yet_final_use_now(
+def test_explicit_as_of_is_part_of_the_key_and_windows_not_yet_final_are_refused(
         make_config: Callable[..., Config], tmp_path: Path) -> None:
     cfg = _cfg(make_config, tmp_path)
-    assert window_as_of(None, T0 + timedelta(hours=1), timedelta(minutes=15), NOW) == T0 + timedelta(minutes=75)
-    assert window_as_of(None, T0 + timedelta(hours=1), timedelta(minutes=15), T0) == T0
     step = Recorder()
+    # The second window of t, [11:00, 12:00), is final at 12:15 (grace 15m); "now" 12:00 is before that.
+    with pytest.raises(InputError, match=r"window \[2026-11-21T11:00:00\+00:00, 2026-11-21T12:00:00\+00:00\) of t "
+                                         r"is not final until 2026-11-21T12:15:00\+00:00; backfill past windows"):
+        backfill_range(None, cfg, T0, T0 + timedelta(hours=2), None, ["t"], steps=[("x", step)], progress=False,
+                       now=at(120))
+    assert step.calls == []
     backfill_range(None, cfg, T0, T0 + timedelta(hours=1), at(80), ["t"], steps=[("x", step)], progress=False)
     backfill_range(None, cfg, T0, T0 + timedelta(hours=1), at(90), ["t"], steps=[("x", step)], progress=False)
     assert [c[2] for c in step.calls] == [at(80), at(90)]

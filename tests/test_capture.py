@@ -101,10 +101,10 @@ def test_java_options_refuse_what_they_cannot_map(kafka: dict[str, str], message
 def test_unknown_configured_topic_is_a_config_error() -> None:
     cfg = from_dict({"topics": {"orders": {}}}, source="m.yaml")
     with pytest.raises(ConfigError, match=r"^m.yaml: unknown topic 'nope' \(configured: orders\)$"):
-        C._selected_topics(cfg, ["nope"])
-    assert C._selected_topics(cfg, None) == ["orders"]
+        C.selected_topics(cfg, ["nope"])
+    assert C.selected_topics(cfg, None) == ["orders"]
     with pytest.raises(InputError, match="no topics configured"):
-        C._selected_topics(from_dict({}), None)
+        C.selected_topics(from_dict({}), None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     assert plan["ingest"] == ["ingest", *window]
     assert plan["capture"] == ["capture", *args]
     assert plan["reconcile"] == ["reconcile", *args, "--as-of", "2026-05-01T10:07:20+00:00"]
-    assert plan["sla"] == ["sla", *args]
+    assert plan["sla"] == ["sla", *args, "--as-of", "2026-05-01T10:07:20+00:00"]  # checked_at = as_of
     assert plan["application"] == APPLICATION
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
     # spark-submit starts the driver JVM: its heap and collector go as --conf (its own default heap is 1g)
@@ -377,7 +377,7 @@ def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: 
     # orders alone is judged with the grace of all 1m topics (payments: 20s), as its scheduled run is
     as_of = ["2026-05-01T11:10:00+00:00", "2026-05-01T10:07:20+00:00", "2026-05-01T10:08:20+00:00"]
     assert plan["return_value"] == [
-        {"capture": ["capture", *a], "reconcile": ["reconcile", *a, "--as-of", t], "sla": ["sla", *a]}
+        {"capture": ["capture", *a], "reconcile": ["reconcile", *a, "--as-of", t], "sla": ["sla", *a, "--as-of", t]}
         for a, t in zip(windows, as_of, strict=True)]
 
 
@@ -393,7 +393,8 @@ def test_backfill_without_topics_covers_every_topic_after_a_run_with_topics(dagb
     expected = {}
     for run, topics in (("one", ["orders"]), ("all", ["orders", "payments"])):
         a = [*args, *[x for t in topics for x in ("--topic", t)]]
-        expected[run] = [{"capture": ["capture", *a], "reconcile": ["reconcile", *a, *as_of], "sla": ["sla", *a]}]
+        expected[run] = [{"capture": ["capture", *a], "reconcile": ["reconcile", *a, *as_of],
+                          "sla": ["sla", *a, *as_of]}]
     one = run_dag(dagbag, "msgaudit_backfill", variables, conf={**window, "topics": ["orders"]},
                   mark_success=SPARK_STEPS)
     every = run_dag(dagbag, "msgaudit_backfill", variables, conf=window, mark_success=SPARK_STEPS)
@@ -428,7 +429,8 @@ def test_backfill_refuses_windows_that_are_not_final(dagbag: Any, tmp_path: Path
 
     [alert] = [json.loads(line) for line in alert_log.read_text().splitlines()]
     assert (alert["dag_id"], alert["task_id"]) == ("msgaudit_backfill", "plan")
-    # `plan` reads the clock a moment after `before`: an hour's 15-minute mark may pass in between
+    # `plan` judges finality at the run's run_after (the trigger instant, not the wall clock at
+    # plan time): an hour's 15-minute mark may pass between `before` and it
     assert alert["error"] in {refusal(before), refusal(after)}
 
 
@@ -561,7 +563,7 @@ def _rows(report_store: str, table: str, topic: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def submit_entry_point() -> Path:
-    path = airflow_env.REPO / "spark_jobs" / "submit.py"
+    path = airflow_env.REPO / "spark_jobs" / "pipeline" / "submit.py"
     if not path.exists():
         pytest.fail("spark_jobs/pipeline/submit.py (the spark-submit entry point) does not exist yet")
     return path

@@ -3,7 +3,6 @@ partitioned by topic and hour, bad lines quarantined and counted. Real Spark + D
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
@@ -20,13 +19,13 @@ from audit.clients.ledger import LedgerWriter, sealed_segments
 from spark_jobs.ingest import (
     QUARANTINE_TABLE,
     SOURCES,
-    cli_ingest,
     ingest,
     parse_lines,
     part_hour_of_millis,
 )
 from spark_jobs.io import lake
 from spark_jobs.io.schemas import CONSUMED_RECORDS, PART_HOUR, PRODUCER_LEDGER
+from spark_jobs.pipeline.steps import StepRange, run_step
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCER = SOURCES[0]
@@ -178,7 +177,7 @@ def test_corrupt_segment_is_quarantined_counted_and_the_rest_lands(
         f.write(json.dumps(prow(3, status="maybe")) + "\n")
         f.write(truncated + "\n")
 
-    assert cli_ingest(argparse.Namespace(config=None), cfg) == 0
+    run_step(spark, cfg, "ingest", StepRange(), say=print)
     out = capsys.readouterr().out
     assert "ingest producer_ledger: 2 rows landed from 1 segments, 3 lines quarantined" in out
     assert "ingest consumed_records: 0 rows landed from 0 segments, 0 lines quarantined" in out

@@ -1,14 +1,16 @@
 """Run lab scenarios, then the real audit pipeline over what they did, and compare.
 
-`run_scenarios` drives the scenarios on a `Lab`, then runs the product exactly as a scheduler
-would: `ingest` (ledger segments -> Delta), `capture` (the Kafka log -> Delta), `reconcile`
-(per topic and window), `check_sla`; finally it reads `audit_anomalies` back from the report
-store and compares them with each scenario's ground truth (`audit.lab.truth.compare`).
+`run_scenarios` drives the scenarios on a `Lab`, then runs the product's pipeline exactly as a
+scheduler would, through `spark_jobs.pipeline.steps.run_step`: ingest (ledger segments -> Delta),
+capture (the Kafka log -> Delta), reconcile (per topic and window), sla; finally it reads
+`audit_anomalies` back from the report store and compares them with each scenario's ground truth
+(`audit.lab.truth.compare`).
 
-as_of: the audit judges a window once `as_of >= window_end + grace`. `wait_final=True` (the demo)
-waits in real time for the last window to close; `wait_final=False` (the tests) passes that
-instant as `as_of` without waiting, which gives the same rows because nothing happens in the
-lab after the scenarios end (every producer and consumer has stopped).
+as_of: the pipeline's rule (`spark_jobs.pipeline.plan.final_as_of`) for the last window of the
+range, used for every window of it. `wait_final=True` (the demo) waits in real time until that
+instant has passed; `wait_final=False` (the tests) judges at it without waiting, which gives the
+same rows because nothing happens in the lab after the scenarios end (every producer and
+consumer has stopped).
 
 Spark is imported only inside functions: `audit` must stay importable without a JVM.
 """
@@ -84,10 +86,11 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     ctx = Context(lab, cfg, work, window=window, grace=grace, say=say)
 
     def capture_now(topic: str) -> None:
-        from spark_jobs.capture import capture
+        from spark_jobs.pipeline.steps import StepRange, run_step
 
         c = cfg.with_topics({topic: ctx.topics[topic]})
-        capture(spark_factory(), c, floor_window(t_start, window) - window, _now() + window, topics=[topic])
+        run_step(spark_factory(), c, "capture",
+                 StepRange(floor_window(t_start, window) - window, _now() + window, (topic,)))
 
     ctx.capture_now = capture_now
     result = LabResult(cfg, [])
@@ -120,35 +123,32 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     start = floor_window(min(r.first for r in result.runs if r.first), window)
     end = floor_window(_now(), window) + window
     result.start, result.end = start, end
-    _audit(result, spark_factory, start, end, wait_final=wait_final, grace=grace, say=say, progress=progress)
+    _audit(result, spark_factory, start, end, window, wait_final=wait_final, say=say, progress=progress)
     return result
 
 
-def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime, end: datetime, *,
-           wait_final: bool, grace: timedelta, say: Callable[[str], None], progress: bool) -> None:
+def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime, end: datetime,
+           window: timedelta, *, wait_final: bool, say: Callable[[str], None], progress: bool) -> None:
     from audit.serving.report_store import ReportStore
-    from spark_jobs.capture import capture
-    from spark_jobs.ingest import ingest
-    from spark_jobs.reconcile import reconcile_range
-    from spark_jobs.sla import check_sla
+    from spark_jobs.pipeline.plan import final_as_of
+    from spark_jobs.pipeline.steps import StepRange, run_step
 
     cfg = result.cfg
     spark = spark_factory()
     t0 = time.monotonic()
     say("audit: ingesting producer and consumer ledgers into Delta")
-    ingest(spark, cfg)
+    run_step(spark, cfg, "ingest", StepRange())
     result.timings["ingest_s"] = time.monotonic() - t0
     t0 = time.monotonic()
     say(f"audit: capturing the Kafka log of {len(cfg.topics)} topics")
-    capture(spark, cfg, start, end)
+    run_step(spark, cfg, "capture", StepRange(start, end))
     result.timings["capture_s"] = time.monotonic() - t0
-    as_of = end + grace
+    as_of = final_as_of(cfg, window, end)
     if wait_final:
         wait = (as_of - _now()).total_seconds()
         if wait > 0:
             say(f"audit: waiting {wait:.0f}s for the last window to close (+ grace) so the results are final")
             _sleep_with_bar(wait, progress)
-        as_of = max(as_of, _now())
     result.as_of = as_of
     t0 = time.monotonic()
     for run in result.runs:
@@ -157,14 +157,14 @@ def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime,
         say(f"audit: reconciling {run.name}")
         t1 = time.monotonic()
         try:
-            reconcile_range(spark, cfg, run.first, run.last, as_of, topics=list(run.topics), progress=progress)
+            run_step(spark, cfg, "reconcile", StepRange(run.first, run.last, run.topics, as_of), progress=progress)
         except Exception as e:  # noqa: BLE001 - a reconcile bug on one scenario must not hide the others
             run.error = f"reconcile failed: {type(e).__name__}: {str(e)[:500]}"
             say(f"{run.name}: {run.error}")
         run.audit_seconds = time.monotonic() - t1
     result.timings["reconcile_s"] = time.monotonic() - t0
     t0 = time.monotonic()
-    result.sla = check_sla(spark, cfg, start, end)
+    result.sla = run_step(spark, cfg, "sla", StepRange(start, end, None, as_of))
     result.timings["sla_s"] = time.monotonic() - t0
     store = ReportStore(cfg.report_store)
     try:

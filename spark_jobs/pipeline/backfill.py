@@ -6,11 +6,14 @@ Resumable: every finished (topic, window_start, as_of) is recorded in a small JS
 unless forced. Idempotent: every step replaces its window's rows, so redoing a window (forced, or
 after a crash between a step and the state write) gives the same rows.
 
-as_of: an explicit `--as-of` is used for every window. Without one (the CLI default 'now'), each
-window is judged as the schedule would have judged it, at window_end + grace (capped at now), so a
-rerun of an interrupted backfill resumes instead of starting over with a new as_of.
+as_of: an explicit `--as-of` is used for every window. Without one, each window is judged exactly as
+the schedule judges it (`plan.final_as_of`: window end + grace), so a backfill writes the rows a
+scheduled run writes and a rerun resumes instead of starting over. A window that is not final yet
+(its as_of still ahead) is refused: it belongs to the schedule. The wall clock is read only for
+that check, never as data.
 
-This module orchestrates; it classifies nothing itself and writes only the state file.
+This module orchestrates through `steps.run_step`; it classifies nothing itself and writes only
+the state file.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from typing import Any
 
 from audit.core.config import Config
 from audit.core.errors import InputError, MsgauditError
-from audit.core.windows import parse_instant, windows
+from audit.core.windows import parse_instant
+from spark_jobs.pipeline.plan import WINDOW_STEPS, WindowRun, not_final, plan_windows
+from spark_jobs.pipeline.steps import StepRange, run_step
 
 STATE_FILE = "backfill-state.json"
 Step = Callable[[Any, Config, str, datetime, datetime, datetime], Any]
@@ -67,32 +72,17 @@ class BackfillState:
         os.replace(tmp, self.path)
 
 
-def window_as_of(explicit: datetime | None, window_end: datetime, grace: Any, now: datetime) -> datetime:
-    return explicit if explicit is not None else min(now, window_end + grace)
+def _window_step(step: str) -> Step:
+    def run(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
+        return run_step(spark, cfg, step, StepRange(ws, we, (topic,), as_of))
+
+    run.__name__ = f"{step}_step"
+    return run
 
 
-def capture_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
-    from spark_jobs.capture import capture
-
-    return capture(spark, cfg, ws, we, topics=[topic])
-
-
-def reconcile_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
-    from spark_jobs.reconcile import reconcile_window
-
-    result = reconcile_window(spark, cfg, topic, ws, as_of)
-    result.release()
-    return result
-
-
-def sla_step(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
-    from spark_jobs.sla import check_sla
-
-    return check_sla(spark, cfg, ws, we, topics=[topic], checked_at=as_of)
-
-
-DEFAULT_STEPS: tuple[tuple[str, Step], ...] = (("capture", capture_step), ("reconcile", reconcile_step),
-                                               ("sla", sla_step))
+capture_step, reconcile_step, sla_step = (_window_step(s) for s in WINDOW_STEPS)
+DEFAULT_STEPS: tuple[tuple[str, Step], ...] = tuple(zip(WINDOW_STEPS, (capture_step, reconcile_step, sla_step),
+                                                        strict=True))
 
 
 def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_of: datetime | None = None,
@@ -101,14 +91,16 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
                    now: datetime | None = None) -> BackfillResult:
     """Run `steps` for every (topic, window) overlapping [start, end); skip windows already done."""
     names = list(topics) if topics else sorted(cfg.topics)
-    if not names:
-        raise InputError(f"{cfg.source}: no topics configured; add one under `topics:`")
-    now = now or datetime.now(UTC)
-    jobs = []
-    for t in names:
-        tc = cfg.topic(t)
-        for ws, we in windows(start, end, tc.window):
-            jobs.append((t, ws, we, window_as_of(as_of, we, tc.grace, now)))
+    jobs = sorted(((t, run.start, run.end, run.as_of)
+                   for run in plan_windows(cfg, start, end, names, as_of=as_of) for t in run.topics),
+                  key=lambda j: (j[0], j[1]))
+    if as_of is None:
+        early = not_final([WindowRun(ws, we, (t,), a) for t, ws, we, a in jobs], now or datetime.now(UTC))
+        if early:
+            w = early[0]
+            raise InputError(f"window [{w.start.isoformat()}, {w.end.isoformat()}) of {w.topics[0]} is not final "
+                             f"until {w.as_of.isoformat()}; backfill past windows only (the schedule judges "
+                             "the rest), or pass --as-of")
     state = BackfillState(cfg.home / STATE_FILE)
     result = BackfillResult()
     from tqdm import tqdm
@@ -136,8 +128,9 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
 
 
 def _describe(step: str, out: Any) -> dict[str, Any]:
-    if step == "reconcile" and out is not None:
-        return {"anomalies": out.anomaly_count, "report_rows": len(out.report), "run_id": out.run_id}
+    if step == "reconcile" and out:
+        return {"anomalies": sum(r.anomaly_count for r in out), "report_rows": sum(len(r.report) for r in out),
+                "run_id": out[0].run_id}
     if step == "sla" and out is not None:
         return {"failed_errors": out.failed_errors, "failed_warnings": out.failed_warnings}
     return {}
@@ -149,8 +142,7 @@ def cli_backfill(args: argparse.Namespace, cfg: Config) -> int:
 
     start = parse_instant(args.start, "--start")
     end = parse_instant(args.end, "--end")
-    raw_as_of = getattr(args, "as_of", None) or "now"
-    as_of = None if raw_as_of == "now" else parse_instant(raw_as_of, "--as-of")
+    as_of = parse_instant(args.as_of, "--as-of") if getattr(args, "as_of", None) else None
     topics = args.topics or None
     for t in topics or []:
         cfg.topic(t)

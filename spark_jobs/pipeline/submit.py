@@ -3,16 +3,15 @@
     spark-submit spark_jobs/pipeline/submit.py <ingest|capture|reconcile|sla> --config FILE \\
         --start S --end E [--topic T ...] [--as-of A]
 
-It builds the session with `spark_jobs.io.session.build_spark` and calls the same library functions
-the `msgaudit` CLI commands call: `ingest.ingest`, `capture.capture`, `reconcile.reconcile_range`
-and `sla.check_sla`. Exit codes: 0 ok; 2 bad input (one line on stderr: config, topic, window,
-missing table, broker); 3 an error-severity SLA rule failed (schedulers alert, and should not
-retry); any other failure is a traceback and exit 1, which a scheduler may retry.
+It builds the session with `spark_jobs.io.session.build_spark` and runs the step through
+`spark_jobs.pipeline.steps.run_step`, exactly as the `msgaudit` CLI commands do. Exit codes:
+0 ok; 2 bad input (one line on stderr: config, topic, window, missing table, broker); 3 an
+error-severity SLA rule failed (schedulers alert, and should not retry); any other failure is a traceback and exit 1, which a scheduler may retry.
 
 `ingest` lands every sealed ledger segment whatever the window, so it accepts and ignores
---start/--end/--topic (the DAGs pass the same argument shape to every step). `--as-of` is
-required in spirit for scheduled reconcile runs (same inputs + same as-of = same rows); it
-defaults to now only for hand-run submissions, like the CLI.
+--start/--end/--topic (the DAGs pass the same argument shape to every step). The DAGs always
+pass `--as-of` (the window's end + grace, `plan.final_as_of`) to reconcile and sla, so a rerun
+gives the same rows; only a hand-run submission without it is judged now, like the CLI.
 
 On a cluster the `audit` and `spark_jobs` packages must be importable by the driver (install
 msgaudit, or ship them with --py-files); the JVM jars come from build_spark's jar cache.
@@ -32,10 +31,9 @@ if __package__ in (None, ""):
     # path, not the checkout that holds the packages.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from audit.core.errors import InputError, MsgauditError  # noqa: E402
-
-STEPS = ("ingest", "capture", "reconcile", "sla")
-SLA_EXIT_CODE = 3
+from audit.core.errors import MsgauditError, SlaFailed  # noqa: E402
+from spark_jobs.pipeline.plan import STEPS  # noqa: E402
+from spark_jobs.pipeline.steps import StepRange, run_step, sla_breach_message  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,58 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end", default=None, help="window range end (exclusive), ISO 8601 UTC (not used by ingest)")
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every configured topic)")
-    p.add_argument("--as-of", default=None, help="reconcile: judge as of this instant (default: now)")
+    p.add_argument("--as-of", default=None,
+                   help="reconcile: judge as of this instant; sla: its checked_at (default: now)")
     return p
 
 
-def _range(args: argparse.Namespace) -> tuple[Any, Any]:
+def step_range(args: argparse.Namespace) -> StepRange:
+    """The parsed --start/--end/--topic/--as-of (ISO 8601, one clear line when malformed)."""
     from audit.core.windows import parse_instant
 
-    if args.start is None or args.end is None:
-        raise InputError(f"{args.step} needs --start and --end (ISO 8601 UTC, e.g. 2026-11-21T10:00Z)")
-    start, end = parse_instant(args.start, "--start"), parse_instant(args.end, "--end")
-    if end <= start:
-        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
-    return start, end
+    def instant(value: str | None, what: str) -> Any:
+        return parse_instant(value, what) if value is not None else None
 
-
-def run_step(spark: Any, cfg: Any, args: argparse.Namespace) -> int:
-    """Run one step on an existing session; return the exit code (SLA failure -> 3)."""
-    from audit.core.windows import parse_instant
-
-    topics = args.topics or None
-    if args.step == "ingest":
-        from spark_jobs.ingest import ingest
-
-        result = ingest(spark, cfg)
-        for t in result.tables.values():
-            print(f"ingest {t.table}: {t.landed} rows landed from {t.segments} segments, "
-                  f"{t.quarantined} lines quarantined")
-        return 0
-    start, end = _range(args)
-    for name in topics or ():
-        cfg.topic(name)  # ConfigError naming an unknown topic
-    if args.step == "capture":
-        from spark_jobs.capture import capture
-
-        print(capture(spark, cfg, start, end, topics, progress=True).summary())
-        return 0
-    if args.step == "reconcile":
-        from spark_jobs.reconcile import reconcile_range, summary_line
-
-        as_of = parse_instant(args.as_of or "now", "--as-of")
-        for r in reconcile_range(spark, cfg, start, end, as_of, topics, progress=True):
-            print(summary_line(r))
-        return 0
-    from spark_jobs.sla import check_sla, format_table
-
-    outcome = check_sla(spark, cfg, start, end, topics)
-    print(format_table(outcome))
-    if outcome.failed_errors:
-        print(f"sla: {outcome.failed_errors} error-severity SLA check(s) failed for windows in "
-              f"{start.isoformat()} .. {end.isoformat()}", file=sys.stderr)
-        return SLA_EXIT_CODE
-    return 0
+    return StepRange(instant(args.start, "--start"), instant(args.end, "--end"),
+                     tuple(args.topics) if args.topics else None, instant(args.as_of, "--as-of"))
 
 
 def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
@@ -115,11 +75,21 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
         from audit.core import config as config_mod
 
         cfg = config_mod.load(args.config)
+        rng = step_range(args)
+        if args.step != "ingest":
+            rng.window_range(args.step)
+            for name in rng.topics or ():
+                cfg.topic(name)  # an unknown topic fails before any JVM starts
         if own:
             from spark_jobs.io.session import build_spark
 
             spark = build_spark(cfg, app_name=f"msgaudit-{args.step}")
-        return run_step(spark, cfg, args)
+        result = run_step(spark, cfg, args.step, rng, progress=True, say=print)
+        breach = sla_breach_message(result, *rng.window_range("sla")) if args.step == "sla" else None
+        if breach:
+            print(f"sla: {breach}", file=sys.stderr)
+            return SlaFailed.exit_code
+        return 0
     except MsgauditError as e:
         print(f"msgaudit {args.step}: error: {e}", file=sys.stderr)
         return e.exit_code

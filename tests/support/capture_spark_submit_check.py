@@ -48,7 +48,7 @@ def test_spark_submit_capture(kafka_bootstrap: str, tmp_path: Path) -> None:
     out = subprocess.run(
         # The driver JVM exists before submit.py runs, so the jars must be given to spark-submit.
         [str(Path(sys.executable).parent / "spark-submit"), "--jars", ",".join(spark_jar_paths()),
-         str(root / "spark_jobs" / "submit.py"), "capture",
+         str(root / "spark_jobs" / "pipeline" / "submit.py"), "capture",
          "--config", str(conf), "--start", now.isoformat(), "--end", (now + timedelta(minutes=1)).isoformat()],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900,
     )
