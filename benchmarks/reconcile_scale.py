@@ -219,7 +219,7 @@ def scan_baseline(spark: Any, cfg: Config) -> tuple[float, int]:
 
 
 def floor_baseline(spark: Any, cfg: Config) -> dict[str, float]:
-    """The bare operations any implementation of DESIGN §5 needs, timed alone on the same inputs
+    """The bare operations any implementation of docs/design.md §5 needs, timed alone on the same inputs
     (no classification, no output): `join`, one shuffle of every tier's rows keyed by message and a
     hash aggregation per message (the read included); `order`, one sort of the log's positions by
     (pid, partition, offset) for the order and gap checks; `content`, one shuffle and sort of the

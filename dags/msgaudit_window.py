@@ -1,4 +1,4 @@
-"""Scheduled reconciliation: one DAG per window size, `msgaudit_window_<size>` (DESIGN §2, §6).
+"""Scheduled reconciliation: one DAG per window size, `msgaudit_window_<size>` (docs/design.md §2, §6).
 
 Each run handles exactly its data interval (one UTC-aligned window) for the configured topics
 whose window has that size:

@@ -1,4 +1,4 @@
-"""Log capture (DESIGN §2, §4): what the Kafka log holds for a window range -> Delta.
+"""Log capture (docs/design.md §2, §4): what the Kafka log holds for a window range -> Delta.
 
 For every configured topic, `capture` plans an offset range per partition in the driver
 (confluent_kafka AdminClient: describe_topics, list_offsets), batch-reads that range twice with
@@ -375,7 +375,7 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
 
 
 def fingerprint(audit_key: Column, key: Column, value: Column) -> Column:
-    """DESIGN §3: audit.key when present, else SHA-256 hex of (key bytes, 0x00, value bytes)."""
+    """docs/design.md §3: audit.key when present, else SHA-256 hex of (key bytes, 0x00, value bytes)."""
     empty = F.lit(b"").cast("binary")
     raw = F.concat(F.coalesce(key, empty), F.lit(b"\x00").cast("binary"), F.coalesce(value, empty))
     return F.coalesce(audit_key, F.sha2(raw, 256))

@@ -97,7 +97,7 @@ def _hour(t: datetime | None) -> str | None:
 
 
 def table_rows(inputs: Inputs) -> dict[str, list[dict[str, Any]]]:
-    """Oracle inputs -> rows of the lake tables (DESIGN §4 columns + part_hour)."""
+    """Oracle inputs -> rows of the lake tables (docs/design.md §4 columns + part_hour)."""
     out: dict[str, list[dict[str, Any]]] = {}
     out["producer_ledger"] = [{**asdict(r), "part_hour": _hour(r.produce_ts)} for r in inputs.ledger]
     out["log_records"] = [{**asdict(r), "part_hour": _hour(r.produce_ts or r.kafka_ts or r.captured_at)}
@@ -364,7 +364,7 @@ def replace_fp(r: LogRecord, fp: str) -> LogRecord:
 def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, /, **values: Any) -> dict[str, Any]:
     """An expected report row: zeros, no latency, this stage's code columns 0 and the others NULL."""
     from audit.core.vocabulary import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
-    from audit.oracle import run_id_for
+    from audit.core.windows import run_id_for
 
     row: dict[str, Any] = {
         "window_start": T0, "window_end": T0 + timedelta(hours=1), "topic": TOPIC, "partition": partition,

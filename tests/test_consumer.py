@@ -3,7 +3,7 @@ retries and dead letters — read straight from the consumption ledger and the s
 
 The crash tests run tests/support/consumer_crash.py as a subprocess that dies (os._exit, no
 cleanup, like SIGKILL) at a named stage, then run it again to finish the partition, and assert
-the exact outcome the seeds predict: at-most-once loses exactly the batch committed before
+the exact outcome the delivery semantics predict: at-most-once loses exactly the batch committed before
 processing; at-least-once processes exactly that batch twice (two sink rows with a plain insert,
 one with an upsert); both exactly-once modes process every record exactly once.
 """

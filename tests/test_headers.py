@@ -1,4 +1,4 @@
-"""Audit header format: new_pid, stamp, parse and its rules (DESIGN §3). Pure Python."""
+"""Audit header format: new_pid, stamp, parse and its rules (docs/design.md §3). Pure Python."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`AuditedConsumer`: a processing loop around `confluent_kafka.Consumer` with explicit delivery
-semantics, retries and dead letters, and a consumption ledger (DESIGN §4 `consumed_records`).
+semantics, retries and dead letters, and a consumption ledger (docs/design.md §4 `consumed_records`).
 
 Semantics (`semantics=`), per batch of polled records:
 

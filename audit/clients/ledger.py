@@ -304,7 +304,7 @@ class LedgerWriter:
         self._finalizer = weakref.finalize(self, self._state.finalize)
 
     def append(self, row: dict[str, Any]) -> None:
-        """Queue one row (DESIGN §4 column names; timestamps as epoch ms). Never blocks."""
+        """Queue one row (docs/design.md §4 column names; timestamps as epoch ms). Never blocks."""
         if self._state.closed:
             raise LedgerError(f"ledger writer for {self.directory} is closed; row not written: {row!r}")
         self._state.queue.append(_encode_checked(row))

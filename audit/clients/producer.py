@@ -1,8 +1,8 @@
 """`AuditedProducer`: a drop-in `confluent_kafka.Producer` that stamps audit headers and keeps a ledger.
 
 Every `produce()` call gets `audit.pid`, `audit.seq` (per pid and topic, +1 per call, failed
-calls included), `audit.ts` and, when given, `audit.key` (DESIGN §3). Every outcome becomes one
-`producer_ledger` row (DESIGN §4), written only from the delivery callback (or, for a call that
+calls included), `audit.ts` and, when given, `audit.key` (docs/design.md §3). Every outcome becomes one
+`producer_ledger` row (docs/design.md §4), written only from the delivery callback (or, for a call that
 raises, from the failed call itself): `acked` with partition and offset, `failed` with the
 librdkafka error name, `aborted` for every message of an aborted transaction.
 

@@ -1,7 +1,7 @@
 """Sink writers that stamp the audit columns: the user's "sink tables" in a SQL database.
 
 A sink row is the user's payload (a mapping returned by the consumer's handler) plus the audit
-columns that name the message it came from (DESIGN §4): `audit_topic, audit_partition,
+columns that name the message it came from (docs/design.md §4): `audit_topic, audit_partition,
 audit_offset, audit_pid, audit_seq, audit_sink_ts` by default, renamed through
 `SinkConfig.column(logical)`. The sink stage of the audit reads these tables in place.
 

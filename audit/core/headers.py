@@ -1,4 +1,4 @@
-"""The audit headers every audited record carries (DESIGN §3): make them, stamp them, parse them.
+"""The audit headers every audited record carries (docs/design.md §3): make them, stamp them, parse them.
 
 This module is pure Python and is the one definition of the header rules: the AuditedProducer
 stamps with it, the AuditedConsumer parses with it, and the Spark log capture mirrors `parse`

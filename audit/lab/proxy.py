@@ -7,7 +7,7 @@ protocol to fault Produce traffic precisely:
 
 * `drop_produce_responses(n)`: the broker has written the batch and answered; the proxy swallows
   the answer and closes the client's connection, so the producer sees an in-flight request fail
-  and retries it (seed 001: "the broker received the message but the producer got no response").
+  and retries it ("the broker received the message but the producer got no response").
 * `fail_next_produce_request(after_responses=1)`: the next Produce request never reaches the
   broker; once `after_responses` later Produce responses have been passed back on the same
   connection, the connection is closed, so that request fails while later batches succeeded

@@ -1,4 +1,4 @@
-"""The lab's fault scenarios: each produces one failure of the seeds on a real broker and returns
+"""The lab's fault scenarios: each produces one failure of docs/design.md §5 on a real broker and returns
 the ground truth of what it did (`Truth`), recorded by the scenario itself.
 
 A scenario is `fn(ctx: Context) -> Truth`. It creates its own topics (so scenarios can share a

@@ -42,7 +42,6 @@ def submit_target(cfg: Config) -> dict[str, Any]:
     Variables `msgaudit_spark_application` and `msgaudit_spark_jars` override both for a cluster whose
     workers see other paths.
     """
-    import importlib.util
     import sys
     from pathlib import Path
 
@@ -54,11 +53,9 @@ def submit_target(cfg: Config) -> dict[str, Any]:
 
     application = Variable.get("msgaudit_spark_application", default=None)
     if not application:
-        spec = importlib.util.find_spec("spark_jobs.pipeline.submit")
-        if spec is None or spec.origin is None:
-            raise AirflowFailException("spark_jobs.pipeline.submit not found: install msgaudit on the Airflow workers "
-                                       "or set the Variable msgaudit_spark_application")
-        application = spec.origin
+        from spark_jobs.pipeline import submit  # light: argument parsing, no Spark at import
+
+        application = submit.__file__
     jar_list = Variable.get("msgaudit_spark_jars", default=None)
     if not jar_list:
         try:
