@@ -458,9 +458,9 @@ WINDOW = timedelta(minutes=1)
 GRACE = timedelta(seconds=5)
 IGNORED = {"run_id", "computed_at", "checked_at", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
            "latency_max_ms"}
-# When a row was computed is the only column a rerun of the same window may change: run ids, latency,
-# SLA observations and checked_at (= as_of) are functions of the inputs and the as_of.
-WALL_CLOCK = {"computed_at"}
+# A rerun of the same window may change no column at all: run ids, computed_at and checked_at (both =
+# as_of), latency and SLA observations are functions of the inputs and the as_of.
+WALL_CLOCK: set[str] = set()
 
 
 @dataclass
