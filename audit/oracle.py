@@ -1,12 +1,14 @@
-"""The reconciliation rules of DESIGN §5, as plain Python: the readable statement of what each
-anomaly code means, and the oracle the Spark classifier (`spark_jobs/reconcile.py`) is tested
+"""The reconciliation rules of docs/design.md §5, as plain Python: the readable statement of what each
+anomaly code means, and the oracle the Spark classifier (`spark_jobs/reconcile/`) is tested
 against row for row. Plain dataclasses in, report rows + anomaly rows out.
 
 This module must not import pyspark, read or write files, or look at the wall clock: it is a
-pure function of its inputs and `as_of`. It is written for clarity, not speed (hand-written
+pure function of its inputs and `as_of`. It imports only `audit.core` (the vocabulary -- codes,
+statuses, detail texts --, read ranges, run ids, percentiles and report assembly, which the Spark
+job shares) and nothing of `spark_jobs`; the Spark job never imports it. It is written for clarity, not speed (hand-written
 fixtures and generated histories of a few hundred rows).
 
-Decisions where DESIGN leaves a choice (the Spark job implements exactly these):
+Decisions where docs/design.md leaves a choice (the Spark job implements exactly these):
 
 Visibility (what one window's run reads; `L` = the topic's lookback, default one window)
 - ledger rows: produce_ts in [window_start - L, window_end); log records: natural time
@@ -85,7 +87,7 @@ when the sink has no group; report partition: the original copy's)
 
 Report rows: one per (stage, partition) for every partition of the topic in
 partition_watermarks and every partition a unit or anomaly of that stage has in the window.
-lost/duplicated/reordered/pending follow DESIGN §5; the stage's own code columns hold row counts
+lost/duplicated/reordered/pending follow docs/design.md §5; the stage's own code columns hold row counts
 (0 when none), other stages' code columns are NULL. Percentiles are Spark's exact `percentile`
 (linear interpolation between closest ranks). status = final iff as_of >= window_end + grace.
 run_id = stable hash of (topic, window_start, as_of); computed_at = as_of.
@@ -93,8 +95,6 @@ run_id = stable hash of (topic, window_start, as_of); computed_at = as_of.
 
 from __future__ import annotations
 
-import hashlib
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,13 +102,24 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from audit.core.config import TopicConfig
-from audit.core.vocabulary import ANOMALY_CODES_BY_STAGE, REPORT_CODE_COLUMNS, stage_kind
-from audit.core.windows import EPOCH
+from audit.core.percentiles import latency_columns
+from audit.core.report import assemble_report, code_counts
+from audit.core.vocabulary import (
+    ACKED,
+    DEAD_LETTERED,
+    FAILED,
+    LEDGER_STATUS_PRECEDENCE,
+    LEDGER_STATUSES,
+    LOG,
+    MAX_GAP_ROWS,
+    PROCESSED,
+    detail,
+    group_stage,
+    sink_stage,
+    stage_kind,
+)
+from audit.core.windows import EPOCH, read_ranges, run_id_for
 
-LEDGER_STATUSES = ("acked", "failed", "aborted")
-CONSUME_OUTCOMES = ("processed", "failed", "dead_lettered")
-MAX_GAP_ROWS = 1000
-PERCENTILES = (0.5, 0.95, 0.99)
 _MS = timedelta(milliseconds=1)
 
 
@@ -211,63 +222,7 @@ class OracleResult:
     quarantined_ledger_rows: int
 
 
-# ---------------------------------------------------------------------------- shared helpers
-@dataclass(frozen=True)
-class ReadRanges:
-    """What one window's run reads (see the module docstring)."""
-
-    message_lo: datetime
-    message_hi: datetime
-    event_lo: datetime
-    event_hi: datetime
-
-
-def read_ranges(tc: TopicConfig, window_start: datetime) -> ReadRanges:
-    lookback = tc.lookback_or_window
-    window_end = window_start + tc.window
-    return ReadRanges(window_start - lookback, window_end, window_start - lookback,
-                      window_end + tc.grace + lookback)
-
-
-def run_id_for(topic: str, window_start: datetime, as_of: datetime) -> str:
-    text = f"{topic}|{window_start.isoformat()}|{as_of.isoformat()}"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
-
-
-def is_final(tc: TopicConfig, window_start: datetime, as_of: datetime) -> bool:
-    return as_of >= window_start + tc.window + tc.grace
-
-
-def percentile_position(n: int, p: float) -> tuple[float, int, int]:
-    """Spark SQL `percentile` (exact) over n values: the position (n - 1) * p in the sorted values
-    and the two 0-based ranks around it (equal when the position is whole)."""
-    position = (n - 1) * p
-    return position, math.floor(position), math.ceil(position)
-
-
-def interpolate(position: float, lower: int, higher: int, lo_v: float, hi_v: float) -> float:
-    """Spark's linear interpolation between the values at ranks `lower` and `higher` (same float
-    operations in the same order, so the result is bit for bit Spark's)."""
-    if higher == lower or lo_v == hi_v:
-        return lo_v
-    return (higher - position) * lo_v + (position - lower) * hi_v
-
-
-def spark_percentile(values: Sequence[float], p: float) -> float:
-    """Spark SQL `percentile` (exact): linear interpolation at position (n - 1) * p."""
-    xs = sorted(values)
-    position, lower, higher = percentile_position(len(xs), p)
-    return interpolate(position, lower, higher, xs[lower], xs[higher])
-
-
-def latency_columns(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"latency_p50_ms": None, "latency_p95_ms": None, "latency_p99_ms": None, "latency_max_ms": None}
-    p50, p95, p99 = (spark_percentile(values, p) for p in PERCENTILES)
-    return {"latency_p50_ms": p50, "latency_p95_ms": p95, "latency_p99_ms": p99,
-            "latency_max_ms": max(values)}
-
-
+# ---------------------------------------------------------------------------- helpers
 def _ms(later: datetime, earlier: datetime) -> float:
     return (later - earlier) / _MS
 
@@ -314,14 +269,14 @@ class _Unit:
     @property
     def status(self) -> str | None:
         statuses = {r.status for r in self.ledger}
-        for s in ("aborted", "acked", "failed"):
+        for s in LEDGER_STATUS_PRECEDENCE:
             if s in statuses:
                 return s
         return None
 
     @property
     def acked_row(self) -> LedgerRow | None:
-        acked = [r for r in self.ledger if r.status == "acked"]
+        acked = [r for r in self.ledger if r.status == ACKED]
         return min(acked, key=lambda r: (r.partition, r.offset or 0)) if acked else None
 
     @property
@@ -346,7 +301,7 @@ class _Unit:
 
 # ---------------------------------------------------------------------------- the classifier
 def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs) -> OracleResult:
-    """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (DESIGN §5)."""
+    """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (docs/design.md §5)."""
     topic = tc.name
     ws, we = window_start, window_start + tc.window
     rr = read_ranges(tc, window_start)
@@ -359,7 +314,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     for lr in inputs.ledger:
         if lr.topic != topic or not (rr.message_lo <= lr.produce_ts < rr.message_hi):
             continue
-        if lr.status not in LEDGER_STATUSES or (lr.status == "acked" and (lr.offset is None or lr.partition < 0)):
+        if lr.status not in LEDGER_STATUSES or (lr.status == ACKED and (lr.offset is None or lr.partition < 0)):
             quarantined += 1
             continue
         ledger.append(lr)
@@ -388,7 +343,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     reorder: set[int] = set()
     by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
     for c in consumed:
-        if c.outcome == "processed":
+        if c.outcome == PROCESSED:
             by_gp[(c.group, c.partition)].append(c)
     for procs in by_gp.values():
         seen: set[int] = set()
@@ -430,9 +385,11 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     latencies: dict[tuple[str, int], list[float]] = defaultdict(list)
 
     def emit(stage: str, code: str, partition: int, pid: str | None, seq: int | None,
-             offset: int | None, detail: str | None) -> None:
+             offset: int | None, variant: str | None = None, **values: Any) -> None:
+        """One anomaly row; its detail is the vocabulary's template for (stage kind, code)."""
         anomalies.append({"window_start": ws, "topic": topic, "partition": partition, "stage": stage,
-                          "anomaly": code, "pid": pid, "seq": seq, "offset": offset, "detail": detail,
+                          "anomaly": code, "pid": pid, "seq": seq, "offset": offset,
+                          "detail": detail(stage_kind(stage), code, variant, **values),
                           "run_id": run_id, "computed_at": as_of})
 
     messages = [u for u in units.values() if u.key[0] == "m"]
@@ -446,37 +403,37 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
         copies, orig = u.committed_copies, u.original
         if u.key[0] == "m":
             status, ack = u.status, u.acked_row
-            if status == "acked" and ack is not None:
+            if status == ACKED and ack is not None:
                 p, o = ack.partition, ack.offset
-                lc = counts[("log", p)]
+                lc = counts[(LOG, p)]
                 lc["expected"] += 1
                 if ack.ack_ts is not None:
-                    latencies[("log", p)].append(_ms(ack.ack_ts, ack.produce_ts))
+                    latencies[(LOG, p)].append(_ms(ack.ack_ts, ack.produce_ts))
                 if copies:
                     lc["delivered"] += 1
                 else:
                     assert o is not None
                     covered = any(w.partition == p and w.covers(o) for w in watermarks)
                     if covered and as_of >= pt + grace:
-                        emit("log", "lost_acked", p, pid, seq, o, "acked, capture covered the offset, not in the log")
+                        emit(LOG, "lost_acked", p, pid, seq, o)
                     elif not covered and max_lso.get(p, -1) > o:
-                        emit("log", "unverifiable", p, pid, seq, o, "offset below log_start_offset before any capture")
+                        emit(LOG, "unverifiable", p, pid, seq, o)
                     else:
                         lc["pending"] += 1
-            if status == "failed" and orig is not None:
-                emit("log", "ghost_write", orig.partition, pid, seq, orig.offset, "ledger says failed, the log has it")
+            if status == FAILED and orig is not None:
+                emit(LOG, "ghost_write", orig.partition, pid, seq, orig.offset)
             if status is None and orig is not None:
-                emit("log", "unledgered", orig.partition, pid, seq, orig.offset, "no producer ledger row")
+                emit(LOG, "unledgered", orig.partition, pid, seq, orig.offset)
             for x in u.extras:
                 assert orig is not None
-                emit("log", "duplicate_in_log", x.partition, pid, seq, x.offset,
-                     f"extra copy of offset {orig.partition}:{orig.offset}")
+                emit(LOG, "duplicate_in_log", x.partition, pid, seq, x.offset,
+                     orig_partition=orig.partition, orig_offset=orig.offset)
         for r in sorted(u.log, key=lambda r: (r.partition, r.offset)):
             if not _valid(r):
-                emit("log", "unaudited", r.partition, r.pid, r.seq, r.offset, r.header_error or "missing audit headers")
+                emit(LOG, "unaudited", r.partition, r.pid, r.seq, r.offset, header_error=r.header_error)
             if not r.committed:
-                emit("log", "aborted", r.partition, pid if pid is not None else r.pid,
-                     seq if seq is not None else r.seq, r.offset, "record of an aborted transaction")
+                emit(LOG, "aborted", r.partition, pid if pid is not None else r.pid,
+                     seq if seq is not None else r.seq, r.offset)
 
     # reordered_in_log: per (partition, pid), originals in offset order
     per_ppid: dict[tuple[int, str], list[tuple[int, int, _Unit]]] = defaultdict(list)
@@ -488,7 +445,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
         high = None
         for off, seq, u in sorted(originals, key=lambda t: t[0]):
             if high is not None and seq < high and in_window(u):
-                emit("log", "reordered_in_log", p, pid, seq, off, f"seq {seq} after seq {high}")
+                emit(LOG, "reordered_in_log", p, pid, seq, off, late_seq=seq, high_seq=high)
             high = seq if high is None else max(high, seq)
 
     # seq_gap: per pid, between consecutive present seqs; belongs to the next present seq's window
@@ -503,10 +460,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
             if b - a > 1 and in_window(nxt):
                 missing = b - a - 1
                 if missing > MAX_GAP_ROWS:
-                    emit("log", "seq_gap", -1, pid, a + 1, None, f"{missing} seqs missing ({a + 1}..{b - 1})")
+                    emit(LOG, "seq_gap", -1, pid, a + 1, None, "wide", missing=missing, first=a + 1, last=b - 1)
                 else:
                     for gap_seq in range(a + 1, b):
-                        emit("log", "seq_gap", -1, pid, gap_seq, None, "in neither ledger nor log")
+                        emit(LOG, "seq_gap", -1, pid, gap_seq, None)
 
     # content_duplicate: same fingerprint, every message but the first in (produce time, pid, seq)
     by_fp: dict[str, list[_Unit]] = defaultdict(list)
@@ -520,12 +477,12 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
         for u in us[1:]:
             dorig = u.original
             if in_window(u) and dorig is not None:
-                emit("log", "content_duplicate", dorig.partition, u.key[1], u.key[2], dorig.offset,
-                     f"same content as {first.key[1]}:{first.key[2]}")
+                emit(LOG, "content_duplicate", dorig.partition, u.key[1], u.key[2], dorig.offset,
+                     first_pid=first.key[1], first_seq=first.key[2])
 
     # --- stage group:<g>
     for g in tc.groups:
-        stage = f"group:{g}"
+        stage = group_stage(g)
         fed_sinks = [s.name for s in tc.sinks if s.group == g]
         for u in window_units:
             pt = u.produce_time
@@ -537,11 +494,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 outs = sorted(((c, f) for c, f in u.consumed
                                if c.group == g and (c.partition, c.offset) == (r.partition, r.offset)),
                               key=lambda cf: (cf[0].consume_ts, cf[0].consume_seq, cf[0].consumer))
-                processed = [(c, f) for c, f in outs if c.outcome == "processed"]
+                processed = [(c, f) for c, f in outs if c.outcome == PROCESSED]
                 if not r.committed:
                     if processed:
-                        emit(stage, "aborted_read", r.partition, rpid, rseq, r.offset,
-                             "processed a record of an aborted transaction")
+                        emit(stage, "aborted_read", r.partition, rpid, rseq, r.offset)
                     continue
                 cnt = counts[(stage, r.partition)]
                 cnt["expected"] += 1
@@ -550,30 +506,26 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     latencies[(stage, r.partition)].append(_ms(processed[0][0].consume_ts, pt))
                     n = len(processed)
                     for i, (c, _) in enumerate(processed[1:], start=2):
-                        emit(stage, "redelivered", r.partition, rpid, rseq, r.offset,
-                             f"processing {i} of {n} by {c.consumer}")
+                        emit(stage, "redelivered", r.partition, rpid, rseq, r.offset, k=i, n=n,
+                             consumer=c.consumer)
                     if any(f for _, f in processed):
-                        emit(stage, "reordered_in_consumption", r.partition, rpid, rseq, r.offset,
-                             "first processed after a higher offset")
-                elif any(c.outcome == "dead_lettered" for c, _ in outs):
-                    emit(stage, "dead_lettered", r.partition, rpid, rseq, r.offset, "dead-lettered")
+                        emit(stage, "reordered_in_consumption", r.partition, rpid, rseq, r.offset)
+                elif any(c.outcome == DEAD_LETTERED for c, _ in outs):
+                    emit(stage, "dead_lettered", r.partition, rpid, rseq, r.offset)
                 elif any(u.sinks.get(name) for name in fed_sinks):
                     cnt["delivered"] += 1  # in a sink g feeds: processed, consumption row never flushed
                 elif as_of < pt + grace:
-                    emit(stage, "pending", r.partition, rpid, rseq, r.offset, "not processed yet, within grace")
+                    emit(stage, "pending", r.partition, rpid, rseq, r.offset)
                 elif r.offset < max_lso.get(r.partition, -1):
-                    emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset,
-                         "never processed, now below log_start_offset")
+                    emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset)
                 elif (co := committed_offset.get((g, r.partition))) is not None and r.offset < co:
-                    emit(stage, "missed", r.partition, rpid, rseq, r.offset,
-                         f"never processed, below committed offset {co}")
+                    emit(stage, "missed", r.partition, rpid, rseq, r.offset, committed_offset=co)
                 else:
-                    emit(stage, "overdue", r.partition, rpid, rseq, r.offset,
-                         "not processed, past grace, at or above the committed offset")
+                    emit(stage, "overdue", r.partition, rpid, rseq, r.offset)
 
     # --- stage sink:<s>
     for sink in tc.sinks:
-        stage = f"sink:{sink.name}"
+        stage = sink_stage(sink.name)
         for u in window_units:
             pt = u.produce_time
             assert pt is not None
@@ -582,7 +534,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
             if sorig is None:
                 for row in srows:
                     emit(stage, "unexpected_in_sink", row.partition if row.partition is not None else -1,
-                         row.pid, row.seq, row.offset, "no committed log record")
+                         row.pid, row.seq, row.offset)
                 continue
             pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (sorig.pid, sorig.seq)
             p = sorig.partition
@@ -590,7 +542,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 expected = True
             else:
                 coords = {(r.partition, r.offset) for r in u.committed_copies}
-                expected = any(c.group == sink.group and c.outcome == "processed" and (c.partition, c.offset) in coords
+                expected = any(c.group == sink.group and c.outcome == PROCESSED and (c.partition, c.offset) in coords
                                for c, _ in u.consumed)
             scnt = counts[(stage, p)]
             if expected:
@@ -604,12 +556,12 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                         latencies[(stage, p)].append(_ms(min(ts), pt))
                 n = len(ordered)
                 for i, row in enumerate(ordered[1:], start=2):
-                    emit(stage, "duplicate_in_sink", p, pid, seq, row.offset, f"copy {i} of {n}")
+                    emit(stage, "duplicate_in_sink", p, pid, seq, row.offset, k=i, n=n)
             elif expected:
                 if as_of < pt + grace:
-                    emit(stage, "pending", p, pid, seq, sorig.offset, "not in the sink yet, within grace")
+                    emit(stage, "pending", p, pid, seq, sorig.offset)
                 else:
-                    emit(stage, "missing_in_sink", p, pid, seq, sorig.offset, "processed by the group, not in the sink")
+                    emit(stage, "missing_in_sink", p, pid, seq, sorig.offset)
 
     stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
     report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))
@@ -622,52 +574,3 @@ def _ts_key(t: datetime | None) -> tuple[int, datetime]:
 
 def _int_key(v: int | None) -> int:
     return -(2**62) if v is None else v
-
-
-def stages_of(tc: TopicConfig) -> list[str]:
-    return ["log", *(f"group:{g}" for g in tc.groups), *(f"sink:{s.name}" for s in tc.sinks)]
-
-
-def code_counts(anomalies: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, int]]:
-    out: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for a in anomalies:
-        out[(a["stage"], a["partition"])][a["anomaly"]] += 1
-    return out
-
-
-def assemble_report(tc: TopicConfig, ws: datetime, as_of: datetime, known_partitions: Iterable[int],
-                    stats: Mapping[tuple[str, int], Mapping[str, Any]],
-                    codes: Mapping[tuple[str, int], Mapping[str, int]]) -> list[dict[str, Any]]:
-    """Report rows from per-(stage, partition) unit counts + latencies (`stats`: expected, delivered,
-    pending (log stage), latency_*_ms) and anomaly row counts (`codes`). Shared with the Spark job:
-    it is bookkeeping, the classification is what the two implementations do independently."""
-    known = set(known_partitions)
-    status = "final" if is_final(tc, ws, as_of) else "provisional"
-    run_id = run_id_for(tc.name, ws, as_of)
-    no_latency = latency_columns([])
-    rows = []
-    for stage in stages_of(tc):
-        kind = stage_kind(stage)
-        parts = known | {p for (st, p) in stats if st == stage} | {p for (st, p) in codes if st == stage}
-        for p in sorted(parts):
-            c = stats.get((stage, p), {})
-            cc = codes.get((stage, p), {})
-            lost = {"log": cc.get("lost_acked", 0),
-                    "group": cc.get("missed", 0) + cc.get("expired_unconsumed", 0),
-                    "sink": cc.get("missing_in_sink", 0)}[kind]
-            dup = {"log": "duplicate_in_log", "group": "redelivered", "sink": "duplicate_in_sink"}[kind]
-            reo = {"log": "reordered_in_log", "group": "reordered_in_consumption", "sink": ""}[kind]
-            pending = int(c.get("pending", 0) or 0) if kind == "log" else cc.get("pending", 0)
-            row: dict[str, Any] = {
-                "window_start": ws, "window_end": ws + tc.window, "topic": tc.name, "partition": p,
-                "stage": stage, "expected": int(c.get("expected", 0) or 0),
-                "delivered": int(c.get("delivered", 0) or 0),
-                "lost": lost, "duplicated": cc.get(dup, 0), "reordered": cc.get(reo, 0) if reo else 0,
-                "pending": pending, **{k: c.get(k, v) for k, v in no_latency.items()},
-                "status": status, "run_id": run_id, "computed_at": as_of,
-            }
-            own = ANOMALY_CODES_BY_STAGE[kind]
-            for code in REPORT_CODE_COLUMNS:
-                row[code] = cc.get(code, 0) if code in own else None
-            rows.append(row)
-    return rows

@@ -1,4 +1,4 @@
-"""SLA check (DESIGN §7): each topic's SLA as a Great Expectations suite over `audit_partition_report`.
+"""SLA check (docs/design.md §7): each topic's SLA as a Great Expectations suite over `audit_partition_report`.
 
 For a window range, the report rows are read from the Delta lake, given one observed column per
 rule (`with_sla_observations`, a pure transform), and validated with Great Expectations 1.x: one
@@ -43,29 +43,20 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config, SlaRule, TopicConfig
 from audit.core.errors import InputError, SlaFailed
+from audit.core.vocabulary import ERROR, FINAL, SLA_RULE_SPECS, STAGE_KINDS, WARN, SlaRuleSpec
 from audit.core.windows import EPOCH, floor_window, parse_instant, windows
 from audit.serving.report_store import SLA_RESULTS, ReportStore
 
 if TYPE_CHECKING:
     from great_expectations.core import ExpectationSuite
 
-ALL_STAGE_KINDS = ("log", "group", "sink")
+ALL_STAGE_KINDS = STAGE_KINDS
 
-
-@dataclass(frozen=True)
-class RuleSpec:
-    observed_column: str
-    bound: str  # "max": observed <= threshold; "min": observed >= threshold
-    stage_kinds: tuple[str, ...] = ALL_STAGE_KINDS
-
-
-RULES: dict[str, RuleSpec] = {
-    "max_lost": RuleSpec("lost", "max"),
-    "max_duplicate_ratio": RuleSpec("duplicate_ratio", "max"),
-    "max_reordered": RuleSpec("reordered", "max", ("log", "group")),
-    "max_p99_latency_ms": RuleSpec("latency_p99_ms", "max"),
-    "min_completeness": RuleSpec("completeness", "min"),
-}
+# The rules (audit.core.vocabulary.SLA_RULE_SPECS), by name.
+RULES: dict[str, SlaRuleSpec] = {spec.name: spec for spec in SLA_RULE_SPECS}
+# Observed columns `with_sla_observations` adds to the report's own.
+DUPLICATE_RATIO, COMPLETENESS = "duplicate_ratio", "completeness"
+DERIVED_COLUMNS = (DUPLICATE_RATIO, COMPLETENESS)
 
 _KEY = "sla_key"
 _WINDOW_US = "window_start_us"
@@ -82,11 +73,11 @@ class SlaOutcome:
 
     @property
     def failed_errors(self) -> int:
-        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == "error")
+        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == ERROR)
 
     @property
     def failed_warnings(self) -> int:
-        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == "warn")
+        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == WARN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,8 +90,8 @@ def with_sla_observations(report: DataFrame) -> DataFrame:
     return (
         report
         .withColumn("stage_kind", F.split(F.col("stage"), ":").getItem(0))
-        .withColumn("duplicate_ratio", F.col("duplicated").cast("double") / F.greatest(expected, F.lit(1)))
-        .withColumn("completeness", F.when(
+        .withColumn(DUPLICATE_RATIO, F.col("duplicated").cast("double") / F.greatest(expected, F.lit(1)))
+        .withColumn(COMPLETENESS, F.when(
             expected > 0,
             (F.col("delivered") + F.coalesce(F.col("dead_lettered"), F.lit(0))).cast("double") / expected))
         .withColumn(_WINDOW_US, F.unix_micros(F.col("window_start")))
@@ -213,7 +204,7 @@ def _result_row(rule: SlaRule, row: Any, failing: set[str], checked_at: datetime
         "threshold": rule.threshold,
         "passed": row[_KEY] not in failing,
         # Provisional counts can still change: they may warn, never fail the run.
-        "severity": rule.severity if row["status"] == "final" else "warn",
+        "severity": rule.severity if row["status"] == FINAL else WARN,
         "checked_at": checked_at,
     }
 
@@ -306,7 +297,7 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
         observed = [r["observed"] for r in rows if r["observed"] is not None]
         worst = (max(observed) if RULES[rule].bound == "max" else min(observed)) if observed else None
         verdict = "PASS"
-        if any(r["severity"] == "error" for r in failed):
+        if any(r["severity"] == ERROR for r in failed):
             verdict = "FAIL"
         elif failed:
             verdict = "WARN"

@@ -1,4 +1,4 @@
-"""The DESIGN §5 rules on hand-written histories, through the pure-Python oracle (no JVM)."""
+"""The docs/design.md §5 rules on hand-written histories, through the pure-Python oracle (no JVM)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from datetime import timedelta
 
 import pytest
 
+from audit.core.percentiles import spark_percentile
+from audit.core.windows import run_id_for
 from audit.oracle import (
     LedgerRow,
     OracleResult,
     reconcile_window,
-    run_id_for,
-    spark_percentile,
 )
 from tests.reconcile_cases import (
     AS_OF_FINAL,

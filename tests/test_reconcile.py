@@ -55,9 +55,9 @@ def test_general_path_without_the_broadcast_gives_the_same_rows(spark: Any,
     """Beyond BROADCAST_KEYS_MAX non-ordinary units the general path semi-joins by shuffle; with the
     limit at 0 (and Spark's own size-based broadcasts off) every hand-written case takes that path
     and must still equal the oracle."""
-    from spark_jobs import reconcile
+    from spark_jobs.reconcile import units
 
-    monkeypatch.setattr(reconcile, "BROADCAST_KEYS_MAX", 0)
+    monkeypatch.setattr(units, "BROADCAST_KEYS_MAX", 0)
     history, _ = build_cases()
     tc = topic_config()
     before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
@@ -302,7 +302,7 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) 
 
     from pyspark.sql import functions as F
 
-    from audit.oracle import latency_columns
+    from audit.core.percentiles import latency_columns
     from spark_jobs.reconcile import X_FIELDS, stage_stats, summarise
 
     rnd = random.Random(7)

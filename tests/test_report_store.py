@@ -58,7 +58,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReportStor
 
 def report_row(window_start: datetime = W0, topic: str = "orders", partition: int = 0, stage: str = "log",
                **over: Any) -> dict[str, Any]:
-    """A complete audit_partition_report row (DESIGN §4), every code column present."""
+    """A complete audit_partition_report row (docs/design.md §4), every code column present."""
     row: dict[str, Any] = {
         "window_start": window_start, "window_end": window_start + timedelta(hours=1), "topic": topic,
         "partition": partition, "stage": stage, "expected": 100, "delivered": 100, "lost": 0,

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from audit.core import vocabulary
 from audit.core.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "msgaudit.yaml"
@@ -25,7 +26,7 @@ _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
-SLA_RULES = ("max_lost", "max_duplicate_ratio", "max_reordered", "max_p99_latency_ms", "min_completeness")
+SLA_RULES = vocabulary.SLA_RULES  # rule names; what each measures: audit.core.vocabulary.SLA_RULE_SPECS
 AUDIT_COLUMNS = ("topic", "partition", "offset", "pid", "seq", "sink_ts")
 
 

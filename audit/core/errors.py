@@ -1,16 +1,19 @@
 """The named errors of msgaudit, in one place.
 
 Every public entry point raises one of these with a message that says what is wrong and what
-to do; the CLI turns them into one line and a non-zero exit code, never a traceback.
+to do; the CLI turns them into one line and a non-zero exit code (`audit.core.vocabulary.ExitCode`),
+never a traceback.
 """
 
 from __future__ import annotations
+
+from audit.core.vocabulary import ExitCode
 
 
 class MsgauditError(Exception):
     """Base of every error msgaudit raises on purpose."""
 
-    exit_code = 2
+    exit_code: int = ExitCode.INPUT.value
 
 
 class ConfigError(MsgauditError):
@@ -36,4 +39,4 @@ class LedgerError(MsgauditError):
 class SlaFailed(MsgauditError):
     """At least one error-severity SLA rule failed (exit code 3 so schedulers can alert)."""
 
-    exit_code = 3
+    exit_code = ExitCode.SLA_FAILED.value

@@ -1,20 +1,216 @@
-"""Anomaly codes and stages (DESIGN §5), shared by the oracle, Spark jobs, report store and SLA."""
+"""The vocabulary of msgaudit (docs/design.md §5, §7), as data, in one place: stages, anomaly codes (with
+their report column, the totals they count in and their detail text), ledger statuses, consume
+outcomes, SLA rules, report statuses and exit codes.
+
+The oracle (`audit/oracle.py`), the Spark classifier (`spark_jobs/reconcile/`), the report store,
+the SLA check, the dashboard and the alerts read these names from here; `tests/test_vocabulary.py`
+fails when one of them disagrees. Detail texts are templates (`str.format` fields): the oracle
+renders them in Python, the Spark classifier turns the same template into a SQL expression
+(`spark_jobs/reconcile/sql.py`), so each text is written once.
+
+This module must stay plain data and pure functions: no imports beyond the standard library.
+"""
 
 from __future__ import annotations
 
-ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
-    "log": ("lost_acked", "unverifiable", "ghost_write", "duplicate_in_log", "reordered_in_log",
-            "unledgered", "seq_gap", "unaudited", "content_duplicate", "aborted"),
-    "group": ("missed", "expired_unconsumed", "redelivered", "reordered_in_consumption",
-              "dead_lettered", "aborted_read", "pending", "overdue"),
-    "sink": ("missing_in_sink", "duplicate_in_sink", "unexpected_in_sink", "pending"),
-}
-ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(c for cs in ANOMALY_CODES_BY_STAGE.values() for c in cs))
+import string
+from dataclasses import dataclass
+from enum import IntEnum
 
-# Report columns named after codes (`pending` already is a base column of the report).
-REPORT_CODE_COLUMNS: tuple[str, ...] = tuple(c for c in ANOMALY_CODES if c != "pending")
+# ---------------------------------------------------------------------------- stages
+LOG, GROUP, SINK = "log", "group", "sink"
+STAGE_KINDS: tuple[str, ...] = (LOG, GROUP, SINK)
 
 
 def stage_kind(stage: str) -> str:
     """'log' | 'group:<g>' | 'sink:<s>' -> 'log' | 'group' | 'sink'."""
     return stage.split(":", 1)[0]
+
+
+def group_stage(group: str) -> str:
+    return f"{GROUP}:{group}"
+
+
+def sink_stage(sink: str) -> str:
+    return f"{SINK}:{sink}"
+
+
+def stage_names(groups: tuple[str, ...] | list[str], sinks: tuple[str, ...] | list[str]) -> list[str]:
+    """A topic's stages in report order: log, then each group, then each sink."""
+    return [LOG, *(group_stage(g) for g in groups), *(sink_stage(s) for s in sinks)]
+
+
+# ---------------------------------------------------------------------------- anomaly codes
+# The totals of a report row that anomaly rows count in (`pending` at the log stage is not a code:
+# it is counted from the units, see audit/core/report.py).
+LOST, DUPLICATED, REORDERED, PENDING = "lost", "duplicated", "reordered", "pending"
+TOTALS: tuple[str, ...] = (LOST, DUPLICATED, REORDERED, PENDING)
+
+# A run of more than this many missing seqs is one `seq_gap` row (its "wide" detail says how many).
+MAX_GAP_ROWS = 1000
+
+
+@dataclass(frozen=True)
+class AnomalyCode:
+    """One anomaly code at one stage kind (`pending` exists at two: group and sink).
+
+    `detail` is a `str.format` template; `variants` are other templates of the same code (by
+    variant name); `detail_from` names an input value that, when not null, is the detail instead
+    of the template (the header parser's own error for `unaudited`)."""
+
+    name: str
+    stage_kind: str
+    report_column: str | None
+    counts_in: tuple[str, ...]
+    detail: str
+    variants: tuple[tuple[str, str], ...] = ()
+    detail_from: str | None = None
+
+    def template(self, variant: str | None = None) -> str:
+        if variant is None:
+            return self.detail
+        return dict(self.variants)[variant]
+
+    def fields(self, variant: str | None = None) -> tuple[str, ...]:
+        """The template's field names, in order."""
+        return tuple(f for _, f, _, _ in string.Formatter().parse(self.template(variant)) if f)
+
+    def render(self, variant: str | None = None, **values: object) -> str:
+        """The detail text (the value of `detail_from`, when given and not None)."""
+        if self.detail_from is not None and values.get(self.detail_from) is not None:
+            return str(values[self.detail_from])
+        return self.template(variant).format(**{k: v for k, v in values.items() if k != self.detail_from})
+
+
+def _code(name: str, kind: str, detail: str, counts_in: tuple[str, ...] = (), column: bool = True,
+          variants: tuple[tuple[str, str], ...] = (), detail_from: str | None = None) -> AnomalyCode:
+    return AnomalyCode(name, kind, name if column else None, counts_in, detail, variants, detail_from)
+
+
+# Order matters: it is the order of the report columns (the SQL DDL in sql/ is generated from it).
+ANOMALIES: tuple[AnomalyCode, ...] = (
+    # stage log
+    _code("lost_acked", LOG, "acked, capture covered the offset, not in the log", (LOST,)),
+    _code("unverifiable", LOG, "offset below log_start_offset before any capture"),
+    _code("ghost_write", LOG, "ledger says failed, the log has it"),
+    _code("duplicate_in_log", LOG, "extra copy of offset {orig_partition}:{orig_offset}", (DUPLICATED,)),
+    _code("reordered_in_log", LOG, "seq {late_seq} after seq {high_seq}", (REORDERED,)),
+    _code("unledgered", LOG, "no producer ledger row"),
+    _code("seq_gap", LOG, "in neither ledger nor log",
+          variants=(("wide", "{missing} seqs missing ({first}..{last})"),)),
+    _code("unaudited", LOG, "missing audit headers", detail_from="header_error"),
+    _code("content_duplicate", LOG, "same content as {first_pid}:{first_seq}"),
+    _code("aborted", LOG, "record of an aborted transaction"),
+    # stage group:<g>
+    _code("missed", GROUP, "never processed, below committed offset {committed_offset}", (LOST,)),
+    _code("expired_unconsumed", GROUP, "never processed, now below log_start_offset", (LOST,)),
+    _code("redelivered", GROUP, "processing {k} of {n} by {consumer}", (DUPLICATED,)),
+    _code("reordered_in_consumption", GROUP, "first processed after a higher offset", (REORDERED,)),
+    _code("dead_lettered", GROUP, "dead-lettered"),
+    _code("aborted_read", GROUP, "processed a record of an aborted transaction"),
+    _code("pending", GROUP, "not processed yet, within grace", (PENDING,), column=False),
+    _code("overdue", GROUP, "not processed, past grace, at or above the committed offset"),
+    # stage sink:<s>
+    _code("missing_in_sink", SINK, "processed by the group, not in the sink", (LOST,)),
+    _code("duplicate_in_sink", SINK, "copy {k} of {n}", (DUPLICATED,)),
+    _code("unexpected_in_sink", SINK, "no committed log record"),
+    _code("pending", SINK, "not in the sink yet, within grace", (PENDING,), column=False),
+)
+
+_BY_KEY: dict[tuple[str, str], AnomalyCode] = {(a.stage_kind, a.name): a for a in ANOMALIES}
+
+
+def anomaly(kind: str, name: str) -> AnomalyCode:
+    """The entry of code `name` at stage kind `kind` ('log' | 'group' | 'sink')."""
+    try:
+        return _BY_KEY[(kind, name)]
+    except KeyError:
+        raise KeyError(f"no anomaly code {name!r} at stage kind {kind!r}") from None
+
+
+def detail(kind: str, name: str, variant: str | None = None, **values: object) -> str:
+    """The detail text of one anomaly row (see `AnomalyCode.render`)."""
+    return anomaly(kind, name).render(variant, **values)
+
+
+ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
+    kind: tuple(a.name for a in ANOMALIES if a.stage_kind == kind) for kind in STAGE_KINDS
+}
+ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in ANOMALIES))
+
+# Report columns named after codes (`pending` already is a base column of the report).
+REPORT_CODE_COLUMNS: tuple[str, ...] = tuple(a.report_column for a in ANOMALIES if a.report_column is not None)
+
+
+def codes_counting_in(kind: str, total: str) -> tuple[str, ...]:
+    """The codes of a stage kind whose rows add up to one of a report row's `TOTALS`."""
+    return tuple(a.name for a in ANOMALIES if a.stage_kind == kind and total in a.counts_in)
+
+
+# ---------------------------------------------------------------------------- report rows
+# Base columns of `audit_partition_report`, before the code columns (REPORT_CODE_COLUMNS).
+REPORT_BASE_COLUMNS: tuple[str, ...] = (
+    "window_start", "window_end", "topic", "partition", "stage", "expected", "delivered", LOST, DUPLICATED,
+    REORDERED, PENDING, "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms", "status",
+    "run_id", "computed_at",
+)
+REPORT_COLUMNS: tuple[str, ...] = REPORT_BASE_COLUMNS + REPORT_CODE_COLUMNS
+ANOMALY_COLUMNS: tuple[str, ...] = ("window_start", "topic", "partition", "stage", "anomaly", "pid", "seq",
+                                    "offset", "detail", "run_id", "computed_at")
+
+# status of a report row: final once as_of >= window end + grace (its counts no longer change).
+FINAL, PROVISIONAL = "final", "provisional"
+REPORT_STATUSES: tuple[str, ...] = (FINAL, PROVISIONAL)
+
+# ---------------------------------------------------------------------------- ledger and consumption
+ACKED, FAILED, ABORTED = "acked", "failed", "aborted"
+LEDGER_STATUSES: tuple[str, ...] = (ACKED, FAILED, ABORTED)
+# A message with several ledger rows has the first of these statuses that one of them has.
+LEDGER_STATUS_PRECEDENCE: tuple[str, ...] = (ABORTED, ACKED, FAILED)
+
+PROCESSED, CONSUME_FAILED, DEAD_LETTERED = "processed", "failed", "dead_lettered"
+CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED)
+
+
+# ---------------------------------------------------------------------------- SLA rules
+@dataclass(frozen=True)
+class SlaRuleSpec:
+    """One SLA rule: the observed value (a column of the report plus the SLA check's derived
+    columns) it judges, which way (`max`: observed <= threshold; `min`: observed >= threshold),
+    at which stage kinds, and what that measures."""
+
+    name: str
+    observed_column: str
+    bound: str
+    stage_kinds: tuple[str, ...]
+    measures: str
+
+
+SLA_RULE_SPECS: tuple[SlaRuleSpec, ...] = (
+    SlaRuleSpec("max_lost", LOST, "max", STAGE_KINDS, "lost messages (report column `lost`)"),
+    SlaRuleSpec("max_duplicate_ratio", "duplicate_ratio", "max", STAGE_KINDS,
+                "duplicated / max(expected, 1)"),
+    SlaRuleSpec("max_reordered", REORDERED, "max", (LOG, GROUP), "reordered messages (a sink has no order)"),
+    SlaRuleSpec("max_p99_latency_ms", "latency_p99_ms", "max", STAGE_KINDS,
+                "p99 latency from produce time, ms; null (nothing delivered) passes"),
+    SlaRuleSpec("min_completeness", "completeness", "min", STAGE_KINDS,
+                "(delivered + dead_lettered) / expected; null (expected 0) passes"),
+)
+SLA_RULES: tuple[str, ...] = tuple(r.name for r in SLA_RULE_SPECS)
+
+ERROR, WARN = "error", "warn"
+SLA_SEVERITIES: tuple[str, ...] = (ERROR, WARN)
+# The status of one SLA check (a dashboard cell shows the worst): passed, failed at warn severity,
+# failed at error severity.
+PASS, FAIL = "pass", "fail"
+SLA_CHECK_STATUSES: tuple[str, ...] = (PASS, WARN, FAIL)
+
+
+# ---------------------------------------------------------------------------- exit codes
+class ExitCode(IntEnum):
+    """Exit codes of the CLI and of the spark-submit entry point."""
+
+    OK = 0
+    UNEXPECTED = 1  # a traceback; a scheduler may retry
+    INPUT = 2  # bad config, topic, window, table, broker: one line on stderr
+    SLA_FAILED = 3  # an error-severity SLA rule failed: alert, do not retry

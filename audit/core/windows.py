@@ -1,11 +1,21 @@
-"""UTC window arithmetic shared by the CLI, the oracle and the Spark jobs (DESIGN §6)."""
+"""UTC window arithmetic shared by the CLI, the oracle and the Spark jobs (docs/design.md §6): aligned
+windows, what one window's run reads (`read_ranges`), its run id and whether it is final.
+
+Pure functions of their arguments (`parse_instant('now')` aside): no I/O, no pyspark.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from audit.core.errors import InputError
+
+if TYPE_CHECKING:
+    from audit.core.config import TopicConfig
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -43,3 +53,32 @@ def to_millis(t: datetime) -> int:
 
 def from_millis(ms: int) -> datetime:
     return EPOCH + timedelta(milliseconds=ms)
+
+
+@dataclass(frozen=True)
+class ReadRanges:
+    """What one window's run reads (see the docstring of `audit/oracle.py`): ledger and log rows by
+    their natural time in [message_lo, message_hi); consumption and sink rows in [event_lo, event_hi)."""
+
+    message_lo: datetime
+    message_hi: datetime
+    event_lo: datetime
+    event_hi: datetime
+
+
+def read_ranges(tc: TopicConfig, window_start: datetime) -> ReadRanges:
+    lookback = tc.lookback_or_window
+    window_end = window_start + tc.window
+    return ReadRanges(window_start - lookback, window_end, window_start - lookback,
+                      window_end + tc.grace + lookback)
+
+
+def run_id_for(topic: str, window_start: datetime, as_of: datetime) -> str:
+    """A stable hash of (topic, window_start, as_of): the same run gives the same id."""
+    text = f"{topic}|{window_start.isoformat()}|{as_of.isoformat()}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def is_final(tc: TopicConfig, window_start: datetime, as_of: datetime) -> bool:
+    """A window's report is final once as_of >= window end + grace (its counts no longer change)."""
+    return as_of >= window_start + tc.window + tc.grace

@@ -34,9 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from audit.core.vocabulary import ERROR, ExitCode
+
 log = logging.getLogger("msgaudit.alerts")
 
-SLA_EXIT_CODE = 3  # spark_jobs/pipeline/submit.py: an error-severity SLA rule failed
+SLA_EXIT_CODE = ExitCode.SLA_FAILED.value  # spark_jobs/pipeline/submit.py: an error-severity SLA rule failed
 
 VAR_CONFIG = "msgaudit_config"
 VAR_ALERT_LOG = "msgaudit_alert_log"
@@ -50,7 +52,7 @@ _EXIT_CODE_RE = re.compile(r"Error code is: (-?\d+)")
 
 @dataclass(frozen=True)
 class FailedRule:
-    """One failed row of `sla_results` (DESIGN §4, §7)."""
+    """One failed row of `sla_results` (docs/design.md §4, §7)."""
 
     window_start: str
     topic: str
@@ -147,7 +149,7 @@ def failed_rules(report_store_url: str, start: datetime, end: datetime,
     rules = [FailedRule(window_start=_iso(r["window_start"]), topic=r["topic"], partition=r.get("partition"),
                         stage=r.get("stage"), rule=r["rule"], observed=r.get("observed"),
                         threshold=r.get("threshold"), severity=r["severity"]) for r in rows]
-    return tuple(sorted(rules, key=lambda r: (r.severity != "error", r.window_start, r.topic,
+    return tuple(sorted(rules, key=lambda r: (r.severity != ERROR, r.window_start, r.topic,
                                               r.partition if r.partition is not None else -1,
                                               r.stage or "", r.rule)))
 

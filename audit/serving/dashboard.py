@@ -25,6 +25,7 @@ from typing import Any
 
 from audit.core.config import Config
 from audit.core.errors import InputError
+from audit.core.vocabulary import DUPLICATED, ERROR, FAIL, LOST, PASS, REORDERED, SLA_CHECK_STATUSES, WARN
 from audit.core.windows import parse_instant
 from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
 
@@ -32,9 +33,9 @@ MAX_ANOMALY_ROWS = 2000
 MAX_SLA_FAILURE_ROWS = 1000
 
 # Heatmap cell status, worst first wins. `no_rules`: report rows exist but no SLA was checked.
-STATUS_LEVELS = ("no_rules", "pass", "warn", "fail")
+STATUS_LEVELS = ("no_rules", *SLA_CHECK_STATUSES)
 STATUS_COLOURS = ("#c8ccd2", "#2e9d57", "#f0a531", "#d43c3c")
-TREND_METRICS = ("lost", "duplicated", "reordered")
+TREND_METRICS = (LOST, DUPLICATED, REORDERED)
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 
 
@@ -59,7 +60,7 @@ def cell_status(sla_rows: Iterable[Mapping[str, Any]]) -> str:
     """Worst SLA status among the results of one (topic, partition, window): fail > warn > pass."""
     level = 0
     for r in sla_rows:
-        level = max(level, 1 if r["passed"] else 3 if r["severity"] == "error" else 2)
+        level = max(level, STATUS_LEVELS.index(PASS if r["passed"] else FAIL if r["severity"] == ERROR else WARN))
     return STATUS_LEVELS[level]
 
 
@@ -206,7 +207,7 @@ def _sla_summary(sla: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for (topic, rule, severity), rs in sorted(groups.items()):
         failed = sum(1 for r in rs if not r["passed"])
-        cls = ("fail" if severity == "error" else "warn") if failed else "pass"
+        cls = (FAIL if severity == ERROR else WARN) if failed else PASS
         rows.append((cls, [("", esc(topic)), ("", esc(rule)), ("sev", esc(severity)), _num(len(rs)),
                            _num(failed), ("num", f"{100 * (len(rs) - failed) / len(rs):.1f}%")]))
     return _table(["topic", "rule", "severity", "checks", "failed", "pass rate"], rows, "sla-summary")
@@ -215,7 +216,7 @@ def _sla_summary(sla: Sequence[Mapping[str, Any]]) -> str:
 def _sla_failures(sla: Sequence[Mapping[str, Any]]) -> str:
     failures = [r for r in sla if not r["passed"]]
     shown = failures[:MAX_SLA_FAILURE_ROWS]
-    rows = [("fail" if r["severity"] == "error" else "warn",
+    rows = [(FAIL if r["severity"] == ERROR else WARN,
              [("", _ts(r["window_start"])), ("", esc(r["topic"])), _num(r["partition"]), ("mono", esc(r["stage"])),
               ("", esc(r["rule"])), _num(r["observed"]), _num(r["threshold"]), ("sev", esc(r["severity"]))])
             for r in shown]
@@ -241,8 +242,8 @@ def _anomaly_table(anomalies: Sequence[Mapping[str, Any]]) -> str:
 
 def _cards(report: Sequence[Mapping[str, Any]], anomalies: Sequence[Mapping[str, Any]],
            sla: Sequence[Mapping[str, Any]]) -> str:
-    failed_err = sum(1 for r in sla if not r["passed"] and r["severity"] == "error")
-    failed_warn = sum(1 for r in sla if not r["passed"] and r["severity"] == "warn")
+    failed_err = sum(1 for r in sla if not r["passed"] and r["severity"] == ERROR)
+    failed_warn = sum(1 for r in sla if not r["passed"] and r["severity"] == WARN)
     cards = [
         ("", len({r["topic"] for r in report}), "topics"),
         ("", len({(r["topic"], r["window_start"]) for r in report}), "topic windows"),

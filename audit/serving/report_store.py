@@ -1,6 +1,6 @@
 """The report store: the SQL copy of the audit outputs that BI tools, the SLA check and the dashboard read.
 
-Three SQLAlchemy Core tables (DESIGN §4) -- `audit_partition_report`, `audit_anomalies`,
+Three SQLAlchemy Core tables (docs/design.md §4) -- `audit_partition_report`, `audit_anomalies`,
 `sla_results` -- plus read-only views for BI tools (`VIEW_NAMES`), created on first use on any
 SQLAlchemy URL (SQLite file by default, PostgreSQL in production). Writers replace one
 (table, topic, window_start) at a time in a single transaction, so every publish is idempotent.
@@ -28,7 +28,7 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from audit.core.errors import ConfigError, InputError
-from audit.core.vocabulary import REPORT_CODE_COLUMNS
+from audit.core.vocabulary import ERROR, PROVISIONAL, REPORT_CODE_COLUMNS, WARN
 
 PARTITION_REPORT = "audit_partition_report"
 ANOMALIES = "audit_anomalies"
@@ -159,7 +159,7 @@ WITH r AS (
     SELECT {bucket_r} AS bucket_start, topic, stage,
            COUNT(DISTINCT "partition") AS partitions,
            COUNT(*) AS report_rows,
-           CAST(SUM(CASE WHEN status = 'provisional' THEN 1 ELSE 0 END) AS BIGINT) AS provisional_rows,
+           CAST(SUM(CASE WHEN status = '""" + PROVISIONAL + """' THEN 1 ELSE 0 END) AS BIGINT) AS provisional_rows,
            CAST(SUM(expected) AS BIGINT) AS expected,
            CAST(SUM(delivered) AS BIGINT) AS delivered,
            CAST(SUM(lost) AS BIGINT) AS lost,
@@ -173,8 +173,8 @@ WITH r AS (
 ), s AS (
     SELECT {bucket_s} AS bucket_start, topic, stage,
            COUNT(*) AS sla_checks,
-           CAST(SUM(CASE WHEN NOT passed AND severity = 'error' THEN 1 ELSE 0 END) AS BIGINT) AS sla_errors,
-           CAST(SUM(CASE WHEN NOT passed AND severity = 'warn' THEN 1 ELSE 0 END) AS BIGINT) AS sla_warnings
+           CAST(SUM(CASE WHEN NOT passed AND severity = '""" + ERROR + """' THEN 1 ELSE 0 END) AS BIGINT) AS sla_errors,
+           CAST(SUM(CASE WHEN NOT passed AND severity = '""" + WARN + """' THEN 1 ELSE 0 END) AS BIGINT) AS sla_warnings
     FROM sla_results
     GROUP BY {bucket_s}, topic, stage
 )

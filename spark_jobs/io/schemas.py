@@ -1,4 +1,4 @@
-"""Spark schemas of every msgaudit table (DESIGN §4), in one place.
+"""Spark schemas of every msgaudit table (docs/design.md §4), in one place.
 
 Input tables carry two partition columns besides their DESIGN columns: `topic` (already a
 column) and `part_hour`, the UTC hour ('YYYY-MM-DDTHH') of the row's natural time (produce
@@ -86,7 +86,7 @@ PARTITION_WATERMARKS = _s(
     ("high_watermark", LongType(), False),
     ("captured_at", TimestampType(), False),
     # The offsets this capture actually read, [captured_from, captured_to): what "the capture
-    # covered" means in DESIGN §5. Null in rows written before these columns existed.
+    # covered" means in docs/design.md §5. Null in rows written before these columns existed.
     ("captured_from", LongType(), True),
     ("captured_to", LongType(), True),
 )

@@ -1,0 +1,55 @@
+"""Publishing one window: `write_outputs` replaces the window's rows of `audit_partition_report` and
+`audit_anomalies` in the Delta lake and in the report store.
+
+With `inputs.py` this is the only I/O of the reconciliation; it must not change or classify the
+rows it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from audit.core.config import Config
+from spark_jobs.reconcile.sql import _q
+
+
+def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) -> DataFrame:
+    return spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
+
+
+def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
+                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame) -> list[dict[str, Any]]:
+    """Replace the window's rows in both Delta tables and the report store; returns anomaly rows.
+    The two Delta commits run side by side (each is mostly the driver waiting on the table's log),
+    while this thread collects the anomalies and writes the report store."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
+    from spark_jobs.io.lake import write_table
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
+
+    where = f"topic = {_q(topic)} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
+    report_df = _to_df(spark, report, AUDIT_PARTITION_REPORT)
+    anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
+        delta = [pool.submit(write_table, df, cfg, name, mode="overwrite", partition_by=["topic"],
+                             replace_where=where)
+                 for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
+        anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
+        with ReportStore(cfg.report_store) as store:
+            store.replace_window(PARTITION_REPORT, topic, ws, report)
+            store.replace_window(ANOMALIES, topic, ws, anomaly_rows)
+        for f in delta:
+            f.result()  # a failed commit raises here
+    return anomaly_rows
+
+
+def _aware(row: dict[str, Any]) -> dict[str, Any]:
+    """Spark hands back naive datetimes in the session time zone (UTC): make them aware."""
+    return {k: (v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v)
+            for k, v in row.items()}

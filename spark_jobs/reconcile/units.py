@@ -1,0 +1,278 @@
+"""Units (docs/design.md §5: a message (topic, pid, seq), or an unaudited record by (partition, offset)) and
+their tiers (ledger, log, consumption, sinks), keyed for the two paths of the classifier:
+
+- the order of consumption (`flag_consumption_order`, `reordered_processings`, `with_reorder`);
+- the typed path: `typed_tiers` + `typed_units`, fixed-width aggregates per unit, and `unit_keys`;
+- the general path: `unit_tiers` + `collect_units` (each unit's rows as arrays) + `describe_units`
+  (produce time, ledger status, committed copies, the original copy).
+
+These are transforms (DataFrames in, DataFrames out) plus `collect_units`' one count. This module
+must not read or write tables, and holds no rule deciding an anomaly code (`classify.py`,
+`order.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from audit.core.config import TopicConfig
+from audit.core.vocabulary import ABORTED, ACKED, LEDGER_STATUS_PRECEDENCE, PROCESSED
+from spark_jobs.reconcile.sql import _q
+
+
+def flag_consumption_order(consumed: DataFrame) -> DataFrame:
+    """Adds `reorder`: the first processing of an offset lower than one its group already processed
+    in that partition, in (consume_ts, consume_seq, consumer) order."""
+    order = ["consume_ts", "consume_seq", "consumer"]
+    is_proc = F.col("outcome") == PROCESSED
+    w = Window.partitionBy("group", "partition").orderBy(*order)
+    first = Window.partitionBy("group", "partition", "offset", "_proc").orderBy(*order)
+    return (consumed.withColumn("_proc", is_proc)
+            .withColumn("_high", F.max(F.when(is_proc, F.col("offset"))).over(
+                w.rowsBetween(Window.unboundedPreceding, -1)))
+            .withColumn("_rn", F.row_number().over(first))
+            .withColumn("reorder", F.coalesce(
+                F.col("_proc") & (F.col("_rn") == 1) & (F.col("offset") < F.col("_high")), F.lit(False)))
+            .drop("_proc", "_high", "_rn"))
+
+
+ORDER_COLUMNS = ("group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
+
+
+def reordered_processings(consumed: DataFrame) -> DataFrame:
+    """The processings `flag_consumption_order` flags -- few -- by their identifying columns and unit
+    key. The window runs over a narrow projection; only its flagged rows leave it."""
+    cols = [*ORDER_COLUMNS, "outcome", "pid", "seq"]
+    return (flag_consumption_order(consumed.select(*cols)).where("reorder")
+            .select(*ORDER_COLUMNS, *_key("pid", "seq", "partition", "offset")).distinct())
+
+
+def with_reorder(consumed: DataFrame, flagged: DataFrame) -> DataFrame:
+    """`consumed` plus `reorder`, looked up in the flagged processings (a small broadcast)."""
+    marks = flagged.select(*ORDER_COLUMNS).distinct().withColumn("_flag", F.lit(True))
+    return (consumed.join(F.broadcast(marks), list(ORDER_COLUMNS), "left")
+            .withColumn("reorder", F.coalesce(F.col("_flag"), F.lit(False))).drop("_flag"))
+
+
+def _key(pid: str, seq: str, partition: str, offset: str) -> list[Any]:
+    audited = F.col(pid).isNotNull() & F.col(seq).isNotNull()
+    return [F.when(audited, 0).otherwise(1).alias("ktype"),
+            F.when(audited, F.col(pid)).otherwise(
+                F.concat(F.lit("#"), F.col(partition).cast("string"), F.lit(":"), F.col(offset).cast("string"))
+            ).alias("k1"),
+            F.when(audited, F.col(seq)).otherwise(F.col(offset)).cast("bigint").alias("k2")]
+
+
+TIER_TYPES = {
+    "L": "struct<partition:int,offset:bigint,status:string,produce_ts:timestamp,ack_ts:timestamp>",
+    "R": "struct<partition:int,offset:bigint,committed:boolean,pid:string,seq:bigint,produce_ts:timestamp,"
+         "kafka_ts:timestamp,fingerprint:string,header_error:string,captured_at:timestamp>",
+    "C": "struct<consume_ts:timestamp,consume_seq:bigint,consumer:string,group:string,partition:int,"
+         "offset:bigint,outcome:string,reorder:boolean>",
+    "S": "struct<sink:string,sink_ts:timestamp,offset:bigint,partition:int,pid:string,seq:bigint>",
+}
+
+
+def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
+               sinks: Mapping[str, DataFrame]) -> DataFrame:
+    """Every tier's rows as (ktype, k1, k2, L|R|C|S struct), ready to be gathered per unit."""
+
+    def shape(df: DataFrame, key: list[Any], tier: str, struct: Any) -> DataFrame:
+        return df.select(*key, *[(struct if c == tier else F.lit(None)).cast(t).alias(c)
+                                 for c, t in TIER_TYPES.items()])
+
+    parts = [
+        shape(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
+              "L", F.struct("partition", "offset", "status", "produce_ts", "ack_ts")),
+    ]
+    valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
+    log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
+    parts.append(shape(log_k, _key("_kpid", "_kseq", "partition", "offset"), "R",
+                       F.struct("partition", "offset", "committed", "pid", "seq", "produce_ts", "kafka_ts",
+                                "fingerprint", "header_error", "captured_at")))
+    if consumed is not None:
+        parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), "C",
+                           F.struct("consume_ts", "consume_seq", "consumer", "group", "partition", "offset",
+                                    "outcome", "reorder")))
+    for name, df in sinks.items():
+        parts.append(shape(df.withColumn("sink", F.lit(name)), _key("pid", "seq", "partition", "offset"), "S",
+                           F.struct("sink", "sink_ts", "offset", "partition", "pid", "seq")))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def unit_hash() -> Any:
+    """A unit key's 64-bit hash: what the shuffles by unit hash by and sort by first."""
+    return F.xxhash64("ktype", "k1", "k2")
+
+
+# Up to this many non-ordinary units, their key hashes are broadcast to filter the tiers (8 bytes
+# and a slot each); beyond it (an outage can make every unit non-ordinary) the tiers are
+# semi-joined by shuffle instead, which costs a shuffle of every row but no driver memory.
+BROADCAST_KEYS_MAX = 2_000_000
+
+
+def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
+    """The general path's shuffle, for the units in `keys` (ktype, k1, k2; one row each) only: the
+    tiers' rows whose unit hash is one of the keys' pass a semi-join on those hashes (a broadcast
+    of one long per unit, unless there are more than `BROADCAST_KEYS_MAX`), are hashed by k1 (the
+    pid) and gathered per unit and tier; a unit that only shares a hash with one of `keys` is then
+    dropped by an exact join on the whole key."""
+    hashes = keys.select(unit_hash().alias("kh"))
+    if keys.count() <= BROADCAST_KEYS_MAX:
+        hashes = F.broadcast(hashes)
+    # kh leads the grouping key: the aggregation sorts by it when its hash map spills (always, at
+    # scale), and a long compares by its sort prefix alone where (ktype, k1) would compare strings.
+    units = (tiers.withColumn("kh", unit_hash())
+             .join(hashes, "kh", "left_semi")
+             .repartition("k1")
+             .groupBy("kh", "ktype", "k1", "k2")
+             .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
+             .drop("kh"))
+    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")], "left_semi")
+
+
+def _fp_hash(fp: Any) -> list[Any]:
+    """Two independent hashes of a fingerprint (96 bits together; null for a null fingerprint):
+    the typed path compares fingerprints by them, so no string travels through its aggregation."""
+    return [F.when(fp.isNotNull(), F.xxhash64(fp)).alias("fph"), F.when(fp.isNotNull(), F.hash(fp)).alias("fph2")]
+
+
+def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
+                sinks: Mapping[str, DataFrame], tc: TopicConfig) -> DataFrame:
+    """Every tier's rows as narrow fixed-width columns keyed like `unit_tiers`: what `typed_units`
+    needs to recognise an ordinary delivered message and compute its facts without arrays."""
+    us = F.unix_micros
+    none_l, none_i = F.lit(None).cast("bigint"), F.lit(None).cast("int")
+    cols = ("t", "st", "part", "off", "ts1", "ts2", "ok", "gi", "fph", "fph2")
+
+    def shape(df: DataFrame, key: list[Any], **c: Any) -> DataFrame:
+        defaults = {"st": none_i, "part": none_i, "off": none_l, "ts1": none_l, "ts2": none_l,
+                    "ok": F.lit(None).cast("boolean"), "gi": none_i, "fph": none_l, "fph2": none_i}
+        defaults.update(c)
+        return df.select(*key, *[defaults[n].alias(n) if n != "t" else F.lit(c["t"]).alias("t") for n in cols])
+
+    st = (F.when(F.col("status") == ACKED, 1).when(F.col("status") == ABORTED, 3)
+          .otherwise(2).cast("int"))
+    parts = [shape(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
+                   t=0, st=st, part=F.col("partition"), off=F.col("offset"), ts1=us("produce_ts"), ts2=us("ack_ts"))]
+    valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
+    log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
+    fph, fph2 = _fp_hash(F.col("fingerprint"))
+    parts.append(shape(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
+                       off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
+    if consumed is not None and tc.groups:
+        gi = F.lit(None).cast("int")
+        for i, g in enumerate(tc.groups):
+            gi = F.when(F.col("group") == g, i).otherwise(gi)
+        parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
+                           off=F.col("offset"), ts1=us("consume_ts"), ok=F.col("outcome") == PROCESSED, gi=gi))
+    names = [x.name for x in tc.sinks]
+    for name, df in sinks.items():
+        parts.append(shape(df, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
+                           gi=F.lit(names.index(name) if name in names else None).cast("int")))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
+    """The one wide shuffle of the typed path: per unit, counts and single values of every tier as
+    fixed-width aggregates (a hash aggregation, compiled; no arrays). `simple` marks the ordinary
+    delivered messages: one acked ledger row, its one committed log record at the acked offset,
+    processed once by each group at that position (and, as the caller adds, not out of order), one
+    row in each sink. Such a unit has no anomaly of its own (only the order/gap and content checks
+    can still flag it), so its facts come from the aggregates (`simple_facts`). Only the other units
+    are gathered into arrays, by the general path; the property test holds both paths to the oracle."""
+    t = F.col("t")
+    sink_names = [x.name for x in tc.sinks]
+
+    def n(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    def one(cond: Any, col: str) -> Any:
+        return F.max(F.when(cond, F.col(col)))
+
+    aggs = [n(t == 0).alias("nL"), n((t == 0) & (F.col("st") == 1)).alias("nLa"),
+            one(t == 0, "part").alias("lp"), one(t == 0, "off").alias("lo"),
+            one(t == 0, "ts1").alias("lpt"), one(t == 0, "ts2").alias("lack"),
+            n(t == 1).alias("nR"), n((t == 1) & F.col("ok")).alias("nRc"),
+            one(t == 1, "part").alias("rp"), one(t == 1, "off").alias("ro"),
+            one(t == 1, "fph").alias("fph"), one(t == 1, "fph2").alias("fph2"),
+            n(t == 2).alias("nC"), F.min(F.when(t == 2, F.col("part"))).alias("cp_lo"),
+            one(t == 2, "part").alias("cp_hi"), F.min(F.when(t == 2, F.col("off"))).alias("co_lo"),
+            one(t == 2, "off").alias("co_hi"), n(t == 3).alias("nS")]
+    for i in range(len(tc.groups)):
+        c = (t == 2) & (F.col("gi") == i)
+        aggs += [n(c & F.col("ok")).alias(f"c{i}_ok"), one(c, "ts1").alias(f"c{i}_ts")]
+    for i in range(len(sink_names)):
+        c = (t == 3) & (F.col("gi") == i)
+        aggs += [n(c).alias(f"s{i}_n"), one(c, "ts1").alias(f"s{i}_ts")]
+    simple = ((F.col("ktype") == 0) & (F.col("nL") == 1) & (F.col("nLa") == 1) & (F.col("nR") == 1)
+              & (F.col("nRc") == 1) & (F.col("rp") == F.col("lp")) & (F.col("ro") == F.col("lo"))
+              & (F.col("nC") == len(tc.groups)) & (F.col("nS") == len(sink_names)))
+    if tc.groups:
+        simple = (simple & (F.col("cp_lo") == F.col("rp")) & (F.col("cp_hi") == F.col("rp"))
+                  & (F.col("co_lo") == F.col("ro")) & (F.col("co_hi") == F.col("ro")))
+        for i in range(len(tc.groups)):
+            simple = simple & (F.col(f"c{i}_ok") == 1)
+    for i in range(len(sink_names)):
+        simple = simple & (F.col(f"s{i}_n") == 1)
+    # Hashed by kh, the unit key's hash, before the aggregation: units spread evenly (hashing by pid
+    # leaves some tasks idle), and no map-side partial aggregation runs -- it has nothing to
+    # combine (a unit's tiers come from different tables) and measured slower than none.
+    return (tiers.withColumn("kh", unit_hash()).repartition("kh")
+            .groupBy("kh", "ktype", "k1", "k2").agg(*aggs)
+            .drop("kh")
+            .withColumn("simple", F.coalesce(simple, F.lit(False))))
+
+
+def unit_keys(units: DataFrame) -> list[Any]:
+    """Narrow per-unit columns the order and content checks read, from a typed (simple) unit."""
+    return [F.col("ktype"), F.col("k1"), F.col("k2"), F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+            F.col("lpt").alias("pt_us"), F.col("rp").alias("o_part"), F.col("ro").alias("o_off"),
+            F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2"]
+
+
+# A unit's ledger status: the first of the precedence its ledger rows have (the last one: any row).
+STATUS_SQL = ("CASE " + " ".join(f"WHEN exists(L, x -> x.status = {_q(st)}) THEN {_q(st)}"
+                                 for st in LEDGER_STATUS_PRECEDENCE[:-1])
+              + f" WHEN size(L) > 0 THEN {_q(LEDGER_STATUS_PRECEDENCE[-1])} END")
+
+
+def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
+    """Unit-level facts every stage uses: produce time, ledger status, committed copies, original."""
+    return (units.crossJoin(F.broadcast(params))
+            .withColumns({
+                "R2": F.expr(
+                    "array_sort(array_distinct(transform(R, x -> named_struct('partition', x.partition, "
+                    "'offset', x.offset, 'committed', x.committed, 'pid', x.pid, 'seq', x.seq, "
+                    "'produce_ts', x.produce_ts, 'kafka_ts', x.kafka_ts, 'fingerprint', x.fingerprint, "
+                    "'header_error', x.header_error))))"),
+                "pt_us": F.expr(
+                    "unix_micros(coalesce(array_min(transform(L, x -> x.produce_ts)), "
+                    "array_min(transform(R, x -> x.produce_ts)), array_min(transform(R, x -> x.kafka_ts)), "
+                    "array_min(transform(R, x -> x.captured_at)), array_min(transform(C, x -> x.consume_ts)), "
+                    "array_min(transform(S, x -> x.sink_ts))))"),
+                "status": F.expr(STATUS_SQL),
+                "ack": F.expr(f"array_min(filter(L, x -> x.status = {_q(ACKED)}))"),
+            })
+            .withColumns({
+                "in_w": F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"),
+                "copies": F.expr("filter(R2, x -> x.committed)"),
+            })
+            .withColumn("orig", F.expr(
+                "coalesce(get(filter(copies, x -> x.partition = ack.partition AND x.offset = ack.offset), 0), "
+                "get(copies, 0))"))
+            .withColumns({
+                "extras": F.expr("filter(copies, x -> NOT (x.partition = orig.partition AND x.offset = orig.offset))"),
+                "pid": F.expr("CASE WHEN ktype = 0 THEN k1 ELSE orig.pid END"),
+                "seq": F.expr("CASE WHEN ktype = 0 THEN k2 ELSE orig.seq END"),
+            }))
