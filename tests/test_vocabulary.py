@@ -1,0 +1,211 @@
+"""The vocabulary (`audit/core/vocabulary.py`) is the one statement of stages, codes, statuses,
+SLA rules and exit codes: these tests fail when the oracle, the Spark classifier, the report
+store's columns, the SLA check or the exit codes say something else."""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.core import vocabulary as v
+from tests.reconcile_cases import AS_OF_FINAL, T0, at, build_cases, topic_config
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB_KEYS = {(a.stage_kind, a.name) for a in v.ANOMALIES}
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    """A regex matching every rendering of a detail template."""
+    out = ""
+    for literal, field, _, _ in string.Formatter().parse(template):
+        out += re.escape(literal)
+        if field:
+            out += ".+?"
+    return re.compile(f"^{out}$")
+
+
+def _oracle_emitted_keys() -> set[tuple[str, str]]:
+    """(stage kind, code) of every `emit(stage, code, ...)` call in the oracle's source."""
+    tree = ast.parse((ROOT / "audit" / "oracle.py").read_text())
+    keys = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "emit":
+            stage, code = node.args[0], node.args[1]
+            assert isinstance(code, ast.Constant), ast.unparse(node)
+            kind = {"LOG": "log"}.get(ast.unparse(stage))
+            if kind is None:  # `stage` inside the group or sink loop
+                kind = "group" if "group" in _enclosing_loop(tree, node) else "sink"
+            keys.add((kind, str(code.value)))
+    return keys
+
+
+def _enclosing_loop(tree: ast.AST, call: ast.Call) -> str:
+    """The source of the `stage = ...` assignment of the loop the call is in."""
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.For) and any(n is call for n in ast.walk(loop)):
+            for stmt in loop.body:
+                if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "stage":
+                    return ast.unparse(stmt.value)
+    raise AssertionError(f"no stage for {ast.unparse(call)}")
+
+
+@pytest.mark.unit
+def test_every_code_the_oracle_emits_is_in_the_vocabulary_and_every_code_is_emitted() -> None:
+    assert _oracle_emitted_keys() == VOCAB_KEYS
+
+
+@pytest.mark.unit
+def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None:
+    from audit.oracle import reconcile_window
+
+    history, _ = build_cases()
+    tc = topic_config()
+    rows: list[dict[str, Any]] = []
+    for as_of in (AS_OF_FINAL, at(30)):
+        rows += reconcile_window(tc, T0, as_of, history.inputs()).anomalies
+    seen = set()
+    for a in rows:
+        key = (v.stage_kind(a["stage"]), a["anomaly"])
+        assert key in VOCAB_KEYS, key
+        code = v.anomaly(*key)
+        templates = [code.detail, *(t for _, t in code.variants)]
+        assert a["detail"] is not None
+        assert any(_template_regex(t).match(a["detail"]) for t in templates) or code.detail_from, a
+        seen.add(key)
+    assert len(seen) >= len(VOCAB_KEYS) - 2  # the hand-written cases cover (almost) every code
+
+
+def _classifier_sql() -> str:
+    from spark_jobs.reconcile.classify import UNIT_FLAGS, classification_sql
+    from spark_jobs.reconcile.order import CONTENT_DUPLICATE_SQL, ORDER_CHECK_SQL
+
+    tc = topic_config(groups=("g1", "g2"), sinks=(("s1", "g1"), ("s2", None)))
+    per_stage, rows = classification_sql(tc)
+    return "\n".join([*UNIT_FLAGS.values(), *per_stage.values(), rows, ORDER_CHECK_SQL, CONTENT_DUPLICATE_SQL])
+
+
+def _sql_codes(sql: str) -> set[tuple[str, str]]:
+    """(stage kind, code) of every anomaly X row in the classifier's SQL: the literals of its
+    'anomaly' field (a literal, or a CASE of literals), with the stage literal before them."""
+    keys = set()
+    for m in re.finditer(r"'kind', 'A', 'stage', '([a-z]+)[^']*', 'anomaly', (.*?), 'partition'", sql):
+        for code in re.findall(r"'([a-z_]+)'", m.group(2)):
+            keys.add((m.group(1), code))
+    return keys
+
+
+@pytest.mark.unit
+def test_the_spark_classifiers_codes_are_the_vocabularys() -> None:
+    assert _sql_codes(_classifier_sql()) == VOCAB_KEYS
+
+
+@pytest.mark.unit
+def test_the_spark_classifier_writes_no_detail_text_of_its_own() -> None:
+    """Every quoted text in the classifier's SQL that is a piece of a detail template comes from the
+    vocabulary: no template's text is spelled out in the Spark package's sources."""
+    strings = []  # every string constant of the package's code (docstrings aside)
+    for path in (ROOT / "spark_jobs" / "reconcile").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        strings += [n.value for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    sources = "\n".join(strings)
+    for a in v.ANOMALIES:
+        for template in (a.detail, *(t for _, t in a.variants)):
+            for literal, _, _, _ in string.Formatter().parse(template):
+                if len(literal.strip()) > 6:
+                    assert literal not in sources, (a.name, literal)
+
+
+@pytest.mark.unit
+def test_report_columns_are_the_base_columns_and_the_vocabularys_code_columns() -> None:
+    from audit.core.report import assemble_report
+    from audit.serving.report_store import anomalies, partition_report
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
+
+    expected = v.REPORT_BASE_COLUMNS + tuple(a.report_column for a in v.ANOMALIES if a.report_column)
+    assert tuple(c.name for c in partition_report.columns) == expected
+    assert tuple(f.name for f in AUDIT_PARTITION_REPORT.fields) == expected
+    assert tuple(c.name for c in anomalies.columns) == v.ANOMALY_COLUMNS
+    assert tuple(f.name for f in AUDIT_ANOMALIES.fields) == v.ANOMALY_COLUMNS
+    row = assemble_report(topic_config(), T0, AS_OF_FINAL, [0], {}, {})[0]
+    assert tuple(row) == expected
+
+
+@pytest.mark.unit
+def test_report_totals_add_up_the_codes_the_vocabulary_counts_in_them() -> None:
+    from audit.core.report import assemble_report
+
+    tc = topic_config()
+    codes = {(stage, 0): {a.name: 1 for a in v.ANOMALIES if a.stage_kind == v.stage_kind(stage)}
+             for stage in ("log", "group:g1", "sink:s1")}
+    rows = {r["stage"]: r for r in assemble_report(tc, T0, AS_OF_FINAL, [0], {("log", 0): {"pending": 4}}, codes)}
+    for stage, row in rows.items():
+        kind = v.stage_kind(stage)
+        for total in (v.LOST, v.DUPLICATED, v.REORDERED):
+            assert row[total] == len(v.codes_counting_in(kind, total)), (stage, total)
+    assert (rows["log"]["pending"], rows["group:g1"]["pending"], rows["sink:s1"]["pending"]) == (4, 1, 1)
+
+
+@pytest.mark.unit
+def test_sla_rules_agree_everywhere() -> None:
+    from audit.core import config
+    from spark_jobs import sla
+
+    assert config.SLA_RULES == v.SLA_RULES == tuple(sla.RULES)
+    for spec in v.SLA_RULE_SPECS:
+        assert spec.observed_column in v.REPORT_COLUMNS or spec.observed_column in sla.DERIVED_COLUMNS, spec
+        assert spec.bound in ("max", "min") and set(spec.stage_kinds) <= set(v.STAGE_KINDS), spec
+        assert spec.measures
+
+
+@pytest.mark.unit
+def test_statuses_outcomes_and_exit_codes_come_from_the_vocabulary() -> None:
+    from audit.core.errors import ConfigError, MsgauditError, SlaFailed
+    from audit.serving import alerts, dashboard
+
+    assert MsgauditError.exit_code == ConfigError.exit_code == v.ExitCode.INPUT == 2
+    assert SlaFailed.exit_code == alerts.SLA_EXIT_CODE == v.ExitCode.SLA_FAILED == 3
+    assert (v.ExitCode.OK, v.ExitCode.UNEXPECTED) == (0, 1)
+    assert dashboard.STATUS_LEVELS[1:] == v.SLA_CHECK_STATUSES
+    assert set(v.LEDGER_STATUS_PRECEDENCE) == set(v.LEDGER_STATUSES)
+    assert v.DEAD_LETTERED in v.CONSUME_OUTCOMES and v.PROCESSED in v.CONSUME_OUTCOMES
+
+
+@pytest.mark.unit
+def test_every_template_renders_and_has_its_sql_form() -> None:
+    from spark_jobs.reconcile.sql import detail_sql, template_sql
+
+    assert template_sql("acked at offset {offset}, absent from the log", {"offset": "offset"}) == (
+        "concat('acked at offset ', cast(offset as string), ', absent from the log')")
+    for a in v.ANOMALIES:
+        for variant in (None, *(name for name, _ in a.variants)):
+            fields = a.fields(variant)
+            assert a.render(variant, **dict.fromkeys(fields, 7))
+            assert detail_sql(a.stage_kind, a.name, variant, **dict.fromkeys(fields, "x"))
+    with pytest.raises(KeyError):
+        v.anomaly("log", "no_such_code")
+
+
+@pytest.mark.spark
+def test_sql_details_render_the_same_text_as_python(spark: Any) -> None:
+    """Each template through Spark SQL (fields bound to literals) == the oracle's Python rendering."""
+    from spark_jobs.reconcile.sql import _q, detail_sql
+
+    values: dict[str, Any] = {"orig_partition": 1, "orig_offset": 42, "late_seq": 3, "high_seq": 9, "missing": 1500,
+                              "first": 11, "last": 1510, "first_pid": "p-1", "first_seq": 0,
+                              "committed_offset": 17, "k": 2, "n": 3, "consumer": "c'1", "header_error": None}
+    cases = [(a, variant) for a in v.ANOMALIES for variant in (None, *(n for n, _ in a.variants))]
+    exprs = []
+    for a, variant in cases:
+        sql_values = {k: (_q(x) if isinstance(x, str) else "cast(null as string)" if x is None else str(x))
+                      for k, x in values.items()}
+        exprs.append(detail_sql(a.stage_kind, a.name, variant, **sql_values))
+    row = spark.sql("SELECT " + ", ".join(f"{e} AS d{i}" for i, e in enumerate(exprs))).collect()[0]
+    for i, (a, variant) in enumerate(cases):
+        assert row[f"d{i}"] == a.render(variant, **values), (a.name, variant)
