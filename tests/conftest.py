@@ -9,10 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from audit.core import config as config_mod
 from audit.core.config import Config
 from audit.runtime.local_kafka import LocalKafka, free_port_block
+
+# `pytest --hypothesis-profile=soak`: a long search of the property tests (tests/test_reconcile_property.py
+# reads the profile to pick its own, larger example counts; at least an hour on two cores).
+settings.register_profile("soak", max_examples=20_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @pytest.fixture(scope="session")

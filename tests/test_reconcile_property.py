@@ -1,8 +1,14 @@
 """Property: on generated histories with injected faults at every tier, the Spark reconciliation
 equals the pure-Python oracle row for row (report and anomalies).
 
-Each example is one Spark run, so the example count is small by default; raise it with
-MSGAUDIT_PROPERTY_EXAMPLES=50 for a longer search.
+Each Spark example is one Spark run (seconds, mostly fixed cost), so it checks several independent
+histories at once: `batches` puts up to BATCH of them side by side in one window, each on its
+own partitions, pids and fingerprints, so they cannot interact and one run checks them all.
+
+By default the Spark property runs SPARK_EXAMPLES runs (a couple of minutes on two cores) and the
+oracle-only property UNIT_EXAMPLES histories. For a long search use the `soak` profile registered
+in tests/conftest.py (`pytest --hypothesis-profile=soak tests/test_reconcile_property.py`), or set
+MSGAUDIT_PROPERTY_EXAMPLES=N to choose the Spark run count.
 """
 
 from __future__ import annotations
@@ -29,6 +35,25 @@ from audit.oracle import (
 from tests.reconcile_cases import T0, norm_rows, sorted_anomalies, spark_reconcile, topic_config
 
 TC = topic_config(groups=("g1",), sinks=(("s1", "g1"), ("s2", None)))
+BATCH = 6
+SPARK_EXAMPLES, UNIT_EXAMPLES = 6, 300
+SOAK_SPARK_EXAMPLES, SOAK_UNIT_EXAMPLES = 300, 20_000
+
+
+def _soak() -> bool:
+    """Whether the `soak` hypothesis profile (tests/conftest.py) is the loaded one."""
+    try:
+        soak = settings.get_profile("soak")
+    except Exception:  # the profile is registered by tests/conftest.py
+        return False
+    current = settings.default
+    return current is not None and current.max_examples == soak.max_examples
+
+
+def _examples(default: int, soak: int) -> int:
+    if _soak():
+        return soak
+    return default
 FATES = ["ok"] * 6 + ["skip", "failed", "ghost", "aborted", "aborted_read", "noledger", "lost", "dup",
                       "badheader"]
 
@@ -117,6 +142,34 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
     return Inputs(ledger, log, consumed, offsets, watermarks, sinks), as_of
 
 
+def _merge(parts: list[tuple[Inputs, datetime]]) -> tuple[Inputs, datetime]:
+    """Histories side by side in one window: history i on partitions 2i and 2i + 1, its pids and
+    fingerprints prefixed by `h<i>-`; as of the first one's as_of."""
+    out = Inputs([], [], [], [], [], {"s1": [], "s2": []})
+    for i, (h, _) in enumerate(parts):
+        def pid(v: str | None, i: int = i) -> str | None:
+            return None if v is None else f"h{i}-{v}"
+
+        def part(p: int, i: int = i) -> int:
+            return p if p < 0 else 2 * i + p
+
+        out.ledger = [*out.ledger, *(replace(r, pid=f"h{i}-{r.pid}", partition=part(r.partition)) for r in h.ledger)]
+        out.log = [*out.log, *(replace(r, partition=part(r.partition), pid=pid(r.pid), fingerprint=pid(r.fingerprint))
+                               for r in h.log)]
+        out.consumed = [*out.consumed, *(replace(c, partition=part(c.partition), pid=pid(c.pid)) for c in h.consumed)]
+        out.group_offsets = [*out.group_offsets, *(replace(g, partition=part(g.partition)) for g in h.group_offsets)]
+        out.watermarks = [*out.watermarks, *(replace(w, partition=part(w.partition)) for w in h.watermarks)]
+        out.sinks = {name: [*rows, *(replace(r, partition=None if r.partition is None else part(r.partition),
+                                             pid=pid(r.pid)) for r in h.sinks.get(name, ()))]
+                     for name, rows in out.sinks.items()}
+    return out, parts[0][1]
+
+
+def batches() -> st.SearchStrategy[tuple[Inputs, datetime]]:
+    """1..BATCH independent histories in one window (see the module docstring)."""
+    return st.lists(histories(), min_size=1, max_size=BATCH).map(_merge)
+
+
 def _swap_ack(lr: LedgerRow, a: dict[str, Any], b: dict[str, Any]) -> LedgerRow:
     if lr.status != "acked":
         return lr
@@ -128,10 +181,11 @@ def _swap_ack(lr: LedgerRow, a: dict[str, Any], b: dict[str, Any]) -> LedgerRow:
 
 
 @pytest.mark.spark
-@settings(max_examples=int(os.environ.get("MSGAUDIT_PROPERTY_EXAMPLES", "6")), deadline=None,
+@settings(max_examples=int(os.environ.get("MSGAUDIT_PROPERTY_EXAMPLES", 0))
+          or _examples(SPARK_EXAMPLES, SOAK_SPARK_EXAMPLES), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
-@given(histories())
+@given(batches())
 def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, datetime]) -> None:
     inputs, as_of = history
     oracle = reconcile_window(TC, T0, as_of, inputs)
@@ -142,7 +196,7 @@ def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, 
 
 
 @pytest.mark.unit
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=_examples(UNIT_EXAMPLES, SOAK_UNIT_EXAMPLES), deadline=None)
 @given(histories())
 def test_generated_histories_exercise_the_rules(history: tuple[Inputs, datetime]) -> None:
     """The oracle never crashes on generated input, and its counts add up."""
