@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 from audit.clients.ledger import recover_orphans
 from audit.core.config import Config
 from audit.core.errors import InputError
+from audit.core.vocabulary import CONSUME_OUTCOMES, LEDGER_STATUSES
 from spark_jobs.io import lake
 from spark_jobs.io.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
 
@@ -79,9 +80,9 @@ class LedgerSource:
 
 SOURCES: tuple[LedgerSource, ...] = (
     LedgerSource("producer_ledger", "producer", PRODUCER_LEDGER, "produce_ts",
-                 {"status": ("acked", "failed", "aborted")}),
+                 {"status": LEDGER_STATUSES}),
     LedgerSource("consumed_records", "consumer", CONSUMED_RECORDS, "consume_ts",
-                 {"outcome": ("processed", "failed", "dead_lettered")}),
+                 {"outcome": CONSUME_OUTCOMES}),
 )
 
 

@@ -29,7 +29,6 @@ the report and never decides anything GE did not.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -42,9 +41,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config, SlaRule, TopicConfig
-from audit.core.errors import InputError, SlaFailed
+from audit.core.errors import InputError
 from audit.core.vocabulary import ERROR, FINAL, SLA_RULE_SPECS, STAGE_KINDS, WARN, SlaRuleSpec
-from audit.core.windows import EPOCH, floor_window, parse_instant, windows
+from audit.core.windows import EPOCH, floor_window, windows
 from audit.serving.report_store import SLA_RESULTS, ReportStore
 
 if TYPE_CHECKING:
@@ -319,24 +318,3 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
         if len(failures) > max_failures:
             out.append(f"  ... and {len(failures) - max_failures} more (all rows are in sla_results)")
     return "\n".join(out)
-
-
-def cli_sla(args: argparse.Namespace, cfg: Config) -> int:
-    """`msgaudit sla --start --end [--topic T]`: print the table; SlaFailed (exit 3) on error-severity failures."""
-    from spark_jobs.io.session import build_spark
-
-    start = parse_instant(args.start, "--start")
-    end = parse_instant(args.end, "--end")
-    if end <= start:
-        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
-    for name in getattr(args, "topics", None) or ():
-        cfg.topic(name)  # fail fast, before starting a JVM
-    data_docs = getattr(args, "data_docs", None)
-    spark = build_spark(cfg, app_name="msgaudit-sla")
-    outcome = check_sla(spark, cfg, start, end, getattr(args, "topics", None),
-                        data_docs_dir=Path(data_docs) if data_docs else None)
-    print(format_table(outcome))
-    if outcome.failed_errors:
-        raise SlaFailed(f"{outcome.failed_errors} error-severity SLA check(s) failed for windows in "
-                        f"{start.isoformat()} .. {end.isoformat()} (details above and in sla_results)")
-    return 0

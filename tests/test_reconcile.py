@@ -236,13 +236,13 @@ def test_sink_without_audit_columns_is_one_clear_error(spark: Any, make_config: 
 @pytest.mark.unit
 def test_unknown_topic_is_a_config_error_before_any_jvm(make_config: Callable[..., Config],
                                                         tmp_path: Path) -> None:
-    from spark_jobs.reconcile import cli_reconcile
+    from audit.cli import COMMANDS
 
     cfg = _config(make_config, tmp_path)
-    args = argparse.Namespace(start="2026-11-21T10:00Z", end="2026-11-21T11:00Z", as_of="2026-11-21T11:30Z",
-                              topics=["nope"])
+    args = argparse.Namespace(command="reconcile", start="2026-11-21T10:00Z", end="2026-11-21T11:00Z",
+                              as_of="2026-11-21T11:30Z", topics=["nope"])
     with pytest.raises(ConfigError, match="unknown topic 'nope'"):
-        cli_reconcile(args, cfg)
+        COMMANDS["reconcile"](args, cfg)
 
 
 @pytest.mark.unit

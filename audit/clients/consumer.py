@@ -80,6 +80,7 @@ from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
 from audit.core.headers import AuditHeaders
+from audit.core.vocabulary import CONSUME_OUTCOMES
 
 if TYPE_CHECKING:
     from audit.clients.producer import AuditedProducer
@@ -88,7 +89,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SEMANTICS = ("at_most_once", "at_least_once", "exactly_once_kafka", "exactly_once_sink")
-OUTCOMES = ("processed", "failed", "dead_lettered")
+OUTCOMES = CONSUME_OUTCOMES
 
 SRC_TOPIC = "audit.src.topic"
 SRC_PARTITION = "audit.src.partition"

@@ -1,4 +1,4 @@
-"""msgaudit.yaml -> typed, immutable config objects (DESIGN §8).
+"""msgaudit.yaml -> typed, immutable config objects (docs/design.md §8).
 
 Parsing happens once, here; everything else receives a `Config`. Errors name the file and the
 dotted key that is wrong. Secrets come only through `${ENV_VAR}` interpolation.

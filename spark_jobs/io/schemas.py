@@ -1,6 +1,6 @@
 """Spark schemas of every msgaudit table (docs/design.md §4), in one place.
 
-Input tables carry two partition columns besides their DESIGN columns: `topic` (already a
+Input tables carry two partition columns besides their contract columns: `topic` (already a
 column) and `part_hour`, the UTC hour ('YYYY-MM-DDTHH') of the row's natural time (produce
 time for ledger and log rows, consume time for consumption rows), so that a window and its
 lookback read only their own files.

@@ -31,7 +31,8 @@ if __package__ in (None, ""):
     # path, not the checkout that holds the packages.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from audit.core.errors import MsgauditError, SlaFailed  # noqa: E402
+from audit.core.errors import MsgauditError  # noqa: E402
+from audit.core.vocabulary import ExitCode  # noqa: E402
 from spark_jobs.pipeline.plan import STEPS  # noqa: E402
 from spark_jobs.pipeline.steps import StepRange, run_step, sla_breach_message  # noqa: E402
 
@@ -88,8 +89,8 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
         breach = sla_breach_message(result, *rng.window_range("sla")) if args.step == "sla" else None
         if breach:
             print(f"sla: {breach}", file=sys.stderr)
-            return SlaFailed.exit_code
-        return 0
+            return int(ExitCode.SLA_FAILED)
+        return int(ExitCode.OK)
     except MsgauditError as e:
         print(f"msgaudit {args.step}: error: {e}", file=sys.stderr)
         return e.exit_code

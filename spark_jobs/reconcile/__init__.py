@@ -55,7 +55,6 @@ and `outputs.write_outputs` are the only I/O (with `spark_jobs/io/sinks_read.py`
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,7 +69,7 @@ from audit.core.config import Config, TopicConfig
 from audit.core.errors import InputError
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
-from audit.core.windows import parse_instant, run_id_for, windows
+from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
 from spark_jobs.reconcile.inputs import WindowInputs, ledger_is_valid, read_window_inputs, restrict
 from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
@@ -91,7 +90,7 @@ from spark_jobs.reconcile.units import (
 
 __all__ = [
     "ANOMALY_COLUMNS", "X_FIELDS", "Classified", "Lookups", "WindowInputs", "WindowResult",
-    "classify_window", "cli_reconcile", "collect_lookups", "flag_consumption_order", "read_window_inputs",
+    "classify_window", "collect_lookups", "flag_consumption_order", "read_window_inputs",
     "reconcile_frames", "reconcile_range", "reconcile_window", "restrict", "stage_stats", "summarise",
     "summary_line", "typed_tiers", "typed_units", "write_outputs",
 ]
@@ -252,18 +251,3 @@ def summary_line(r: WindowResult) -> str:
     empty = " (empty window: no messages)" if r.empty else ""
     return (f"{r.topic} {r.window_start.isoformat()} [{status}] anomalies={r.anomaly_count} "
             f"expected={json.dumps(counts)}{extra}{empty}")
-
-
-def cli_reconcile(args: argparse.Namespace, cfg: Config) -> int:
-    from spark_jobs.io.session import build_spark
-
-    start = parse_instant(args.start, "--start")
-    end = parse_instant(args.end, "--end")
-    as_of = parse_instant(getattr(args, "as_of", None) or "now", "--as-of")
-    topics = args.topics or None
-    for t in topics or []:
-        cfg.topic(t)  # unknown topic: one clear line before any JVM starts
-    spark = build_spark(cfg, app_name="msgaudit-reconcile")
-    for r in reconcile_range(spark, cfg, start, end, as_of, topics, progress=True):
-        print(summary_line(r))
-    return 0
