@@ -70,8 +70,9 @@ def heatmap_figure(d: TopicData) -> dict[str, Any]:
              "text": text, "hoverinfo": "text", "zmin": -0.5, "zmax": n - 0.5, "colorscale": status_colourscale(),
              "xgap": 2, "ygap": 2,
              "colorbar": {"tickvals": list(range(n)), "ticktext": list(STATUS_LEVELS), "title": {"text": "SLA"}}}
-    layout = {"height": max(240, 90 + 26 * len(partitions)), "margin": _MARGIN,
-              "xaxis": {"type": "category"}, "yaxis": {"type": "category", "autorange": "reversed"}}
+    layout = {"height": max(320, 170 + 26 * len(partitions)), "margin": _MARGIN,
+              "xaxis": {"type": "category", "automargin": True},
+              "yaxis": {"type": "category", "autorange": "reversed", "automargin": True}}
     return {"data": [trace], "layout": layout}
 
 
@@ -87,8 +88,8 @@ def trend_figure(d: TopicData) -> dict[str, Any]:
     single = len(windows) <= 1
     data = [{"type": "bar" if single else "scatter", "name": m, "x": x, "y": [sums[w][i] for w in windows],
              **({} if single else {"mode": "lines+markers"})} for i, m in enumerate(TREND_METRICS)]
-    layout = {"title": {"text": "Lost / duplicated / reordered per window"}, "height": 300, "margin": _MARGIN,
-              "xaxis": {"type": "category"}, "yaxis": {"title": {"text": "messages"}, "rangemode": "tozero"},
+    layout = {"title": {"text": "Lost / duplicated / reordered per window", "x": 0.01, "xanchor": "left"},
+              "height": 320, "margin": _MARGIN, "xaxis": {"type": "category", "automargin": True}, "yaxis": {"title": {"text": "messages"}, "rangemode": "tozero"},
               "barmode": "group"}
     return {"data": data, "layout": layout}
 
@@ -103,18 +104,19 @@ def latency_figure(d: TopicData) -> dict[str, Any]:
             if r[m] is not None:
                 cell = worst[(r["stage"], m)]
                 cell[r["window_start"]] = max(cell.get(r["window_start"], float("-inf")), float(r[m]))
-    layout: dict[str, Any] = {"title": {"text": "Latency percentiles per stage (worst partition)"}, "height": 320,
+    layout: dict[str, Any] = {"title": {"text": "Latency percentiles per stage (worst partition)", "x": 0.01,
+                                        "xanchor": "left"}, "height": 320,
                               "margin": _MARGIN, "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero"}}
     if len(windows) <= 1:
         stages = sorted({st for st, _ in worst})
         data = [{"type": "bar", "name": m.split("_")[1], "x": [esc(st) for st in stages],
                  "y": [next(iter(worst[(st, m)].values()), None) for st in stages]} for m in LATENCY_METRICS]
-        layout.update(barmode="group", xaxis={"type": "category"})
+        layout.update(barmode="group", xaxis={"type": "category", "automargin": True})
     else:
         data = [{"type": "scatter", "mode": "lines+markers", "name": f"{esc(st)} {m.split('_')[1]}",
                  "x": [ts(w) for w in windows], "y": [cells.get(w) for w in windows]}
                 for (st, m), cells in sorted(worst.items())]
-        layout.update(xaxis={"type": "category"})
+        layout.update(xaxis={"type": "category", "automargin": True})
     return {"data": data, "layout": layout}
 
 
