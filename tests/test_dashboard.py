@@ -237,7 +237,8 @@ def big_store(url: str) -> ReportStore:
             for p in range(2):
                 lost, dup, reord = FAULTS.get((topic, i, p), (0, 0, 0))
                 report.append(report_row(w, topic, p, "log", expected=100, delivered=100 - lost, lost=lost,
-                                         duplicated=dup, reordered=reord, **lat(2, 4, 6 + p)))
+                                         duplicated=dup, reordered=reord, lost_acked=lost, duplicate_in_log=dup,
+                                         reordered_in_log=reord, **lat(2, 4, 6 + p)))
                 if n < 400:
                     sla += [sla_row(w, topic, p, "log", "max_lost", lost, 0, lost == 0, "error"),
                             sla_row(w, topic, p, "log", "max_duplicated", dup, 0, dup == 0, "warn")]
@@ -299,6 +300,11 @@ def test_500_topics_in_headless_chromium(tmp_path: Path) -> None:
                  (NEW_TOPIC, 24): "no_rules"}
         rgba = b.evaluate(CELL_RGBA_JS + f"({[[row[t], i] for t, i in cells]})")
         assert dict(zip(cells, rgba, strict=True)) == {k: RGBA[v] for k, v in cells.items()}
+        # Hover gives the cell's counts and its worst partition and stage.
+        assert b.evaluate("(() => {const gd = document.getElementById('matrix'); Plotly.Fx.hover(gd, {xval: 10, yval: 0});"
+                          "return Array.from(gd.querySelectorAll('.hovertext')).map(e => e.textContent);})()") == [
+            "t123 · 2026-11-21 16:00status fail · worst p1 loglost 50 · duplicated 0 · reordered 0"
+            "failed rules: 1 error, 0 warn · anomaly rows 50"]
 
         # The new topic's page: its one anomaly row, the injected script shown as text and never run.
         b.open((tmp_path / "dash" / "topics" / f"{NEW_TOPIC}.html").resolve().as_uri())
