@@ -20,10 +20,10 @@ import pytest
 from audit import cli
 from audit.core.errors import InputError
 from audit.serving.dashboard import render, topic_file
-from audit.serving.dashboard.data import MAX_ANOMALY_ROWS, Cell, Scope, overview_data
+from audit.serving.dashboard.data import MAX_ANOMALY_ROWS, Cell, Scope, overview_data, topics_data
 from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, TABLES, ReportStore
 from tests.support.browser import Browser
-from tests.test_report_store import anomaly_row, report_row, sla_row
+from tests.test_report_store import BACKENDS, anomaly_row, report_row, sla_row, store_url
 
 W0 = datetime(2026, 11, 21, 6, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -86,9 +86,9 @@ def rows_of(page: str, table_id: str) -> list[list[str]]:
 
 # ---- SQL aggregates -------------------------------------------------------------------------------
 
-@pytest.mark.unit
-def test_overview_aggregates(tmp_path: Path) -> None:
-    store = demo_store(f"sqlite:///{tmp_path / 'r.db'}")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overview_aggregates(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    store = demo_store(store_url(backend, request, tmp_path))
     ov = overview_data(store, Scope())
     assert ov.windows == [W0 + i * HOUR for i in range(8)]
     orders, payments = ov.topics
@@ -110,6 +110,17 @@ def test_overview_aggregates(tmp_path: Path) -> None:
     narrow = overview_data(store, Scope(W0 + 2 * HOUR, W0 + 4 * HOUR, ("orders",)))
     assert ([t.topic for t in narrow.topics], narrow.windows, narrow.totals["anomaly rows"]) == (
         ["orders"], [W0 + 2 * HOUR, W0 + 3 * HOUR], 2)
+    # A topic page's data: its own rows only, anomalies newest first, counts per (stage, code).
+    pages = {d.topic: d for d in topics_data(store, Scope(), ["payments", "orders"])}
+    assert sorted(pages) == ["orders", "payments"]
+    assert (len(pages["orders"].report), len(pages["orders"].sla), len(pages["payments"].report)) == (72, 144, 16)
+    assert pages["orders"].anomaly_counts == [("log", "duplicate_in_log", 6), ("log", "lost_acked", 2),
+                                              ("log", "reordered_in_log", 1)]
+    assert [(a["window_start"], a["anomaly"], a["seq"]) for a in pages["orders"].anomalies][:3] == [
+        (W0 + 6 * HOUR, "reordered_in_log", 3), (W0 + 5 * HOUR, "duplicate_in_log", 7),
+        (W0 + 5 * HOUR, "duplicate_in_log", 8)]
+    assert [a["pid"] for a in pages["payments"].anomalies] == [PAYLOAD_PID]
+    store.close()
 
 
 # ---- the folder, escaping, size --------------------------------------------------------------------
