@@ -8,9 +8,12 @@ overview and of a topic page to docs/dashboard-overview.png and docs/dashboard-t
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import os
 import re
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -329,8 +332,19 @@ def test_500_topics_in_headless_chromium(tmp_path: Path) -> None:
             b.open((tmp_path / "dash" / "topics" / "t042.html").resolve().as_uri())
             b.screenshot(DOCS / "dashboard-topic.png", full_height=1500)
 
-        # t123's page: exactly its 50 lost messages, newest first; trends over 48 windows are lines.
-        b.open((tmp_path / "dash" / "topics" / "t123.html").resolve().as_uri())
+        # t123's page, this time served by a plain web server: exactly its 50 lost messages, newest
+        # first; trends over 48 windows are lines.
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "dash"))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            base = f"http://127.0.0.1:{server.server_address[1]}"
+            b.open(f"{base}/topics/t123.html")
+            assert sorted(u for u in b.requests if not u.startswith(("data:", "blob:"))) == [
+                f"{base}/assets/plotly.min.js", f"{base}/topics/t123.html"]
+        finally:
+            server.shutdown()
+            server.server_close()
         assert b.evaluate(TABLE_ROWS_JS + "('anomalies')") == [
             ["2026-11-21 16:00", "1", "log", "lost_acked", "t123-svc:1", str(10_000 + j), str(500 + j), "", "#"]
             for j in range(50)]
