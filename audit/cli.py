@@ -26,8 +26,9 @@ EXAMPLES: dict[str, str] = {
     "reconcile": "msgaudit reconcile --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --as-of 2026-11-21T11:15Z",
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
-    "dashboard": "msgaudit dashboard --out report.html",
-    "demo": "msgaudit demo             # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
+    "dashboard": "msgaudit dashboard --out dashboard --start 2026-11-20T00:00Z --end 2026-11-22T00:00Z\n"
+                 "  msgaudit dashboard --out dashboard --topic orders   # then open dashboard/index.html",
+    "demo": "msgaudit demo --out dashboard   # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
 }
 
 
@@ -77,13 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     _range_args(sla, as_of="the SLA results' checked_at (default: now; the schedule passes the window's as_of)")
     sla.add_argument("--data-docs", default=None, metavar="DIR",
                      help="also build Great Expectations Data Docs (HTML) into DIR")
-    d = add("dashboard", "Write a self-contained HTML dashboard from the report store.")
-    d.add_argument("--out", default="report.html", help="output HTML file (default report.html)")
-    d.add_argument("--start", default=None, help="first window to show (default: all)")
-    d.add_argument("--end", default=None, help="end of the last window to show (default: all)")
+    d = add("dashboard", "Write the dashboard from the report store: a folder of static pages (index.html: "
+            "overview of every topic; topics/<topic>.html: one page per topic) that opens from disk, no network.")
+    d.add_argument("--out", default="dashboard", metavar="DIR", help="output folder (default ./dashboard)")
+    d.add_argument("--start", default=None, help="first window to show, ISO 8601 UTC (default: all)")
+    d.add_argument("--end", default=None, help="end (exclusive) of the windows to show (default: all)")
+    d.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
+                   help="only this topic (repeatable; default: every topic in the report store)")
     demo = add("demo", "Run an end-to-end audited pipeline with injected faults on embedded defaults and report it.")
     demo.add_argument("--scenario", default="mixed", help="fault scenario to run (default: mixed; 'list' lists them)")
-    demo.add_argument("--out", default="report.html", help="dashboard file to write (default report.html)")
+    demo.add_argument("--out", default="dashboard", metavar="DIR",
+                      help="dashboard folder to write (default ./dashboard; open DIR/index.html)")
     return parser
 
 

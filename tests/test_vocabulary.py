@@ -167,7 +167,8 @@ def test_sla_rules_agree_everywhere() -> None:
 @pytest.mark.unit
 def test_statuses_outcomes_and_exit_codes_come_from_the_vocabulary() -> None:
     from audit.core.errors import ConfigError, MsgauditError, SlaFailed
-    from audit.serving import alerts, dashboard
+    from audit.serving import alerts
+    from audit.serving.dashboard import data as dashboard
 
     assert MsgauditError.exit_code == ConfigError.exit_code == v.ExitCode.INPUT == 2
     assert SlaFailed.exit_code == alerts.SLA_EXIT_CODE == v.ExitCode.SLA_FAILED == 3

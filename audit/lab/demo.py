@@ -7,7 +7,7 @@ killed at the wrong moment, an aborted transaction, a poison message, unaudited 
 then runs the audit exactly as production would (ingest the ledgers, capture the log, wait for
 the windows to close, reconcile, check SLAs), prints the per-partition report, the anomaly
 summary and, for each scenario, whether the audit found exactly what the scenario did, and
-writes the HTML dashboard.
+writes the dashboard folder (see `msgaudit dashboard`).
 
 `--scenario list` lists the scenarios; `--scenario NAME` runs one (`lost_acked` starts a local
 3-node cluster instead); `--scenario all` runs every single-broker scenario.
@@ -155,7 +155,7 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
     if "spark" in spark_holder:
         from audit.serving.dashboard import render
 
-        render(result.cfg, out)
+        out = render(result.cfg, out)
     print()
     print("Per-partition report")
     print(format_report(result.report))
@@ -181,5 +181,5 @@ def cli_demo(args: argparse.Namespace, cfg: Config) -> int:
     if scenario == "list":
         print(list_scenarios())
         return 0
-    code, _ = run_demo(cfg, scenario, Path(getattr(args, "out", "report.html") or "report.html"))
+    code, _ = run_demo(cfg, scenario, Path(getattr(args, "out", "dashboard") or "dashboard"))
     return code
