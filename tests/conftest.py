@@ -84,3 +84,11 @@ def make_config(request: pytest.FixtureRequest) -> Callable[..., Config]:
         return config_mod.from_dict(data, source="<test>", base=tmp_path)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def libmsgaudit() -> Path:
+    """The librdkafka plugin, built once per test session (make rebuilds only on change)."""
+    from audit.clients.plugin import build
+
+    return build()

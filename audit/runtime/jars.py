@@ -4,6 +4,7 @@ Two manifests under `jvm/` (Maven poms) name what is needed: `spark-deps` (Delta
 source, JDBC drivers) and `kafka-broker` (the Kafka broker and its runtime dependencies). One
 `msgaudit setup` copies them into `.msgaudit/jars/<manifest>/`; a stamp file holding the pom's
 hash makes every later run skip Maven entirely, so nothing at run time touches the network.
+Set-up also builds the librdkafka plugin (`native/libmsgaudit`, see `audit.clients.plugin`).
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def fetch(manifest: str, force: bool = False) -> Path:
 
 
 def cli_setup(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients import plugin
+
     for manifest in MANIFESTS:
         d = fetch(manifest)
         print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
+    print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
     return 0
