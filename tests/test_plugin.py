@@ -168,11 +168,13 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.e2e
-def test_unchanged_clients_with_the_plugin_audit_equal_to_the_ground_truth(
-        libmsgaudit: Path, kafka_bootstrap: str, spark: Any, tmp_path: Path, make_config: Any) -> None:
-    """A plain confluent-kafka Producer and kcat, both with the plugin, on one topic; ingest,
-    capture and reconcile land their ledgers unchanged and find nothing wrong: every message
-    is acked, in the log once, in order, and ledgered (no `unledgered`, no `unaudited`)."""
+def test_unchanged_clients_audit_equal_to_the_ground_truth(
+        libmsgaudit: Path, java_producer: list[str], kafka_bootstrap: str, spark: Any, tmp_path: Path,
+        make_config: Any) -> None:
+    """A plain confluent-kafka Producer and kcat with the plugin, and a plain Java producer with
+    the interceptor, on one topic; ingest, capture and reconcile land their ledgers unchanged
+    and find nothing wrong: every message is acked, in the log once, in order, and ledgered
+    (no `unledgered`, no `unaudited`)."""
     from audit.serving.report_store import ReportStore
     from spark_jobs.pipeline.steps import StepRange, run_step
 
@@ -197,9 +199,16 @@ def test_unchanged_clients_with_the_plugin_audit_equal_to_the_ground_truth(
     assert r.returncode == 0, r.stderr
     assert "msgaudit" not in r.stderr
 
+    n_java = 80
+    j = subprocess.run([*java_producer, topic, str(n_java), f"bootstrap.servers={kafka_bootstrap}",
+                        "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor",
+                        f"msgaudit.ledger.dir={spool}", "msgaudit.producer.name=java-app"],
+                       capture_output=True, text=True, timeout=120)
+    assert j.returncode == 0, j.stderr
+
     rows = ledger_rows(spool)
     assert sorted((r["producer"], r["status"]) for r in rows) == sorted(
-        [("py-plain", "acked")] * n_py + [("kcat-job", "acked")] * n_kcat)
+        [("py-plain", "acked")] * n_py + [("kcat-job", "acked")] * n_kcat + [("java-app", "acked")] * n_java)
 
     end = start + timedelta(hours=1)
     as_of = end + timedelta(minutes=2)
@@ -215,7 +224,7 @@ def test_unchanged_clients_with_the_plugin_audit_equal_to_the_ground_truth(
     assert anomalies == []
     log_rows = [r for r in report if r["stage"] == "log"]
     assert sorted(r["partition"] for r in log_rows) == [0, 1]
-    assert sum(r["expected"] for r in log_rows) == sum(r["delivered"] for r in log_rows) == n_py + n_kcat
+    assert sum(r["expected"] for r in log_rows) == sum(r["delivered"] for r in log_rows) == n_py + n_kcat + n_java
     assert all((r["lost"], r["duplicated"], r["reordered"], r["pending"], r["unledgered"], r["unaudited"])
                == (0, 0, 0, 0, 0, 0) for r in log_rows)
     assert {r["status"] for r in log_rows} == {"final"}
