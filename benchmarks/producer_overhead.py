@@ -13,6 +13,7 @@ include the broker's share of the CPU, while client CPU is what an application h
     .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
     .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
     .venv/bin/python benchmarks/producer_overhead.py --bootstrap 127.0.0.1:9092   # running broker
+    .venv/bin/python benchmarks/producer_overhead.py --packed    # + one packed header vs three
 
 Ratio lines name both sides, e.g. `ratio audited(plugin)/plain+headers: 0.97`; the last line is
 `ratio audited(plugin)/plain`.
@@ -89,15 +90,19 @@ def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None)
 
 # Audit-sized static headers: what the wire and the broker pay for the audit, without our code.
 STATIC_HEADERS = [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000"), ("audit.ts", b"1795290000000")]
+# The candidate single packed header (pid, seq and ts in one value), for --packed.
+PACKED_HEADER = [("audit.id", b"bench:0123456789ab/500000/1795290000000")]
 
 
 def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path,
-        decompose: bool, compression: str = "none") -> float:
+        decompose: bool, compression: str = "none", packed: bool = False) -> float:
     value = b"x" * size
     conf = {"bootstrap.servers": bootstrap, **SETTINGS, "compression.type": compression}
     kinds = ["plain", "plain+headers", "audited(plugin)", "audited(python)"]
     if not decompose:
         kinds.remove("plain+headers")
+    if packed:
+        kinds.insert(kinds.index("plain+headers") + 1 if decompose else 1, "plain+packed")
     plugin_file = msgaudit_plugin.build()
     results: dict[str, list[float]] = {k: [] for k in kinds}
     cpu_us: dict[str, list[float]] = {k: [] for k in kinds}
@@ -119,7 +124,7 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
                     raise SystemExit(f"{kind} run wrote {rows} ledger rows for {n} messages")
                 shutil.rmtree(ledger, ignore_errors=True)
             else:
-                headers = STATIC_HEADERS if kind == "plain+headers" else None
+                headers = {"plain+headers": STATIC_HEADERS, "plain+packed": PACKED_HEADER}.get(kind)
                 seconds, delivered, cpu = _drive(Producer(conf), topic, n, value, headers)
             if delivered != n:
                 raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
@@ -136,6 +141,10 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
     if decompose:
         pairs = [("plain+headers", "plain"), ("audited(python)", "plain+headers"),
                  ("audited(plugin)", "plain+headers"), *pairs]
+    if packed:
+        pairs.insert(0, ("plain+packed", "plain"))
+        if decompose:
+            pairs.insert(1, ("plain+packed", "plain+headers"))
     for a, b in pairs:
         print(f"ratio {a}/{b}: {med[a] / med[b]:.3f}")
     ratio = med["audited(plugin)"] / med["plain"]
@@ -151,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
     ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd", "snappy", "gzip"],
                     help="compression.type for every producer (default none)")
+    ap.add_argument("--packed", action="store_true",
+                    help="also run a plain Producer sending ONE packed audit header (pid/seq/ts in one value)")
     ap.add_argument("--no-decompose", action="store_true",
                     help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
@@ -160,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bootstrap:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                not args.no_decompose, args.compression)
+                not args.no_decompose, args.compression, args.packed)
         else:
             from audit.runtime.local_kafka import LocalKafka, free_port_block
 
             # the controller listens on port + 1
             with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                    not args.no_decompose, args.compression)
+                    not args.no_decompose, args.compression, args.packed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
