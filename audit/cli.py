@@ -19,7 +19,7 @@ from audit import __version__
 from audit.core.errors import MsgauditError
 
 EXAMPLES: dict[str, str] = {
-    "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once",
+    "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
     "ingest": "msgaudit ingest --config msgaudit.yaml",
     "capture": "msgaudit capture --start 2026-11-21T10:00Z --end 2026-11-21T12:00Z",
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=f"Example:\n  {EXAMPLES[name]}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into .msgaudit/jars.")
+    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into .msgaudit/jars; build the librdkafka plugin (native/libmsgaudit).")
     k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars.")
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")

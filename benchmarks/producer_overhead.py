@@ -1,9 +1,10 @@
 """Throughput of AuditedProducer versus a plain confluent_kafka.Producer, on a real broker.
 
-Both producers use identical librdkafka settings (idempotent, acks=all, same linger/batch) and
-a counting delivery callback; the audited one also stamps headers and writes its ledger. A
-third run, a plain Producer sending audit-sized static headers, shows how much of the gap is
-the headers themselves (wire + broker) rather than the audit code. Runs are interleaved (the
+Every producer uses identical librdkafka settings (idempotent, acks=all, same linger/batch) and
+a counting delivery callback. Four kinds run side by side: `plain`; `plain+headers`, a plain
+Producer sending three audit-sized static headers (what the wire and librdkafka pay for the
+headers, without any audit code); `audited(plugin)`, AuditedProducer with stamping and the
+ledger in the libmsgaudit librdkafka plugin; `audited(python)`, the pure-Python fallback. Runs are interleaved (the
 order rotates each repetition) so drifting load on a shared machine hits all alike; the figure
 per producer is the median over repetitions. Each run also reports the client's CPU time per
 message (every thread of this process): with the broker on the same machine, throughput ratios
@@ -12,14 +13,17 @@ include the broker's share of the CPU, while client CPU is what an application h
     .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
     .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
     .venv/bin/python benchmarks/producer_overhead.py --bootstrap 127.0.0.1:9092   # running broker
+    .venv/bin/python benchmarks/producer_overhead.py --packed    # + one packed header vs three
 
-The last line printed is the ratio audited/plain (target >= 0.90).
+Ratio lines name both sides, e.g. `ratio audited(plugin)/plain+headers: 0.97`; the last line is
+`ratio audited(plugin)/plain`.
 This script measures; it asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -34,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from audit.clients import plugin as msgaudit_plugin  # noqa: E402
+from audit.clients.ledger import sealed_segments  # noqa: E402
 from audit.clients.producer import AuditedProducer  # noqa: E402
 
 SETTINGS = {
@@ -84,13 +90,20 @@ def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None)
 
 # Audit-sized static headers: what the wire and the broker pay for the audit, without our code.
 STATIC_HEADERS = [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000"), ("audit.ts", b"1795290000000")]
+# The candidate single packed header (pid, seq and ts in one value), for --packed.
+PACKED_HEADER = [("audit.id", b"bench:0123456789ab/500000/1795290000000")]
 
 
 def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path,
-        decompose: bool, compression: str = "none") -> float:
+        decompose: bool, compression: str = "none", packed: bool = False) -> float:
     value = b"x" * size
     conf = {"bootstrap.servers": bootstrap, **SETTINGS, "compression.type": compression}
-    kinds = ["plain", "plain+headers", "audited"] if decompose else ["plain", "audited"]
+    kinds = ["plain", "plain+headers", "audited(plugin)", "audited(python)"]
+    if not decompose:
+        kinds.remove("plain+headers")
+    if packed:
+        kinds.insert(kinds.index("plain+headers") + 1 if decompose else 1, "plain+packed")
+    plugin_file = msgaudit_plugin.build()
     results: dict[str, list[float]] = {k: [] for k in kinds}
     cpu_us: dict[str, list[float]] = {k: [] for k in kinds}
     # Warm the broker (topic creation, segment files, JIT) outside the measured runs.
@@ -99,42 +112,56 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
         order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]  # rotate: no kind always first
         for kind in order:
             topic = _make_topic(bootstrap, partitions)
-            if kind == "audited":
-                audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger_root / f"rep{rep}")
+            if kind.startswith("audited"):
+                ledger = ledger_root / f"rep{rep}-{kind[8:-1]}"
+                use_plugin = kind == "audited(plugin)"
+                os.environ[msgaudit_plugin.PLUGIN_ENV] = str(plugin_file) if use_plugin else "off"
+                audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger, use_plugin=use_plugin)
                 seconds, delivered, cpu = _drive(audited, topic, n, value)
                 audited.close()
-                if audited.ledger.rows_written != n:
-                    raise SystemExit(f"audited run wrote {audited.ledger.rows_written} ledger rows for {n} messages")
+                rows = sum(seg.read_bytes().count(b"\n") for seg in sealed_segments(ledger))
+                if rows != n:
+                    raise SystemExit(f"{kind} run wrote {rows} ledger rows for {n} messages")
+                shutil.rmtree(ledger, ignore_errors=True)
             else:
-                headers = STATIC_HEADERS if kind == "plain+headers" else None
+                headers = {"plain+headers": STATIC_HEADERS, "plain+packed": PACKED_HEADER}.get(kind)
                 seconds, delivered, cpu = _drive(Producer(conf), topic, n, value, headers)
             if delivered != n:
                 raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
             results[kind].append(n / seconds)
             cpu_us[kind].append(cpu / n * 1e6)
-            print(f"rep {rep + 1}/{reps} {kind:>13}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s, "
+            print(f"rep {rep + 1}/{reps} {kind:>15}: {n / seconds:>11,.0f} msg/s  ({seconds:.2f}s, "
                   f"client CPU {cpu / n * 1e6:.2f} us/msg)", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions, "
           f"compression {compression}:")
     for k in kinds:
-        print(f"  {k:>13}: {med[k]:>11,.0f} msg/s, client CPU {statistics.median(cpu_us[k]):.2f} us/msg")
+        print(f"  {k:>15}: {med[k]:>11,.0f} msg/s, client CPU {statistics.median(cpu_us[k]):.2f} us/msg")
+    pairs = [("audited(python)", "plain"), ("audited(plugin)", "audited(python)")]
     if decompose:
-        print(f"ratio plain+headers/plain (the audit headers alone): {med['plain+headers'] / med['plain']:.3f}")
-        print(f"ratio audited/plain+headers (the audit code alone): {med['audited'] / med['plain+headers']:.3f}")
-    ratio = med["audited"] / med["plain"]
-    print(f"ratio audited/plain: {ratio:.3f}")
+        pairs = [("plain+headers", "plain"), ("audited(python)", "plain+headers"),
+                 ("audited(plugin)", "plain+headers"), *pairs]
+    if packed:
+        pairs.insert(0, ("plain+packed", "plain"))
+        if decompose:
+            pairs.insert(1, ("plain+packed", "plain+headers"))
+    for a, b in pairs:
+        print(f"ratio {a}/{b}: {med[a] / med[b]:.3f}")
+    ratio = med["audited(plugin)"] / med["plain"]
+    print(f"ratio audited(plugin)/plain: {ratio:.3f}")
     return ratio
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000, help="messages per run (default 1,000,000)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of the plain/audited pair (default 3)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every kind (default 3)")
     ap.add_argument("--size", type=int, default=200, help="message value size in bytes (default 200)")
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
     ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd", "snappy", "gzip"],
                     help="compression.type for every producer (default none)")
+    ap.add_argument("--packed", action="store_true",
+                    help="also run a plain Producer sending ONE packed audit header (pid/seq/ts in one value)")
     ap.add_argument("--no-decompose", action="store_true",
                     help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
@@ -144,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bootstrap:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                not args.no_decompose, args.compression)
+                not args.no_decompose, args.compression, args.packed)
         else:
             from audit.runtime.local_kafka import LocalKafka, free_port_block
 
             # the controller listens on port + 1
             with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                    not args.no_decompose, args.compression)
+                    not args.no_decompose, args.compression, args.packed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

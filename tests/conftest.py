@@ -90,3 +90,28 @@ def make_config(request: pytest.FixtureRequest) -> Callable[..., Config]:
         return config_mod.from_dict(data, source="<test>", base=tmp_path)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def libmsgaudit() -> Path:
+    """The librdkafka plugin, built once per test session (make rebuilds only on change)."""
+    from audit.clients.plugin import build
+
+    return build()
+
+
+@pytest.fixture(scope="session")
+def java_producer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """`java -cp ... PlainProducer` (tests/support/java) with kafka-clients and the
+    msgaudit-interceptors jar on the class path; the jar is built once (stamped by its sources)."""
+    import subprocess
+
+    from audit.runtime.jars import interceptors_jar, jars
+
+    out = tmp_path_factory.mktemp("java-producer")
+    clients = [j for j in jars("kafka-broker") if j.name.startswith(("kafka-clients-", "slf4j-api-", "lz4-",
+                                                                      "snappy-", "zstd-"))]
+    cp = ":".join(str(j) for j in [*clients, interceptors_jar(build=True)])
+    src = Path(__file__).parent / "support" / "java" / "PlainProducer.java"
+    subprocess.run(["javac", "-cp", cp, "-d", str(out), str(src)], check=True, capture_output=True)
+    return ["java", "-cp", f"{cp}:{out}", "PlainProducer"]

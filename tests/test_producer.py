@@ -56,6 +56,17 @@ def consume_all(bootstrap: str, topic: str, expected: int, isolation: str = "rea
     return out
 
 
+@pytest.fixture(autouse=True, params=["plugin", "python"])
+def producer_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both paths: stamping and ledger in the libmsgaudit plugin, and the
+    pure-Python fallback (transactional producers always take the Python path)."""
+    if request.param == "plugin":
+        monkeypatch.setenv("MSGAUDIT_PLUGIN", str(request.getfixturevalue("libmsgaudit")))
+    else:
+        monkeypatch.setenv("MSGAUDIT_PLUGIN", "off")
+    return str(request.param)
+
+
 # -- unit: config and seq continuity (librdkafka mock cluster / no broker) --------------------
 
 @pytest.mark.unit
@@ -68,7 +79,7 @@ def test_defaults_idempotent_acks_all_and_user_settings_pass_through() -> None:
 
 
 @pytest.mark.unit
-def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path) -> None:
+def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode: str) -> None:
     conf = {"test.mock.num.brokers": 1, "message.max.bytes": 2000, "log_level": 0}
     with AuditedProducer(conf, producer_name="seq", ledger_dir=tmp_path) as p:
         p.produce("a", b"a0")
@@ -79,6 +90,7 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path) -> None:
         p.produce("b", b"b1")
         p.flush(10)
         stats = p.stats()
+        assert p.mode == producer_mode
     rows = sorted(ledger_rows(tmp_path), key=lambda r: (r["topic"], r["seq"]))
     assert [(r["topic"], r["seq"], r["status"], r["error"]) for r in rows] == [
         ("a", 0, "acked", None), ("a", 1, "failed", "MSG_SIZE_TOO_LARGE"), ("a", 2, "acked", None),
@@ -121,7 +133,8 @@ def test_broker_unreachable_gives_failed_rows_with_the_error(tmp_path: Path) -> 
 # -- real broker ---------------------------------------------------------------------------
 
 @pytest.mark.kafka
-def test_ledger_rows_equal_delivery_reports_one_for_one(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_ledger_rows_equal_delivery_reports_one_for_one(kafka_bootstrap: str, tmp_path: Path,
+                                                       producer_mode: str) -> None:
     topic = new_topic(kafka_bootstrap, partitions=3)
     reports: dict[bytes, tuple[int, int]] = {}
 
@@ -133,6 +146,7 @@ def test_ledger_rows_equal_delivery_reports_one_for_one(kafka_bootstrap: str, tm
     t0 = int(time.time() * 1000)
     with AuditedProducer({"bootstrap.servers": kafka_bootstrap}, producer_name="orders-svc",
                          ledger_dir=tmp_path) as p:
+        assert p.mode == producer_mode
         for i in range(n):
             p.produce(topic, b"v%d" % i, key=b"k%d" % (i % 7), on_delivery=on_delivery,
                       headers={"trace": b"t%d" % i})

@@ -14,8 +14,9 @@ reading) seals every `.open` segment whose writer is gone: it cuts the file afte
 complete line and renames it. Such a writer loses at most the rows still in its memory buffer
 (at most `flush_interval_s` worth) and never leaves a file that breaks ingestion.
 
-Whether a writer is gone is decided by the advisory lock (fcntl.flock) each writer holds on its
-open segment: the kernel drops it when the process dies, so a reused pid cannot fool it.
+Whether a writer is gone is decided by the advisory lock each writer holds on its open segment
+(fcntl.flock here and in the librdkafka plugin; a POSIX record lock in the Java interceptors):
+the kernel drops it when the process dies, so a reused pid cannot fool it.
 The pid in the name is for humans.
 
 This module must not import Kafka or Spark, and must never block the caller of `append`.
@@ -24,6 +25,7 @@ This module must not import Kafka or Spark, and must never block the caller of `
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -357,10 +359,19 @@ class LedgerWriter:
 
 
 def _try_lock(fd: int) -> bool:
+    """True when no writer holds the segment: neither a flock (Python writers, the librdkafka
+    plugin) nor a POSIX record lock (the Java interceptors: FileChannel.lock takes those, and the
+    two kinds do not conflict on Linux). `fd` must be open for writing. Closing it drops both."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
     return True
 
 
@@ -432,7 +443,7 @@ def _last_line_end(fd: int, size: int) -> int:
 
 def _remove_if_unlocked(path: Path) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return
     try:

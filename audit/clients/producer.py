@@ -22,6 +22,14 @@ the log, where reconcile reports them as `unledgered` - never as silently fine.
 The hot path (`produce` and the delivery callback) only builds three headers, counts and puts
 a small tuple on a queue; JSON encoding and disk writes happen on the ledger's own thread.
 This module must not block `produce()` on disk or network, and must not import Spark.
+
+On the plugin. When the `libmsgaudit` librdkafka plugin is available (`audit.clients.plugin`:
+built by `msgaudit setup`, or named by `$MSGAUDIT_PLUGIN`), a non-transactional producer
+without a `ledger_topic` loads it through `plugin.library.paths` and leaves stamping and the
+ledger to C: `produce()` only filters the user's headers and hands the call to librdkafka, with
+no Python delivery callback unless the user gives one. Same headers, same ledger rows, same
+segment files (docs/design.md §3.3). `use_plugin=False` (or `MSGAUDIT_PLUGIN=off`) keeps the
+pure-Python path, which transactional producers and `ledger_topic` always use.
 """
 
 from __future__ import annotations
@@ -41,8 +49,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import LedgerWriter
+from audit.clients.plugin import Plugin, plugin_path
 from audit.core import headers as audit_headers
-from audit.core.errors import ConfigError
+from audit.core.errors import ConfigError, LedgerError
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +78,7 @@ class ProducerStats:
     in_flight: int
     ledger_pending: int
     ledger_topic_failed: int = 0  # rows the optional ledger topic did not take (files have them)
+    ledger_dropped: int = 0  # rows the plugin could not record (full buffer, unwritable spool)
 
 
 def _error_name(exc: BaseException) -> str:
@@ -119,6 +129,18 @@ class _Slot:
     dr: Callable[[KafkaError | None, Message], None]
 
 
+def _user_headers(headers: Any, audit_key: str | None) -> list[tuple[str, Any]]:
+    """The user's headers without any audit header (as `audit_headers.stamp` drops them), plus
+    `audit.key` when given: what the plugin path hands librdkafka, which appends the rest."""
+    out: list[tuple[str, Any]] = []
+    if headers:
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        out = [(k, v) for k, v in items if k not in audit_headers.AUDIT_HEADERS]
+    if audit_key is not None:
+        out.append((audit_headers.KEY, audit_key.encode()))
+    return out
+
+
 def _kafka_conf(config: Mapping[str, Any]) -> dict[str, Any]:
     conf = dict(config)
     acks = conf.get("acks", conf.get("request.required.acks"))
@@ -139,6 +161,9 @@ class AuditedProducer:
       ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.clients.ledger.LedgerWriter`).
       metrics_registry: a prometheus_client CollectorRegistry (or True for the default one) to
         export the counters as `msgaudit_producer_*{producer=..., pid=...}`.
+      use_plugin: None (default) loads the libmsgaudit plugin when it is available and the
+        producer is neither transactional nor has a ledger_topic; True requires it; False
+        never loads it. `self.mode` says which path runs: "plugin" or "python".
     """
 
     def __init__(
@@ -151,6 +176,7 @@ class AuditedProducer:
         ledger_max_bytes: int = 64 << 20,
         ledger_max_age_s: float = 60.0,
         metrics_registry: Any = None,
+        use_plugin: bool | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(config, Mapping):
@@ -164,13 +190,20 @@ class AuditedProducer:
         # Our ledger needs every delivery report; the user's choice is honoured by _only_errors.
         self._only_errors = str(conf.pop("delivery.report.only.error", "false")).lower() in ("true", "1")
         self._transactional_id: str | None = conf.get("transactional.id")
+        self.producer_name = producer_name
+        self.pid = audit_headers.new_pid(producer_name)
+        self.ledger_dir = Path(ledger_dir) if ledger_dir is not None else DEFAULT_LEDGER_DIR
+        plugin_file = self._choose_plugin(use_plugin, ledger_topic)
+        self._plugin: Plugin | None = None
+        self.mode = "python"
+        if plugin_file is not None:
+            self._plugin = Plugin.load(plugin_file)
+            self.mode = "plugin"
+            conf = self._plugin_conf(conf, plugin_file, ledger_max_bytes, ledger_max_age_s)
         try:
             self._producer = Producer(conf)
         except KafkaException as e:
             raise ConfigError(f"AuditedProducer: librdkafka rejected the config: {e}") from e
-
-        self.producer_name = producer_name
-        self.pid = audit_headers.new_pid(producer_name)
         self._closed = False
         self._counts = [0, 0, 0]  # acked, failed, aborted
         self._topics: dict[str, tuple[Iterator[int], _TopicFormats]] = {}
@@ -188,17 +221,89 @@ class AuditedProducer:
             mirror_conf = {k: v for k, v in conf.items() if k != "transactional.id"}
             self._mirror_producer = Producer(mirror_conf)
             mirror = partial(self._mirror_lines, ledger_topic)
-        self.ledger = LedgerWriter(
-            Path(ledger_dir) if ledger_dir is not None else DEFAULT_LEDGER_DIR,
-            LEDGER_PREFIX,
-            max_bytes=ledger_max_bytes,
-            max_age_s=ledger_max_age_s,
-            mirror=mirror,
-        )
-        self.produce = self._hot_path()  # type: ignore[method-assign]
+        self.ledger: LedgerWriter | None = None
+        if self._plugin is None:
+            self.ledger = LedgerWriter(
+                self.ledger_dir,
+                LEDGER_PREFIX,
+                max_bytes=ledger_max_bytes,
+                max_age_s=ledger_max_age_s,
+                mirror=mirror,
+            )
+            self.produce = self._hot_path()  # type: ignore[method-assign]
+        else:
+            self.produce = self._plugin_path()  # type: ignore[method-assign]
         self._metrics_registry: Any = None
         if metrics_registry is not None:
             self._register_metrics(metrics_registry)
+
+    def _choose_plugin(self, use_plugin: bool | None, ledger_topic: str | None) -> Path | None:
+        if use_plugin is False:
+            return None
+        path = plugin_path()
+        why_not = None
+        if self._transactional_id is not None:
+            why_not = "transactional producers use the Python ledger (aborted rows need the transaction's outcome)"
+        elif ledger_topic:
+            why_not = "ledger_topic is written by the Python ledger only"
+        elif path is None:
+            why_not = "the libmsgaudit plugin is not built (run `msgaudit setup`) and $MSGAUDIT_PLUGIN is unset"
+        if why_not is not None:
+            if use_plugin:
+                raise ConfigError(f"AuditedProducer(use_plugin=True): {why_not}")
+            return None
+        return path
+
+    def _plugin_conf(self, conf: dict[str, Any], plugin_file: Path, max_bytes: int,
+                     max_age_s: float) -> dict[str, Any]:
+        """plugin.library.paths first (librdkafka needs the plugin loaded before its own
+        properties), then the user's settings, then the plugin's msgaudit.* properties."""
+        try:
+            self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LedgerError(f"cannot create ledger directory {self.ledger_dir}: {e}") from e
+        paths = [p for p in str(conf.pop("plugin.library.paths", "")).split(";") if p]
+        out: dict[str, Any] = {"plugin.library.paths": ";".join([*paths, str(plugin_file)])}
+        out.update(conf)
+        out.update({
+            "msgaudit.ledger.dir": str(self.ledger_dir.resolve()),
+            "msgaudit.producer.name": self.producer_name,
+            "msgaudit.pid": self.pid,
+            "msgaudit.segment.max.bytes": str(max_bytes),
+            "msgaudit.segment.max.age.ms": str(max(1, int(max_age_s * 1000))),
+        })
+        return out
+
+    def _plugin_path(self) -> Callable[..., None]:
+        """produce() when the plugin stamps and ledgers: the user's headers and callback only."""
+        c_produce: Callable[..., None] = self._producer.produce
+        default_cb = self._default_cb
+        only_errors = self._only_errors
+        plugin = self._plugin
+        assert plugin is not None
+        pid = self.pid
+        user_headers = _user_headers
+
+        def only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                user_cb(err, msg)
+
+        def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
+                    on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
+                    timestamp: int = 0, headers: Any = None, *, audit_key: str | None = None) -> None:
+            hdrs = user_headers(headers, audit_key) if headers or audit_key is not None else None
+            user_cb = on_delivery or callback or default_cb
+            if only_errors and user_cb is not None:
+                user_cb = partial(only_errors_cb, user_cb)
+            try:
+                c_produce(topic, value, key, partition, user_cb, None, timestamp, hdrs)
+            except BaseException as e:
+                part = partition if isinstance(partition, int) and partition >= 0 else -1
+                plugin.failed_call(pid, topic, part, _error_name(e))
+                raise
+
+        produce.__doc__ = AuditedProducer.produce.__doc__
+        return produce
 
     @classmethod
     def from_config(cls, cfg: Any, producer_name: str, **overrides: Any) -> AuditedProducer:
@@ -235,6 +340,7 @@ class AuditedProducer:
         """Build produce() and the delivery callbacks as closures over locals: attribute
         lookups and per-call allocations are what an audited produce() costs beyond a plain one."""
         c_produce: Callable[..., None] = self._producer.produce
+        assert self.ledger is not None
         append = self.ledger.append_formatted
         topics = self._topics
         counts = self._counts
@@ -361,6 +467,7 @@ class AuditedProducer:
             self._counts[2] += 1
         else:
             status = "acked" if err_json == "null" else "failed"
+        assert self.ledger is not None
         self.ledger.append_formatted((fmts.any, seq, part, offset, status, err_json, self._txn_json(txn), ts, ack))
 
     def _failed_call(self, fmts: _TopicFormats, seq: int, ts: int, partition: Any, exc: BaseException,
@@ -368,6 +475,7 @@ class AuditedProducer:
         self._counts[1] += 1
         part = partition if isinstance(partition, int) and partition >= 0 else -1
         txn_json = self._txn_json(txn) if txn is not None else "null"
+        assert self.ledger is not None
         self.ledger.append_formatted(
             (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null"))
 
@@ -415,8 +523,14 @@ class AuditedProducer:
     def flush(self, timeout: float = -1) -> int:
         """Producer.flush, then make every ledger row reported so far durable on disk."""
         left = int(self._producer.flush(timeout))
-        self.ledger.flush()
+        self._ledger_flush()
         return left
+
+    def _ledger_flush(self) -> None:
+        if self._plugin is not None:
+            self._plugin.flush(self.pid, 30.0)
+        elif self.ledger is not None:
+            self.ledger.flush()
 
     def __len__(self) -> int:
         return len(self._producer)
@@ -483,6 +597,14 @@ class AuditedProducer:
     # -- stats and lifecycle -------------------------------------------------------------
     def stats(self) -> ProducerStats:
         in_flight = len(self._producer) if not self._closed else 0
+        if self._plugin is not None:
+            ps = self._plugin.stats(self.pid)
+            if ps is None:  # pragma: no cover - the plugin always registers its producers
+                raise LedgerError(f"the msgaudit plugin does not know producer {self.pid}")
+            return ProducerStats(sent=ps.acked + ps.failed + in_flight, acked=ps.acked, failed=ps.failed,
+                                 aborted=0, in_flight=in_flight, ledger_pending=ps.pending,
+                                 ledger_dropped=ps.dropped)
+        assert self.ledger is not None
         acked, failed, aborted = self._counts
         held = sum(len(rows) for rows in self._txn_held.values())
         return ProducerStats(
@@ -550,8 +672,9 @@ class AuditedProducer:
                 self._resolve_txn(txn, "aborted")
         finally:
             self._closed = True
-            self._producer.close()
-            self.ledger.close()
+            self._producer.close()  # the plugin seals its segment in on_destroy
+            if self.ledger is not None:
+                self.ledger.close()
             if self._mirror_producer is not None:
                 self._mirror_producer.flush(timeout)
                 self._mirror_producer.close()
@@ -566,7 +689,7 @@ class AuditedProducer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"AuditedProducer(producer_name={self.producer_name!r}, pid={self.pid!r}, ledger={self.ledger.directory})"
+        return f"AuditedProducer(producer_name={self.producer_name!r}, pid={self.pid!r}, ledger={self.ledger_dir}, mode={self.mode})"
 
 
 __all__ = ["AuditedProducer", "ProducerStats", "DEFAULT_LEDGER_DIR"]

@@ -4,6 +4,7 @@ Two manifests under `jvm/` (Maven poms) name what is needed: `spark-deps` (Delta
 source, JDBC drivers) and `kafka-broker` (the Kafka broker and its runtime dependencies). One
 `msgaudit setup` copies them into `.msgaudit/jars/<manifest>/`; a stamp file holding the pom's
 hash makes every later run skip Maven entirely, so nothing at run time touches the network.
+Set-up also builds the librdkafka plugin (`native/libmsgaudit`, see `audit.clients.plugin`).
 """
 
 from __future__ import annotations
@@ -107,8 +108,51 @@ def fetch(manifest: str, force: bool = False) -> Path:
     return target
 
 
+INTERCEPTORS = "interceptors"
+INTERCEPTORS_JAR = "msgaudit-interceptors.jar"
+
+
+def _interceptors_digest() -> str:
+    src = project_root() / "jvm" / INTERCEPTORS
+    h = hashlib.sha256()
+    for f in sorted([src / "pom.xml", *(src / "src").rglob("*.java")]):
+        h.update(f.relative_to(src).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def interceptors_jar(build: bool = False) -> Path:
+    """The msgaudit-interceptors jar (Java Producer/Consumer interceptors, jvm/interceptors),
+    built with Maven into `<jar cache>/interceptors/` when `build` and its sources changed."""
+    target = jars_home() / INTERCEPTORS
+    jar = target / INTERCEPTORS_JAR
+    stamp = target / _STAMP
+    digest = _interceptors_digest()
+    if jar.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return jar
+    if not build:
+        raise SetupError(f"the msgaudit-interceptors jar is not built in {target}; run `msgaudit setup`")
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError("Maven (mvn) is not on PATH; install it (apt-get install maven) and rerun `msgaudit setup`")
+    pom = project_root() / "jvm" / INTERCEPTORS / "pom.xml"
+    cmd = [mvn, "-q", "-B", "-s", str(project_root() / "jvm" / "settings.xml"), "-f", str(pom),
+           "-DskipTests", "package"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    built = pom.parent / "target" / INTERCEPTORS_JAR
+    if r.returncode != 0 or not built.exists():
+        raise SetupError(f"building the msgaudit-interceptors jar failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, jar)
+    stamp.write_text(digest + "\n")
+    return jar
+
+
 def cli_setup(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients import plugin
+
     for manifest in MANIFESTS:
         d = fetch(manifest)
         print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
+    print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
+    print(f"interceptors: Java interceptor jar in {interceptors_jar(build=True)}")
     return 0

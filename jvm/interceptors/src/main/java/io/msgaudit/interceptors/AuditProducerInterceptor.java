@@ -1,0 +1,223 @@
+package io.msgaudit.interceptors;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.security.SecureRandom;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.kafka.clients.producer.ProducerInterceptor;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.config.ConfigException;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.Headers;
+
+/**
+ * Audits an unchanged JVM producer (docs/design.md §3.4):
+ * {@code interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor} plus
+ * {@code msgaudit.ledger.dir} and {@code msgaudit.producer.name}.
+ *
+ * <p>onSend appends audit.pid / audit.seq (per pid and topic) / audit.ts after the application's
+ * headers; a record that already carries one of them is left alone. onAcknowledgement (the
+ * kafka-clients 4.1+ form that receives the record's headers, KIP-512) writes one producer-ledger
+ * row per stamped record, in the row format of audit/clients/producer.py, through
+ * {@link LedgerSpool}. Older clients call the form without headers: the ack cannot be matched to
+ * its seq, so it is counted ({@link #unmatchedAcks()}) and those messages show as unledgered.
+ */
+public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V> {
+    static final String PID = "audit.pid";
+    static final String SEQ = "audit.seq";
+    static final String TS = "audit.ts";
+    static final int MAX_PID_CHARS = 64;
+    private static final String[] KEYS = {"msgaudit.ledger.dir", "msgaudit.producer.name", "msgaudit.pid",
+        "msgaudit.segment.max.bytes", "msgaudit.segment.max.age.ms", "msgaudit.flush.interval.ms",
+        "msgaudit.buffer.max.rows"};
+
+    private String pid;
+    private byte[] pidBytes;
+    private String head;
+    private LedgerSpool spool;
+    private final ConcurrentHashMap<String, AtomicLong> seqs = new ConcurrentHashMap<>();
+    private final AtomicLong stamped = new AtomicLong();
+    private final AtomicLong passed = new AtomicLong();
+    private final AtomicLong unmatched = new AtomicLong();
+
+    @Override
+    public void configure(Map<String, ?> configs) {
+        for (String key : configs.keySet()) {
+            if (key.startsWith("msgaudit.") && !java.util.Arrays.asList(KEYS).contains(key)) {
+                throw new ConfigException("unknown msgaudit property \"" + key + "\" (known: "
+                        + String.join(", ", KEYS) + ")");
+            }
+        }
+        String dirText = string(configs, "msgaudit.ledger.dir", ".msgaudit/ledger/producer");
+        Path dir = Paths.get(dirText);
+        if (!configs.containsKey("msgaudit.ledger.dir")) {
+            try {
+                Files.createDirectories(dir);
+            } catch (IOException e) {
+                throw new ConfigException("msgaudit.ledger.dir: cannot create " + dir + ": " + e.getMessage());
+            }
+        }
+        checkDir(dir);
+        String name = string(configs, "msgaudit.producer.name", "producer");
+        if (name.isEmpty()) {
+            throw new ConfigException("msgaudit.producer.name must not be empty");
+        }
+        pid = string(configs, "msgaudit.pid", null);
+        if (pid == null) {
+            byte[] rnd = new byte[6];
+            new SecureRandom().nextBytes(rnd);
+            StringBuilder hex = new StringBuilder();
+            for (byte b : rnd) {
+                hex.append(String.format("%02x", b));
+            }
+            int room = MAX_PID_CHARS - 12 - 1;
+            pid = (name.length() > room ? name.substring(0, room) : name) + ":" + hex;
+        } else if (pid.isEmpty() || pid.length() > MAX_PID_CHARS) {
+            throw new ConfigException("msgaudit.pid must be 1 to " + MAX_PID_CHARS + " characters");
+        }
+        pidBytes = pid.getBytes(StandardCharsets.UTF_8);
+        head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
+        spool = new LedgerSpool(dir, "producer",
+                positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
+                positive(configs, "msgaudit.segment.max.age.ms", 60_000),
+                positive(configs, "msgaudit.flush.interval.ms", 200),
+                (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000)));
+    }
+
+    private static String string(Map<String, ?> configs, String key, String dflt) {
+        Object v = configs.get(key);
+        return v == null ? dflt : v.toString();
+    }
+
+    private static long positive(Map<String, ?> configs, String key, long dflt) {
+        Object v = configs.get(key);
+        if (v == null) {
+            return dflt;
+        }
+        try {
+            long x = Long.parseLong(v.toString().trim());
+            if (x > 0) {
+                return x;
+            }
+        } catch (NumberFormatException ignored) {
+            // reported below
+        }
+        throw new ConfigException(key + ": expected a positive integer, got \"" + v + "\"");
+    }
+
+    static void checkDir(Path dir) {
+        if (!Files.exists(dir)) {
+            throw new ConfigException("msgaudit.ledger.dir: " + dir + ": No such file or directory (create the ledger folder first)");
+        }
+        if (!Files.isDirectory(dir)) {
+            throw new ConfigException("msgaudit.ledger.dir: " + dir + " is not a folder");
+        }
+        try {
+            Path probe = Files.createTempFile(dir, ".msgaudit-probe-", "");
+            Files.delete(probe);
+        } catch (IOException | SecurityException e) {
+            throw new ConfigException("msgaudit.ledger.dir: cannot write in " + dir + ": " + e);
+        }
+    }
+
+    @Override
+    public ProducerRecord<K, V> onSend(ProducerRecord<K, V> record) {
+        try {
+            Headers headers = record.headers();
+            if (headers.lastHeader(PID) != null || headers.lastHeader(SEQ) != null || headers.lastHeader(TS) != null) {
+                passed.incrementAndGet(); // already stamped (a copy keeping its identity): left alone
+                return record;
+            }
+            long seq = seqs.computeIfAbsent(record.topic(), t -> new AtomicLong()).getAndIncrement();
+            headers.add(PID, pidBytes);
+            headers.add(SEQ, Long.toString(seq).getBytes(StandardCharsets.US_ASCII));
+            headers.add(TS, Long.toString(System.currentTimeMillis()).getBytes(StandardCharsets.US_ASCII));
+            stamped.incrementAndGet();
+        } catch (RuntimeException e) {
+            // read-only headers or anything unexpected: the record goes out unaudited, never fails
+            passed.incrementAndGet();
+        }
+        return record;
+    }
+
+    @Override
+    public void onAcknowledgement(RecordMetadata metadata, Exception exception) {
+        unmatched.incrementAndGet(); // kafka-clients before 4.1: no headers, no seq to match
+    }
+
+    @Override
+    public void onAcknowledgement(RecordMetadata metadata, Exception exception, Headers headers) {
+        if (headers == null) {
+            unmatched.incrementAndGet();
+            return;
+        }
+        Header p = headers.lastHeader(PID);
+        Header s = headers.lastHeader(SEQ);
+        Header t = headers.lastHeader(TS);
+        if (p == null || s == null || t == null || !java.util.Arrays.equals(p.value(), pidBytes)) {
+            return; // not stamped by this instance
+        }
+        String topic = metadata != null ? metadata.topic() : null;
+        if (topic == null) {
+            unmatched.incrementAndGet();
+            return;
+        }
+        String seq = new String(s.value(), StandardCharsets.US_ASCII);
+        String ts = new String(t.value(), StandardCharsets.US_ASCII);
+        StringBuilder row = new StringBuilder(256).append(head).append(seq).append(",\"topic\":")
+                .append(Json.quote(topic)).append(",\"partition\":");
+        if (exception == null) {
+            row.append(metadata.partition()).append(",\"offset\":").append(metadata.offset())
+                    .append(",\"status\":\"acked\",\"error\":null,\"txn_id\":null,\"produce_ts\":").append(ts)
+                    .append(",\"ack_ts\":").append(System.currentTimeMillis()).append('}');
+        } else {
+            int partition = metadata.partition() < 0 ? -1 : metadata.partition();
+            row.append(partition).append(",\"offset\":null,\"status\":\"failed\",\"error\":")
+                    .append(Json.quote(exception.getClass().getSimpleName()))
+                    .append(",\"txn_id\":null,\"produce_ts\":").append(ts).append(",\"ack_ts\":null}");
+        }
+        spool.append(row.toString());
+    }
+
+    /** The producer session id this instance stamps. */
+    public String pid() { return pid; }
+
+    /** Acks that could not be matched to a seq (kafka-clients before 4.1). */
+    public long unmatchedAcks() { return unmatched.get(); }
+
+    @Override
+    public void close() {
+        if (spool != null) {
+            spool.close();
+            long dropped = spool.dropped();
+            if (dropped > 0 || unmatched.get() > 0) {
+                System.err.println("msgaudit: producer " + pid + ": " + dropped + " ledger rows could not be recorded, "
+                        + unmatched.get() + " acks without headers could not be matched");
+            }
+        }
+    }
+
+    static final class Json {
+        static String quote(String s) {
+            StringBuilder b = new StringBuilder(s.length() + 2).append('"');
+            for (int i = 0; i < s.length(); i++) {
+                char c = s.charAt(i);
+                if (c == '"' || c == '\\') {
+                    b.append('\\').append(c);
+                } else if (c < 0x20) {
+                    b.append(String.format("\\u%04x", (int) c));
+                } else {
+                    b.append(c);
+                }
+            }
+            return b.append('"').toString();
+        }
+    }
+}

@@ -1,0 +1,98 @@
+"""The msgaudit-interceptors jar in a plain Java producer that knows nothing of msgaudit:
+`interceptor.classes` and `msgaudit.*` client properties only (docs/design.md §3.4). Real broker."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from audit.core import headers as h
+from tests.conftest import new_topic
+from tests.test_plugin import ledger_rows
+from tests.test_producer import consume_all
+
+INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
+
+
+def run_java(java_producer: list[str], topic: str, n: int, *props: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*java_producer, topic, str(n), *props], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.kafka
+def test_java_producer_with_the_interceptor_stamps_and_ledgers_every_record(
+        java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    n = 30
+    r = run_java(java_producer, topic, n, f"bootstrap.servers={kafka_bootstrap}", INTERCEPTOR,
+                 f"msgaudit.ledger.dir={tmp_path}", "msgaudit.producer.name=java-app")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"SENT {n}"
+    assert "msgaudit:" not in r.stderr
+
+    rows = ledger_rows(tmp_path)
+    assert len(rows) == n
+    pid = rows[0]["pid"]
+    assert pid.startswith("java-app:") and len(pid) == len("java-app:") + 12
+    by_seq = {row["seq"]: row for row in rows}
+    assert sorted(by_seq) == list(range(n))
+    assert {(row["producer"], row["pid"], row["topic"], row["status"], row["error"], row["txn_id"])
+            for row in rows} == {("java-app", pid, topic, "acked", None, None)}
+
+    records = consume_all(kafka_bootstrap, topic, n)
+    assert len(records) == n
+    for m in records:
+        i = int(m.value().decode().removeprefix("java-"))
+        names = [k for k, _ in m.headers()]
+        assert names == (["trace"] if i % 2 else []) + ["audit.pid", "audit.seq", "audit.ts"]
+        parsed = h.parse(m.headers())
+        assert parsed.error is None and parsed.pid == pid
+        row = by_seq[parsed.seq]
+        assert (row["partition"], row["offset"], row["produce_ts"]) == (m.partition(), m.offset(), parsed.ts_ms)
+        assert row["ack_ts"] >= row["produce_ts"]
+
+
+@pytest.mark.kafka
+def test_java_bad_configuration_stops_the_producer_at_start(java_producer: list[str], kafka_bootstrap: str,
+                                                            tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap)
+    cases = [
+        ([f"msgaudit.ledger.dir={tmp_path / 'missing'}"],
+         f"msgaudit.ledger.dir: {tmp_path / 'missing'}: No such file or directory (create the ledger folder first)"),
+        ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.ledgr.dir=x"],
+         'unknown msgaudit property "msgaudit.ledgr.dir" (known: msgaudit.ledger.dir, '),
+        ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.flush.interval.ms=soon"],
+         'msgaudit.flush.interval.ms: expected a positive integer, got "soon"'),
+    ]
+    for props, message in cases:
+        r = run_java(java_producer, topic, 1, f"bootstrap.servers={kafka_bootstrap}", INTERCEPTOR, *props)
+        assert r.returncode != 0 and "SENT" not in r.stdout
+        assert message in r.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert consume_all(kafka_bootstrap, topic, 0, timeout=1) == []
+
+
+@pytest.mark.unit
+def test_a_segment_under_a_posix_lock_is_live_until_its_writer_dies(tmp_path: Path) -> None:
+    """The Java writer locks its open segment with FileChannel.lock (a POSIX record lock, which
+    does not conflict with flock): ingest's orphan recovery must still see it as live."""
+    import sys
+
+    from audit.clients.ledger import recover_orphans, sealed_segments
+
+    seg = tmp_path / "producer-20261123T000000000000Z-1-0000abcd.jsonl.open"
+    seg.write_text('{"a":1}\n')
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.lockf(fd, fcntl.LOCK_EX); print('READY', flush=True); time.sleep(60)", str(seg)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "READY"
+        assert recover_orphans(tmp_path) == 0
+        assert seg.exists() and sealed_segments(tmp_path) == []
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert recover_orphans(tmp_path) == 1
+    assert [p.name for p in sealed_segments(tmp_path)] == [seg.name.removesuffix(".open")]
