@@ -93,9 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup(args: argparse.Namespace, cfg: Any) -> int:
-    from audit.runtime.jars import cli_setup
+    """Fetch the jars of every manifest, build the librdkafka plugin and the Java interceptor jar."""
+    from audit.clients import plugin
+    from audit.runtime import jars
 
-    return cli_setup(args, cfg)
+    for manifest in jars.MANIFESTS:
+        d = jars.fetch(manifest)
+        print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
+    print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
+    print(f"interceptors: Java interceptor jar in {jars.interceptors_jar(build=True)}")
+    return 0
 
 
 def _kafka(args: argparse.Namespace, cfg: Any) -> int:

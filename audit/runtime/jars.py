@@ -9,14 +9,12 @@ Set-up also builds the librdkafka plugin (`native/libmsgaudit`, see `audit.clien
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from audit.core.errors import SetupError
 
@@ -145,14 +143,3 @@ def interceptors_jar(build: bool = False) -> Path:
     shutil.copy2(built, jar)
     stamp.write_text(digest + "\n")
     return jar
-
-
-def cli_setup(args: argparse.Namespace, cfg: Any) -> int:
-    from audit.clients import plugin
-
-    for manifest in MANIFESTS:
-        d = fetch(manifest)
-        print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
-    print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
-    print(f"interceptors: Java interceptor jar in {interceptors_jar(build=True)}")
-    return 0
