@@ -112,8 +112,10 @@ def test_dag_file_imports_fast_without_db_or_heavy_modules(import_probe: dict[st
     assert r["cwd_files"] == []
     assert [m for m in r["modules"] if m not in ALLOWED_AT_IMPORT
             and (m.split(".")[0] in FORBIDDEN_AT_IMPORT or m in FORBIDDEN_AT_IMPORT)] == []
-    # On top of Airflow and the two providers themselves (measured in the same process).
-    assert r["import_s"] < 1.0, f"{name} took {r['import_s']:.2f}s to import (airflow: {r['baseline_s']:.2f}s)"
+    # On top of Airflow and the two providers themselves (measured in the same process): under 1 s, or
+    # a tenth of Airflow's own import on a machine so loaded that Airflow alone takes over 10 s.
+    limit = max(1.0, 0.1 * r["baseline_s"])
+    assert r["import_s"] < limit, f"{name} took {r['import_s']:.2f}s to import (airflow: {r['baseline_s']:.2f}s)"
 
 
 @pytest.mark.unit
