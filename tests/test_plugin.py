@@ -4,7 +4,6 @@ confluent-kafka `Producer` and kcat, configured only through `plugin.library.pat
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import uuid
@@ -15,22 +14,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from audit.clients.ledger import sealed_segments
 from audit.clients.plugin import Plugin
 from audit.core import headers as h
 from tests.conftest import new_topic
-from tests.test_producer import LEDGER_COLUMNS, consume_all
-
-
-def ledger_rows(directory: Path) -> list[dict[str, Any]]:
-    rows = []
-    for seg in sealed_segments(directory):
-        for line in seg.read_text().splitlines():
-            row = json.loads(line)
-            assert list(row) == LEDGER_COLUMNS
-            rows.append(row)
-    assert not list(directory.glob("*.open")), "destroying the client must seal its segment"
-    return rows
+from tests.test_producer import consume_all, ledger_rows
 
 
 def plugin_conf(so: Path, ledger: Path, **extra: Any) -> dict[str, Any]:

@@ -151,6 +151,12 @@ def _kafka_conf(config: Mapping[str, Any]) -> dict[str, Any]:
     return conf
 
 
+
+def _only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
+    """Hand a delivery report to the application's callback only when it is an error."""
+    if err is not None:
+        user_cb(err, msg)
+
 class AuditedProducer:
     """Drop-in for `confluent_kafka.Producer` (see the module docstring).
 
@@ -284,17 +290,13 @@ class AuditedProducer:
         pid = self.pid
         user_headers = _user_headers
 
-        def only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                user_cb(err, msg)
-
         def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
                     on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
                     timestamp: int = 0, headers: Any = None, *, audit_key: str | None = None) -> None:
             hdrs = user_headers(headers, audit_key) if headers or audit_key is not None else None
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:
-                user_cb = partial(only_errors_cb, user_cb)
+                user_cb = partial(_only_errors_cb, user_cb)
             try:
                 c_produce(topic, value, key, partition, user_cb, None, timestamp, hdrs)
             except BaseException as e:
@@ -402,10 +404,6 @@ class AuditedProducer:
             if user_cb is not None:
                 user_cb(err, msg)
 
-        def only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                user_cb(err, msg)
-
         def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
                     on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
                     timestamp: int = 0, headers: Any = None, *, audit_key: str | None = None) -> None:
@@ -428,7 +426,7 @@ class AuditedProducer:
                 hdrs = [pid_header, (_SEQ, b"%d" % seq), ts_header]
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:
-                user_cb = partial(only_errors_cb, user_cb)
+                user_cb = partial(_only_errors_cb, user_cb)
             txn = txn_current[0]
             if txn is None:
                 try:
