@@ -58,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=f"Example:\n  {EXAMPLES[name]}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into .msgaudit/jars.")
+    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into the jar cache ($MSGAUDIT_JARS, $MSGAUDIT_HOME/jars or ~/.cache/msgaudit/jars).")
     k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars.")
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
-    k.add_argument("--data-dir", default=None, help="broker data folder (default .msgaudit/kafka)")
+    k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),

@@ -1,9 +1,15 @@
-"""Fetch the JVM jars msgaudit runs on into a project-local cache, once.
+"""Fetch the JVM jars msgaudit runs on into a user cache, once.
 
-Two manifests under `jvm/` (Maven poms) name what is needed: `spark-deps` (Delta, Spark's Kafka
-source, JDBC drivers) and `kafka-broker` (the Kafka broker and its runtime dependencies). One
-`msgaudit setup` copies them into `.msgaudit/jars/<manifest>/`; a stamp file holding the pom's
-hash makes every later run skip Maven entirely, so nothing at run time touches the network.
+Two manifests (Maven poms, shipped inside the package as `audit/runtime/jvm/<manifest>/pom.xml`)
+name what is needed: `spark-deps` (Delta, Spark's Kafka source, JDBC drivers, the S3A connector)
+and `kafka-broker` (the Kafka broker and its runtime dependencies). One `msgaudit setup` copies
+them into `<jars home>/<manifest>/`; a stamp file holding the pom's hash makes every later run
+skip Maven entirely, so nothing at run time touches the network.
+
+The jars home is `$MSGAUDIT_JARS`, else `$MSGAUDIT_HOME/jars`, else the user cache folder
+(`$XDG_CACHE_HOME/msgaudit/jars`, default `~/.cache/msgaudit/jars`). Nothing here looks for a
+checkout: an installed wheel works the same (`./dev` sets MSGAUDIT_HOME to the checkout's
+`.msgaudit`).
 """
 
 from __future__ import annotations
@@ -23,21 +29,29 @@ MANIFESTS = ("spark-deps", "kafka-broker")
 _STAMP = ".manifest-sha256"
 
 
-def project_root() -> Path:
-    """The checkout holding `jvm/` (this module lives two levels below it)."""
-    return Path(__file__).resolve().parents[2]
+MANIFEST_DIR = Path(__file__).resolve().parent / "jvm"
+
+
+def msgaudit_home() -> Path:
+    """msgaudit's own folder for caches and local services: $MSGAUDIT_HOME, else the user cache
+    folder ($XDG_CACHE_HOME/msgaudit, default ~/.cache/msgaudit)."""
+    env = os.environ.get("MSGAUDIT_HOME")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "msgaudit"
 
 
 def jars_home() -> Path:
-    """Where cached jars live: $MSGAUDIT_JARS, else <project>/.msgaudit/jars."""
+    """Where cached jars live: $MSGAUDIT_JARS, else <msgaudit_home>/jars."""
     env = os.environ.get("MSGAUDIT_JARS")
-    return Path(env) if env else project_root() / ".msgaudit" / "jars"
+    return Path(env) if env else msgaudit_home() / "jars"
 
 
 def _pom(manifest: str) -> Path:
-    pom = project_root() / "jvm" / manifest / "pom.xml"
+    pom = MANIFEST_DIR / manifest / "pom.xml"
     if not pom.exists():
-        raise SetupError(f"JVM manifest {pom} is missing; run msgaudit from a checkout of the project")
+        raise SetupError(f"JVM manifest {pom} is missing from the installed package; reinstall msgaudit")
     return pom
 
 
@@ -52,7 +66,7 @@ def jar_dir(manifest: str) -> Path:
     if not stamp.exists():
         raise SetupError(f"the {manifest} jars are not cached in {d}; run `msgaudit setup` once (needs Maven Central)")
     if stamp.read_text().strip() != _digest(manifest):
-        raise SetupError(f"the {manifest} jars in {d} are stale (jvm/{manifest}/pom.xml changed); run `msgaudit setup`")
+        raise SetupError(f"the {manifest} jars in {d} are stale ({_pom(manifest)} changed); run `msgaudit setup`")
     return d
 
 
@@ -90,7 +104,7 @@ def fetch(manifest: str, force: bool = False) -> Path:
     if mvn is None:
         raise SetupError("Maven (mvn) is not on PATH; install it (apt-get install maven) and rerun `msgaudit setup`")
     with tempfile.TemporaryDirectory(prefix="msgaudit-jars-") as tmp:
-        cmd = [mvn, "-q", "-B", "-s", str(project_root() / "jvm" / "settings.xml"), "-f", str(_pom(manifest)),
+        cmd = [mvn, "-q", "-B", "-s", str(MANIFEST_DIR / "settings.xml"), "-f", str(_pom(manifest)),
                "dependency:copy-dependencies", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
