@@ -59,12 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=f"Example:\n  {EXAMPLES[name]}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into .msgaudit/jars; build the librdkafka plugin (native/libmsgaudit).")
+    add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into the jar cache "
+        "($MSGAUDIT_JARS, $MSGAUDIT_HOME/jars or ~/.cache/msgaudit/jars); build the librdkafka plugin "
+        "(native/libmsgaudit) and the Java interceptor jar.")
     k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars.")
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
-    k.add_argument("--data-dir", default=None, help="broker data folder (default .msgaudit/kafka)")
+    k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
@@ -100,7 +102,11 @@ def _setup(args: argparse.Namespace, cfg: Any) -> int:
     for manifest in jars.MANIFESTS:
         d = jars.fetch(manifest)
         print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
-    print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
+    if (plugin.SOURCE_DIR / "Makefile").is_file():
+        print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
+    else:  # an installed wheel: the C source ships with the repository, not the package
+        print("libmsgaudit: no plugin source in this installation (build native/libmsgaudit from the "
+              "repository and point $MSGAUDIT_PLUGIN at it); AuditedProducer uses its pure-Python path")
     print(f"interceptors: Java interceptor jar in {jars.interceptors_jar(build=True)}")
     return 0
 

@@ -197,18 +197,21 @@ def _ensure_table(spark: SparkSession, path: str, schema: StructType, partition_
     builder.execute()
 
 
-def checkpoint_dir(cfg: Config, source: LedgerSource) -> Path:
-    return Path(cfg.lake) / "_checkpoints" / f"ingest_{source.table}"
+def checkpoint_dir(cfg: Config, source: LedgerSource) -> str:
+    return lake.lake_location(cfg, "_checkpoints", f"ingest_{source.table}")
 
 
-def _app_id(checkpoint: Path, source: LedgerSource) -> str:
+def _app_id(spark: SparkSession, checkpoint: str, source: LedgerSource) -> str:
     """Delta idempotent-write app id, tied to the checkpoint: batch ids restart at 0 with a new
-    checkpoint, and under an old app id Delta would skip those batches as already written."""
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    f = checkpoint / "msgaudit_app_id"
-    if not f.exists():
-        f.write_text(f"msgaudit-ingest-{source.table}-{uuid.uuid4().hex}")
-    return f.read_text().strip()
+    checkpoint, and under an old app id Delta would skip those batches as already written.
+    Kept in the checkpoint folder (through Hadoop's FileSystem: the lake may be s3a://...)."""
+    f = f"{checkpoint}/msgaudit_app_id"
+    text = lake.read_text(spark, f)
+    if text is None:
+        lake.write_text(spark, f, f"msgaudit-ingest-{source.table}-{uuid.uuid4().hex}", overwrite=False)
+        text = lake.read_text(spark, f)
+    assert text is not None
+    return text.strip()
 
 
 def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> TableIngest:
@@ -225,7 +228,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     if not any(p.name.endswith(".jsonl") for p in folder.iterdir()):
         # Nothing sealed at all: skip starting a stream (the tables exist for readers anyway).
         return TableIngest(source.table, 0, 0, 0, recovered)
-    app_id = _app_id(checkpoint_dir(cfg, source), source)
+    app_id = _app_id(spark, checkpoint_dir(cfg, source), source)
     totals = {"landed": 0, "quarantined": 0, "segments": 0}
 
     def land(batch: DataFrame, batch_id: int) -> None:
@@ -259,7 +262,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     )
     query = (
         lines.writeStream.foreachBatch(land)
-        .option("checkpointLocation", str(checkpoint_dir(cfg, source)))
+        .option("checkpointLocation", checkpoint_dir(cfg, source))
         .trigger(availableNow=True)
         .queryName(f"msgaudit_ingest_{source.table}")
         .start()
@@ -268,6 +271,10 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     return TableIngest(source.table, totals["landed"], totals["quarantined"], totals["segments"], recovered)
 
 
-def ingest(spark: SparkSession, cfg: Config) -> IngestResult:
-    """Land every new sealed segment of both ledgers; running it again lands nothing new."""
-    return IngestResult({s.table: ingest_source(spark, cfg, s) for s in SOURCES})
+def ingest(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> IngestResult:
+    """Land every new sealed segment of both ledgers; running it again lands nothing new.
+
+    One ingest per lake at a time: it holds the lake's writer lease (`lake.writer_lease`), and a
+    second one waits up to `wait_s`, then fails with LakeBusy naming the first."""
+    with lake.writer_lease(spark, cfg, "msgaudit ingest", wait_s=wait_s):
+        return IngestResult({s.table: ingest_source(spark, cfg, s) for s in SOURCES})

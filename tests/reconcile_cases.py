@@ -147,11 +147,11 @@ def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
     )
 
 
-def write_lake(spark: Any, lake: Path, inputs: Inputs) -> None:
+def write_lake(spark: Any, lake: Path | str, inputs: Inputs) -> None:
     """Write the inputs as the lake's Delta tables (partitioned by topic, part_hour), replacing them."""
     for table, rows in table_rows(inputs).items():
         (frame(spark, table, rows).write.format("delta").mode("overwrite").partitionBy("topic", "part_hour")
-         .save(str(lake / table)))
+         .save(f"{lake}/{table}"))
 
 
 def write_delta_sink(spark: Any, location: Path, rows: Iterable[SinkRow], extra_col: bool = True) -> None:

@@ -40,7 +40,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGAUDIT_TEST_SECRET", "s3cret")
     cfg = config.load(write(tmp_path, GOOD))
-    assert cfg.lake == (tmp_path / "lake").resolve()
+    assert cfg.lake == str((tmp_path / "lake").resolve())
     assert cfg.report_store == f"sqlite:///{(tmp_path / 'report.db').resolve()}"
     assert cfg.kafka == {"bootstrap.servers": "127.0.0.1:9092", "sasl.password": "s3cret"}
     assert cfg.spark_master == "local[2]"
@@ -93,7 +93,7 @@ def test_missing_explicit_file_is_an_error_but_no_file_means_defaults(tmp_path: 
     monkeypatch.chdir(tmp_path)
     cfg = config.load(None)
     assert cfg.source == "<defaults>"
-    assert cfg.lake == (tmp_path / ".msgaudit" / "lake").resolve()
+    assert cfg.lake == str((tmp_path / ".msgaudit" / "lake").resolve())
     assert cfg.kafka == {"bootstrap.servers": "127.0.0.1:9092"}
     assert dict(cfg.topics) == {}
 
@@ -102,3 +102,25 @@ def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:
     cfg = config.load(write(tmp_path, "topics: {a: {}, b: {}}\n"))
     with pytest.raises(ConfigError, match=r"unknown topic 'c' \(configured: a, b\)"):
         cfg.topic("c")
+
+
+@pytest.mark.unit
+def test_lake_and_delta_sinks_are_hadoop_uris_or_local_folders(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGAUDIT_TEST_S3_KEY", "AKIA-test")
+    cfg = config.from_dict({
+        "lake": "s3a://audit-bucket/lake/",
+        "spark": {"spark.hadoop.fs.s3a.access.key": "${MSGAUDIT_TEST_S3_KEY}"},
+        "topics": {"orders": {"groups": ["g"], "sinks": [
+            {"name": "a", "format": "delta", "location": "abfss://c@acct.dfs.core.windows.net/orders"},
+            {"name": "b", "format": "delta", "location": "tables/orders"},
+            {"name": "c", "format": "delta", "location": "file:///srv/orders"}]}},
+    }, base=tmp_path)
+    assert cfg.lake == "s3a://audit-bucket/lake"
+    assert cfg.spark["spark.hadoop.fs.s3a.access.key"] == "AKIA-test"
+    assert [s.location for s in cfg.topic("orders").sinks] == [
+        "abfss://c@acct.dfs.core.windows.net/orders", str((tmp_path / "tables" / "orders").resolve()),
+        "file:///srv/orders"]
+    assert config.join_location(cfg.lake, "_checkpoints", "ingest_x") == "s3a://audit-bucket/lake/_checkpoints/ingest_x"
+    with pytest.raises(ConfigError, match=r"lake: 's3a://' names no bucket"):
+        config.from_dict({"lake": "s3a://"}, base=tmp_path)

@@ -95,7 +95,7 @@ DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
 class Config:
     source: str  # the file it came from, or "<defaults>"
     home: Path
-    lake: Path
+    lake: str  # a Hadoop filesystem URI (s3a://bucket/lake, file:///srv/lake, ...) or an absolute local path
     ledger_dir: Path
     report_store: str
     kafka: Mapping[str, str]
@@ -190,8 +190,8 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     columns = _mapping(data.get("columns"), f"{where}.columns")
     _check_keys(columns, AUDIT_COLUMNS, f"{where}.columns")
     location = data.get("location")
-    if fmt == "delta" and location and "://" not in location:
-        location = str((base / location).resolve()) if not Path(location).is_absolute() else location
+    if fmt == "delta" and location:
+        location = storage_location(location, base, f"{where}.location")
     return SinkConfig(
         name=str(data["name"]),
         format=fmt,
@@ -233,6 +233,35 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     return topic
 
 
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(location: str) -> bool:
+    """True for 'scheme://...' (a Hadoop filesystem URI), False for a plain path."""
+    return bool(_URI_RE.match(location))
+
+
+def storage_location(value: Any, base: Path, where: str) -> str:
+    """A storage location Spark reads or writes: a Hadoop filesystem URI is kept as written
+    (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `file://`; a trailing '/' dropped), a plain path is
+    a local folder, resolved against the config file's folder."""
+    if not isinstance(value, str | os.PathLike) or not str(value).strip():
+        raise ConfigError(f"{where}: expected a path or a URI like s3a://bucket/lake, got {value!r}")
+    text = str(value).strip()
+    if is_uri(text):
+        scheme, rest = text.split("://", 1)
+        if not rest.strip("/"):
+            raise ConfigError(f"{where}: {text!r} names no bucket or folder")
+        return text if text.endswith(":///") else text.rstrip("/")
+    return str((base / text).resolve())
+
+
+def join_location(root: str, *names: str) -> str:
+    """`root`/`name`/... for a URI or a local path, with '/' (never pathlib: it would fold the
+    '//' of 's3a://bucket' into one)."""
+    return "/".join([root.rstrip("/"), *(n.strip("/") for n in names)])
+
+
 def _resolve_sqlite(url: str | None, base: Path) -> str | None:
     """Relative SQLite paths are relative to the config file, like every other path."""
     if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
@@ -258,7 +287,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     return Config(
         source=source,
         home=home.resolve(),
-        lake=(base / str(data.get("lake", home / "lake"))).resolve(),
+        lake=storage_location(data.get("lake", str(home / "lake")), base, f"{source}: lake"),
         ledger_dir=(base / str(data.get("ledger_dir", home / "ledger"))).resolve(),
         report_store=_resolve_sqlite(report_store, base) or report_store,
         kafka=kafka,

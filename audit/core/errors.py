@@ -40,3 +40,9 @@ class SlaFailed(MsgauditError):
     """At least one error-severity SLA rule failed (exit code 3 so schedulers can alert)."""
 
     exit_code = ExitCode.SLA_FAILED.value
+
+
+class LakeBusy(MsgauditError):
+    """Another writer holds the lake's writer lease (one ingest per lake at a time)."""
+
+    exit_code = ExitCode.LAKE_BUSY.value

@@ -214,3 +214,4 @@ class ExitCode(IntEnum):
     UNEXPECTED = 1  # a traceback; a scheduler may retry
     INPUT = 2  # bad config, topic, window, table, broker: one line on stderr
     SLA_FAILED = 3  # an error-severity SLA rule failed: alert, do not retry
+    LAKE_BUSY = 4  # another writer holds the lake's writer lease: retry later

@@ -1,10 +1,17 @@
-"""Fetch the JVM jars msgaudit runs on into a project-local cache, once.
+"""Fetch the JVM jars msgaudit runs on into a user cache, once.
 
-Two manifests under `jvm/` (Maven poms) name what is needed: `spark-deps` (Delta, Spark's Kafka
-source, JDBC drivers) and `kafka-broker` (the Kafka broker and its runtime dependencies). One
-`msgaudit setup` copies them into `.msgaudit/jars/<manifest>/`; a stamp file holding the pom's
-hash makes every later run skip Maven entirely, so nothing at run time touches the network.
-Set-up also builds the librdkafka plugin (`native/libmsgaudit`, see `audit.clients.plugin`).
+Two manifests (Maven poms, shipped inside the package as `audit/runtime/jvm/<manifest>/pom.xml`)
+name what is needed: `spark-deps` (Delta, Spark's Kafka source, JDBC drivers, the S3A connector)
+and `kafka-broker` (the Kafka broker and its runtime dependencies). One `msgaudit setup` copies
+them into `<jars home>/<manifest>/`; a stamp file holding the pom's hash makes every later run
+skip Maven entirely, so nothing at run time touches the network.
+
+The jars home is `$MSGAUDIT_JARS`, else `$MSGAUDIT_HOME/jars`, else the user cache folder
+(`$XDG_CACHE_HOME/msgaudit/jars`, default `~/.cache/msgaudit/jars`). Nothing here looks for a
+checkout: an installed wheel works the same (`./dev` sets MSGAUDIT_HOME to the checkout's
+`.msgaudit`).
+Set-up also builds the Java interceptor jar from `jvm/interceptors` (the same folder) and the
+librdkafka plugin (`native/libmsgaudit`, see `audit.clients.plugin`).
 """
 
 from __future__ import annotations
@@ -22,21 +29,29 @@ MANIFESTS = ("spark-deps", "kafka-broker")
 _STAMP = ".manifest-sha256"
 
 
-def project_root() -> Path:
-    """The checkout holding `jvm/` (this module lives two levels below it)."""
-    return Path(__file__).resolve().parents[2]
+MANIFEST_DIR = Path(__file__).resolve().parent / "jvm"
+
+
+def msgaudit_home() -> Path:
+    """msgaudit's own folder for caches and local services: $MSGAUDIT_HOME, else the user cache
+    folder ($XDG_CACHE_HOME/msgaudit, default ~/.cache/msgaudit)."""
+    env = os.environ.get("MSGAUDIT_HOME")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "msgaudit"
 
 
 def jars_home() -> Path:
-    """Where cached jars live: $MSGAUDIT_JARS, else <project>/.msgaudit/jars."""
+    """Where cached jars live: $MSGAUDIT_JARS, else <msgaudit_home>/jars."""
     env = os.environ.get("MSGAUDIT_JARS")
-    return Path(env) if env else project_root() / ".msgaudit" / "jars"
+    return Path(env) if env else msgaudit_home() / "jars"
 
 
 def _pom(manifest: str) -> Path:
-    pom = project_root() / "jvm" / manifest / "pom.xml"
+    pom = MANIFEST_DIR / manifest / "pom.xml"
     if not pom.exists():
-        raise SetupError(f"JVM manifest {pom} is missing; run msgaudit from a checkout of the project")
+        raise SetupError(f"JVM manifest {pom} is missing from the installed package; reinstall msgaudit")
     return pom
 
 
@@ -51,7 +66,7 @@ def jar_dir(manifest: str) -> Path:
     if not stamp.exists():
         raise SetupError(f"the {manifest} jars are not cached in {d}; run `msgaudit setup` once (needs Maven Central)")
     if stamp.read_text().strip() != _digest(manifest):
-        raise SetupError(f"the {manifest} jars in {d} are stale (jvm/{manifest}/pom.xml changed); run `msgaudit setup`")
+        raise SetupError(f"the {manifest} jars in {d} are stale ({_pom(manifest)} changed); run `msgaudit setup`")
     return d
 
 
@@ -89,7 +104,7 @@ def fetch(manifest: str, force: bool = False) -> Path:
     if mvn is None:
         raise SetupError("Maven (mvn) is not on PATH; install it (apt-get install maven) and rerun `msgaudit setup`")
     with tempfile.TemporaryDirectory(prefix="msgaudit-jars-") as tmp:
-        cmd = [mvn, "-q", "-B", "-s", str(project_root() / "jvm" / "settings.xml"), "-f", str(_pom(manifest)),
+        cmd = [mvn, "-q", "-B", "-s", str(MANIFEST_DIR / "settings.xml"), "-f", str(_pom(manifest)),
                "dependency:copy-dependencies", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -111,7 +126,7 @@ INTERCEPTORS_JAR = "msgaudit-interceptors.jar"
 
 
 def _interceptors_digest() -> str:
-    src = project_root() / "jvm" / INTERCEPTORS
+    src = MANIFEST_DIR / INTERCEPTORS
     h = hashlib.sha256()
     for f in sorted([src / "pom.xml", *(src / "src").rglob("*.java")]):
         h.update(f.relative_to(src).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
@@ -119,8 +134,9 @@ def _interceptors_digest() -> str:
 
 
 def interceptors_jar(build: bool = False) -> Path:
-    """The msgaudit-interceptors jar (Java Producer/Consumer interceptors, jvm/interceptors),
-    built with Maven into `<jar cache>/interceptors/` when `build` and its sources changed."""
+    """The msgaudit-interceptors jar (Java Producer/Consumer interceptors, `jvm/interceptors` beside
+    this module), built with Maven into `<jar cache>/interceptors/` when `build` and its sources
+    changed. The build runs in a scratch copy of the sources, so an installed package stays clean."""
     target = jars_home() / INTERCEPTORS
     jar = target / INTERCEPTORS_JAR
     stamp = target / _STAMP
@@ -132,14 +148,16 @@ def interceptors_jar(build: bool = False) -> Path:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise SetupError("Maven (mvn) is not on PATH; install it (apt-get install maven) and rerun `msgaudit setup`")
-    pom = project_root() / "jvm" / INTERCEPTORS / "pom.xml"
-    cmd = [mvn, "-q", "-B", "-s", str(project_root() / "jvm" / "settings.xml"), "-f", str(pom),
-           "-DskipTests", "package"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    built = pom.parent / "target" / INTERCEPTORS_JAR
-    if r.returncode != 0 or not built.exists():
-        raise SetupError(f"building the msgaudit-interceptors jar failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(built, jar)
+    with tempfile.TemporaryDirectory(prefix="msgaudit-interceptors-") as scratch:
+        src = Path(scratch) / INTERCEPTORS
+        shutil.copytree(MANIFEST_DIR / INTERCEPTORS, src, ignore=shutil.ignore_patterns("target"))
+        cmd = [mvn, "-q", "-B", "-s", str(MANIFEST_DIR / "settings.xml"), "-f", str(src / "pom.xml"),
+               "-DskipTests", "package"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        built = src / "target" / INTERCEPTORS_JAR
+        if r.returncode != 0 or not built.exists():
+            raise SetupError(f"building the msgaudit-interceptors jar failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, jar)
     stamp.write_text(digest + "\n")
     return jar

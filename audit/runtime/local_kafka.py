@@ -2,7 +2,7 @@
 
 One node by default; `nodes=3` gives a small cluster (each node broker + controller) for the
 replication faults of the lab. Everything binds to 127.0.0.1; data lives under
-`.msgaudit/kafka/` by default. This module starts, waits for, inspects and stops broker
+`<msgaudit home>/kafka/` by default (`$MSGAUDIT_HOME`, else `~/.cache/msgaudit`). This module starts, waits for, inspects and stops broker
 processes; it knows nothing about audit logic.
 """
 
@@ -149,7 +149,7 @@ class LocalKafka:
                  advertised: dict[int, str] | None = None, broker_config: dict[str, str] | None = None) -> None:
         if nodes < 1:
             raise BrokerError(f"nodes must be >= 1, got {nodes}")
-        self.data_dir = Path(data_dir) if data_dir else jars.project_root() / ".msgaudit" / "kafka"
+        self.data_dir = Path(data_dir) if data_dir else jars.msgaudit_home() / "kafka"
         self.port = port
         self.nodes = [
             NodeSpec(i + 1, port + i, port + nodes + i, self.data_dir / f"node-{i + 1}") for i in range(nodes)

@@ -1,21 +1,108 @@
 """Where the Delta tables live, and the few primitives every job uses to read and write them.
 
+Every location is a Hadoop filesystem URI (`s3a://bucket/lake/producer_ledger`) or an absolute
+local path, joined with '/' and handed to Spark as is: nothing Spark reads or writes goes through
+pathlib or the local filesystem, so the lake can be on any store Hadoop has a connector for.
+`read_text`/`write_text` do the few small non-Delta files (an ingest app id, the writer
+lease, see `writer_lease`) through Hadoop's FileSystem API for the same reason.
+
 Only this module and the job modules' I/O edges touch storage; transforms never do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from audit.core.config import Config
-from audit.core.errors import InputError
+from audit.core.config import Config, is_uri, join_location
+from audit.core.errors import InputError, LakeBusy
 
 
 def table_path(cfg: Config, name: str) -> str:
-    return str(Path(cfg.lake) / name)
+    return join_location(cfg.lake, name)
+
+
+def lake_location(cfg: Config, *names: str) -> str:
+    """A location under the lake (checkpoints, the writer lease)."""
+    return join_location(cfg.lake, *names)
+
+
+def _fs(spark: SparkSession, location: str) -> tuple[Any, Any]:
+    """(Hadoop FileSystem, Hadoop Path) of a location, with the session's Hadoop settings
+    (the `spark.hadoop.*` keys of the config's `spark:` section)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a classic (non-Connect) session
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def _local_path(location: str) -> str | None:
+    """The local path of a plain path or a file:// URI; None for any other filesystem."""
+    if location.startswith("file://"):
+        return location[len("file://"):] or None
+    return None if is_uri(location) else location
+
+
+def exists(spark: SparkSession, location: str) -> bool:
+    fs, path = _fs(spark, location)
+    return bool(fs.exists(path))
+
+
+def read_text(spark: SparkSession, location: str) -> str | None:
+    """A small UTF-8 file's text, or None if it does not exist."""
+    fs, path = _fs(spark, location)
+    if not fs.exists(path):
+        return None
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(path)
+    try:
+        data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return bytes(data).decode("utf-8")
+
+
+def write_text(spark: SparkSession, location: str, text: str, *, overwrite: bool = True) -> bool:
+    """Write a small UTF-8 file. With overwrite=False, False when it already exists (create is
+    exclusive on HDFS and local files; on object stores it is only as exclusive as the store)."""
+    local = _local_path(location)
+    if local is not None and not overwrite:
+        # Hadoop's local create checks, then opens: not atomic. O_EXCL is.
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        try:
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return True
+    fs, path = _fs(spark, location)
+    try:
+        stream = fs.create(path, overwrite)
+    except Exception as e:  # py4j wraps FileAlreadyExistsException
+        if not overwrite and "FileAlreadyExists" in str(e):
+            return False
+        raise
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+    return True
+
+
+def delete(spark: SparkSession, location: str) -> None:
+    fs, path = _fs(spark, location)
+    fs.delete(path, True)
 
 
 def table_exists(spark: SparkSession, cfg: Config, name: str) -> bool:
@@ -59,3 +146,57 @@ PRODUCED_BY = {
     "audit_partition_report": "`msgaudit reconcile`",
     "audit_anomalies": "`msgaudit reconcile`",
 }
+
+
+LEASE_NAME = "_msgaudit_writer.lease"
+DEFAULT_LEASE_TTL_S = 6 * 3600.0
+
+
+def lease_location(cfg: Config) -> str:
+    return lake_location(cfg, LEASE_NAME)
+
+
+@contextmanager
+def writer_lease(spark: SparkSession, cfg: Config, what: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S,
+                 wait_s: float = 0.0) -> Iterator[dict[str, Any]]:
+    """Hold the lake's one writer lease while the block runs (`msgaudit ingest` takes it).
+
+    The lease is a small file in the lake, created exclusively (create without overwrite: atomic
+    on local files and HDFS; on S3 a conditional put). A second writer waits up to `wait_s`, then
+    gets `LakeBusy` naming the holder. A lease older than `ttl_s` belongs to a writer that died
+    without releasing it and is taken over. Released (deleted) when the block ends."""
+    where = lease_location(cfg)
+    me = {"what": what, "host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex,
+          "acquired_at": time.time()}
+    deadline = time.monotonic() + wait_s
+    while not write_text(spark, where, json.dumps(me), overwrite=False):
+        held = _read_lease(spark, where)
+        if held is not None and time.time() - float(held.get("acquired_at", 0)) > ttl_s:
+            delete(spark, where)  # a dead writer's lease
+            continue
+        if held is None:
+            continue  # released between our create and our read
+        if time.monotonic() >= deadline:
+            since = datetime.fromtimestamp(float(held.get("acquired_at", 0)), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            raise LakeBusy(
+                f"the lake {cfg.lake} is being written by {held.get('what')} on {held.get('host')} "
+                f"(pid {held.get('pid')}) since {since}; one writer per lake: wait for it, or remove "
+                f"{where} if that process is gone (it expires after {ttl_s / 3600:g}h)")
+        time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+    try:
+        yield me
+    finally:
+        held = _read_lease(spark, where)
+        if held is not None and held.get("token") == me["token"]:
+            delete(spark, where)
+
+
+def _read_lease(spark: SparkSession, where: str) -> dict[str, Any] | None:
+    text = read_text(spark, where)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"what": "an unreadable lease", "acquired_at": 0}
+    return data if isinstance(data, dict) else {"what": "an unreadable lease", "acquired_at": 0}

@@ -63,6 +63,13 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    # Object-store settings (`spark.hadoop.fs.s3a.endpoint`, credentials, ...) reach Hadoop only when
+    # a SparkContext starts; under spark-submit, or with a session that already exists, the context
+    # is older than this config, so its Hadoop configuration gets them here.
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in conf.items():
+        if key.startswith("spark.hadoop."):
+            hadoop_conf.set(key[len("spark.hadoop."):], value)
     spark.sparkContext.setLogLevel(cfg.spark.get("log_level", "WARN"))
     # reconcile releases its local checkpoints on purpose; RDD.unpersist warns about each one
     jvm = spark.sparkContext._jvm

@@ -1,4 +1,5 @@
-"""Real services for the test tiers: a throwaway PostgreSQL cluster from Debian's packages.
+"""Real services for the test tiers: a throwaway PostgreSQL cluster from Debian's packages, and an
+S3-compatible object store (moto's server mode, from PyPI).
 
 The Kafka broker comes from `audit.runtime.local_kafka` (the same code users run); Spark from
 `spark_jobs.io.session`. Nothing here is a stand-in: these are the real servers.
@@ -11,11 +12,14 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from audit.runtime.local_kafka import free_port
 
@@ -71,3 +75,52 @@ def postgres_server() -> Iterator[str]:
         subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
                        capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """An S3-compatible HTTP server on 127.0.0.1 (moto's server mode) with one bucket."""
+
+    endpoint: str
+    bucket: str
+    access_key: str = "msgaudit-test-key"
+    secret_key: str = "msgaudit-test-secret"
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key under `prefix` (paged)."""
+        out: list[str] = []
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.extend(o["Key"] for o in page.get("Contents", []))
+        return out
+
+
+@contextmanager
+def s3_server(bucket: str = "audit-lake") -> Iterator[S3Server]:
+    """moto's S3 server (its own process, 127.0.0.1, a free port), with `bucket` created."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="msgaudit-moto-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    server = S3Server(f"http://127.0.0.1:{port}", bucket)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                server.client().create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto S3 server did not start: {Path(log.name).read_text()[-800:]}") from None
+                time.sleep(0.1)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        os.unlink(log.name)
