@@ -27,6 +27,7 @@ EXAMPLES: dict[str, str] = {
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out report.html",
+    "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
     "demo": "msgaudit demo             # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
 }
 
@@ -81,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="report.html", help="output HTML file (default report.html)")
     d.add_argument("--start", default=None, help="first window to show (default: all)")
     d.add_argument("--end", default=None, help="end of the last window to show (default: all)")
+    tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
+             "sink rows and the anomalies naming it, with their cause and remedy.")
+    tr.add_argument("--topic", required=True, help="the message's topic")
+    tr.add_argument("--pid", default=None, help="producer id of the message (with --seq)")
+    tr.add_argument("--seq", type=int, default=None, help="sequence number of the message (with --pid)")
+    tr.add_argument("--partition", type=int, default=None, help="log partition (with --offset)")
+    tr.add_argument("--offset", type=int, default=None, help="log offset (with --partition)")
+    tr.add_argument("--json", action="store_true", help="print JSON instead of the timeline")
     demo = add("demo", "Run an end-to-end audited pipeline with injected faults on embedded defaults and report it.")
     demo.add_argument("--scenario", default="mixed", help="fault scenario to run (default: mixed; 'list' lists them)")
     demo.add_argument("--out", default="report.html", help="dashboard file to write (default report.html)")
@@ -145,6 +154,18 @@ def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     return cli_dashboard(args, cfg)
 
 
+def _trace(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.serving.trace_view import format_timeline, to_json
+    from spark_jobs.io.session import build_spark
+    from spark_jobs.trace import TraceQuery, trace_message
+
+    query = TraceQuery(args.topic, args.pid, args.seq, args.partition, args.offset)
+    cfg.topic(args.topic)  # an unknown topic fails before a JVM starts
+    trace = trace_message(build_spark(cfg, app_name="msgaudit-trace"), cfg, query)
+    print(to_json(trace) if args.json else format_timeline(trace))
+    return 0
+
+
 def _demo(args: argparse.Namespace, cfg: Any) -> int:
     from audit.lab.demo import cli_demo
 
@@ -155,6 +176,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
+    "trace": _trace,
 }
 
 
