@@ -27,6 +27,7 @@ EXAMPLES: dict[str, str] = {
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out report.html",
+    "doctor": "msgaudit doctor --horizon-hours 24   # exit 3 on an error-severity risk",
     "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
     "demo": "msgaudit demo             # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
 }
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="report.html", help="output HTML file (default report.html)")
     d.add_argument("--start", default=None, help="first window to show (default: all)")
     d.add_argument("--end", default=None, help="end of the last window to show (default: all)")
+    doc = add("doctor", "Report the loss risks of the audited topics before they cause loss: unclean leader "
+              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon.")
+    doc.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="only this topic (repeatable)")
+    doc.add_argument("--horizon-hours", type=float, default=24.0,
+                     help="flag a group whose oldest unprocessed record expires within this many hours (default 24)")
+    doc.add_argument("--min-replication-factor", type=int, default=2, help="warn below this (default 2)")
     tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
              "sink rows and the anomalies naming it, with their cause and remedy.")
     tr.add_argument("--topic", required=True, help="the message's topic")
@@ -154,6 +161,12 @@ def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     return cli_dashboard(args, cfg)
 
 
+def _doctor(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients.doctor import cli_doctor
+
+    return cli_doctor(args, cfg)
+
+
 def _trace(args: argparse.Namespace, cfg: Any) -> int:
     from audit.serving.trace_view import format_timeline, to_json
     from spark_jobs.io.session import build_spark
@@ -176,7 +189,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
-    "trace": _trace,
+    "trace": _trace, "doctor": _doctor,
 }
 
 
