@@ -28,6 +28,8 @@ EXAMPLES: dict[str, str] = {
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out dashboard --start 2026-11-20T00:00Z --end 2026-11-22T00:00Z\n"
                  "  msgaudit dashboard --out dashboard --topic orders   # then open dashboard/index.html",
+    "doctor": "msgaudit doctor --horizon-hours 24   # exit 3 on an error-severity risk",
+    "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
     "demo": "msgaudit demo --out dashboard   # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
 }
 
@@ -87,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--end", default=None, help="end (exclusive) of the windows to show (default: all)")
     d.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every topic in the report store)")
+    doc = add("doctor", "Report the loss risks of the audited topics before they cause loss: unclean leader "
+              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon.")
+    doc.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="only this topic (repeatable)")
+    doc.add_argument("--horizon-hours", type=float, default=24.0,
+                     help="flag a group whose oldest unprocessed record expires within this many hours (default 24)")
+    doc.add_argument("--min-replication-factor", type=int, default=2, help="warn below this (default 2)")
+    tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
+             "sink rows and the anomalies naming it, with their cause and remedy.")
+    tr.add_argument("--topic", required=True, help="the message's topic")
+    tr.add_argument("--pid", default=None, help="producer id of the message (with --seq)")
+    tr.add_argument("--seq", type=int, default=None, help="sequence number of the message (with --pid)")
+    tr.add_argument("--partition", type=int, default=None, help="log partition (with --offset)")
+    tr.add_argument("--offset", type=int, default=None, help="log offset (with --partition)")
+    tr.add_argument("--json", action="store_true", help="print JSON instead of the timeline")
     demo = add("demo", "Run an end-to-end audited pipeline with injected faults on embedded defaults and report it.")
     demo.add_argument("--scenario", default="mixed", help="fault scenario to run (default: mixed; 'list' lists them)")
     demo.add_argument("--out", default="dashboard", metavar="DIR",
@@ -163,6 +179,24 @@ def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     return cli_dashboard(args, cfg)
 
 
+def _doctor(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients.doctor import cli_doctor
+
+    return cli_doctor(args, cfg)
+
+
+def _trace(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.serving.trace_view import format_timeline, to_json
+    from spark_jobs.io.session import build_spark
+    from spark_jobs.trace import TraceQuery, trace_message
+
+    query = TraceQuery(args.topic, args.pid, args.seq, args.partition, args.offset)
+    cfg.topic(args.topic)  # an unknown topic fails before a JVM starts
+    trace = trace_message(build_spark(cfg, app_name="msgaudit-trace"), cfg, query)
+    print(to_json(trace) if args.json else format_timeline(trace))
+    return 0
+
+
 def _demo(args: argparse.Namespace, cfg: Any) -> int:
     from audit.lab.demo import cli_demo
 
@@ -173,6 +207,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
+    "trace": _trace, "doctor": _doctor,
 }
 
 

@@ -42,7 +42,16 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config, SlaRule, TopicConfig
 from audit.core.errors import InputError
-from audit.core.vocabulary import ERROR, FINAL, SLA_RULE_SPECS, STAGE_KINDS, WARN, SlaRuleSpec
+from audit.core.vocabulary import (
+    ERROR,
+    FINAL,
+    SLA_RULE_SPECS,
+    STAGE_KINDS,
+    WARN,
+    SlaRuleSpec,
+    rule_explanations,
+    stage_kind,
+)
 from audit.core.windows import EPOCH, floor_window, windows
 from audit.serving.report_store import SLA_RESULTS, ReportStore
 
@@ -317,4 +326,16 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
                        f"  {r['stage']}  {r['rule']}: {_fmt(r['observed'])} (expected {op} {_fmt(r['threshold'])})")
         if len(failures) > max_failures:
             out.append(f"  ... and {len(failures) - max_failures} more (all rows are in sla_results)")
+        out += explain_failures((stage_kind(r["stage"]), r["rule"]) for r in failures)
     return "\n".join(out)
+
+
+def explain_failures(kind_rules: Iterable[tuple[str, str]]) -> list[str]:
+    """'Likely causes' lines for failed (stage kind, rule) pairs: each code that counts in the
+    rule's total, with its cause and remedy from the vocabulary (docs/design.md §5)."""
+    lines: list[str] = []
+    for kind, rule in sorted(set(kind_rules)):
+        for code, e in rule_explanations(rule, kind):
+            lines.append(f"  {kind} {rule} <- {code}: {e.cause}")
+            lines.append(f"      fix: {e.remedy}")
+    return ["", "Likely causes (docs/design.md §5):", *lines] if lines else []

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from audit.core.vocabulary import explanation
 from audit.serving import alerts
 from tests.support import airflow_env
 
@@ -238,6 +239,9 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
         "run scheduled__x, task sla, topics a",
         "  - a[0] log max_lost: observed 2 vs threshold 0 (error, window 2026-05-01T10:00:00+00:00)",
         "  - a[0] log max_reordered: observed 1 vs threshold 0 (warn, window 2026-05-01T10:00:00+00:00)",
+        *(f"  why log {rule} <- {code}: {e.cause}; fix: {e.remedy}"
+          for rule, code in (("max_lost", "lost_acked"), ("max_reordered", "reordered_in_log"))
+          for e in [explanation("log", code)]),
     ]
     other = alerts.build_alert({"ti": TI(), "task": Task(), "exception": RuntimeError("Error code is: 1.")})
     assert (other.sla_breach, other.failed_rules, other.error) == (False, (), "Error code is: 1.")

@@ -15,6 +15,7 @@ import yaml
 
 from audit import cli
 from audit.core import config as config_mod
+from audit.core import vocabulary as v
 from audit.core.config import Config
 from audit.core.errors import InputError
 from audit.core.vocabulary import REPORT_CODE_COLUMNS
@@ -183,10 +184,16 @@ def test_table_summarises_and_lists_failures(checked: Checked) -> None:
     assert summary[("payments", "log", "max_lost")] == ["5", "2", "1", "6", "WARN"]
     assert summary[("orders", "sink:s", "max_lost")] == ["0", "2", "0", "0", "PASS"]
     assert len(summary) == 15
-    failures = lines[lines.index("Failed checks:") + 1:]
+    failures = lines[lines.index("Failed checks:") + 1:lines.index("Likely causes (docs/design.md §5):") - 1]
     assert len(failures) == 10
     assert ("  ERROR  2026-11-21T10:00:00+00:00  orders[1]  log  min_completeness: 0.98 (expected >= 0.99)"
             in failures)
+    causes = lines[lines.index("Likely causes (docs/design.md §5):") + 1:]
+    failed = sorted({(r["stage"].split(":")[0], r["rule"]) for r in checked.outcome.rows if not r["passed"]})
+    assert [line.split(":")[0].strip() for line in causes[::2]] == [
+        f"{kind} {rule} <- {code}" for kind, rule in failed for code, _ in v.rule_explanations(rule, kind)]
+    assert ("  log max_lost <- lost_acked: " + v.explanation("log", "lost_acked").cause) in causes
+    assert ("      fix: " + v.explanation("group", "missed").remedy) in causes
 
 
 @pytest.mark.spark

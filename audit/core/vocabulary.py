@@ -147,6 +147,120 @@ def codes_counting_in(kind: str, total: str) -> tuple[str, ...]:
     return tuple(a.name for a in ANOMALIES if a.stage_kind == kind and total in a.counts_in)
 
 
+# ---------------------------------------------------------------------------- explanations
+@dataclass(frozen=True)
+class Explanation:
+    """Why an anomaly code happens (`cause`, one line) and which setting or practice prevents it
+    (`remedy`, one line), from Kafka's delivery semantics (docs/design.md §5 "Explanations")."""
+
+    cause: str
+    remedy: str
+
+
+# (stage kind, code) -> explanation; tests/test_vocabulary.py fails if a code of ANOMALIES lacks one.
+EXPLANATIONS: dict[tuple[str, str], Explanation] = {
+    (LOG, "lost_acked"): Explanation(
+        "the broker acked a write it then lost: producer acks < all, or an unclean leader election "
+        "made an out-of-sync replica leader",
+        "producer acks=all; topic replication factor >= 3 with min.insync.replicas >= 2; "
+        "unclean.leader.election.enable=false"),
+    (LOG, "unverifiable"): Explanation(
+        "retention deleted the offset before any capture read it",
+        "capture more often than retention.ms, or raise retention.ms"),
+    (LOG, "ghost_write"): Explanation(
+        "the broker wrote the record but the producer never saw the ack (timeout, broken connection) "
+        "and counted the send as failed",
+        "enable.idempotence=true with retries, so the client retries the send instead of failing it; "
+        "treat a failed send as unknown, not as absent"),
+    (LOG, "duplicate_in_log"): Explanation(
+        "the producer retried a send whose ack was lost, without idempotence",
+        "enable.idempotence=true (with acks=all, max.in.flight.requests.per.connection <= 5)"),
+    (LOG, "reordered_in_log"): Explanation(
+        "a failed batch was retried after a later batch succeeded: retries with "
+        "max.in.flight.requests.per.connection > 1 and idempotence off",
+        "enable.idempotence=true (keeps order with up to 5 in flight), or "
+        "max.in.flight.requests.per.connection=1"),
+    (LOG, "unledgered"): Explanation(
+        "a producer wrote without the audit ledger (interceptor missing, or its ledger segment not ingested)",
+        "install the audit interceptor on every producer of the topic; run `msgaudit ingest` before reconcile"),
+    (LOG, "seq_gap"): Explanation(
+        "the producer assigned seqs it never sent nor recorded (crash before the ledger write, lost ledger segment)",
+        "look for the producer's crash and its ledger segments; close producers cleanly so the ledger flushes"),
+    (LOG, "unaudited"): Explanation(
+        "the record has no (or malformed) audit headers: a producer without the interceptor, or a "
+        "proxy/mirror that dropped headers",
+        "install the audit interceptor on every producer; keep headers when mirroring"),
+    (LOG, "content_duplicate"): Explanation(
+        "the application sent the same payload again under a new seq (an application-level resend, "
+        "which producer idempotence cannot detect)",
+        "resend through the producer's own retries, not the application; deduplicate downstream by a business key"),
+    (LOG, "aborted"): Explanation(
+        "a transactional producer aborted the transaction that wrote this record",
+        "nothing to fix if every consumer reads with isolation.level=read_committed; find why the transaction aborted"),
+    (GROUP, "missed"): Explanation(
+        "the consumer committed the offset before processing the record (auto-commit, or commit then "
+        "process) and crashed or rebalanced in between: at most once",
+        "enable.auto.commit=false and commit offsets after processing (at least once)"),
+    (GROUP, "expired_unconsumed"): Explanation(
+        "retention is shorter than the group's lag: the segment was deleted before the group read it",
+        "raise retention.ms above the worst lag, or add consumers; `msgaudit doctor` warns before it happens"),
+    (GROUP, "redelivered"): Explanation(
+        "the group processed the record again after a crash, rebalance or retry before its offset was "
+        "committed: at least once",
+        "make processing idempotent (deduplicate by pid:seq), or commit offsets in the same transaction "
+        "as the output"),
+    (GROUP, "reordered_in_consumption"): Explanation(
+        "a partition was processed out of order: parallel processing within a partition, or a retry "
+        "or rebalance that went back to an older offset",
+        "process each partition sequentially; retry in place, or through a retry topic keyed by the same key"),
+    (GROUP, "dead_lettered"): Explanation(
+        "processing failed past the retry limit and the record went to the dead-letter queue",
+        "fix the failure recorded with the DLQ message and replay it; alert on a growing DLQ"),
+    (GROUP, "aborted_read"): Explanation(
+        "the consumer reads with isolation.level=read_uncommitted and so sees aborted transactions",
+        "isolation.level=read_committed"),
+    (GROUP, "pending"): Explanation(
+        "the group has not reached the record yet (normal consumer lag, within grace)",
+        "none yet; if it turns overdue, check the group's lag"),
+    (GROUP, "overdue"): Explanation(
+        "the group is stalled or lags more than the grace: it has not committed past the record",
+        "check that the group's consumers run, and their lag; add consumers"),
+    (SINK, "missing_in_sink"): Explanation(
+        "the group processed the record but its sink write was lost: offsets committed before the write "
+        "was durable, or an unflushed asynchronous write",
+        "commit offsets only after the sink write is durable (or in the same transaction)"),
+    (SINK, "duplicate_in_sink"): Explanation(
+        "the sink appends, so a redelivered record was written again",
+        "write idempotently: upsert/merge by (topic, partition, offset) or pid:seq instead of append"),
+    (SINK, "unexpected_in_sink"): Explanation(
+        "the sink holds a record the log never committed: written from an aborted transaction or from "
+        "another source",
+        "read with isolation.level=read_committed; write only records read from the audited topic"),
+    (SINK, "pending"): Explanation(
+        "the sink has not received the record yet (within grace)",
+        "none yet; if it turns missing, check the sink writer"),
+}
+
+
+def explanation(kind: str, name: str) -> Explanation:
+    """The cause and remedy of code `name` at stage kind `kind` ('log' | 'group' | 'sink')."""
+    anomaly(kind, name)  # KeyError naming an unknown code
+    return EXPLANATIONS[(kind, name)]
+
+
+# The report total an SLA rule judges, for the codes that can explain its failure.
+SLA_RULE_TOTALS: dict[str, str] = {"max_lost": LOST, "max_duplicate_ratio": DUPLICATED,
+                                   "max_reordered": REORDERED, "min_completeness": LOST}
+
+
+def rule_explanations(rule: str, kind: str) -> tuple[tuple[str, Explanation], ...]:
+    """(code, explanation) of the codes of a stage kind whose rows can fail `rule` (none for latency)."""
+    total = SLA_RULE_TOTALS.get(rule)
+    if total is None:
+        return ()
+    return tuple((c, EXPLANATIONS[(kind, c)]) for c in codes_counting_in(kind, total))
+
+
 # ---------------------------------------------------------------------------- report rows
 # Base columns of `audit_partition_report`, before the code columns (REPORT_CODE_COLUMNS).
 REPORT_BASE_COLUMNS: tuple[str, ...] = (

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from audit.core.vocabulary import ERROR, ExitCode
+from audit.core.vocabulary import ERROR, ExitCode, rule_explanations, stage_kind
 
 log = logging.getLogger("msgaudit.alerts")
 
@@ -99,6 +99,7 @@ class Alert:
                  + (f"[{self.map_index}]" if self.map_index >= 0 else "")
                  + (f", topics {', '.join(self.topics)}" if self.topics else "")]
         lines += [f"  - {r.describe()}" for r in self.failed_rules]
+        lines += _why(self.failed_rules)
         if not self.failed_rules:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -108,6 +109,13 @@ class Alert:
 
 
 # ---- pure helpers ---------------------------------------------------------------------------------
+
+def _why(rules: Sequence[FailedRule]) -> list[str]:
+    """The cause and remedy of each code that can fail each failed rule (docs/design.md §5)."""
+    pairs = sorted({(stage_kind(r.stage), r.rule) for r in rules if r.stage})
+    return [f"  why {kind} {rule} <- {code}: {e.cause}; fix: {e.remedy}"
+            for kind, rule in pairs for code, e in rule_explanations(rule, kind)]
+
 
 def parse_submit_args(args: Sequence[Any] | None) -> dict[str, Any]:
     """`[step, --config F, --start S, --end E, --as-of A, --topic T ...]` -> a dict (step, config,

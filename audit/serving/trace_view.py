@@ -1,0 +1,110 @@
+"""The terminal timeline and the JSON of `msgaudit trace` (docs/design.md §9), from the rows
+`spark_jobs/trace.py` selects. Pure functions: no Spark, no I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from audit.core.vocabulary import explanation, stage_kind
+
+
+def _utc(t: Any) -> datetime | None:
+    if not isinstance(t, datetime):
+        return None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _ts(t: Any) -> str:
+    u = _utc(t)
+    return "(no time)".ljust(24) if u is None else u.strftime("%Y-%m-%dT%H:%M:%S.") + f"{u.microsecond // 1000:03d}Z"
+
+
+def _pos(r: Mapping[str, Any]) -> str:
+    return f"{r['partition']}@{r['offset']}" if r.get("offset") is not None else f"{r['partition']}@-"
+
+
+def _id(r: Mapping[str, Any]) -> str:
+    return f"{r['pid']}:{r['seq']}" if r.get("pid") is not None else "(no audit id)"
+
+
+def _ms(a: Any, b: Any) -> str:
+    ua, ub = _utc(a), _utc(b)
+    return "" if ua is None or ub is None else f" +{round((ub - ua).total_seconds() * 1000)} ms"
+
+
+def _events(trace: Mapping[str, Any]) -> list[tuple[datetime | None, int, str]]:
+    ev: list[tuple[datetime | None, int, str]] = []
+    for r in trace["ledger"]:
+        line = f"produce  {_id(r)} -> partition {r['partition']}: {r['status']}"
+        if r.get("offset") is not None:
+            line += f" at offset {r['offset']}"
+        if r.get("ack_ts") is not None:
+            line += f" (ack{_ms(r['produce_ts'], r['ack_ts'])})"
+        if r.get("error"):
+            line += f", error {r['error']}"
+        ev.append((_utc(r["produce_ts"]), 0, line))
+    for r in trace["log"]:
+        line = f"log      {_pos(r)} {_id(r)} {'committed' if r['committed'] else 'aborted'}"
+        if r.get("header_error"):
+            line += f", header error: {r['header_error']}"
+        ev.append((_utc(r.get("kafka_ts") or r.get("produce_ts") or r.get("captured_at")), 1, line))
+    for r in trace["consumed"]:
+        ev.append((_utc(r["consume_ts"]), 2,
+                   f"group    {r['group']}: {r['outcome']} {_pos(r)} attempt {r['attempt']} "
+                   f"by {r['consumer']} (consume_seq {r['consume_seq']})"))
+    for name, rows in sorted(trace["sinks"].items()):
+        for r in rows:
+            ev.append((_utc(r.get("sink_ts")), 3, f"sink     {name}: row {_pos(r)} {_id(r)}"))
+    far = datetime.max.replace(tzinfo=UTC)
+    return sorted(ev, key=lambda e: (e[0] or far, e[1], e[2]))
+
+
+def _anomalies(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in sorted(trace["anomalies"], key=lambda r: (str(r["window_start"]), r["stage"], r["anomaly"],
+                                                       r["partition"], r.get("offset") or -1)):
+        e = explanation(stage_kind(r["stage"]), r["anomaly"])
+        out.append({**r, "cause": e.cause, "remedy": e.remedy})
+    return out
+
+
+def format_timeline(trace: Mapping[str, Any]) -> str:
+    """The readable journey: a header, one line per event in time order, then the anomalies
+    naming the message with their cause and remedy."""
+    ids = ", ".join(f"{p}:{s}" for p, s in trace["ids"]) or "(no audit id)"
+    pos = ", ".join(f"{p}@{o}" for p, o in trace["positions"]) or "(not in the log)"
+    lines = [f"trace {trace['topic']} message {ids}, log position(s) {pos}"]
+    if trace["missing"]:
+        lines.append(f"(not in the lake yet: {', '.join(trace['missing'])})")
+    events = _events(trace)
+    if not events:
+        lines.append("no ledger, log, consumer or sink row names this message")
+    lines += [f"  {_ts(t)}  {text}" for t, _, text in events]
+    anomalies = _anomalies(trace)
+    lines += ["", f"anomalies: {len(anomalies) or 'none'}"]
+    for a in anomalies:
+        ws = _utc(a["window_start"])
+        window = ws.strftime("%Y-%m-%dT%H:%MZ") if ws else "?"
+        lines.append(f"  [{window}] {a['stage']} {a['anomaly']} at {_pos(a)}: {a['detail']}")
+        lines.append(f"      cause: {a['cause']}")
+        lines.append(f"      fix: {a['remedy']}")
+    return "\n".join(lines)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, datetime):
+        u = _utc(v)
+        return u.isoformat() if u else None
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def to_json(trace: Mapping[str, Any]) -> str:
+    """The same rows as JSON (timestamps ISO 8601 UTC; anomalies with cause and remedy)."""
+    return json.dumps(_plain({**trace, "anomalies": _anomalies(trace)}), indent=2, sort_keys=True)
