@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import http.server
 import os
 import re
@@ -22,6 +23,7 @@ import pytest
 
 from audit import cli
 from audit.core.errors import InputError
+from audit.core.vocabulary import explanation
 from audit.serving.dashboard import render, topic_file
 from audit.serving.dashboard.data import MAX_ANOMALY_ROWS, Cell, Scope, overview_data, topics_data
 from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, TABLES, ReportStore
@@ -175,8 +177,11 @@ def test_overview_size_does_not_grow_with_anomaly_rows(tmp_path: Path) -> None:
     # orders: 9 rows of its own + 2500.
     assert f'<p class="note">2509 anomaly rows, showing the newest {MAX_ANOMALY_ROWS}</p>' in page
     assert len(rows_of(page, "anomalies")) == MAX_ANOMALY_ROWS
-    assert ["group:loader", "redelivered", "0", "2500"] in [r[:4] for r in
-                                                            [[c for c in row] for row in rows_of(page, "codes")]]
+    codes = rows_of(page, "codes")
+    assert ["group:loader", "redelivered", "0", "2500"] in [r[:4] for r in codes]
+    # each code carries its cause and remedy from the vocabulary
+    why = explanation("group", "redelivered")
+    assert [html.escape(why.cause), html.escape(why.remedy)] in [r[4:] for r in codes if r[1] == "redelivered"]
 
 
 # ---- CLI ---------------------------------------------------------------------------------------------

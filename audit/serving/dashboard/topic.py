@@ -1,5 +1,6 @@
 """One page per topic (`topics/<name>.html`): partitions x windows, trends, latency per stage,
-SLA results, anomaly counts per code and the anomaly rows.
+SLA results, anomaly counts per code with each code's likely cause and remedy (from the
+vocabulary), and the anomaly rows.
 
 Charts fit the data: with one window the trend and latency charts are bars, not a line through
 one point. Every anomaly row has an id and data-topic / data-partition / data-offset / data-pid /
@@ -23,6 +24,7 @@ from audit.core.vocabulary import (
     REORDERED,
     REPORT_CODE_COLUMNS,
     WARN,
+    explanation,
     stage_kind,
 )
 from audit.serving.dashboard.data import MAX_SLA_FAILURE_ROWS, STATUS_LEVELS, TopicData
@@ -172,12 +174,19 @@ def _codes_table(d: TopicData) -> str:
         codes = ANOMALY_CODES_BY_STAGE.get(stage_kind(st), ())
         return (st, codes.index(code) if code in codes else len(codes), code)
 
+    def why(st: str, code: str) -> list[tuple[str, str]]:
+        try:
+            e = explanation(stage_kind(st), code)
+        except KeyError:  # a code this version does not know (a report written by a newer msgaudit)
+            return [("", ""), ("", "")]
+        return [("", esc(e.cause)), ("", esc(e.remedy))]
+
     rows = [("", [("mono", esc(st)), ("", esc(code)), num(counters.get((st, code), 0) if code in (
-        *REPORT_CODE_COLUMNS, "pending") else None), num(rows_by.get((st, code), 0))])
+        *REPORT_CODE_COLUMNS, "pending") else None), num(rows_by.get((st, code), 0)), *why(st, code)])
             for st, code in sorted(keys, key=order)]
     if not rows:
         return '<p class="note">No anomaly in this range.</p>'
-    return table(["stage", "code", "report count", "anomaly rows"], rows, "codes")
+    return table(["stage", "code", "report count", "anomaly rows", "likely cause", "remedy"], rows, "codes")
 
 
 def anomaly_row_id(row: dict[str, Any]) -> str:
