@@ -40,3 +40,9 @@ class SlaFailed(MsgauditError):
     """At least one error-severity SLA rule failed (exit code 3 so schedulers can alert)."""
 
     exit_code = ExitCode.SLA_FAILED.value
+
+
+class ResultReleased(MsgauditError):
+    """A reconcile result's Spark rows were read after its `release()` freed what they are computed from."""
+
+    exit_code = ExitCode.UNEXPECTED.value
