@@ -67,9 +67,10 @@ class History:
                                   committed, header_error))
 
     def consume(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
-                outcome: str = "processed", group: str = GROUP, consumer: str = "c1") -> None:
+                outcome: str = "processed", group: str = GROUP, consumer: str = "c1", attempt: int = 1) -> None:
         self._cseq += 1
-        self.consumed.append(ConsumedRow(group, consumer, self._cseq, partition, offset, pid, seq, outcome, t))
+        self.consumed.append(ConsumedRow(group, consumer, self._cseq, partition, offset, pid, seq, outcome, t,
+                                         attempt))
 
     def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
              t: datetime | None, name: str = SINK) -> None:
@@ -206,7 +207,7 @@ G, S = f"group:{GROUP}", f"sink:{SINK}"
 def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h = History()
     exp: dict[str, list[tuple[Any, ...]]] = {}
-    for p in range(21):
+    for p in range(22):
         h.captured(p, 0, 100, at(70), group_committed=100)
 
     # p0: three clean messages
@@ -352,6 +353,14 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.sink(None, None, 20, 1, at(5.2))
     exp["unaudited"].append(("log", "unaudited", 20, "eosbad", None, 1))
     exp["sink_evidence"] = []  # no missed: g1 counts both as delivered (test_oracle checks the report)
+
+    # p21: the handler failed twice (attempt 1 on c1, attempt 2 on c2 after a rebalance) and the retry
+    # copy never reached a final outcome; g1 committed past it (100), yet it is not `missed`
+    h.produce("retry", 0, 21, 0, at(5))
+    h.record("retry", 0, 21, 0, at(5))
+    h.consume("retry", 0, 21, 0, at(5.1), outcome="failed")
+    h.consume("retry", 0, 21, 0, at(5.3), outcome="failed", consumer="c2", attempt=2)
+    exp["retry_overdue"] = [(G, "retry_overdue", 21, "retry", 0, 0)]
     return h, exp
 
 

@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 24
+    assert len(final_result.anomalies) == 25
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -81,8 +81,10 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     # a sink row from a sink g1 feeds counts as g1's processing (no consumption row, no latency)
     assert rows[(G, 20)] == report_row(G, 20, expected=2, delivered=2)
     assert rows[(S, 20)] == report_row(S, 20)
-    # one row per stage for each of the 21 captured partitions, plus the seq_gap row
-    assert len(final_result.report) == 3 * 21 + 1
+    # only failed outcomes, past grace: not lost (not `missed`), not delivered
+    assert rows[(G, 21)] == report_row(G, 21, expected=1, retry_overdue=1)
+    # one row per stage for each of the 22 captured partitions, plus the seq_gap row
+    assert len(final_result.report) == 3 * 22 + 1
 
 
 def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult) -> None:
@@ -92,6 +94,7 @@ def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult)
     assert by[("duplicate_in_sink", "dsk")]["detail"] == "copy 2 of 2"
     assert by[("unaudited", "bad")]["detail"] == "audit.seq: not an integer"
     assert by[("missed", "miss")]["detail"] == "never processed, below committed offset 2"
+    assert by[("retry_overdue", "retry")]["detail"] == "only failed outcomes, past grace; last: attempt 2 by c2"
     assert {a["run_id"] for a in final_result.anomalies} == {run_id_for("t", T0, AS_OF_FINAL)}
     assert {a["computed_at"] for a in final_result.anomalies} == {AS_OF_FINAL}
 
@@ -123,6 +126,26 @@ def test_pending_until_produce_time_plus_grace_and_final_after_window_end_plus_g
     group_row = next(row for row in r.report if row["stage"] == G)
     assert group_row["pending"] == (1 if as_of_min < 65 else 0)
     assert group_row["overdue"] == (0 if as_of_min < 65 else 1)
+
+
+def retry_history() -> History:
+    """A record at 10:50 whose handler failed (attempt 1, c1); g1 committed past it (offset 5)."""
+    h = History()
+    h.captured(0, 0, 100, at(55), group_committed=5)
+    h.produce("r", 0, 0, 0, at(50))
+    h.record("r", 0, 0, 0, at(50))
+    h.consume("r", 0, 0, 0, at(50.5), outcome="failed")
+    return h
+
+
+@pytest.mark.parametrize(("as_of_min", "code", "pending"), [(64.99, "pending", 1), (65, "retry_overdue", 0)])
+def test_only_failed_outcomes_are_pending_in_grace_then_retry_overdue_never_missed(
+        as_of_min: float, code: str, pending: int) -> None:
+    r = reconcile_window(topic_config(), T0, at(as_of_min), retry_history().inputs())
+    assert brief(r.anomalies) == [(G, code, 0, "r", 0, 0)]
+    row = next(row for row in r.report if row["stage"] == G)
+    assert (row["expected"], row["delivered"], row["lost"], row["pending"], row["missed"], row["retry_overdue"]) \
+        == (1, 0, 0, pending, 0, 1 - pending)
 
 
 def test_lost_acked_waits_for_grace_and_counts_as_pending_in_the_log_row() -> None:

@@ -102,6 +102,40 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode:
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(("headers", "reason"), [
+    ([("audit.trace", b"x")], "unknown audit header 'audit.trace': audit.* names are reserved (audit.pid, "
+     "audit.seq, audit.ts, audit.key, audit.src.topic, audit.src.partition, audit.src.offset, audit.attempt, "
+     "audit.retry.at, audit.error, audit.group)"),
+    ({"user": "u", "audit.seq": "12a"}, "audit.seq not a decimal integer: '12a'"),
+    ([("audit.seq", b"-3")], "audit.seq not a decimal integer: '-3'"),
+    ([("audit.pid", "p" * 65)], "audit.pid longer than 64 chars: '" + "p" * 40 + "...'"),
+    ([("audit.ts", b"")], "audit.ts not a decimal integer: ''"),
+    (["not-a-pair"], "a header must be a (name, value) pair, got \"'not-a-pair'\""),
+])
+def test_headers_the_audit_cannot_stamp_are_one_error_at_produce_and_nothing_is_written(
+        tmp_path: Path, headers: Any, reason: str) -> None:
+    from audit.core.errors import InputError
+
+    conf = {"test.mock.num.brokers": 1, "log_level": 0}
+    with AuditedProducer(conf, producer_name="hdr", ledger_dir=tmp_path) as p:
+        with pytest.raises(InputError) as e:
+            p.produce("a", b"bad", headers=headers)
+        assert str(e.value) == f"AuditedProducer.produce('a'): {reason}"
+        assert p.stats().sent == 0  # no seq used, nothing sent
+        # known audit.* headers pass: a retry copy's headers are kept, the audit identity is replaced
+        p.produce("a", b"ok", headers=[("audit.attempt", b"2"), ("audit.seq", b"99"), ("u", b"1")])
+        p.flush(10)
+    assert [(r["seq"], r["status"]) for r in ledger_rows(tmp_path)] == [(0, "acked")]
+
+
+@pytest.mark.unit
+def test_retry_copy_headers_of_the_consumer_are_known_audit_headers() -> None:
+    from audit.clients.consumer import RETRY_HEADERS
+
+    assert set(RETRY_HEADERS) == set(h.COPY_HEADERS)
+
+
+@pytest.mark.unit
 def test_raw_producer_sends_without_identity_or_ledger_row(tmp_path: Path) -> None:
     conf = {"test.mock.num.brokers": 1, "log_level": 0}
     reports: list[Any] = []

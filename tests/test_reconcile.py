@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from audit.core.config import Config
-from audit.core.errors import ConfigError, InputError
+from audit.core.errors import ConfigError, InputError, ResultReleased
 from audit.oracle import reconcile_window as oracle_reconcile
 from tests.reconcile_cases import (
     AS_OF_FINAL,
@@ -46,7 +46,7 @@ def test_every_anomaly_code_in_spark_equals_the_hand_written_expectation_and_the
     oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert report == norm_rows(oracle.report)
-    assert len(report) == 64 and quarantined == 0
+    assert len(report) == 67 and quarantined == 0
 
 
 @pytest.mark.spark
@@ -90,6 +90,19 @@ def test_pending_then_judged_around_the_grace_boundary_in_spark(
     assert brief(anomalies) == expected
     assert report == norm_rows(oracle_reconcile(tc, T0, at(as_of_min), h.inputs()).report)
     assert {r["status"] for r in report} == {"provisional" if as_of_min < 75 else "final"}
+
+
+@pytest.mark.spark
+def test_only_failed_outcomes_are_pending_then_retry_overdue_in_spark(spark: Any) -> None:
+    from tests.test_oracle import retry_history
+
+    tc, h = topic_config(), retry_history()
+    for as_of_min, code in ((64.99, "pending"), (65, "retry_overdue")):
+        report, anomalies, _ = spark_reconcile(spark, tc, T0, at(as_of_min), h.inputs())
+        assert brief(anomalies) == [(G, code, 0, "r", 0, 0)]
+        oracle = oracle_reconcile(tc, T0, at(as_of_min), h.inputs())
+        assert anomalies == sorted_anomalies(oracle.anomalies)
+        assert report == norm_rows(oracle.report)
 
 
 @pytest.mark.spark
@@ -188,8 +201,11 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     with ReportStore(cfg.report_store) as store:
         stored_1 = (store.read(PARTITION_REPORT, TOPIC), store.read(ANOMALIES, TOPIC))
     assert len(stored_1[0]) == 4 and len(stored_1[1]) == 3
+    assert sorted_anomalies(r.asDict() for r in first.anomalies.collect()) == sorted_anomalies(oracle.anomalies)
     first.release()
     assert _our_persisted_rdds(spark) == kept_before  # the checkpoints and the summary are freed
+    with pytest.raises(ResultReleased, match=r"topic 't', window 2026-11-21T10:00:00\+00:00: anomalies read after"):
+        first.anomalies.collect()  # not a Spark error about a missing checkpoint block
 
     # Same inputs, same as_of: identical rows everywhere, nothing appended.
     reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)

@@ -51,7 +51,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from audit.clients.ledger import LedgerWriter
 from audit.clients.plugin import Plugin, plugin_path
 from audit.core import headers as audit_headers
-from audit.core.errors import ConfigError, LedgerError
+from audit.core.errors import ConfigError, InputError, LedgerError
 
 log = logging.getLogger(__name__)
 
@@ -289,10 +289,13 @@ class AuditedProducer:
         assert plugin is not None
         pid = self.pid
         user_headers = _user_headers
+        header_error = audit_headers.user_header_error
 
         def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
                     on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
                     timestamp: int = 0, headers: Any = None, *, audit_key: str | None = None) -> None:
+            if headers and (bad := header_error(headers)) is not None:  # before the plugin takes a seq
+                raise InputError(f"AuditedProducer.produce({topic!r}): {bad}")
             hdrs = user_headers(headers, audit_key) if headers or audit_key is not None else None
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:
@@ -333,7 +336,10 @@ class AuditedProducer:
     ) -> None:
         """Same as `Producer.produce` (same argument order), plus `audit_key` (the optional
         business idempotency key, sent as `audit.key`). Raises what Producer.produce raises;
-        such a call still uses a seq and gets a `failed` ledger row.
+        such a call still uses a seq and gets a `failed` ledger row. Headers the audit cannot
+        stamp -- an unknown `audit.*` name, an `audit.seq`/`audit.ts` that is not a decimal
+        integer, an `audit.pid` over 64 chars (`audit.core.headers.user_header_error`) -- raise
+        InputError first: no seq used, nothing sent, no ledger row.
 
         (Replaced per instance by the closure `_hot_path` builds; this is its signature.)"""
         raise NotImplementedError  # pragma: no cover
@@ -343,6 +349,7 @@ class AuditedProducer:
         lookups and per-call allocations are what an audited produce() costs beyond a plain one."""
         c_produce: Callable[..., None] = self._producer.produce
         assert self.ledger is not None
+        header_error = audit_headers.user_header_error
         append = self.ledger.append_formatted
         topics = self._topics
         counts = self._counts
@@ -407,6 +414,8 @@ class AuditedProducer:
         def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
                     on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
                     timestamp: int = 0, headers: Any = None, *, audit_key: str | None = None) -> None:
+            if headers and (bad := header_error(headers)) is not None:  # before a seq is used: nothing written
+                raise InputError(f"AuditedProducer.produce({topic!r}): {bad}")
             state = topics.get(topic)
             if state is None:
                 state = new_topic(topic)

@@ -46,3 +46,9 @@ class LakeBusy(MsgauditError):
     """Another writer holds the lake's writer lease (one ingest per lake at a time)."""
 
     exit_code = ExitCode.LAKE_BUSY.value
+
+
+class ResultReleased(MsgauditError):
+    """A reconcile result's Spark rows were read after its `release()` freed what they are computed from."""
+
+    exit_code = ExitCode.UNEXPECTED.value

@@ -97,6 +97,47 @@ def stamp(
     return out
 
 
+# Headers of the AuditedConsumer's retry and dead-letter copies (docs/design.md §9): known audit.*
+# names an application may pass on (a handler forwarding a copy's headers), unlike an unknown one.
+COPY_HEADERS = ("audit.src.topic", "audit.src.partition", "audit.src.offset", "audit.attempt", "audit.retry.at",
+                "audit.error", "audit.group")
+RESERVED_PREFIX = "audit."
+
+
+def user_header_error(headers: UserHeaders) -> str | None:
+    """Why an application's headers cannot be stamped, or None. `audit.*` names are reserved: an
+    unknown one is refused; `audit.pid`/`audit.seq`/`audit.ts`/`audit.key` are replaced by the
+    producer's own (see `stamp`), but a value that breaks the parse rules above is refused too,
+    so a malformed audit header is reported at `produce()`, not found later in the log."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    for item in items:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            return f"a header must be a (name, value) pair, got {_quote(repr(item))}"
+        if not isinstance(name, str) or not name.startswith(RESERVED_PREFIX):
+            continue
+        if name not in AUDIT_HEADERS and name not in COPY_HEADERS:
+            return (f"unknown audit header {_quote(name)}: audit.* names are reserved "
+                    f"({', '.join(AUDIT_HEADERS + COPY_HEADERS)})")
+        if name not in AUDIT_HEADERS:
+            continue
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if text is None:
+            return f"{name} has no value"
+        if not isinstance(text, str):
+            return f"{name} must be str or bytes, got {type(text).__name__}"
+        if name == PID and len(text) > MAX_PID_CHARS:
+            return f"{PID} longer than {MAX_PID_CHARS} chars: {_quote(text)}"
+        if name in (SEQ, TS):
+            err = _long(name, text, MAX_LONG if name == SEQ else MAX_TS_MS)[1]
+            if err is not None:
+                return err.replace("not an integer", "not a decimal integer")
+        if not text:
+            return f"{name} is empty"
+    return None
+
+
 def _quote(text: str) -> str:
     return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
 

@@ -12,6 +12,7 @@ Only this module and the job modules' I/O edges touch storage; transforms never 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -25,6 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from audit.core.config import Config, is_uri, join_location
 from audit.core.errors import InputError, LakeBusy
+
+log = logging.getLogger("msgaudit")
 
 
 def table_path(cfg: Config, name: str) -> str:
@@ -200,3 +203,48 @@ def _read_lease(spark: SparkSession, where: str) -> dict[str, Any] | None:
     except ValueError:
         return {"what": "an unreadable lease", "acquired_at": 0}
     return data if isinstance(data, dict) else {"what": "an unreadable lease", "acquired_at": 0}
+
+
+# Columns of the contract a table written by an older version (or another writer) may lack: they are
+# nullable and read as null (docs/design.md §4.2, partition_watermarks).
+OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {"partition_watermarks": ("captured_from", "captured_to")}
+_UNPRUNED_WARNED: set[str] = set()
+
+
+def read_input_table(spark: SparkSession, cfg: Config, name: str) -> tuple[DataFrame, bool]:
+    """Read an input table of the lake, checked against its contract (docs/design.md §4): every
+    column of `spark_jobs.io.schemas.TABLES[name]` must be there (InputError naming the table, the
+    column and what writes it, before any Spark job runs); an optional column that is absent is
+    read as null. Returns (frame, partitioned): `partitioned` is False when the table has no
+    `part_hour` column -- a table written by another tool is read whole (filtered by topic only),
+    with a warning, instead of refused."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.io.schemas import PART_HOUR, TABLES
+
+    df = read_table(spark, cfg, name)
+    present = set(df.columns)
+    optional = OPTIONAL_COLUMNS.get(name, ())
+    for field in TABLES[name].fields:
+        if field.name in present:
+            continue
+        if field.name in optional:
+            df = df.withColumn(field.name, F.lit(None).cast(field.dataType))
+            continue
+        raise InputError(
+            f"table {name!r} at {table_path(cfg, name)} has no column {field.name!r} "
+            f"({field.dataType.simpleString()}, docs/design.md §4.2); it is written by "
+            f"{PRODUCED_BY.get(name, 'the step that writes it')} -- a table written by another tool must have "
+            f"the contract's columns")
+    partitioned = PART_HOUR in present
+    if not partitioned and name in PARTITIONED_BY_HOUR:
+        path = table_path(cfg, name)
+        if path not in _UNPRUNED_WARNED:
+            _UNPRUNED_WARNED.add(path)
+            log.warning("table %r at %s has no %r column: it is read whole, without partition pruning "
+                        "(every window reads all of it; see docs/design.md §4.1)", name, path, PART_HOUR)
+    return df, partitioned
+
+
+# The input tables partitioned by (topic, part_hour) (docs/design.md §4.1).
+PARTITIONED_BY_HOUR = ("producer_ledger", "log_records", "consumed_records")

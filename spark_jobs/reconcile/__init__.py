@@ -66,12 +66,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
-from audit.core.errors import InputError
+from audit.core.errors import InputError, ResultReleased
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
-from spark_jobs.reconcile.inputs import WindowInputs, ledger_is_valid, read_window_inputs, restrict
+from spark_jobs.reconcile.inputs import (
+    WindowInputs,
+    check_window_inputs,
+    ledger_is_valid,
+    read_window_inputs,
+    restrict,
+)
 from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
 from spark_jobs.reconcile.outputs import write_outputs
 from spark_jobs.reconcile.params import Lookups, collect_lookups, window_params
@@ -103,17 +109,31 @@ class WindowResult:
     as_of: datetime
     run_id: str
     report: list[dict[str, Any]]
-    anomalies: DataFrame
+    _anomalies: DataFrame
     anomaly_count: int
     quarantined_ledger_rows: int
     empty: bool
     cached: list[DataFrame] = field(default_factory=list)
+    released: bool = False
+
+    @property
+    def anomalies(self) -> DataFrame:
+        """The window's anomaly rows, computed from the cached summary. Read (or collect) them before
+        `release()`: the summary's lineage ends in checkpoints that were freed once it was computed,
+        so after `release()` this raises ResultReleased instead of a Spark error about missing blocks."""
+        if self.released:
+            raise ResultReleased(
+                f"reconcile result of topic {self.topic!r}, window {self.window_start.isoformat()}: anomalies "
+                "read after release(); collect them before release(), or read the published rows "
+                "(audit_anomalies)")
+        return self._anomalies
 
     def release(self) -> None:
-        """Drop the cached summary (the anomalies DataFrame is recomputed if used afterwards)."""
+        """Drop the cached summary; `anomalies` raises ResultReleased from now on. Idempotent."""
         for df in self.cached:
             df.unpersist()
         self.cached.clear()
+        self.released = True
 
 
 def materialise(df: DataFrame) -> DataFrame:
@@ -224,6 +244,8 @@ def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: date
     names = list(topics) if topics else sorted(cfg.topics)
     if not names:
         raise InputError(f"{cfg.source}: no topics configured; add one under `topics:`")
+    for t in names:  # every input and sink table's columns, before the first window's Spark job
+        check_window_inputs(spark, cfg, cfg.topic(t))
     jobs = [(t, ws) for t in names for ws, _ in windows(start, end, cfg.topic(t).window)]
     results = []
     bar = None

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from audit.core.config import TopicConfig
 from audit.core.vocabulary import (
     ACKED,
+    CONSUME_FAILED,
     DEAD_LETTERED,
     FAILED,
     GROUP,
@@ -103,12 +104,15 @@ def classification_sql(tc: TopicConfig) -> tuple[dict[str, str], str]:
         per_stage[gcol] = (
             f"transform(R2, r -> named_struct('r', r, "
             f"'proc', array_sort(filter(C, c -> {match} AND c.outcome = {_q(PROCESSED)})), "
-            f"'dead', exists(C, c -> {match} AND c.outcome = {_q(DEAD_LETTERED)}), 'sunk', {sunk}))")
+            f"'dead', exists(C, c -> {match} AND c.outcome = {_q(DEAD_LETTERED)}), "
+            f"'fail', array_sort(filter(C, c -> {match} AND c.outcome = {_q(CONSUME_FAILED)})), 'sunk', {sunk}))")
         n = "size(x.proc)"
         committed = f"try_element_at({co}, x.r.partition)"
         unprocessed_code, unprocessed_detail = _case(GROUP, [
             ("x.dead", "dead_lettered", {}),
             (f"NOT {DUE}", "pending", {}),
+            ("size(x.fail) > 0", "retry_overdue", {"attempt": "element_at(x.fail, -1).attempt",
+                                                   "consumer": "element_at(x.fail, -1).consumer"}),
             ("x.r.offset < coalesce(try_element_at(lso, x.r.partition), -1)", "expired_unconsumed", {}),
             (f"x.r.offset < {committed}", "missed", {"committed_offset": committed}),
             (None, "overdue", {}),

@@ -69,7 +69,7 @@ def _hours(lo: datetime, hi: datetime) -> tuple[str, str]:
 
 def read_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig, ws: datetime) -> WindowInputs:
     """Read only the Delta partitions (topic, part_hour) the window and its lookback need."""
-    from spark_jobs.io.lake import read_table, table_exists
+    from spark_jobs.io.lake import read_input_table, table_exists
     from spark_jobs.io.sinks_read import read_sink
 
     rr = read_ranges(tc, ws)
@@ -77,11 +77,14 @@ def read_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig, ws: da
     e_lo, e_hi = _hours(rr.event_lo, rr.event_hi)
 
     def pruned(name: str, lo: str, hi: str) -> DataFrame:
-        return read_table(spark, cfg, name).where(
-            (F.col("topic") == tc.name) & (F.col("part_hour") >= lo) & (F.col("part_hour") <= hi))
+        df, partitioned = read_input_table(spark, cfg, name)
+        df = df.where(F.col("topic") == tc.name)
+        if not partitioned:  # written by another tool without part_hour: read whole (`restrict` is exact)
+            return df
+        return df.where((F.col("part_hour") >= lo) & (F.col("part_hour") <= hi))
 
     def small(name: str) -> DataFrame:
-        return read_table(spark, cfg, name).where(F.col("topic") == tc.name)
+        return read_input_table(spark, cfg, name)[0].where(F.col("topic") == tc.name)
 
     ledger = pruned("producer_ledger", m_lo, m_hi)
     log = pruned("log_records", m_lo, m_hi)
@@ -94,3 +97,20 @@ def read_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig, ws: da
         group_offsets = small("group_offsets")
     sinks = {s.name: read_sink(spark, s, tc.name) for s in tc.sinks}
     return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks)
+
+
+def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig) -> None:
+    """Check the schema of every input and sink table the topic's windows read, before any window
+    runs: a missing column is one InputError naming the table, the column and what writes it."""
+    from spark_jobs.io.lake import read_input_table, table_exists
+    from spark_jobs.io.sinks_read import read_sink
+
+    names = ["producer_ledger", "log_records", "partition_watermarks"]
+    if tc.groups:
+        names += ["consumed_records", "group_offsets"]
+    elif table_exists(spark, cfg, "group_offsets"):
+        names.append("group_offsets")
+    for name in names:
+        read_input_table(spark, cfg, name)
+    for s in tc.sinks:
+        read_sink(spark, s, tc.name)

@@ -53,6 +53,7 @@ CREATE TABLE audit_partition_report (
 	dead_lettered BIGINT,
 	aborted_read BIGINT,
 	overdue BIGINT,
+	retry_overdue BIGINT,
 	missing_in_sink BIGINT,
 	duplicate_in_sink BIGINT,
 	unexpected_in_sink BIGINT,
