@@ -223,6 +223,11 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
     (GROUP, "pending"): Explanation(
         "the group has not reached the record yet (normal consumer lag, within grace)",
         "none yet; if it turns overdue, check the group's lag"),
+    (GROUP, "retry_overdue"): Explanation(
+        "every attempt to process the record failed and no retry finished within grace: the retry copy "
+        "is stuck, was lost, or its consumer is down",
+        "check the retry topic's consumer and the handler's error in its log; a bounded retry count ending "
+        "in the dead-letter queue keeps a failing record from waiting forever"),
     (GROUP, "overdue"): Explanation(
         "the group is stalled or lags more than the grace: it has not committed past the record",
         "check that the group's consumers run, and their lag; add consumers"),
