@@ -66,8 +66,6 @@ WATERMARKS_TABLE = "partition_watermarks"
 LOG_PARTITION_COLUMNS = ("topic", PART_HOUR)
 DATA_COLUMNS = tuple(f.name for f in LOG_RECORDS.fields if f.name != "captured_at")
 
-# librdkafka's OFFSET_INVALID: what list_consumer_group_offsets returns for "no committed offset".
-_NO_OFFSET = -1001
 
 
 # --------------------------------------------------------------------------------------------
@@ -476,20 +474,28 @@ def plan_topic(admin: Any, cfg: Config, topic: str, partitions: Sequence[int],
     return [plan_partition(p, low[p], high[p], lso[p], at_from[p], at_to[p]) for p in partitions]
 
 
-def group_offsets(admin: Any, cfg: Config, topic: str, partitions: Sequence[int]) -> list[tuple[str, int, int | None]]:
-    """(group, partition, committed offset or None) for every group configured on the topic."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+def group_offsets(cfg: Config, topic: str, partitions: Sequence[int]) -> list[tuple[str, int, int | None]]:
+    """(group, partition, committed offset or None) for every group configured on the topic.
+
+    Read with a consumer's OffsetFetch (`committed`), not the AdminClient's
+    `list_consumer_group_offsets`: in confluent-kafka 2.16 the latter crashed the process
+    (SIGSEGV) now and then when the coordinator answered "load in progress".
+    """
+    from confluent_kafka import KafkaException
+
+    from audit.clients.doctor import committed_offsets
 
     rows: list[tuple[str, int, int | None]] = []
     for group in cfg.topic(topic).groups:
-        # The API takes one group per request.
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
-        futures = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
-        answer = _result(futures[group], cfg, f"group {group!r} offsets on {topic!r}")
-        for tp in answer.topic_partitions:
+        try:
+            answer = committed_offsets(cfg, group, topic, list(partitions))
+        except KafkaException as e:
+            raise BrokerError(f"group {group!r} offsets on {topic!r}: Kafka at {_bootstrap(cfg)} answered: "
+                              f"{e.args[0] if e.args else e}") from None
+        for tp in answer:
             if tp.error is not None:
                 raise BrokerError(f"group {group!r} offsets on {topic!r}[{tp.partition}]: {tp.error}")
-            rows.append((group, tp.partition, None if tp.offset == _NO_OFFSET else tp.offset))
+            rows.append((group, tp.partition, None if tp.offset < 0 else tp.offset))
     return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
@@ -590,7 +596,7 @@ def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, part
                   start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> TopicCapture:
     """Snapshot group offsets and watermarks (into `snapshots`), then read and MERGE one topic."""
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
-    groups = group_offsets(admin, cfg, topic, partitions)
+    groups = group_offsets(cfg, topic, partitions)
     ranges = plan_topic(admin, cfg, topic, partitions, start, end)
     snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups]
     snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
