@@ -27,6 +27,7 @@ EXAMPLES: dict[str, str] = {
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out dashboard --start 2026-11-20T00:00Z --end 2026-11-22T00:00Z\n"
+                 "  msgaudit dashboard --out dashboard --timelines off   # rows show `msgaudit trace ...` instead\n"
                  "  msgaudit dashboard --out dashboard --topic orders   # then open dashboard/index.html",
     "doctor": "msgaudit doctor --horizon-hours 24   # exit 3 on an error-severity risk",
     "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=None, metavar="FILE",
                         help="config file (default: ./msgaudit.yaml if present, else embedded defaults)")
+    common.add_argument("--verbose", action="store_true",
+                        help="also show Spark/JVM output and warnings (default: they go to $MSGAUDIT_HOME/logs/msgaudit.log)")
     parser = argparse.ArgumentParser(
         prog="msgaudit",
         description="Prove, per topic-partition and window, that every Kafka message reached the log, "
@@ -89,12 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--end", default=None, help="end (exclusive) of the windows to show (default: all)")
     d.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every topic in the report store)")
+    d.add_argument("--timelines", choices=["auto", "on", "off"], default="auto",
+                   help="link each anomaly row to its message's timeline, read from the lake in one Spark pass "
+                   "(auto: when the config's lake holds ledger or log tables; off: rows show the trace command)")
     doc = add("doctor", "Report the loss risks of the audited topics before they cause loss: unclean leader "
-              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon.")
+              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon, "
+              "producers running with acks != all or without idempotence (from the lake).")
     doc.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="only this topic (repeatable)")
     doc.add_argument("--horizon-hours", type=float, default=24.0,
                      help="flag a group whose oldest unprocessed record expires within this many hours (default 24)")
     doc.add_argument("--min-replication-factor", type=int, default=2, help="warn below this (default 2)")
+    doc.add_argument("--producer-hours", type=float, default=24.0,
+                     help="check the settings (acks, idempotence) of producer sessions started within this many "
+                     "hours, from the lake's producer_settings (default 24; 0: skip, no Spark)")
     tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
              "sink rows and the anomalies naming it, with their cause and remedy.")
     tr.add_argument("--topic", required=True, help="the message's topic")
@@ -176,13 +186,40 @@ def _backfill(args: argparse.Namespace, cfg: Any) -> int:
 def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     from audit.serving.dashboard import cli_dashboard
 
-    return cli_dashboard(args, cfg)
+    tracer = None
+    if args.timelines != "off":
+        from spark_jobs.trace import lake_has_tables, lake_tracer
+
+        if args.timelines == "on" or lake_has_tables(cfg):
+            tracer = lake_tracer(cfg)
+    return cli_dashboard(args, cfg, tracer)
 
 
 def _doctor(args: argparse.Namespace, cfg: Any) -> int:
     from audit.clients.doctor import cli_doctor
 
-    return cli_doctor(args, cfg)
+    producers = None
+    if args.producer_hours > 0:
+        from spark_jobs.trace import lake_has_tables
+
+        if lake_has_tables(cfg, ("producer_settings",)):
+            from datetime import UTC, datetime, timedelta
+
+            from spark_jobs.io.session import build_spark
+            from spark_jobs.trace import producer_sessions
+
+            since = datetime.now(UTC) - timedelta(hours=args.producer_hours)
+            producers = producer_sessions(build_spark(cfg, app_name="msgaudit-doctor"), cfg, since)
+    def record(risks: list[Any]) -> None:
+        from dataclasses import asdict
+        from datetime import UTC, datetime
+
+        from audit.serving.report_store import ReportStore
+
+        with ReportStore(cfg.report_store) as store:
+            store.record_risks(datetime.now(UTC), [asdict(r) for r in risks])
+
+    return cli_doctor(args, cfg, producers, record)
 
 
 def _trace(args: argparse.Namespace, cfg: Any) -> int:
@@ -213,10 +250,21 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        import os
+
+        from audit.runtime.quiet import ENV_VERBOSE
+
+        os.environ[ENV_VERBOSE] = "1"
+    home, log_offset = None, 0
     try:
         from audit.core import config as config_mod
+        from audit.runtime import quiet
 
         cfg = config_mod.load(args.config)
+        home = cfg.home
+        log_offset = quiet.log_size(home)
+        quiet.python_warnings_to_log(home)
         return int(COMMANDS[args.command](args, cfg) or 0)
     except MsgauditError as e:
         print(f"msgaudit {args.command}: error: {e}", file=sys.stderr)
@@ -224,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"msgaudit {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if home is not None:
+            from audit.runtime import quiet
+
+            quiet.notice(home, log_offset, args.command)
 
 
 if __name__ == "__main__":

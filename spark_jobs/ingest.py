@@ -2,6 +2,7 @@
 
     <ledger_dir>/producer/*.jsonl  ->  producer_ledger   (partitioned by topic, part_hour of produce_ts)
     <ledger_dir>/consumer/*.jsonl  ->  consumed_records  (partitioned by topic, part_hour of consume_ts)
+    <ledger_dir>/producer_settings/*.jsonl  ->  producer_settings  (partitioned by part_hour of start_ts)
     lines that are not valid rows  ->  ledger_quarantine (table, source_file, line, reason, ingested_at)
 
 Exactly once comes from Spark's file source: a streaming read of each ledger folder with a
@@ -44,7 +45,13 @@ from audit.core.config import Config
 from audit.core.errors import InputError
 from audit.core.vocabulary import CONSUME_OUTCOMES, LEDGER_STATUSES
 from spark_jobs.io import lake
-from spark_jobs.io.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
+from spark_jobs.io.schemas import (
+    CONSUMED_RECORDS,
+    LEDGER_QUARANTINE,
+    PART_HOUR,
+    PRODUCER_LEDGER,
+    PRODUCER_SETTINGS,
+)
 
 QUARANTINE_TABLE = "ledger_quarantine"
 QUARANTINE_SCHEMA = LEDGER_QUARANTINE
@@ -62,6 +69,7 @@ class LedgerSource:
     schema: StructType
     time_column: str  # its UTC hour is part_hour
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    partition_by: tuple[str, ...] = ("topic", PART_HOUR)
 
     @property
     def json_schema(self) -> StructType:
@@ -83,6 +91,9 @@ SOURCES: tuple[LedgerSource, ...] = (
                  {"status": LEDGER_STATUSES}),
     LedgerSource("consumed_records", "consumer", CONSUMED_RECORDS, "consume_ts",
                  {"outcome": CONSUME_OUTCOMES}),
+    # one row per AuditedProducer start (audit/clients/producer.py `write_settings`); no topic
+    LedgerSource("producer_settings", "producer_settings", PRODUCER_SETTINGS, "start_ts",
+                 partition_by=(PART_HOUR,)),
 )
 
 
@@ -223,7 +234,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     recovered = recover_orphans(folder)
     table_path = lake.table_path(cfg, source.table)
     quarantine_path = lake.table_path(cfg, QUARANTINE_TABLE)
-    _ensure_table(spark, table_path, source.table_schema, ("topic", PART_HOUR))
+    _ensure_table(spark, table_path, source.table_schema, source.partition_by)
     _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
     if not any(p.name.endswith(".jsonl") for p in folder.iterdir()):
         # Nothing sealed at all: skip starting a stream (the tables exist for readers anyway).

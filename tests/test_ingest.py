@@ -122,6 +122,11 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
     write_segment(prod, first[:3])
     write_segment(prod, first[3:])
     write_segment(cons, [crow(0), crow(1)])
+    # A producer's settings at start: one sealed one-line segment of its own (audit/clients/producer.py).
+    from audit.clients.producer import SETTINGS_DIR, settings_row, write_settings
+
+    write_settings(cfg.ledger_dir / SETTINGS_DIR, settings_row(
+        {"acks": "1", "max.in.flight": 5}, "orders-svc", "orders-svc:0123456789ab", "python", T0))
     # A live writer's open segment is not read until it is sealed.
     live = LedgerWriter(prod, "live", max_age_s=3600)
     live.append(prow(9, topic="late"))
@@ -129,7 +134,12 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
 
     r1 = ingest(spark, cfg)
     assert {t: (x.landed, x.quarantined, x.segments) for t, x in r1.tables.items()} == {
-        "producer_ledger": (6, 0, 2), "consumed_records": (2, 0, 1)}
+        "producer_ledger": (6, 0, 2), "consumed_records": (2, 0, 1), "producer_settings": (1, 0, 1)}
+    settings = lake.read_table(spark, cfg, "producer_settings").selectExpr("*", "unix_millis(start_ts) AS ms")
+    assert [r.asDict() for r in settings.drop("start_ts").collect()] == [{
+        "producer": "orders-svc", "pid": "orders-svc:0123456789ab", "acks": "1", "enable_idempotence": False,
+        "retries": 2147483647, "max_in_flight": 5, "transactional_id": None, "mode": "python", PART_HOUR: HOUR,
+        "ms": T0}]
     ledger = lake.read_table(spark, cfg, "producer_ledger")
     assert_df_equality(ledger, expected_ledger(spark, first), ignore_row_order=True, ignore_nullable=True,
                        ignore_column_order=True)
@@ -141,7 +151,7 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
     # Twice: nothing new, nothing added.
     r2 = ingest(spark, cfg)
     assert {t: (x.landed, x.quarantined, x.segments) for t, x in r2.tables.items()} == {
-        "producer_ledger": (0, 0, 0), "consumed_records": (0, 0, 0)}
+        "producer_ledger": (0, 0, 0), "consumed_records": (0, 0, 0), "producer_settings": (0, 0, 0)}
     assert lake.read_table(spark, cfg, "producer_ledger").count() == 6
 
     # Only the new segments land next time (the live one, now sealed, and a later hour).

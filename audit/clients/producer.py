@@ -152,6 +152,42 @@ def _kafka_conf(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
+SETTINGS_DIR = "producer_settings"  # beside the producer ledger folder: <ledger root>/producer_settings
+# librdkafka's defaults, for the settings a producer did not set
+_RDKAFKA_DEFAULTS = {"retries": 2147483647, "max_in_flight": 1000000}
+
+
+def settings_row(conf: Mapping[str, Any], producer_name: str, pid: str, mode: str, start_ms: int) -> dict[str, Any]:
+    """The producer's delivery settings at start (one `producer_settings` row, docs/design.md §4.2):
+    the effective value of each, librdkafka's default where the config does not set it."""
+    def first(*names: str) -> Any:
+        return next((conf[n] for n in names if n in conf), None)
+
+    acks = str(first("acks", "request.required.acks") or "all").lower()
+    idem = str(first("enable.idempotence") or "false").lower() in ("true", "1")
+    retries = first("retries", "message.send.max.retries")
+    in_flight = first("max.in.flight.requests.per.connection", "max.in.flight")
+    return {"producer": producer_name, "pid": pid, "start_ts": start_ms, "acks": "all" if acks == "-1" else acks,
+            "enable_idempotence": idem,
+            "retries": int(retries) if retries is not None else _RDKAFKA_DEFAULTS["retries"],
+            "max_in_flight": int(in_flight) if in_flight is not None else _RDKAFKA_DEFAULTS["max_in_flight"],
+            "transactional_id": first("transactional.id"), "mode": mode}
+
+
+def write_settings(folder: Path, row: Mapping[str, Any]) -> None:
+    """One sealed one-line segment per producer start (written under a temporary name, then renamed,
+    so ingest never reads half a file). Failure is logged, never fatal: the audit then has no
+    settings for this pid, which doctor and the explanations treat as unknown."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"settings-{time_ns()}-{audit_headers.new_pid('s').split(':', 1)[1]}"
+        tmp = folder / f"{name}.tmp"
+        tmp.write_text(json.dumps(dict(row), separators=(",", ":")) + "\n", encoding="utf-8")
+        tmp.rename(folder / f"{name}.jsonl")
+    except OSError as e:
+        log.warning("producer settings not recorded in %s: %s", folder, e)
+
+
 def _only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
     """Hand a delivery report to the application's callback only when it is an error."""
     if err is not None:
@@ -242,6 +278,8 @@ class AuditedProducer:
         self._metrics_registry: Any = None
         if metrics_registry is not None:
             self._register_metrics(metrics_registry)
+        self.settings = settings_row(conf, producer_name, self.pid, self.mode, time_ns() // 1_000_000)
+        write_settings(self.ledger_dir.parent / SETTINGS_DIR, self.settings)
 
     def _choose_plugin(self, use_plugin: bool | None, ledger_topic: str | None) -> Path | None:
         if use_plugin is False:
