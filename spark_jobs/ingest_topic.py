@@ -45,7 +45,6 @@ from spark_jobs.ingest import (
     QUARANTINE_TABLE,
     SOURCES,
     IngestResult,
-    LedgerSource,
     TableIngest,
     _ensure_table,
     parse_lines,
@@ -99,11 +98,13 @@ def split_records(df: DataFrame) -> DataFrame:
     )
 
 
-def new_rows(records: DataFrame, landed_ids: DataFrame, source: LedgerSource) -> DataFrame:
-    """The records of one ledger whose identity is not landed yet, one per identity."""
-    mine = records.filter(F.col("kind") == source.subdir).dropDuplicates(["ledger_id"])
-    landed = landed_ids.filter(F.col("table") == source.table).select("ledger_id")
-    return mine.join(landed, "ledger_id", "left_anti")
+def fresh_records(records: DataFrame, landed_ids: DataFrame) -> DataFrame:
+    """The records of both ledgers whose identity is not landed yet, one per identity."""
+    tables = F.create_map(*[x for s in SOURCES for x in (F.lit(s.table), F.lit(s.subdir))])
+    landed = landed_ids.select(tables[F.col("table")].alias("kind"), "ledger_id")
+    mine = records.filter(F.col("kind").isin(*_KINDS) & (F.col("ledger_id") != "")).dropDuplicates(
+        ["kind", "ledger_id"])
+    return mine.join(landed, ["kind", "ledger_id"], "left_anti")
 
 
 def bad_key_rows(records: DataFrame) -> DataFrame:
@@ -169,43 +170,46 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
 
     def land(batch: DataFrame, batch_id: int) -> None:
         records = batch.transform(split_records).persist()
+        known = F.col("kind").isin(*_KINDS) & F.col("ledger_id").isNotNull() & (F.col("ledger_id") != "")
+        landed_ids = spark.read.format("delta").load(ids_path)
+        fresh = records.transform(lambda df: fresh_records(df, landed_ids)).persist()
         try:
-            landed_ids = spark.read.format("delta").load(ids_path)
-            bad = records.transform(bad_key_rows)
-            n_bad = bad.count()
-            if n_bad:
-                write(bad, quarantine_path, f"{app_id}-keys", batch_id)
-                extra["bad_keys"] += n_bad
-            n_known = records.filter(F.col("kind").isin(*_KINDS) & (F.col("ledger_id") != "")).count()
-            fresh_total = 0
+            seen = records.agg(F.count(F.when(known, 1)).alias("known"),
+                               F.count(F.when(~known | F.col("kind").isNull(), 1)).alias("bad")).first()
+            by_kind = {r["kind"]: r["n"] for r in fresh.groupBy("kind").agg(F.count("*").alias("n")).collect()}
+            assert seen is not None
+            if seen["bad"]:
+                write(records.transform(bad_key_rows), quarantine_path, f"{app_id}-keys", batch_id)
+                extra["bad_keys"] += seen["bad"]
+            extra["replayed"] += seen["known"] - sum(by_kind.values())
             for source in SOURCES:
+                if not by_kind.get(source.subdir):
+                    continue
                 app = f"{app_id}-{source.table}"
-                parsed = (records.transform(lambda df, s=source: new_rows(df, landed_ids, s))
+                parsed = (fresh.filter(F.col("kind") == source.subdir)
                           .transform(parse_lines(source)).persist())
                 try:
                     counts = parsed.agg(
-                        F.count(F.when(F.col("reason").isNull(), 1)).alias("ok"),
                         F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
                         F.countDistinct(F.regexp_replace("ledger_id", ":[0-9]+$", "")).alias("segments"),
                     ).first()
                     assert counts is not None
-                    if counts["ok"] + counts["bad"] == 0:
-                        continue
                     write(parsed.transform(to_table_rows(source)), paths[source.table], app, batch_id)
                     if counts["bad"]:
                         write(parsed.transform(to_quarantine_rows(source)), quarantine_path, app, batch_id)
-                    # After the rows: a crash in between replays the batch, whose row write Delta skips.
-                    write(parsed.select(F.lit(source.table).alias("table"), "ledger_id",
-                                        F.current_timestamp().alias("ingested_at")), ids_path, app, batch_id)
                     t = totals[source.table]
-                    t["landed"] += counts["ok"]
+                    t["landed"] += by_kind[source.subdir] - counts["bad"]
                     t["quarantined"] += counts["bad"]
                     t["segments"] += counts["segments"]
-                    fresh_total += counts["ok"] + counts["bad"]
                 finally:
                     parsed.unpersist()
-            extra["replayed"] += n_known - fresh_total
+            if by_kind:
+                # After the rows: a crash in between replays the batch, whose row writes Delta skips.
+                table_of = F.create_map(*[x for s in SOURCES for x in (F.lit(s.subdir), F.lit(s.table))])
+                write(fresh.select(table_of[F.col("kind")].alias("table"), "ledger_id",
+                                   F.current_timestamp().alias("ingested_at")), ids_path, f"{app_id}-ids", batch_id)
         finally:
+            fresh.unpersist()
             records.unpersist()
 
     reader = spark.readStream.format("kafka")

@@ -336,11 +336,12 @@ class ShipResult:
 
 
 def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeout: float = 60.0,
-               progress: Callable[[str], None] | None = None) -> ShipResult:
+               progress: Callable[[str], None] | None = None,
+               producer_factory: Callable[[dict[str, Any]], Any] = Producer) -> ShipResult:
     """`msgaudit ship`: seal the segments of dead writers and ship every sealed segment without a
     marker, from `<ledger_dir>/producer` and `<ledger_dir>/consumer`. Raises BrokerError when some
     segment could not be shipped (run it again when the topic is back: what was shipped is marked)."""
-    producer = Producer(shipper_conf(kafka))
+    producer = producer_factory(shipper_conf(kafka))
     shipped = rows = already = failed = recovered = 0
     try:
         for kind in KINDS:
