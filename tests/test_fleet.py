@@ -56,6 +56,15 @@ def _result(proc: subprocess.Popen[str], log: Path, timeout: float) -> dict[str,
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+def _wait_for_spools(folders: list[Path], procs: dict[str, subprocess.Popen[str]]) -> None:
+    """Until every producer host has started writing its spool (process start-up is slow under load)."""
+    deadline = time.monotonic() + 120
+    while not all(f.is_dir() and any(f.iterdir()) for f in folders):
+        assert all(p.poll() is None for p in procs.values()), "a producer host exited early"
+        assert time.monotonic() < deadline, "the producer hosts did not start"
+        time.sleep(0.1)
+
+
 def test_fleet_ledgers_survive_a_ledger_topic_outage_and_land_once(
         spark: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
     ledger_broker = LocalKafka(tmp_path / "ledger-kafka", port=free_port_block(2), nodes=1).start()
@@ -75,10 +84,12 @@ def test_fleet_ledgers_survive_a_ledger_topic_outage_and_land_once(
                            "90"], logs["host-c"])
         producers = {name: _spawn(["producer", str(hosts[name]), data_topic, f"svc-{name}", str(PER_PRODUCER),
                                    str(SECONDS)], logs[name]) for name in ("host-a", "host-b")}
-        time.sleep(SECONDS / 3)
+        _wait_for_spools([tmp_path / name / "spool" / "producer" for name in producers], producers)
+        time.sleep(SECONDS / 4)
         ledger_broker.kill_node(1)  # the ledger topic goes away mid-run ...
         time.sleep(SECONDS / 2)
         ledger_broker.restart_node(1)  # ... and comes back before the hosts finish
+        ledger_broker.wait_ready(120)
         truth = {name: _result(p, logs[name], 120) for name, p in producers.items()}
         consumed = _result(consumer, logs["host-c"], 120)
 

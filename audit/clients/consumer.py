@@ -52,7 +52,12 @@ one final outcome; retry-topic coordinates never appear. `consumer` is the insta
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
 The rows of a batch are durable before its Kafka commit (at_least_once), and written after the
 transaction commits in the exactly-once modes (a crash between those two points loses only
-ledger rows, never sink rows or offsets).
+ledger rows, never sink rows or offsets) - except exactly_once_kafka with a ledger topic on the
+consumer's cluster: there the rows are also produced to the ledger topic inside the transaction
+(keys `consumer/txn:<instance>:<consume_seq>`), so the commit that makes the outputs and offsets
+visible makes their evidence visible too; the spool copy written after the commit is never
+shipped (audit.clients.ledger_ship.TransactionShipped). With `ledger_topic` (or cfg.ledger) the
+other modes ship their spool rows to the topic (audit.clients.ledger_ship.LedgerShipper).
 
 This module must not import pyspark or airflow, must not commit an offset before the records
 below it are accounted for (except at_most_once, by definition), and never swallows a handler
