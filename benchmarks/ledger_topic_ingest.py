@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            broker = LocalKafka(work / "kafka", port=free_port_block(2), nodes=1).start()
+            broker = LocalKafka(work / "kafka", port=free_port_block(2), nodes=1).start(timeout=300)
             bootstrap = broker.bootstrap_servers
         topic = f"bench-ledger-{uuid.uuid4().hex[:8]}"
         AdminClient({"bootstrap.servers": bootstrap}).create_topics(

@@ -67,7 +67,7 @@ def _wait_for_spools(folders: list[Path], procs: dict[str, subprocess.Popen[str]
 
 def test_fleet_ledgers_survive_a_ledger_topic_outage_and_land_once(
         spark: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
-    ledger_broker = LocalKafka(tmp_path / "ledger-kafka", port=free_port_block(2), nodes=1).start()
+    ledger_broker = LocalKafka(tmp_path / "ledger-kafka", port=free_port_block(2), nodes=1).start(timeout=240)
     try:
         data_topic = new_topic(kafka_bootstrap, partitions=2, prefix="orders")
         ledger_topic = new_topic(ledger_broker.bootstrap_servers, partitions=2, prefix="msgaudit.ledger")
