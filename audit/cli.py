@@ -22,6 +22,7 @@ EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
     "ingest": "msgaudit ingest --config msgaudit.yaml",
+    "ship": "msgaudit ship --config msgaudit.yaml   # on each host, after a ledger-topic outage or from cron",
     "capture": "msgaudit capture --start 2026-11-21T10:00Z --end 2026-11-21T12:00Z",
     "reconcile": "msgaudit reconcile --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --as-of 2026-11-21T11:15Z",
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
     k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
+    sh = add("ship", "Ship this host's ledger spool (<ledger_dir>/producer, <ledger_dir>/consumer) to the ledger "
+             "topic of `ledger: {topic: ...}`: every sealed segment not yet marked shipped (dead writers' "
+             "segments are sealed first); exit 2 when the topic cannot take them (run it again later).")
+    sh.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one segment's acknowledgements "
+                    "(default 60)")
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
                 as_of="judge as of this instant (default: now); same inputs + same as-of = same rows")
@@ -163,7 +169,8 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
 
         topic_partitions(cfg, selected_topics(cfg, rng.topics))  # a missing topic fails before a JVM starts
     if args.command == "ingest":
-        print(f"ingest: ledgers under {cfg.ledger_dir} -> Delta tables under {cfg.lake}", flush=True)
+        source = f"ledger topic {cfg.ledger.topic}" if cfg.ledger is not None else f"ledgers under {cfg.ledger_dir}"
+        print(f"ingest: {source} -> Delta tables under {cfg.lake}", flush=True)
     from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name=f"msgaudit-{args.command}")
@@ -174,6 +181,18 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
         breach = sla_breach_message(result, *rng.window_range("sla"))
         if breach:
             raise SlaFailed(f"{breach} (details above and in sla_results)")
+    return 0
+
+
+def _ship(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients.ledger_ship import ship_spool
+    from audit.core.errors import ConfigError
+
+    if cfg.ledger is None:
+        raise ConfigError(f"{cfg.source}: no ledger topic configured (add `ledger: {{topic: ..., kafka: {{...}}}}`)")
+    print(f"ship: spool {cfg.ledger_dir} -> ledger topic {cfg.ledger.topic}", flush=True)
+    result = ship_spool(cfg.ledger_dir, cfg.ledger.kafka, cfg.ledger.topic, timeout=args.timeout, progress=print)
+    print(result.summary(cfg.ledger.topic))
     return 0
 
 
@@ -244,7 +263,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
-    "trace": _trace, "doctor": _doctor,
+    "trace": _trace, "doctor": _doctor, "ship": _ship,
 }
 
 

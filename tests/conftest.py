@@ -25,7 +25,7 @@ settings.register_profile("soak", max_examples=20_000, deadline=None,
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node KRaft broker on a free loopback port, from the cached jars."""
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=free_port_block(2), nodes=1)
-    broker.start()
+    broker.start(timeout=180)  # a loaded shared machine can take minutes to start a JVM
     yield broker
     broker.stop()
 

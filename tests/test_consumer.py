@@ -107,7 +107,7 @@ def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 2
 
 def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, sink_url: str | None,
                sink_mode: str = "insert", output_topic: str | None = None,
-               kill_offset: int = 12) -> tuple[str, list[int], list[dict[str, Any]]]:
+               kill_offset: int = 12, ledger_topic: str | None = None) -> tuple[str, list[int], list[dict[str, Any]]]:
     """Produce N messages, run the consumer until it dies at `kill_at`, rerun it to the end.
 
     Returns the topic, the source offsets of the batch it died in, and the ledger rows."""
@@ -121,6 +121,8 @@ def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, 
                  "--sink-mode", sink_mode]
     if output_topic:
         args += ["--output-topic", output_topic]
+    if ledger_topic:
+        args += ["--ledger-topic", ledger_topic]
     first = run_consumer(args, kill_at=kill_at, kill_offset=kill_offset)
     assert first.returncode == 137, first.stderr[-3000:]
     died_in = json.loads(marker.read_text())

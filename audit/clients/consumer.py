@@ -52,7 +52,12 @@ one final outcome; retry-topic coordinates never appear. `consumer` is the insta
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
 The rows of a batch are durable before its Kafka commit (at_least_once), and written after the
 transaction commits in the exactly-once modes (a crash between those two points loses only
-ledger rows, never sink rows or offsets).
+ledger rows, never sink rows or offsets) - except exactly_once_kafka with a ledger topic on the
+consumer's cluster: there the rows are also produced to the ledger topic inside the transaction
+(keys `consumer/txn:<instance>:<consume_seq>`), so the commit that makes the outputs and offsets
+visible makes their evidence visible too; the spool copy written after the commit is never
+shipped (audit.clients.ledger_ship.TransactionShipped). With `ledger_topic` (or cfg.ledger) the
+other modes ship their spool rows to the topic (audit.clients.ledger_ship.LedgerShipper).
 
 This module must not import pyspark or airflow, must not commit an offset before the records
 below it are accounted for (except at_most_once, by definition), and never swallows a handler
@@ -75,7 +80,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from audit.clients.ledger import LedgerWriter
+from audit.clients.ledger import LedgerWriter, encode_row
+from audit.clients.ledger_ship import LedgerShipper, TransactionShipped, connection_settings, txn_key
 from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
@@ -103,7 +109,7 @@ _MAX_ERROR_CHARS = 1000
 
 # Stage names passed to `on_stage`, in loop order.
 STAGES = ("committed_before_processing", "handled", "sink_txn_open", "sink_written",
-          "txn_before_commit", "ledger_flushed", "committed")
+          "txn_before_commit", "txn_committed", "ledger_flushed", "committed")
 
 _REBALANCE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
@@ -235,6 +241,10 @@ class AuditedConsumer:
       cfg / ledger_dir: the ledger goes to `<ledger_dir>/consumer` (ledger_dir argument, else
         cfg.ledger_dir, else `.msgaudit/ledger`).
       producer_config: extra librdkafka settings for the producer (outputs, retry copies).
+      ledger_topic / ledger_kafka: ship the consumption rows (and, in exactly_once_kafka, the output
+        producer's rows) to this ledger topic on this cluster (default: cfg.ledger, if set; the
+        cluster defaults to the consumer's). In exactly_once_kafka with the ledger topic on the
+        consumer's own cluster, a batch's consumption rows go to the topic inside its transaction.
       batch_size, poll_timeout_s: records per poll and the poll wait.
       on_stage: called as on_stage(stage, records) at each point of STAGES (metrics, tests).
 
@@ -259,6 +269,8 @@ class AuditedConsumer:
         poll_timeout_s: float = 0.5,
         on_stage: StageHook | None = None,
         ledger: LedgerWriter | None = None,
+        ledger_topic: str | None = None,
+        ledger_kafka: Mapping[str, Any] | None = None,
     ) -> None:
         if semantics not in SEMANTICS:
             raise ConfigError(f"AuditedConsumer semantics: expected one of {', '.join(SEMANTICS)}, got {semantics!r}")
@@ -314,12 +326,30 @@ class AuditedConsumer:
         self._raw_producer: Producer | None = None
         self._delivery_errors: list[str] = []
 
+        if ledger_topic is None and cfg is not None and cfg.ledger is not None:
+            ledger_topic, ledger_kafka = cfg.ledger.topic, cfg.ledger.kafka
+        self.ledger_topic = ledger_topic
+        self._ledger_kafka = dict(ledger_kafka) if ledger_kafka is not None else connection_settings(base)
+        # exactly_once_kafka: the batch's consumption rows join its transaction when the ledger topic
+        # is on the cluster the transaction runs on (a transaction cannot span two clusters).
+        self._ledger_in_txn = bool(ledger_topic) and semantics == "exactly_once_kafka" and (
+            str(self._ledger_kafka.get("bootstrap.servers")) == str(base.get("bootstrap.servers")))
+        if ledger_topic and semantics == "exactly_once_kafka" and not self._ledger_in_txn:
+            log.warning("consumer %s: the ledger topic is on another cluster, so the consumption rows are "
+                        "shipped after each transaction commits, not inside it", self.instance)
+        self._shipper: LedgerShipper | None = None
+        observer: LedgerShipper | TransactionShipped | None = None
+        if ledger_topic and ledger is None:
+            if self._ledger_in_txn:
+                observer = TransactionShipped()
+            else:
+                observer = self._shipper = LedgerShipper(self._ledger_kafka, ledger_topic, "consumer")
         if ledger is None:
             root = Path(ledger_dir) if ledger_dir is not None else (
                 Path(cfg.ledger_dir) if cfg is not None else Path(".msgaudit") / "ledger")
             self._ledger_root = root
             ledger = LedgerWriter(root / "consumer", _safe_prefix(f"{self.group}-{self.name}"),
-                                  max_bytes=16 << 20, max_age_s=60.0)
+                                  max_bytes=16 << 20, max_age_s=60.0, observer=observer)
         else:
             self._ledger_root = Path(ledger.directory).parent
         self.ledger = ledger
@@ -354,7 +384,8 @@ class AuditedConsumer:
 
             tconf = {**self._producer_conf, "transactional.id": f"msgaudit-{self.group}-{self.name}"}
             producer = AuditedProducer(tconf, producer_name=f"{self.group}.{self.name}",
-                                       ledger_dir=self._ledger_root / "producer")
+                                       ledger_dir=self._ledger_root / "producer", ledger_topic=self.ledger_topic,
+                                       ledger_kafka=self._ledger_kafka if self.ledger_topic else None)
             try:
                 producer.init_transactions(30)
             except KafkaException as e:
@@ -588,7 +619,7 @@ class AuditedConsumer:
                     before_commit=lambda: self._stage("sink_txn_open", handled))
             self._stage("sink_written", handled)
             if eos_kafka:
-                self._commit_transaction(positions, handled)
+                self._commit_transaction(positions, handled, rows)
             elif self._raw_producer is not None and len(self._raw_producer):
                 self._flush_retries()
         except BaseException:
@@ -685,8 +716,24 @@ class AuditedConsumer:
 
     # -- transactions (exactly_once_kafka) ---------------------------------------------------
 
-    def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord]) -> None:
+    def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord],
+                            rows: Sequence[tuple[ConsumedRecord, str, int]] = ()) -> None:
         assert self.producer is not None and self._raw_producer is not None
+        if self._ledger_in_txn:
+            # The consumption rows are evidence of this transaction: they commit or abort with it.
+            # Their consume_seq is taken again by the same rows after the commit (_ledger_row), so
+            # the spool copy and the topic copy are one row; an aborted batch's seqs are reused.
+            assert self.ledger_topic is not None
+            for i, (rec, outcome, ts) in enumerate(rows):
+                seq = self._consume_seq + i
+                line = encode_row(self._ledger_dict(rec, outcome, ts, seq)).encode()
+                while True:
+                    try:
+                        self._raw_producer.produce(self.ledger_topic, line, txn_key(self.instance, seq),
+                                                   on_delivery=self._delivered)
+                        break
+                    except BufferError:
+                        self._raw_producer.poll(0.1)
         # The batch's outputs reach the log (inside the open transaction) before its offsets join
         # it: commit_transaction would wait for them anyway, and a crash from here on leaves an
         # aborted transaction whose records are in the log, never records still in this process.
@@ -697,11 +744,12 @@ class AuditedConsumer:
         while True:
             try:
                 self.producer.commit_transaction(30)
-                return
+                break
             except KafkaException as e:
                 if e.args[0].retriable():
                     continue
                 raise
+        self._stage("txn_committed", handled)
 
     def _abort_and_rewind(self, msgs: Sequence[Message]) -> None:
         """Abort the open transaction and seek back so the batch is read again."""
@@ -750,13 +798,16 @@ class AuditedConsumer:
             log.warning("consumer %s: commit failed for %s", self.instance,
                         [(tp.topic, tp.partition, tp.error) for tp in failed])
 
-    def _ledger_row(self, rec: ConsumedRecord, outcome: str, ts: int) -> None:
-        self.ledger.append({
-            "group": self.group, "consumer": self.instance, "consume_seq": self._consume_seq,
+    def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, consume_seq: int) -> dict[str, Any]:
+        return {
+            "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
             "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
             "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
             "consume_ts": ts,
-        })
+        }
+
+    def _ledger_row(self, rec: ConsumedRecord, outcome: str, ts: int) -> None:
+        self.ledger.append(self._ledger_dict(rec, outcome, ts, self._consume_seq))
         self._consume_seq += 1
         if outcome == "processed":
             self.stats.processed += 1
@@ -785,6 +836,8 @@ class AuditedConsumer:
                     self._raw_producer.close()
             finally:
                 self.ledger.close()
+                if self._shipper is not None:
+                    self._shipper.close()
 
     def __enter__(self) -> AuditedConsumer:
         return self

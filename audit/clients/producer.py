@@ -49,6 +49,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import LedgerWriter
+from audit.clients.ledger_ship import LedgerShipper, connection_settings
 from audit.clients.plugin import Plugin, plugin_path
 from audit.core import headers as audit_headers
 from audit.core.errors import ConfigError, InputError, LedgerError
@@ -77,7 +78,7 @@ class ProducerStats:
     aborted: int
     in_flight: int
     ledger_pending: int
-    ledger_topic_failed: int = 0  # rows the optional ledger topic did not take (files have them)
+    ledger_topic_failed: int = 0  # rows the ledger topic did not take live (re-shipped from the spool)
     ledger_dropped: int = 0  # rows the plugin could not record (full buffer, unwritable spool)
 
 
@@ -199,7 +200,9 @@ class AuditedProducer:
     Args beyond the Producer's:
       producer_name: logical name of this producer (ledger column `producer`, pid prefix).
       ledger_dir: folder for producer ledger segments (default `.msgaudit/ledger/producer`).
-      ledger_topic: optional Kafka topic that also receives every ledger row as JSON.
+      ledger_topic: optional ledger topic: every ledger row is shipped there (keyed by its identity,
+        audit.clients.ledger_ship) after it is written to the segment files, which stay the spool.
+      ledger_kafka: librdkafka settings of the cluster holding the ledger topic (default: `config`).
       ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.clients.ledger.LedgerWriter`).
       metrics_registry: a prometheus_client CollectorRegistry (or True for the default one) to
         export the counters as `msgaudit_producer_*{producer=..., pid=...}`.
@@ -215,6 +218,7 @@ class AuditedProducer:
         producer_name: str = "producer",
         ledger_dir: Path | str | None = None,
         ledger_topic: str | None = None,
+        ledger_kafka: Mapping[str, Any] | None = None,
         ledger_max_bytes: int = 64 << 20,
         ledger_max_age_s: float = 60.0,
         metrics_registry: Any = None,
@@ -256,13 +260,10 @@ class AuditedProducer:
         self._txn_held: dict[int, list[tuple[Any, ...]]] = {}
         self._txn_outcome: dict[int, str] = {}
 
-        self._mirror_producer: Producer | None = None
-        self._mirror_failed = 0
-        mirror = None
+        self._shipper: LedgerShipper | None = None
         if ledger_topic:
-            mirror_conf = {k: v for k, v in conf.items() if k != "transactional.id"}
-            self._mirror_producer = Producer(mirror_conf)
-            mirror = partial(self._mirror_lines, ledger_topic)
+            ship_conf = ledger_kafka if ledger_kafka is not None else connection_settings(conf)
+            self._shipper = LedgerShipper(ship_conf, ledger_topic, "producer")
         self.ledger: LedgerWriter | None = None
         if self._plugin is None:
             self.ledger = LedgerWriter(
@@ -270,7 +271,7 @@ class AuditedProducer:
                 LEDGER_PREFIX,
                 max_bytes=ledger_max_bytes,
                 max_age_s=ledger_max_age_s,
-                mirror=mirror,
+                observer=self._shipper,
             )
             self.produce = self._hot_path()  # type: ignore[method-assign]
         else:
@@ -354,7 +355,10 @@ class AuditedProducer:
         `overrides` are AuditedProducer keyword arguments or librdkafka settings
         (dotted names through a dict: `**{"linger.ms": 5}`)."""
         own = {k: overrides.pop(k) for k in list(overrides)
-               if k in ("ledger_topic", "ledger_max_bytes", "ledger_max_age_s", "metrics_registry")}
+               if k in ("ledger_topic", "ledger_kafka", "ledger_max_bytes", "ledger_max_age_s",
+                        "metrics_registry")}
+        if getattr(cfg, "ledger", None) is not None and "ledger_topic" not in own:
+            own.update(ledger_topic=cfg.ledger.topic, ledger_kafka=cfg.ledger.kafka)
         return cls({**cfg.kafka, **overrides}, producer_name=producer_name,
                    ledger_dir=Path(cfg.ledger_dir) / "producer", **own)
 
@@ -529,30 +533,6 @@ class AuditedProducer:
         for row in self._txn_held.pop(txn, ()):
             self._emit_txn_row(row, txn, outcome)
 
-    def _mirror_lines(self, topic: str, lines: list[str]) -> None:
-        """Second ledger sink (runs on the ledger thread). The segment files are the ledger of
-        record, so a row the topic cannot take is counted and logged, never allowed to stop them."""
-        mp = self._mirror_producer
-        assert mp is not None
-        key = self.pid.encode()
-        for line in lines:
-            while True:
-                try:
-                    mp.produce(topic, line.encode(), key, on_delivery=self._mirror_report)
-                    break
-                except BufferError:
-                    mp.poll(0.1)
-                except KafkaException as e:
-                    self._mirror_failed += 1
-                    log.error("ledger topic %s rejected a row: %s", topic, e)
-                    break
-        mp.poll(0)
-
-    def _mirror_report(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._mirror_failed += 1
-            log.error("ledger topic %s lost a row: %s", msg.topic(), err)
-
     # -- the rest of the Producer API -----------------------------------------------------
     @property
     def raw_producer(self) -> Producer:
@@ -659,7 +639,7 @@ class AuditedProducer:
             aborted=aborted,
             in_flight=in_flight,
             ledger_pending=self.ledger.pending + held,
-            ledger_topic_failed=self._mirror_failed,
+            ledger_topic_failed=self._shipper.stats.not_shipped_live if self._shipper is not None else 0,
         )
 
     def _register_metrics(self, registry: Any) -> None:
@@ -720,9 +700,8 @@ class AuditedProducer:
             self._producer.close()  # the plugin seals its segment in on_destroy
             if self.ledger is not None:
                 self.ledger.close()
-            if self._mirror_producer is not None:
-                self._mirror_producer.flush(timeout)
-                self._mirror_producer.close()
+            if self._shipper is not None:
+                self._shipper.close(timeout)
             if self._metrics_registry is not None:
                 self._metrics_registry.unregister(self._collector)
 

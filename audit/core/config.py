@@ -92,6 +92,31 @@ DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
 
 
 @dataclass(frozen=True)
+class LedgerTopicConfig:
+    """`ledger: {topic: ..., kafka: {...}}`: the clients ship their ledger rows to `topic` (local
+    segments stay the spool) and `msgaudit ingest` lands the topic instead of the local folder.
+    `kafka` are librdkafka settings of the cluster that holds the topic (default: `kafka:`)."""
+
+    topic: str
+    kafka: Mapping[str, str]
+
+
+def _parse_ledger(value: Any, kafka: Mapping[str, str], where: str) -> LedgerTopicConfig | None:
+    if value is None:
+        return None
+    data = _mapping(value, where)
+    _check_keys(data, ("topic", "kafka"), where)
+    topic = data.get("topic")
+    if not isinstance(topic, str) or not topic.strip():
+        raise ConfigError(f"{where}.topic: expected a topic name, got {topic!r}")
+    own = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{where}.kafka").items()}
+    # A separate cluster gets only its own settings; without bootstrap.servers the topic lives
+    # on the data cluster and shares its settings (security included).
+    merged = own if "bootstrap.servers" in own else {**kafka, **own}
+    return LedgerTopicConfig(topic=topic.strip(), kafka=merged)
+
+
+@dataclass(frozen=True)
 class Config:
     source: str  # the file it came from, or "<defaults>"
     home: Path
@@ -101,6 +126,11 @@ class Config:
     kafka: Mapping[str, str]
     spark: Mapping[str, str]
     topics: Mapping[str, TopicConfig]
+    ledger: LedgerTopicConfig | None = None  # `ledger: {topic, kafka}`: ledgers shipped through a topic
+
+    @property
+    def ledger_topic(self) -> str | None:
+        return self.ledger.topic if self.ledger is not None else None
 
     @property
     def spark_master(self) -> str:
@@ -274,7 +304,8 @@ def _resolve_sqlite(url: str | None, base: Path) -> str | None:
 def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
     base = (base or Path.cwd()).resolve()
     data = _interpolate(dict(data), source)
-    _check_keys(data, ("home", "lake", "ledger_dir", "report_store", "kafka", "spark", "topics"), source)
+    _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "topics"),
+                source)
     home = base / str(data.get("home", DEFAULT_HOME))
     kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
     kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
@@ -293,6 +324,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         kafka=kafka,
         spark=spark,
         topics=topics,
+        ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
     )
 
 
