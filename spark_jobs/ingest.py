@@ -358,6 +358,7 @@ def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
                     for k in keys) or "false"
                 _ensure_table(spark, table_path, SOURCES[1].table_schema, ("topic", PART_HOUR))
                 target = DeltaTable.forPath(spark, table_path)
+                before = target.history(1).select("version").first()
                 old = spark.conf.get(_AUTOMERGE, None)
                 spark.conf.set(_AUTOMERGE, "true")  # a table of an older version may lack `error`
                 try:
@@ -370,8 +371,10 @@ def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
                         spark.conf.unset(_AUTOMERGE)
                     else:
                         spark.conf.set(_AUTOMERGE, old)
-                metrics = target.history(1).select("operationMetrics").first()
-                inserted = int((metrics[0] or {}).get("numTargetRowsInserted", 0)) if metrics else 0
+                # A MERGE that inserts nothing may not commit at all: count only a new version's rows.
+                last = target.history(1).select("version", "operationMetrics").first()
+                new_version = last is not None and (before is None or last[0] != before[0])
+                inserted = int((last[1] or {}).get("numTargetRowsInserted", 0)) if last and new_version else 0
                 bad = checked.filter(F.col("reason").isNotNull()).select(
                     F.lit("consumed_records").alias("table"),
                     F.lit(f"{sinks_read.redact(url)}#{sinks_read.CONSUMPTION_TABLE}").alias("source_file"),
