@@ -59,8 +59,8 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
 - expected = committed records; delivered = committed records processed at least once.
 - Per record, g's outcomes in (consume_ts, consume_seq, consumer) order. Not processed:
   `dead_lettered` if any outcome is dead_lettered; else `pending` within grace; else
-  `retry_overdue` if g has only `failed` outcomes for it (detail: the last one's attempt and
-  consumer); else `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
+  `retry_overdue` if g has only `failed` outcomes for it (detail: the last one's attempt,
+  consumer and, when the row has one, error); else `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
   < g's latest captured committed offset; else `overdue`.
 - A committed record with no processed or dead_lettered outcome of g, whose unit has a row in a
   sink fed by g (sink config `group == g`; matched to the unit as the sink stage matches it, by
@@ -169,6 +169,7 @@ class ConsumedRow:
     consume_ts: datetime
     attempt: int = 1
     topic: str = "t"
+    error: str | None = None  # the handler's error of a failed / dead_lettered outcome
 
 
 @dataclass(frozen=True)
@@ -520,8 +521,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     emit(stage, "pending", r.partition, rpid, rseq, r.offset)
                 elif failed := [c for c, _ in outs if c.outcome == CONSUME_FAILED]:
                     # a retry is pending and never reached a final outcome: not `missed`
+                    last = failed[-1]
                     emit(stage, "retry_overdue", r.partition, rpid, rseq, r.offset,
-                         attempt=failed[-1].attempt, consumer=failed[-1].consumer)
+                         None if last.error is None else "error",
+                         attempt=last.attempt, consumer=last.consumer, error=last.error)
                 elif r.offset < max_lso.get(r.partition, -1):
                     emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset)
                 elif (co := committed_offset.get((g, r.partition))) is not None and r.offset < co:

@@ -259,3 +259,49 @@ def test_sigkilled_producer_leaves_an_ingestible_ledger(spark: Any, kafka_bootst
     assert len(records) == total >= len(rows)
     at = {(m.partition(), m.offset()): h.parse(m.headers()).seq for m in records}
     assert all(at[(row["partition"], row["offset"])] == row["seq"] for row in rows)
+
+
+@pytest.mark.spark
+def test_consumption_rows_kept_in_a_sink_database_land_once(spark: Any, tmp_path: Path, make_config: Any) -> None:
+    """exactly_once_sink evidence: the rows SqlSink wrote with a batch land in consumed_records,
+    exactly once over repeated ingests (the look-back re-reads them), bad rows quarantined once."""
+    import sqlalchemy as sa
+
+    from audit.clients.sinks import CONSUMPTION_TABLE, Position, SinkRecord, SqlSink
+
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    cfg = make_config(tmp_path, topics={"orders": {"groups": ["loader"], "sinks": [
+        {"name": "orders_db", "format": "sql", "url": url, "table": "orders_out", "group": "loader"}]}})
+    sink = SqlSink(url, "orders_out")
+
+    def evidence(offset: int, **kw: Any) -> dict[str, Any]:
+        return {**crow(offset), "consumer": "loader-w1:abc", **kw}
+
+    rec = SinkRecord({"n": 0}, "orders", 0, 0, "svc:0123456789ab", 0)
+    sink.write([rec], group="loader", positions=[Position("orders", 0, 2)],
+               consumption=[evidence(0), evidence(1, outcome="failed", error="ValueError: bad")])
+    r1 = ingest(spark, cfg)
+    assert (r1.tables["consumed_records (sink databases)"].landed,
+            r1.tables["consumed_records (sink databases)"].segments) == (2, 1)
+    r2 = ingest(spark, cfg)
+    assert r2.tables["consumed_records (sink databases)"].landed == 0
+
+    sink.write([], group="loader", positions=[Position("orders", 0, 3)], consumption=[evidence(2)])
+    with sa.create_engine(url).begin() as conn:  # another writer's row with an outcome we do not know
+        conn.execute(sa.text(f"INSERT INTO {CONSUMPTION_TABLE} VALUES ('loader', 'x', 0, 'orders', 0, 9, "
+                             f"NULL, NULL, 'skipped', 1, {T0}, NULL, {T0})"))
+    r3 = ingest(spark, cfg)
+    assert (r3.tables["consumed_records (sink databases)"].landed,
+            r3.tables["consumed_records (sink databases)"].quarantined) == (1, 1)
+    ingest(spark, cfg)
+    sink.close()
+
+    got = lake.read_table(spark, cfg, "consumed_records").selectExpr(
+        "`group`", "consumer", "consume_seq", "offset", "outcome", "error", "unix_millis(consume_ts) AS ms",
+        PART_HOUR).collect()
+    assert sorted(tuple(r) for r in got) == [
+        ("loader", "loader-w1:abc", 0, 0, "processed", None, T0 + 1000, HOUR),
+        ("loader", "loader-w1:abc", 1, 1, "failed", "ValueError: bad", T0 + 1001, HOUR),
+        ("loader", "loader-w1:abc", 2, 2, "processed", None, T0 + 1002, HOUR)]
+    bad = lake.read_table(spark, cfg, QUARANTINE_TABLE).select("source_file", "reason").collect()
+    assert [tuple(r) for r in bad] == [(f"{url}#{CONSUMPTION_TABLE}", "bad outcome: skipped")]

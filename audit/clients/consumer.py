@@ -46,15 +46,20 @@ kept, so the copy is still audited as the same message (topic, pid, seq)):
 
 Consumption ledger: one JSON row per processing outcome in `<ledger_dir>/consumer`, columns
 group, consumer, consume_seq, topic, partition, offset, pid, seq, outcome {processed, failed,
-dead_lettered}, attempt, consume_ts (epoch ms). Rows are always written against the ORIGINAL
+dead_lettered}, attempt, consume_ts (epoch ms), error (the handler's "<ExceptionType>: <message>"
+for failed and dead_lettered, else null). Rows are always written against the ORIGINAL
 (topic, partition, offset), so the group stage sees every source record's attempts and exactly
 one final outcome; retry-topic coordinates never appear. `consumer` is the instance id
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
-The rows of a batch are durable before its Kafka commit (at_least_once), and written after the
-transaction commits in the exactly-once modes (a crash between those two points loses only
-ledger rows, never sink rows or offsets) - except exactly_once_kafka with a ledger topic on the
-consumer's cluster: there the rows are also produced to the ledger topic inside the transaction
-(keys `consumer/txn:<instance>:<consume_seq>`), so the commit that makes the outputs and offsets
+The rows of a batch are durable before its Kafka commit (at_least_once). In exactly_once_sink
+with a sink that stores them (`Sink.stores_consumption`, e.g. SqlSink) they are written in the
+sink's transaction with the rows and offsets (table `msgaudit_consumed_records`, landed by
+`msgaudit ingest`), not to the ledger files: a crash at any point leaves all three or none. In
+exactly_once_kafka (and exactly_once_sink on a sink that cannot store them) they are written
+after the transaction commits (a crash between those two points loses only ledger rows, never
+sink rows or offsets) - except exactly_once_kafka with a ledger topic on the consumer's cluster:
+there the rows are also produced to the ledger topic inside the transaction (keys
+`consumer/txn:<instance>:<consume_seq>`), so the commit that makes the outputs and offsets
 visible makes their evidence visible too; the spool copy written after the commit is never
 shipped (audit.clients.ledger_ship.TransactionShipped). With `ledger_topic` (or cfg.ledger) the
 other modes ship their spool rows to the topic (audit.clients.ledger_ship.LedgerShipper).
@@ -587,7 +592,7 @@ class AuditedConsumer:
         if eos_kafka:
             assert self.producer is not None
             self.producer.begin_transaction()
-        rows: list[tuple[ConsumedRecord, str, int]] = []  # (record, outcome, consume_ts)
+        rows: list[tuple[ConsumedRecord, str, int, str | None]] = []  # (record, outcome, consume_ts, error)
         sink_records: list[SinkRecord] = []
         stop_error: BaseException | None = None
         for i, rec in enumerate(records):
@@ -596,30 +601,39 @@ class AuditedConsumer:
             except Exception as e:  # noqa: BLE001 - every handler failure is accounted for below
                 if self.retry is None:
                     # Finish the records before it, account for it, then stop.
-                    rows.append((rec, "failed", _now_ms()))
+                    rows.append((rec, "failed", _now_ms(), _error_text(e)))
                     log.error("consumer %s: handler failed on %s[%s]@%s: %s", self.instance,
                               rec.topic, rec.partition, rec.offset, _error_text(e))
                     stop_error = e
                     msgs = msgs[:i]
                     positions = self._positions(msgs)
                     break
-                rows.append((rec, self._send_retry(rec, e), _now_ms()))
+                rows.append((rec, self._send_retry(rec, e), _now_ms(), _error_text(e)))
                 continue
-            rows.append((rec, "processed", _now_ms()))
+            rows.append((rec, "processed", _now_ms(), None))
             if self.sink is not None:
                 sink_records.extend(self._sink_records(rec, result))
-        handled = [r for r, _, _ in rows]
+        handled = [r for r, _, _, _ in rows]
         self._stage("handled", handled)
+        # exactly_once_sink with a sink that stores them: the ledger rows go into the sink's
+        # commit, with the rows and the offsets (docs/design.md §11), not to the ledger files.
+        in_sink = self.semantics == "exactly_once_sink" and bool(getattr(self.sink, "stores_consumption", False))
+        ledger = [self._ledger_dict(rec, outcome, ts, error, self._consume_seq + i)
+                  for i, (rec, outcome, ts, error) in enumerate(rows)]
+        # Taken now: a seq written to the sink is never reused, even if a later step raises.
+        self._consume_seq += len(ledger)
 
         try:
             if self.sink is not None and (sink_records or self.semantics == "exactly_once_sink"):
+                eos_sink = self.semantics == "exactly_once_sink"
                 self.sink.write(
                     sink_records, group=self.group,
-                    positions=self._sink_positions(positions) if self.semantics == "exactly_once_sink" else (),
-                    before_commit=lambda: self._stage("sink_txn_open", handled))
+                    positions=self._sink_positions(positions) if eos_sink else (),
+                    before_commit=lambda: self._stage("sink_txn_open", handled),
+                    **({"consumption": ledger} if in_sink else {}))
             self._stage("sink_written", handled)
             if eos_kafka:
-                self._commit_transaction(positions, handled, rows)
+                self._commit_transaction(positions, handled, ledger)
             elif self._raw_producer is not None and len(self._raw_producer):
                 self._flush_retries()
         except BaseException:
@@ -627,9 +641,12 @@ class AuditedConsumer:
                 self._abort_and_rewind(msgs)
             raise
 
-        for rec, outcome, ts in rows:
-            self._ledger_row(rec, outcome, ts)
-        self.ledger.flush()
+        for row in ledger:
+            if not in_sink:
+                self.ledger.append(row)
+            self._count(row["outcome"])
+        if not in_sink:
+            self.ledger.flush()
         self._stage("ledger_flushed", handled)
         self.stats.batches += 1
         if self.semantics == "at_least_once":
@@ -717,16 +734,16 @@ class AuditedConsumer:
     # -- transactions (exactly_once_kafka) ---------------------------------------------------
 
     def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord],
-                            rows: Sequence[tuple[ConsumedRecord, str, int]] = ()) -> None:
+                            ledger: Sequence[dict[str, Any]] = ()) -> None:
         assert self.producer is not None and self._raw_producer is not None
         if self._ledger_in_txn:
             # The consumption rows are evidence of this transaction: they commit or abort with it.
-            # Their consume_seq is taken again by the same rows after the commit (_ledger_row), so
-            # the spool copy and the topic copy are one row; an aborted batch's seqs are reused.
+            # The spool gets the same rows (same consume_seq) after the commit, so the spool copy
+            # and the topic copy are one row; an aborted batch's seqs are not reused.
             assert self.ledger_topic is not None
-            for i, (rec, outcome, ts) in enumerate(rows):
-                seq = self._consume_seq + i
-                line = encode_row(self._ledger_dict(rec, outcome, ts, seq)).encode()
+            for row in ledger:
+                seq = row["consume_seq"]
+                line = encode_row(row).encode()
                 while True:
                     try:
                         self._raw_producer.produce(self.ledger_topic, line, txn_key(self.instance, seq),
@@ -798,17 +815,16 @@ class AuditedConsumer:
             log.warning("consumer %s: commit failed for %s", self.instance,
                         [(tp.topic, tp.partition, tp.error) for tp in failed])
 
-    def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, consume_seq: int) -> dict[str, Any]:
+    def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, error: str | None,
+                     consume_seq: int) -> dict[str, Any]:
         return {
             "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
             "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
             "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
-            "consume_ts": ts,
+            "consume_ts": ts, "error": error,
         }
 
-    def _ledger_row(self, rec: ConsumedRecord, outcome: str, ts: int) -> None:
-        self.ledger.append(self._ledger_dict(rec, outcome, ts, self._consume_seq))
-        self._consume_seq += 1
+    def _count(self, outcome: str) -> None:
         if outcome == "processed":
             self.stats.processed += 1
         elif outcome == "failed":

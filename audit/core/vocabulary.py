@@ -110,7 +110,8 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("aborted_read", GROUP, "processed a record of an aborted transaction"),
     _code("pending", GROUP, "not processed yet, within grace", (PENDING,), column=False),
     _code("overdue", GROUP, "not processed, past grace, at or above the committed offset"),
-    _code("retry_overdue", GROUP, "only failed outcomes, past grace; last: attempt {attempt} by {consumer}"),
+    _code("retry_overdue", GROUP, "only failed outcomes, past grace; last: attempt {attempt} by {consumer}",
+          variants=(("error", "only failed outcomes, past grace; last: attempt {attempt} by {consumer}: {error}"),)),
     # stage sink:<s>
     _code("missing_in_sink", SINK, "processed by the group, not in the sink", (LOST,)),
     _code("duplicate_in_sink", SINK, "copy {k} of {n}", (DUPLICATED,)),

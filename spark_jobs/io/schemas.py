@@ -82,6 +82,7 @@ CONSUMED_RECORDS = _s(
     ("outcome", StringType(), False),
     ("attempt", IntegerType(), False),
     ("consume_ts", TimestampType(), False),
+    ("error", StringType(), True),
 )
 
 GROUP_OFFSETS = _s(

@@ -49,12 +49,14 @@ def simple_facts(typed: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFr
 
 def _case(kind: str, branches: Sequence[tuple[str | None, str, dict[str, str]]]) -> tuple[str, str]:
     """(code SQL, detail SQL) choosing among codes of one stage kind: [(condition, code, detail
-    expressions)], the last one's condition None (ELSE)."""
+    expressions)], the last one's condition None (ELSE). A `variant` key in the expressions picks
+    that variant of the code's detail template."""
     code, det = "CASE", "CASE"
     for cond, name, exprs in branches:
         head = " ELSE " if cond is None else f" WHEN {cond} THEN "
         code += head + code_sql(kind, name)
-        det += head + detail_sql(kind, name, **exprs)
+        fields = {k: v for k, v in exprs.items() if k != "variant"}
+        det += head + detail_sql(kind, name, exprs.get("variant"), **fields)
     return code + " END", det + " END"
 
 
@@ -111,6 +113,9 @@ def classification_sql(tc: TopicConfig) -> tuple[dict[str, str], str]:
         unprocessed_code, unprocessed_detail = _case(GROUP, [
             ("x.dead", "dead_lettered", {}),
             (f"NOT {DUE}", "pending", {}),
+            ("size(x.fail) > 0 AND element_at(x.fail, -1).error IS NOT NULL", "retry_overdue",
+             {"variant": "error", "attempt": "element_at(x.fail, -1).attempt",
+              "consumer": "element_at(x.fail, -1).consumer", "error": "element_at(x.fail, -1).error"}),
             ("size(x.fail) > 0", "retry_overdue", {"attempt": "element_at(x.fail, -1).attempt",
                                                    "consumer": "element_at(x.fail, -1).consumer"}),
             ("x.r.offset < coalesce(try_element_at(lso, x.r.partition), -1)", "expired_unconsumed", {}),

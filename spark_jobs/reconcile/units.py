@@ -72,7 +72,7 @@ TIER_TYPES = {
     "R": "struct<partition:int,offset:bigint,committed:boolean,pid:string,seq:bigint,produce_ts:timestamp,"
          "kafka_ts:timestamp,fingerprint:string,header_error:string,captured_at:timestamp>",
     "C": "struct<consume_ts:timestamp,consume_seq:bigint,consumer:string,group:string,partition:int,"
-         "offset:bigint,outcome:string,reorder:boolean,attempt:int>",
+         "offset:bigint,outcome:string,reorder:boolean,attempt:int,error:string>",
     "S": "struct<sink:string,sink_ts:timestamp,offset:bigint,partition:int,pid:string,seq:bigint>",
 }
 
@@ -97,7 +97,7 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     if consumed is not None:
         parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), "C",
                            F.struct("consume_ts", "consume_seq", "consumer", "group", "partition", "offset",
-                                    "outcome", "reorder", "attempt")))
+                                    "outcome", "reorder", "attempt", "error")))
     for name, df in sinks.items():
         parts.append(shape(df.withColumn("sink", F.lit(name)), _key("pid", "seq", "partition", "offset"), "S",
                            F.struct("sink", "sink_ts", "offset", "partition", "pid", "seq")))

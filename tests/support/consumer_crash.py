@@ -13,6 +13,7 @@ so nothing is flushed or closed on the way out: exactly what a SIGKILL leaves be
 --hold-until FILE: once records of two partitions were handled, write "held" to --progress and
 wait in the handler until FILE exists (so a second member can join mid-stream, deterministically).
 --ready FILE is written just before the loop starts (the member is about to join its group).
+--skip-every K: messages whose n is a multiple of K are processed without a sink row (a filter).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hold-until")
     p.add_argument("--ready")
     p.add_argument("--max-partition-fetch-bytes", type=int)
+    p.add_argument("--skip-every", type=int, default=0,
+                   help="the handler writes no sink row for messages whose n is a multiple of this")
     args = p.parse_args(argv)
 
     kill_at = os.environ.get("MSGAUDIT_KILL_AT")
@@ -101,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.output_topic:
             assert consumer.producer is not None
             consumer.producer.produce(args.output_topic, rec.value, rec.key)
-        return {"n": body["n"], "body": (rec.value or b"").decode()} if sink is not None else None
+        if sink is None or (args.skip_every and body["n"] % args.skip_every == 0):
+            return None  # processed, nothing to write: only the consumption rows show it
+        return {"n": body["n"], "body": (rec.value or b"").decode()}
 
     with consumer:
         if args.ready:
