@@ -52,7 +52,6 @@ from spark_jobs.ingest import (
     to_table_rows,
 )
 from spark_jobs.io import lake
-from spark_jobs.io.schemas import PART_HOUR
 
 IDS_TABLE = "ledger_ids"
 IDS_SCHEMA = StructType([
@@ -155,7 +154,7 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
     quarantine_path = lake.table_path(cfg, QUARANTINE_TABLE)
     ids_path = lake.table_path(cfg, IDS_TABLE)
     for s in SOURCES:
-        _ensure_table(spark, paths[s.table], s.table_schema, ("topic", PART_HOUR))
+        _ensure_table(spark, paths[s.table], s.table_schema, s.partition_by)
     _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
     _ensure_table(spark, ids_path, IDS_SCHEMA, ("table",))
     checkpoint = checkpoint_dir(cfg)

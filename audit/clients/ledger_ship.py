@@ -6,7 +6,7 @@ of the ledger topic loses nothing.
 
 Row identity. Every shipped row is one Kafka record whose key names the row:
 
-    <kind>/<segment stem>:<line number>     kind = producer | consumer (the spool subfolder)
+    <kind>/<segment stem>:<line number>     kind = producer | consumer | producer_settings (the spool subfolder)
     consumer/txn:<consumer instance>:<consume_seq>   exactly_once_kafka rows sent in the transaction
 
 and whose value is the row's JSON line, unchanged. A segment's name never changes (sealing and
@@ -45,7 +45,7 @@ from audit.core.errors import BrokerError, ConfigError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("producer", "consumer")
+KINDS = ("producer", "consumer", "producer_settings")  # spool subfolders = ingest's ledger sources
 SHIPPED_SUFFIX = ".shipped"
 TXN_PREFIX = "txn:"
 
@@ -339,7 +339,8 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
                progress: Callable[[str], None] | None = None,
                producer_factory: Callable[[dict[str, Any]], Any] = Producer) -> ShipResult:
     """`msgaudit ship`: seal the segments of dead writers and ship every sealed segment without a
-    marker, from `<ledger_dir>/producer` and `<ledger_dir>/consumer`. Raises BrokerError when some
+    marker, from `<ledger_dir>/producer`, `/consumer` and `/producer_settings` (one-line files
+    a producer writes at start; only this command ships them). Raises BrokerError when some
     segment could not be shipped (run it again when the topic is back: what was shipped is marked)."""
     producer = producer_factory(shipper_conf(kafka))
     shipped = rows = already = failed = recovered = 0
