@@ -11,6 +11,7 @@ one row per produce and per processing, and reconcile reports no anomaly.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ def _write_config(path: Path, data: dict[str, Any]) -> Path:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([*HOST, *args], stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
-                            cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _result(proc: subprocess.Popen[str], log: Path, timeout: float) -> dict[str, Any]:

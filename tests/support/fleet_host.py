@@ -28,7 +28,7 @@ def produce(cfg: Any, topic: str, name: str, count: int, seconds: float) -> None
         if err is None:
             acked.append([int(msg.partition()), int(msg.offset())])
 
-    p = AuditedProducer.from_config(cfg, producer_name=name, ledger_max_age_s=0.5, use_plugin=False)
+    p = AuditedProducer.from_config(cfg, producer_name=name, ledger_max_age_s=0.5)
     t0 = time.monotonic()
     for i in range(count):
         p.produce(topic, value=f"{name}-{i}".encode(), key=str(i).encode(), on_delivery=report)
