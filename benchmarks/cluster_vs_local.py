@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = LocalSparkCluster(root / "spark-cluster", port=free_port(), workers=2, cores=1, memory="1g")
         state: ClusterState = cluster.launch()
         try:
-            kafka.start()
+            kafka.start(300)
             t0 = datetime.now(UTC)
             tp = time.monotonic()
             produce(kafka.bootstrap_servers, ledger, args.n)

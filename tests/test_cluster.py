@@ -29,7 +29,7 @@ from audit.runtime.local_kafka import free_port
 from audit.runtime.local_spark import ClusterState, LocalSparkCluster
 from spark_jobs.pipeline.submit import cluster_submit
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.kafka]
+
 
 SCENARIOS = ["at_least_once"]
 REPORT_TABLES = ("audit_partition_report", "audit_anomalies")
@@ -84,6 +84,9 @@ def _store_rows(cfg: Config, table: str) -> list[dict[str, Any]]:
         return store.read(table)
 
 
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.kafka
 def test_pipeline_on_a_standalone_cluster_equals_local(cluster: tuple[LocalSparkCluster, ClusterState],
                                                        lab: tuple[LabResult, Path], spark: Any) -> None:
     result, work = lab
@@ -135,6 +138,9 @@ def test_pipeline_on_a_standalone_cluster_equals_local(cluster: tuple[LocalSpark
         assert remote == local, table
 
 
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.kafka
 def test_cluster_status_and_stop(tmp_path: Path, cluster: tuple[LocalSparkCluster, ClusterState]) -> None:
     """`status` finds the cluster from its folder in another object; `stop` ends every daemon."""
     c, state = cluster
@@ -147,3 +153,64 @@ def test_cluster_status_and_stop(tmp_path: Path, cluster: tuple[LocalSparkCluste
     assert LocalSparkCluster(tmp_path / "none").state() is None
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# unit: the code zip, the spark-submit command, the CLI without a cluster
+
+
+@pytest.mark.unit
+def test_python_bundle_holds_both_packages_and_is_named_by_its_content(tmp_path: Path) -> None:
+    import zipfile
+
+    from audit.runtime.bundle import package_dir, python_bundle
+
+    first = python_bundle(tmp_path)
+    assert python_bundle(tmp_path) == first  # unchanged sources: the same file, not a new one
+    assert first.name.startswith("msgaudit-py-") and first.suffix == ".zip"
+    with zipfile.ZipFile(first) as zf:
+        names = set(zf.namelist())
+        assert zf.read("spark_jobs/pipeline/plan.py") == (package_dir("spark_jobs") / "pipeline" / "plan.py").read_bytes()
+    assert {"audit/__init__.py", "audit/core/config.py", "spark_jobs/__init__.py",
+            "spark_jobs/reconcile/__init__.py", "audit/runtime/jvm/spark-deps/pom.xml"} <= names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if not n.startswith(("audit/", "spark_jobs/"))]
+
+
+@pytest.mark.unit
+def test_submit_command_names_the_master_jars_code_python_and_log_file(tmp_path: Path) -> None:
+    import sys
+
+    from audit.runtime.local_spark import submit_command
+
+    state = ClusterState("spark://127.0.0.1:7177", 1, 8080, [2, 3], dir=str(tmp_path), python="/venv/bin/python")
+    argv, env = submit_command(state, "/app/submit.py", ["ingest", "--config", "c.yaml"], jars=["/j/a.jar", "/j/b.jar"],
+                               py_files=["/b/code.zip"], conf={"spark.driver.memory": "4g",
+                                                               "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"})
+    assert argv[0].endswith("/bin/spark-submit")
+    assert argv[1:5] == ["--master", "spark://127.0.0.1:7177", "--deploy-mode", "client"]
+    assert argv[argv.index("--jars") + 1] == "/j/a.jar,/j/b.jar"
+    assert argv[argv.index("--py-files") + 1] == "/b/code.zip"
+    confs = [argv[i + 1] for i, a in enumerate(argv) if a == "--conf"]
+    assert "spark.driver.memory=4g" in confs and "spark.driver.host=127.0.0.1" in confs
+    assert (f"spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dlog4j2.configurationFile="
+            f"file:{tmp_path}/conf/log4j2-driver.properties") in confs
+    assert argv[-4:] == ["/app/submit.py", "ingest", "--config", "c.yaml"]
+    assert env["PYSPARK_PYTHON"] == "/venv/bin/python" and env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+@pytest.mark.unit
+def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from audit.cli import main
+
+    d = str(tmp_path / "c")
+    assert main(["cluster", "status", "--dir", d]) == 1
+    assert capsys.readouterr().out == "cluster: not running\n"
+    assert main(["cluster", "submit", "ingest", "--dir", d]) == 2
+    assert capsys.readouterr().err == (f"msgaudit cluster: error: no Spark cluster is running from {d}; "
+                                       "run `msgaudit cluster start` first\n")
+    assert main(["cluster", "submit", "--dir", d]) == 2
+    assert "needs a step: one of ingest, capture, reconcile, sla" in capsys.readouterr().err
+    assert main(["cluster", "stop", "--dir", d]) == 0
+    assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"

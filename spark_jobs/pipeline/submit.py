@@ -135,7 +135,14 @@ def cli_cluster_submit(args: argparse.Namespace, cfg: Any) -> int:
     if args.print:
         print(" ".join(shlex.quote(a) for a in argv))
         return 0
-    return subprocess.run(argv, env=env).returncode
+    # The step's own lines pass through; Spark's log lines are in the cluster's driver.log already,
+    # and the JVM's one start-up notice about the incubator vector module is dropped.
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if not line.startswith("WARNING: Using incubator modules"):
+            sys.stderr.write(line)
+    return proc.wait()
 
 
 if __name__ == "__main__":
