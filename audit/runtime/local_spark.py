@@ -261,9 +261,9 @@ def cli_cluster(args: argparse.Namespace, cfg: Any) -> int:
     cluster = cluster_for(args, cfg)
     if args.action == "start":
         t0 = time.monotonic()
-        state = cluster.start()
-        print(f"cluster: {state.master_url} with {state.workers} worker(s) of {state.cores} core(s) / "
-              f"{state.memory} in {time.monotonic() - t0:.1f}s (logs in {state.logs})")
+        started = cluster.start()
+        print(f"cluster: {started.master_url} with {started.workers} worker(s) of {started.cores} core(s) / "
+              f"{started.memory} in {time.monotonic() - t0:.1f}s (logs in {started.logs})")
         return 0
     if args.action == "stop":
         print(f"cluster: stopped {cluster.stop()} process(es)")
