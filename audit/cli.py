@@ -21,6 +21,9 @@ from audit.core.errors import MsgauditError
 EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
+    "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
+               "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
+               "  msgaudit cluster stop",
     "ingest": "msgaudit ingest --config msgaudit.yaml",
     "ship": "msgaudit ship --config msgaudit.yaml   # on each host, after a ledger-topic outage or from cron",
     "capture": "msgaudit capture --start 2026-11-21T10:00Z --end 2026-11-21T12:00Z",
@@ -73,6 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
     k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
+    cl = add("cluster", "Run a local Spark standalone cluster (a master and workers, each its own JVM, bound to "
+             "127.0.0.1) and submit pipeline steps to it with spark-submit (jars from the cache, this code "
+             "as --py-files, the step's output on the terminal, Spark's logs in the cluster folder).")
+    cl.add_argument("action", choices=["start", "stop", "status", "submit"])
+    cl.add_argument("step", nargs="?", metavar="STEP",
+                    help="submit: the pipeline step (ingest, capture, reconcile, sla)")
+    for flag, what in (("--start", "window range start, ISO 8601 UTC"), ("--end", "window range end (exclusive)"),
+                       ("--as-of", "reconcile: judge as of this instant; sla: its checked_at")):
+        cl.add_argument(flag, default=None, help=f"submit: {what}")
+    cl.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="submit: only this topic (repeatable)")
+    cl.add_argument("--port", type=int, default=7077, help="master port (default 7077)")
+    cl.add_argument("--workers", type=int, default=2, help="start: number of worker JVMs (default 2)")
+    cl.add_argument("--cores", type=int, default=1, help="start: cores per worker (default 1)")
+    cl.add_argument("--memory", default="1g", help="start: memory per worker for its executors (default 1g)")
+    cl.add_argument("--dir", default=None, help="cluster folder: state, logs, work dirs (default $MSGAUDIT_HOME/spark-cluster)")
+    cl.add_argument("--print", action="store_true", help="submit: print the spark-submit command instead of running it")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
     sh = add("ship", "Ship this host's ledger spool (<ledger_dir>/producer, <ledger_dir>/consumer) to the ledger "
              "topic of `ledger: {topic: ...}`: every sealed segment not yet marked shipped (dead writers' "
@@ -147,6 +166,16 @@ def _kafka(args: argparse.Namespace, cfg: Any) -> int:
     from audit.runtime.local_kafka import cli_kafka
 
     return cli_kafka(args, cfg)
+
+
+def _cluster(args: argparse.Namespace, cfg: Any) -> int:
+    if args.action == "submit":
+        from spark_jobs.pipeline.submit import cli_cluster_submit
+
+        return cli_cluster_submit(args, cfg)
+    from audit.runtime.local_spark import cli_cluster
+
+    return cli_cluster(args, cfg)
 
 
 def _step(args: argparse.Namespace, cfg: Any) -> int:
@@ -261,7 +290,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 
 # command -> function(args, config) -> exit code
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
-    "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
+    "setup": _setup, "kafka": _kafka, "cluster": _cluster, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
     "trace": _trace, "doctor": _doctor, "ship": _ship,
 }

@@ -348,6 +348,46 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
 
 
 @pytest.mark.airflow
+def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `spark_default` pointing at a standalone master, each step's spark-submit names that master,
+    ships the jar cache on --jars and `audit` + `spark_jobs` as a zip on --py-files, and runs the
+    executors on this Python (tests/test_cluster.py runs the same command shape on a real cluster)."""
+    import zipfile
+
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from audit.runtime import jars
+
+    cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"orders": {"window": "1m", "grace": "5s"}}})
+    airflow_env.set_connection("spark_default", "spark", "spark://127.0.0.1:7077")
+    try:
+        r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+                    logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
+        plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
+        # Outside a task the hook reads connections from the environment, as a worker's task does.
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT",
+                           json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:7077"}))
+        hook = SparkSubmitHook(conn_id="spark_default", conf=plan["conf"], jars=plan["jars"],
+                               py_files=plan["py_files"], env_vars=plan["env"], name="msgaudit-capture",
+                               application_args=plan["capture"])
+        argv = hook._build_spark_submit_command(plan["application"])
+    finally:
+        airflow_env.set_connection("spark_default", "spark", "local[2]")
+    assert r.state == "success"
+    assert argv[:3] == ["spark-submit", "--master", "spark://127.0.0.1:7077"]
+    assert argv[argv.index("--jars") + 1].split(",") == [str(p) for p in jars.jars("spark-deps")]
+    bundle = Path(argv[argv.index("--py-files") + 1])
+    with zipfile.ZipFile(bundle) as zf:
+        names = set(zf.namelist())
+    assert {"audit/__init__.py", "spark_jobs/pipeline/submit.py", "spark_jobs/reconcile/__init__.py"} <= names
+    assert not any("__pycache__" in n for n in names)
+    assert argv[-len(plan["capture"]) - 1:] == [plan["application"], *plan["capture"]]
+    assert plan["application"].endswith("spark_jobs/pipeline/submit.py")
+    assert plan["env"]["PYSPARK_PYTHON"] == sys.executable  # the executors' Python
+
+
+@pytest.mark.airflow
 def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"hourly": {"window": "1h"}}})
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
