@@ -334,7 +334,7 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     id_any = c(H.ID, "n") > 0
     others = [(c(n, "n") > 0, n) for n in (H.PID, H.SEQ, H.TS)]
     form_ok = packed.rlike(r"(?s)\A.*/[^/]*/[^/]*\z")
-    parts_broken = id_any & (broken_own(H.ID) | F.greatest(*[cond for cond, _ in others]) | ~form_ok)
+    parts_broken = id_any & (broken_own(H.ID) | others[0][0] | others[1][0] | others[2][0] | ~form_ok)
     parts = {H.PID: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 1),
              H.SEQ: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 2),
              H.TS: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 3)}
