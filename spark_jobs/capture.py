@@ -323,11 +323,36 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     def c(name: str, part: str) -> Column:
         return F.col(f"{tmp[name]}_{part}")
 
-    def broken(name: str) -> Column:
+    def broken_own(name: str) -> Column:
         return c(name, "dup").isNotNull() | c(name, "bad").isNotNull()
 
-    # 2. Field rules (4-7); a field broken by rule 2 or 3 gets no further error.
-    pid = c(H.PID, "text")
+    # 1a. Rule 3a: with `audit.id` present, pid/seq/ts are its parts (split at the last two '/')
+    # when it is alone and well formed, else broken; without it, the three headers' own texts.
+    packed = c(H.ID, "text")
+    id_any = c(H.ID, "n") > 0
+    others = [(c(n, "n") > 0, n) for n in (H.PID, H.SEQ, H.TS)]
+    form_ok = packed.rlike(r"(?s)\A.*/[^/]*/[^/]*\z")
+    parts_broken = id_any & (broken_own(H.ID) | others[0][0] | others[1][0] | others[2][0] | ~form_ok)
+    parts = {H.PID: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 1),
+             H.SEQ: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 2),
+             H.TS: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 3)}
+    step1a: list[Column] = [
+        _first(*[(packed.isNotNull() & cond, f"{H.ID} together with {n}") for cond, n in others],
+               (packed.isNotNull() & ~form_ok,
+                F.concat(F.lit(f"{H.ID} is not <pid>/<seq>/<ts>: "), py_repr(packed)))).alias(f"{tmp[H.ID]}_err"),
+    ]
+    for name in (H.PID, H.SEQ, H.TS):
+        step1a += [
+            F.when(id_any, F.when(~parts_broken, parts[name])).otherwise(c(name, "text")).alias(f"{tmp[name]}_eff"),
+            F.when(id_any, parts_broken).otherwise(broken_own(name)).alias(f"{tmp[name]}_broken"),
+        ]
+    staged = staged.select("*", *step1a)
+
+    def broken(name: str) -> Column:
+        return c(name, "broken") if name in (H.PID, H.SEQ, H.TS) else broken_own(name)
+
+    # 2. Field rules (4-7); a field broken by rule 2, 3 or 3a gets no further error.
+    pid = c(H.PID, "eff")
     step2: list[Column] = [
         _first((broken(H.PID), F.lit(None).cast("string")),
                (pid.isNull(), f"missing {H.PID}"),
@@ -337,7 +362,7 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
         F.when(c(H.KEY, "text") == "", F.lit(f"{H.KEY} is empty")).alias(f"{tmp[H.KEY]}_err"),
     ]
     for name in (H.SEQ, H.TS):
-        t = c(name, "text")
+        t = c(name, "eff")
         value = t.try_cast("long")
         if name == H.TS:
             value = F.when(value <= H.MAX_TS_MS, value)
@@ -358,12 +383,13 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     error = F.coalesce(
         *[c(n, "dup") for n in H.AUDIT_HEADERS],
         *[c(n, "bad") for n in H.AUDIT_HEADERS],
-        *[c(n, "err") for n in H.AUDIT_HEADERS],
+        c(H.ID, "err"),
+        *[c(n, "err") for n in H.AUDIT_HEADERS if n != H.ID],
     )
     ok = {n: any_present & c(n, "err").isNull() & ~broken(n) for n in H.AUDIT_HEADERS}
     out = staged.select(
         *[F.col(f"`{f}`") for f in df.columns],
-        F.when(ok[H.PID], c(H.PID, "text")).alias("pid"),
+        F.when(ok[H.PID], c(H.PID, "eff")).alias("pid"),
         F.when(ok[H.SEQ], c(H.SEQ, "value")).alias("seq"),
         F.when(ok[H.TS], c(H.TS, "value")).alias("ts_ms"),
         F.when(ok[H.KEY], c(H.KEY, "text")).alias("audit_key"),

@@ -29,8 +29,6 @@ from audit.runtime.local_kafka import free_port
 from audit.runtime.local_spark import ClusterState, LocalSparkCluster
 from spark_jobs.pipeline.submit import cluster_submit
 
-
-
 SCENARIOS = ["at_least_once"]
 REPORT_TABLES = ("audit_partition_report", "audit_anomalies")
 

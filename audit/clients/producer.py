@@ -64,6 +64,7 @@ DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 _PID = audit_headers.PID
 _SEQ = audit_headers.SEQ
 _TS = audit_headers.TS
+_ID = audit_headers.ID
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,8 @@ class AuditedProducer:
       use_plugin: None (default) loads the libmsgaudit plugin when it is available and the
         producer is neither transactional nor has a ledger_topic; True requires it; False
         never loads it. `self.mode` says which path runs: "plugin" or "python".
+      header_form: "packed" (default): one `audit.id` header "<pid>/<seq>/<ts>"; "three": the
+        headers `audit.pid`, `audit.seq`, `audit.ts` (docs/design.md §3.1). Both paths.
     """
 
     def __init__(
@@ -223,12 +226,17 @@ class AuditedProducer:
         ledger_max_age_s: float = 60.0,
         metrics_registry: Any = None,
         use_plugin: bool | None = None,
+        header_form: str = audit_headers.PACKED,
         **kwargs: Any,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError(f"AuditedProducer: config must be a dict of librdkafka settings, got {type(config).__name__}")
         if not isinstance(producer_name, str) or not producer_name:
             raise ConfigError(f"AuditedProducer: producer_name must be a non-empty string, got {producer_name!r}")
+        if header_form not in audit_headers.HEADER_FORMS:
+            raise ConfigError(f"AuditedProducer: header_form must be one of {', '.join(audit_headers.HEADER_FORMS)}, "
+                              f"got {header_form!r}")
+        self.header_form = header_form
         conf = _kafka_conf({**config, **kwargs})
         # A global on_delivery would be skipped for messages that carry our per-message
         # callback, so it becomes the default user callback instead.
@@ -316,6 +324,7 @@ class AuditedProducer:
             "msgaudit.pid": self.pid,
             "msgaudit.segment.max.bytes": str(max_bytes),
             "msgaudit.segment.max.age.ms": str(max(1, int(max_age_s * 1000))),
+            "msgaudit.header.form": self.header_form,
         })
         return out
 
@@ -399,6 +408,9 @@ class AuditedProducer:
         txn_held = self._txn_held
         pid = self.pid
         pid_header = (_PID, pid.encode())
+        packed = self.header_form == audit_headers.PACKED
+        form = self.header_form
+        pid_bytes = pid.encode()
         name = self.producer_name
         default_cb = self._default_cb
         only_errors = self._only_errors
@@ -464,16 +476,18 @@ class AuditedProducer:
             counter, fmts = state
             seq = next(counter)
             ts = time_ns() // 1_000_000
-            cached = last_ts[0]  # one read of an immutable pair: safe when threads share the producer
-            if cached[0] == ts:
-                ts_header = cached[1]
-            else:  # one header tuple per millisecond, not per message
-                ts_header = (_TS, b"%d" % ts)
-                last_ts[0] = (ts, ts_header)
             hdrs: list[tuple[str, Any]]
             if headers or audit_key is not None:
-                hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key)
+                hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key, form)
+            elif packed:
+                hdrs = [(_ID, b"%s/%d/%d" % (pid_bytes, seq, ts))]
             else:
+                cached = last_ts[0]  # one read of an immutable pair: safe when threads share the producer
+                if cached[0] == ts:
+                    ts_header = cached[1]
+                else:  # one header tuple per millisecond, not per message
+                    ts_header = (_TS, b"%d" % ts)
+                    last_ts[0] = (ts, ts_header)
                 hdrs = [pid_header, (_SEQ, b"%d" % seq), ts_header]
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:

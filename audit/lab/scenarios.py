@@ -751,8 +751,11 @@ def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]
                 continue
             h = {str(k): v if isinstance(v, bytes) else str(v).encode()
                  for k, v in cast(list[tuple[str, Any]], m.headers() or []) if v is not None}
-            seq = h.get("audit.seq")
-            out.add((h.get("audit.pid", b"").decode() or None, int(seq) if seq else None))
+            pid, seq = h.get("audit.pid", b""), h.get("audit.seq")
+            packed = h.get("audit.id")  # the packed form <pid>/<seq>/<ts> (docs/design.md §3.1)
+            if packed is not None and packed.count(b"/") >= 2:
+                pid, seq, _ = packed.rsplit(b"/", 2)
+            out.add((pid.decode() or None, int(seq) if seq else None))
     finally:
         c.close()
     return out

@@ -179,7 +179,9 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
         if vis.watermarks is not None else []
     go_rows = [r.asDict() for r in vis.group_offsets.where(F.col("topic") == tc.name).collect()] \
         if vis.group_offsets is not None else []
-    lk = collect_lookups(wm_rows, go_rows, tc.groups)
+    commit_rows = [r.asDict() for r in vis.commits.groupBy("group", "partition")
+                   .agg(F.max("offset").alias("offset")).collect()] if vis.commits is not None else []
+    lk = collect_lookups(wm_rows, go_rows, tc.groups, commit_rows)
     quarantined = vis.ledger.where(~ledger_is_valid()).count()
     ledger = vis.ledger.where(ledger_is_valid())
     params = window_params(spark, tc, ws, as_of, lk)

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
-from audit.core.vocabulary import ACKED, LEDGER_STATUSES
+from audit.core.vocabulary import ACKED, COMMITTED, HANDED, LEDGER_STATUSES, PROCESSED
 from audit.core.windows import read_ranges
 
 
@@ -34,6 +34,8 @@ class WindowInputs:
     group_offsets: DataFrame | None
     watermarks: DataFrame | None
     sinks: Mapping[str, DataFrame] = field(default_factory=dict)
+    # the consumer interceptor's `committed` rows (set by `restrict`; `consumed` then holds none)
+    commits: DataFrame | None = None
 
 
 def restrict(inputs: WindowInputs, tc: TopicConfig, ws: datetime) -> WindowInputs:
@@ -51,10 +53,18 @@ def restrict(inputs: WindowInputs, tc: TopicConfig, ws: datetime) -> WindowInput
     if inputs.consumed is not None and tc.groups:
         consumed = inputs.consumed.where(topic & F.col("group").isin(list(tc.groups))
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
+    commits = None
+    if consumed is not None:
+        # The consumer interceptor's rows (§5.3): `committed` rows only give g's committed offset;
+        # a `handed` outcome is evidence of processing, as `processed` is.
+        commits = consumed.where(F.col("outcome") == COMMITTED)
+        consumed = (consumed.where(F.col("outcome") != COMMITTED)
+                    .withColumn("outcome", F.when(F.col("outcome") == HANDED, F.lit(PROCESSED))
+                                .otherwise(F.col("outcome"))))
     sinks = {name: df.where(topic & (F.col("sink_ts").isNull()
                                      | between(F.col("sink_ts"), rr.event_lo, rr.event_hi)))
              for name, df in inputs.sinks.items()}
-    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks)
+    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks, commits)
 
 
 def ledger_is_valid() -> Any:

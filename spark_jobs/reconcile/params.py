@@ -34,8 +34,10 @@ def _micros(t: datetime) -> int:
 
 
 def collect_lookups(watermarks: Sequence[Mapping[str, Any]], group_offsets: Sequence[Mapping[str, Any]],
-                    groups: Sequence[str]) -> Lookups:
-    """Same semantics as the oracle: coverage by any capture, highest log start, latest commit."""
+                    groups: Sequence[str], commits: Sequence[Mapping[str, Any]] = ()) -> Lookups:
+    """Same semantics as the oracle: coverage by any capture, highest log start, latest commit
+    (raised to the highest offset of the consumer interceptor's `committed` rows, `commits`:
+    group, partition, offset)."""
     raw: dict[int, list[tuple[int, int]]] = {}
     max_lso: dict[int, int] = {}
     for w in watermarks:
@@ -62,6 +64,10 @@ def collect_lookups(watermarks: Sequence[Mapping[str, Any]], group_offsets: Sequ
         if go["group"] in committed:
             co = go["committed_offset"]
             committed[go["group"]][int(go["partition"])] = None if co is None else int(co)
+    for c in commits:
+        if c["group"] in committed:
+            prev = committed[c["group"]].get(int(c["partition"]))
+            committed[c["group"]][int(c["partition"])] = int(c["offset"]) if prev is None else max(prev, int(c["offset"]))
     return Lookups(coverage, max_lso, committed, set(max_lso))
 
 

@@ -245,6 +245,12 @@ def unit_keys(units: DataFrame) -> list[Any]:
 STATUS_SQL = ("CASE " + " ".join(f"WHEN exists(L, x -> x.status = {_q(st)}) THEN {_q(st)}"
                                  for st in LEDGER_STATUS_PRECEDENCE[:-1])
               + f" WHEN size(L) > 0 THEN {_q(LEDGER_STATUS_PRECEDENCE[-1])} END")
+# ... except that an acked message whose own record at the acked (partition, offset) is in the log
+# uncommitted was aborted with its transaction (clients that cannot see the abort, §5.1).
+_ACK_SQL = f"array_min(filter(L, x -> x.status = {_q(ACKED)}))"
+UNIT_STATUS_SQL = (f"CASE WHEN ({STATUS_SQL}) = {_q(ACKED)} AND exists(R, r -> NOT r.committed AND "
+                   f"r.partition = {_ACK_SQL}.partition AND r.offset = {_ACK_SQL}.offset) THEN {_q(ABORTED)} "
+                   f"ELSE ({STATUS_SQL}) END")
 
 
 def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
@@ -261,8 +267,8 @@ def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
                     "array_min(transform(R, x -> x.produce_ts)), array_min(transform(R, x -> x.kafka_ts)), "
                     "array_min(transform(R, x -> x.captured_at)), array_min(transform(C, x -> x.consume_ts)), "
                     "array_min(transform(S, x -> x.sink_ts))))"),
-                "status": F.expr(STATUS_SQL),
-                "ack": F.expr(f"array_min(filter(L, x -> x.status = {_q(ACKED)}))"),
+                "status": F.expr(UNIT_STATUS_SQL),
+                "ack": F.expr(_ACK_SQL),
             })
             .withColumns({
                 "in_w": F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"),
