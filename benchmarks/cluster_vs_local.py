@@ -67,7 +67,7 @@ def config_file(work: Path, bootstrap: str, ledger_dir: Path) -> Path:
     work.mkdir(parents=True)
     path = work / "msgaudit.yaml"
     path.write_text(yaml.safe_dump({
-        "home": str(work / "home"), "lake": (work / "lake").as_uri(), "ledger_dir": str(ledger_dir),
+        "home": str(work / "home"), "lake": str(work / "lake"), "ledger_dir": str(ledger_dir),
         "kafka": {"bootstrap.servers": bootstrap},
         "topics": {TOPIC: {"window": "1h", "grace": "1m", "sla": {"max_lost": 0}}},
     }))

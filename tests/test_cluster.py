@@ -44,7 +44,7 @@ def config_data(cfg: Config, work: Path) -> dict[str, Any]:
                                              ("columns", dict(s.columns) or None)) if v is not None}
                           for s in t.sinks]}
 
-    return {"home": str(work / "home"), "lake": (work / "lake").as_uri(), "ledger_dir": str(cfg.ledger_dir),
+    return {"home": str(work / "home"), "lake": str(work / "lake"), "ledger_dir": str(cfg.ledger_dir),
             "kafka": dict(cfg.kafka), "topics": {n: topic(t) for n, t in cfg.topics.items()}}
 
 
