@@ -67,7 +67,7 @@ def config_file(work: Path, bootstrap: str, ledger_dir: Path) -> Path:
     work.mkdir(parents=True)
     path = work / "msgaudit.yaml"
     path.write_text(yaml.safe_dump({
-        "home": str(work / "home"), "lake": (work / "lake").as_uri(), "ledger_dir": str(ledger_dir),
+        "home": str(work / "home"), "lake": str(work / "lake"), "ledger_dir": str(ledger_dir),
         "kafka": {"bootstrap.servers": bootstrap},
         "topics": {TOPIC: {"window": "1h", "grace": "1m", "sla": {"max_lost": 0}}},
     }))
@@ -88,7 +88,8 @@ def run(name: str, argvs: list[tuple[list[str], dict[str, str]]], cwd: Path) -> 
         elapsed = time.monotonic() - t0
         label = next(a for a in argv if a in ("ingest", "capture", "reconcile", "sla"))
         if out.returncode != 0:
-            raise SystemExit(f"{name} {label} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            # spark-submit merges the Python driver's stderr (a traceback) into its stdout
+            raise SystemExit(f"{name} {label} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
         times[label] = elapsed
         print(f"  {name:8} {label:9} {elapsed:7.1f}s  {out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ''}",
               flush=True)
