@@ -273,11 +273,15 @@ def is_uri(location: str) -> bool:
 
 def storage_location(value: Any, base: Path, where: str) -> str:
     """A storage location Spark reads or writes: a Hadoop filesystem URI is kept as written
-    (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `file://`; a trailing '/' dropped), a plain path is
-    a local folder, resolved against the config file's folder."""
+    (`s3a://`, `abfss://`, `gs://`, `hdfs://`; a trailing '/' dropped), a plain path is a local
+    folder, resolved against the config file's folder. `file:///p` is the local folder `/p`, kept
+    as the plain path: Delta records a table's location as `file:/p`, and a `file:///p` beside it
+    is another path to Delta's CREATE TABLE (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE)."""
     if not isinstance(value, str | os.PathLike) or not str(value).strip():
         raise ConfigError(f"{where}: expected a path or a URI like s3a://bucket/lake, got {value!r}")
     text = str(value).strip()
+    if text.startswith("file:///") and text.rstrip("/") != "file:":
+        return str(Path(text[len("file://"):]).resolve())
     if is_uri(text):
         scheme, rest = text.split("://", 1)
         if not rest.strip("/"):
