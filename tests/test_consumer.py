@@ -77,14 +77,16 @@ def run_consumer(args: Sequence[str], *, kill_at: str | None = None, kill_offset
                           text=True, timeout=timeout)
 
 
-def sink_evidence(url: str) -> list[dict[str, Any]]:
-    """The consumption rows an exactly_once_sink consumer wrote into the sink database."""
+def sink_evidence(url: str, topic: str) -> list[dict[str, Any]]:
+    """The consumption rows an exactly_once_sink consumer wrote into the sink database for `topic`
+    (a PostgreSQL database is shared by the tests)."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
             if not sa.inspect(conn).has_table(CONSUMPTION_TABLE):
                 return []
-            return [dict(r._mapping) for r in conn.execute(sa.text(f"SELECT * FROM {CONSUMPTION_TABLE}"))]
+            return [dict(r._mapping) for r in conn.execute(
+                sa.text(f"SELECT * FROM {CONSUMPTION_TABLE} WHERE topic = :t"), {"t": topic})]
     finally:
         engine.dispose()
 
@@ -149,7 +151,7 @@ def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, 
     if semantics == "exactly_once_sink":
         assert ledger_rows(tmp_path / "ledger") == []  # its consumption rows are in the sink's commits
         assert sink_url is not None
-        return topic, batch, sink_evidence(sink_url)
+        return topic, batch, sink_evidence(sink_url, topic)
     return topic, batch, ledger_rows(tmp_path / "ledger")
 
 
@@ -505,6 +507,6 @@ def test_ledger_is_landed_in_the_consumer_folder_of_cfg_ledger_dir(tmp_path: Pat
     assert [(r["group"], r["offset"], r["outcome"], r["attempt"], r["consume_seq"]) for r in rows] == [
         ("g-cfg", 0, "processed", 1, 0), ("g-cfg", 1, "processed", 1, 1)]
     assert set(rows[0]) == {"group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq",
-                            "outcome", "attempt", "consume_ts"}
+                            "outcome", "attempt", "consume_ts", "error"}
     assert isinstance(rows[0]["consume_ts"], int) and rows[0]["consumer"].startswith("cfgd:")
 

@@ -102,7 +102,8 @@ def test_a_growing_dead_letter_topic_is_reported_and_the_run_stored(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     dlq = f"{group}.dlq"
-    AdminClient({"bootstrap.servers": kafka_bootstrap}).create_topics([NewTopic(dlq, 2, 1)])[dlq].result(timeout=30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a collected client fails its futures
+    admin.create_topics([NewTopic(dlq, 2, 1)])[dlq].result(timeout=30)
     cfg = make_config(tmp_path, topics={topic: {"groups": [group]}})
     args = cli.build_parser().parse_args(["doctor", "--min-replication-factor", "1", "--producer-hours", "0"])
     assert cli.COMMANDS["doctor"](args, cfg) == 0

@@ -287,9 +287,10 @@ def test_consumption_rows_kept_in_a_sink_database_land_once(spark: Any, tmp_path
     assert r2.tables["consumed_records (sink databases)"].landed == 0
 
     sink.write([], group="loader", positions=[Position("orders", 0, 3)], consumption=[evidence(2)])
+    written = int(time.time() * 1000)  # within the look-back of the last ingest's newest row
     with sa.create_engine(url).begin() as conn:  # another writer's row with an outcome we do not know
         conn.execute(sa.text(f"INSERT INTO {CONSUMPTION_TABLE} VALUES ('loader', 'x', 0, 'orders', 0, 9, "
-                             f"NULL, NULL, 'skipped', 1, {T0}, NULL, {T0})"))
+                             f"NULL, NULL, 'skipped', 1, {T0}, NULL, {written})"))
     r3 = ingest(spark, cfg)
     assert (r3.tables["consumed_records (sink databases)"].landed,
             r3.tables["consumed_records (sink databases)"].quarantined) == (1, 1)

@@ -126,8 +126,10 @@ def test_dashboard_anomaly_rows_link_to_their_timeline(traced_lake: Config, tmp_
 
     cfg = traced_lake
     config = tmp_path / "msgaudit.yaml"
+    topics = json.loads(json.dumps(TOPICS))  # the sink where the fixture wrote it (its location is relative)
+    topics[TOPIC]["sinks"][0]["location"] = cfg.topic(TOPIC).sinks[0].location
     config.write_text(json.dumps({"home": str(cfg.home), "lake": str(cfg.lake), "ledger_dir": str(cfg.ledger_dir),
-                                  "report_store": cfg.report_store, "topics": TOPICS}))
+                                  "report_store": cfg.report_store, "topics": topics}))
     out = tmp_path / "dash"
     run = subprocess.run([sys.executable, "-m", "audit.cli", "dashboard", "--config", str(config), "--out", str(out)],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
