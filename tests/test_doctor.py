@@ -3,6 +3,7 @@ with a stalled group reports exactly its risks, a safe topic none."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -104,6 +105,13 @@ def test_a_growing_dead_letter_topic_is_reported_and_the_run_stored(
     dlq = f"{group}.dlq"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a collected client fails its futures
     admin.create_topics([NewTopic(dlq, 2, 1)])[dlq].result(timeout=30)
+    deadline = time.monotonic() + 60  # the first doctor run must see it, or it takes no sample
+    while time.monotonic() < deadline:
+        t = admin.list_topics(dlq, timeout=10).topics.get(dlq)
+        if t is not None and t.error is None and len(t.partitions) == 2 and all(
+                pm.leader >= 0 for pm in t.partitions.values()):
+            break
+        time.sleep(0.5)
     cfg = make_config(tmp_path, topics={topic: {"groups": [group]}})
     args = cli.build_parser().parse_args(["doctor", "--min-replication-factor", "1", "--producer-hours", "0"])
     assert cli.COMMANDS["doctor"](args, cfg) == 0

@@ -21,6 +21,7 @@ Risks (severity):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -187,11 +188,24 @@ def _partitions(cfg: Config, topic: str) -> list[int]:
 
 def committed_offsets(cfg: Config, group: str, topic: str, partitions: list[int]) -> list[Any]:
     """The group's committed offsets (offset < 0: none), read as the group without joining it."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    busy = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                         KafkaError.COORDINATOR_NOT_AVAILABLE)
 
     c = Consumer({**cfg.kafka, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+    deadline = time.monotonic() + 60
     try:
-        return list(c.committed([TopicPartition(topic, p) for p in partitions], timeout=30))
+        while True:
+            try:
+                return list(c.committed([TopicPartition(topic, p) for p in partitions], timeout=30))
+            except KafkaException as e:
+                # A coordinator that is moving or still loading its offsets answers again shortly.
+                err = e.args[0] if e.args else None
+                if not (isinstance(err, KafkaError) and err.code() in busy) \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 
