@@ -221,14 +221,14 @@ def checkpoint_dir(cfg: Config, source: LedgerSource) -> str:
     return lake.lake_location(cfg, "_checkpoints", f"ingest_{source.table}")
 
 
-def _app_id(spark: SparkSession, checkpoint: str, source: LedgerSource) -> str:
+def checkpoint_app_id(spark: SparkSession, checkpoint: str, label: str) -> str:
     """Delta idempotent-write app id, tied to the checkpoint: batch ids restart at 0 with a new
     checkpoint, and under an old app id Delta would skip those batches as already written.
     Kept in the checkpoint folder (through Hadoop's FileSystem: the lake may be s3a://...)."""
     f = f"{checkpoint}/msgaudit_app_id"
     text = lake.read_text(spark, f)
     if text is None:
-        lake.write_text(spark, f, f"msgaudit-ingest-{source.table}-{uuid.uuid4().hex}", overwrite=False)
+        lake.write_text(spark, f, f"msgaudit-{label}-{uuid.uuid4().hex}", overwrite=False)
         text = lake.read_text(spark, f)
     assert text is not None
     return text.strip()
@@ -248,7 +248,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     if not any(p.name.endswith(".jsonl") for p in folder.iterdir()):
         # Nothing sealed at all: skip starting a stream (the tables exist for readers anyway).
         return TableIngest(source.table, 0, 0, 0, recovered)
-    app_id = _app_id(spark, checkpoint_dir(cfg, source), source)
+    app_id = checkpoint_app_id(spark, checkpoint_dir(cfg, source), f"ingest-{source.table}")
     totals = {"landed": 0, "quarantined": 0, "segments": 0}
 
     def land(batch: DataFrame, batch_id: int) -> None:

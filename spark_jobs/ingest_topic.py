@@ -30,7 +30,6 @@ identities and both land (reconcile judges duplicates).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +46,7 @@ from spark_jobs.ingest import (
     IngestResult,
     TableIngest,
     _ensure_table,
+    checkpoint_app_id,
     parse_lines,
     to_quarantine_rows,
     to_table_rows,
@@ -126,17 +126,6 @@ def checkpoint_dir(cfg: Config) -> str:
     return lake.lake_location(cfg, "_checkpoints", CHECKPOINT)
 
 
-def _app_id(spark: SparkSession, checkpoint: str) -> str:
-    """Delta idempotent-write app id, tied to the checkpoint (see spark_jobs.ingest._app_id)."""
-    f = f"{checkpoint}/msgaudit_app_id"
-    text = lake.read_text(spark, f)
-    if text is None:
-        lake.write_text(spark, f, f"msgaudit-ingest-topic-{uuid.uuid4().hex}", overwrite=False)
-        text = lake.read_text(spark, f)
-    assert text is not None
-    return text.strip()
-
-
 def land_topic(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> TopicIngestResult:
     """Land everything new in the ledger topic; running it again lands nothing new. Holds the
     lake's writer lease like the file ingest."""
@@ -158,7 +147,7 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
     _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
     _ensure_table(spark, ids_path, IDS_SCHEMA, ("table",))
     checkpoint = checkpoint_dir(cfg)
-    app_id = _app_id(spark, checkpoint)
+    app_id = checkpoint_app_id(spark, checkpoint, "ingest-topic")
     totals = {s.table: {"landed": 0, "quarantined": 0, "segments": 0} for s in SOURCES}
     extra = {"replayed": 0, "bad_keys": 0}
 
