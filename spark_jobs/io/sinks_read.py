@@ -91,9 +91,11 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     return df.select(*cols)
 
 
-def read_sink(spark: SparkSession, sink: SinkConfig, topic: str) -> DataFrame:
-    """The sink's rows of `topic`, normalised. Filters push down to Delta and JDBC."""
-    return normalise(_load(spark, sink), sink).where(F.col("topic") == topic)
+def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None) -> DataFrame:
+    """The sink's rows of `topic` (None: of every topic), normalised. Filters push down to Delta
+    and JDBC."""
+    df = normalise(_load(spark, sink), sink)
+    return df if topic is None else df.where(F.col("topic") == topic)
 
 
 # -- the consumption evidence of exactly_once_sink consumers (docs/design.md §4.2) --------------
