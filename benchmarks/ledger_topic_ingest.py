@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             broker = LocalKafka(work / "kafka", port=free_port_block(2), nodes=1).start(timeout=300)
             bootstrap = broker.bootstrap_servers
         topic = f"bench-ledger-{uuid.uuid4().hex[:8]}"
-        AdminClient({"bootstrap.servers": bootstrap}).create_topics(
-            [NewTopic(topic, args.partitions, 1)])[topic].result(timeout=30)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a collected client fails its futures
+        admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(timeout=30)
         spool = work / "spool"
         t = time.monotonic()
         write_spool(spool / "producer", args.n, args.segment_rows)

@@ -132,6 +132,35 @@ static void report(const char *fmt, ...) {
 }
 
 /* JSON string body (no quotes) of s into out; returns the length or -1 if it does not fit. */
+/* Digit and byte writers for the per-message paths (snprintf's format parsing costs more than
+ * the row itself): each writes at p and returns the end; the caller sizes the buffer. */
+static char *put_u64(char *p, uint64_t v) {
+    char tmp[20];
+    int i = 0;
+    do {
+        tmp[i++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (i)
+        *p++ = tmp[--i];
+    return p;
+}
+
+static char *put_i64(char *p, int64_t v) {
+    if (v < 0) {
+        *p++ = '-';
+        return put_u64(p, (uint64_t)(-(v + 1)) + 1);
+    }
+    return put_u64(p, (uint64_t)v);
+}
+
+static char *put_str(char *p, const char *s, size_t n) {
+    memcpy(p, s, n);
+    return p + n;
+}
+
+#define PUT_LIT(p, lit) put_str((p), (lit), sizeof(lit) - 1)
+
 static int json_escape(const char *s, char *out, size_t cap) {
     size_t n = 0;
     for (; *s; s++) {
@@ -571,13 +600,28 @@ static void write_row(struct instance *in, int64_t seq, const char *topic, int32
         __atomic_add_fetch(&in->dropped, 1, __ATOMIC_RELAXED);
         return;
     }
-    if (!error)
-        n = snprintf(line, sizeof(line),
-                     "%s%" PRId64 ",\"topic\":\"%s\",\"partition\":%" PRId32 ",\"offset\":%" PRId64
-                     ",\"status\":\"acked\",\"error\":null,\"txn_id\":%s,\"produce_ts\":%" PRId64
-                     ",\"ack_ts\":%" PRId64 "}\n",
-                     in->head, seq, topic_json, partition, offset, in->txn_json, produce_ts, ack_ts);
-    else
+    if (!error) {
+        /* The row of every acknowledged message, on the broker thread: built with memcpy and
+         * digit loops, not snprintf (a third of this plugin's own CPU). Bounded by construction:
+         * head < 1024, topic_json < 600, txn_json < 600, the rest < 250 bytes; ROW_MAX is 4096. */
+        char *w = line;
+        w = put_str(w, in->head, strlen(in->head));
+        w = put_i64(w, seq);
+        w = PUT_LIT(w, ",\"topic\":\"");
+        w = put_str(w, topic_json, strlen(topic_json));
+        w = PUT_LIT(w, "\",\"partition\":");
+        w = put_i64(w, partition);
+        w = PUT_LIT(w, ",\"offset\":");
+        w = put_i64(w, offset);
+        w = PUT_LIT(w, ",\"status\":\"acked\",\"error\":null,\"txn_id\":");
+        w = put_str(w, in->txn_json, strlen(in->txn_json));
+        w = PUT_LIT(w, ",\"produce_ts\":");
+        w = put_i64(w, produce_ts);
+        w = PUT_LIT(w, ",\"ack_ts\":");
+        w = put_i64(w, ack_ts);
+        w = PUT_LIT(w, "}\n");
+        n = (int)(w - line);
+    } else
         n = snprintf(line, sizeof(line),
                      "%s%" PRId64 ",\"topic\":\"%s\",\"partition\":%" PRId32
                      ",\"offset\":null,\"status\":\"%s\",\"error\":\"%s\",\"txn_id\":%s,\"produce_ts\":%" PRId64
@@ -645,9 +689,13 @@ static rd_kafka_resp_err_t on_send(rd_kafka_t *rk, rd_kafka_message_t *msg, void
         p_rd_kafka_header_add(hdrs, "audit.seq", 9, seq_text, sn);
         p_rd_kafka_header_add(hdrs, "audit.ts", 8, ts_text, tn);
     } else { /* the packed form (§3.1): one header, <pid>/<seq>/<ts> */
-        char id[MAX_PID_CHARS * 4 + 48];
-        int n = snprintf(id, sizeof(id), "%s/%" PRId64 "/%" PRId64, in->pid, seq, ts);
-        p_rd_kafka_header_add(hdrs, "audit.id", 8, id, n);
+        char id[MAX_PID_CHARS * 4 + 48], *w = id; /* pid <= MAX_PID_CHARS, two int64s <= 40 */
+        w = put_str(w, in->pid, in->pid_len);
+        *w++ = '/';
+        w = put_i64(w, seq);
+        *w++ = '/';
+        w = put_i64(w, ts);
+        p_rd_kafka_header_add(hdrs, "audit.id", 8, id, (ssize_t)(w - id));
     }
     __atomic_add_fetch(&in->stamped, 1, __ATOMIC_RELAXED);
     tls_in = in;
@@ -671,7 +719,7 @@ static rd_kafka_resp_err_t on_ack(rd_kafka_t *rk, rd_kafka_message_t *msg, void 
             return RD_KAFKA_RESP_ERR_NO_ERROR;
         memcpy(seq_text, seq_at, (size_t)(slash - seq_at));
         seq_text[slash - seq_at] = '\0';
-        snprintf(ts_text, sizeof(ts_text), "%s", slash + 1);
+        memcpy(ts_text, slash + 1, strlen(slash + 1) + 1); /* length checked above */
     } else {
         if (!header_text(hdrs, "audit.pid", pid, sizeof(pid)) || strcmp(pid, in->pid) != 0)
             return RD_KAFKA_RESP_ERR_NO_ERROR; /* not stamped by this instance */
