@@ -95,10 +95,6 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
     return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
                         commits=commits, sink_rows=rows)
-    window = F.col("sink_ts").isNull() | between(F.col("sink_ts"), rr.event_lo, rr.event_hi)
-    sinks = {name: df.where(topic & window) for name, df in inputs.sinks.items()}
-    rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
-    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks, rows)
 
 
 def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int) -> list[Shape]:
