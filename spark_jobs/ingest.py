@@ -21,8 +21,10 @@ Consumption evidence kept in sink databases: an `exactly_once_sink` consumer wri
 consumption rows into `msgaudit_consumed_records` in the sink's database, in the same
 transaction as its sink rows and offsets (docs/design.md §4.2). `ingest_sink_consumption` reads
 that table of every configured sql sink's database (JDBC, only rows written since the last run
-minus a look-back) and MERGEs them into `consumed_records` on their key (group, consumer,
-consume_seq), so re-reading a row lands nothing twice.
+minus a look-back) and the commits of every configured delta sink newer than the last version it
+read (a DeltaSink commit carries its consumption rows in its userMetadata), and MERGEs them into
+`consumed_records` on their key (group, consumer, consume_seq), so re-reading a row lands
+nothing twice.
 
 This module reads ledger files (and the sinks' evidence tables) and writes the three tables
 above; it must not touch any other table, and it must not reorder or deduplicate rows (reconcile
@@ -315,9 +317,10 @@ SINK_EVIDENCE_LOOKBACK_MS = 3_600_000
 _AUTOMERGE = "spark.databricks.delta.schema.autoMerge.enabled"
 
 
-def check_sink_consumption(df: DataFrame) -> DataFrame:
-    """Evidence-table rows -> `consumed_records` columns (consume_ts from epoch ms) + part_hour +
-    `reason` (null for a valid row; else the first of 'missing <column>', 'bad outcome: <v>')."""
+def check_sink_consumption(df: DataFrame, source_file: Column | None = None) -> DataFrame:
+    """Evidence rows -> `consumed_records` columns (consume_ts from epoch ms) + part_hour + `line`
+    (the row as JSON) + `source_file` (where it came from, given per row) + `reason` (null for a
+    valid row; else the first of 'missing <column>', 'bad outcome: <v>')."""
     cols = []
     for f in CONSUMED_RECORDS.fields:
         c = F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None)
@@ -325,7 +328,8 @@ def check_sink_consumption(df: DataFrame) -> DataFrame:
                     .cast(f.dataType).alias(f.name))
     ms = F.col("consume_ts").cast(LongType()) if "consume_ts" in df.columns else F.lit(None).cast(LongType())
     out = df.select(*cols, part_hour_of_millis(ms).alias(PART_HOUR),
-                    F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("line"))
+                    F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("line"),
+                    (source_file if source_file is not None else F.lit(None).cast(StringType())).alias("source_file"))
     reason: Column = F.lit(None).cast(StringType())
     checks = [(F.col(f"`{f.name}`").isNull(), F.lit(f"missing {f.name}"))
               for f in CONSUMED_RECORDS.fields if not f.nullable]
@@ -335,16 +339,63 @@ def check_sink_consumption(df: DataFrame) -> DataFrame:
     return out.withColumn("reason", reason)
 
 
-def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
-    """Land the evidence tables of every configured sql sink's database into `consumed_records`."""
-    import hashlib
-
+def land_evidence(spark: SparkSession, cfg: Config, raw: DataFrame, source_file: Column) -> tuple[int, int]:
+    """MERGE valid evidence rows into `consumed_records` on (group, consumer, consume_seq), so a row
+    read twice lands once; quarantine the others (once each) under `source_file`. Returns
+    (rows inserted, rows quarantined)."""
     from delta.tables import DeltaTable
-
-    from spark_jobs.io import sinks_read
 
     table_path = lake.table_path(cfg, "consumed_records")
     quarantine_path = lake.table_path(cfg, QUARANTINE_TABLE)
+    checked = check_sink_consumption(raw, source_file).persist()
+    try:
+        rows = checked.filter(F.col("reason").isNull()).drop("line", "reason", "source_file")
+        keys = rows.select("topic", PART_HOUR).distinct().collect()
+        inserted = 0
+        if keys:
+            prune = " OR ".join(
+                f"(t.topic = '{k['topic'].replace(chr(39), chr(39) * 2)}' AND t.{PART_HOUR} = '{k[PART_HOUR]}')"
+                for k in keys)
+            _ensure_table(spark, table_path, SOURCES[1].table_schema, ("topic", PART_HOUR))
+            target = DeltaTable.forPath(spark, table_path)
+            before = target.history(1).select("version").first()
+            old = spark.conf.get(_AUTOMERGE, None)
+            spark.conf.set(_AUTOMERGE, "true")  # a table of an older version may lack `error`
+            try:
+                (target.alias("t")
+                 .merge(rows.alias("s"), f"({prune}) AND t.`group` = s.`group` AND t.consumer = s.consumer "
+                                         "AND t.consume_seq = s.consume_seq")
+                 .whenNotMatchedInsertAll().execute())
+            finally:
+                if old is None:
+                    spark.conf.unset(_AUTOMERGE)
+                else:
+                    spark.conf.set(_AUTOMERGE, old)
+            # A MERGE that inserts nothing may not commit at all: count only a new version's rows.
+            last = target.history(1).select("version", "operationMetrics").first()
+            new_version = last is not None and (before is None or last[0] != before[0])
+            inserted = int((last[1] or {}).get("numTargetRowsInserted", 0)) if last and new_version else 0
+        bad = checked.filter(F.col("reason").isNotNull()).select(
+            F.lit("consumed_records").alias("table"), F.col("source_file"),
+            F.col("line"), F.col("reason"), F.current_timestamp().alias("ingested_at"))
+        n_bad = bad.count()
+        if n_bad:
+            _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
+            (DeltaTable.forPath(spark, quarantine_path).alias("t")
+             .merge(bad.alias("s"), "t.source_file = s.source_file AND t.line = s.line")
+             .whenNotMatchedInsertAll().execute())
+        return inserted, n_bad
+    finally:
+        checked.unpersist()
+
+
+def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
+    """Land the evidence of every configured sink into `consumed_records`: the evidence table of
+    each sql sink's database, and the commits of each delta sink (their userMetadata)."""
+    import hashlib
+
+    from spark_jobs.io import sinks_read
+
     sinks = [s for t in cfg.topics.values() for s in t.sinks]
     totals = {"landed": 0, "quarantined": 0, "databases": 0}
     for url in sinks_read.sql_sink_urls(sinks):
@@ -360,47 +411,30 @@ def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
             top = raw.agg(F.max("written_ts")).first()
             if top is None or top[0] is None:
                 continue
-            checked = check_sink_consumption(raw).persist()
-            try:
-                rows = checked.filter(F.col("reason").isNull()).drop("line", "reason")
-                keys = rows.select("topic", PART_HOUR).distinct().collect()
-                prune = " OR ".join(
-                    f"(t.topic = '{k['topic'].replace(chr(39), chr(39) * 2)}' AND t.{PART_HOUR} = '{k[PART_HOUR]}')"
-                    for k in keys) or "false"
-                _ensure_table(spark, table_path, SOURCES[1].table_schema, ("topic", PART_HOUR))
-                target = DeltaTable.forPath(spark, table_path)
-                before = target.history(1).select("version").first()
-                old = spark.conf.get(_AUTOMERGE, None)
-                spark.conf.set(_AUTOMERGE, "true")  # a table of an older version may lack `error`
-                try:
-                    (target.alias("t")
-                     .merge(rows.alias("s"), f"({prune}) AND t.`group` = s.`group` AND t.consumer = s.consumer "
-                                             "AND t.consume_seq = s.consume_seq")
-                     .whenNotMatchedInsertAll().execute())
-                finally:
-                    if old is None:
-                        spark.conf.unset(_AUTOMERGE)
-                    else:
-                        spark.conf.set(_AUTOMERGE, old)
-                # A MERGE that inserts nothing may not commit at all: count only a new version's rows.
-                last = target.history(1).select("version", "operationMetrics").first()
-                new_version = last is not None and (before is None or last[0] != before[0])
-                inserted = int((last[1] or {}).get("numTargetRowsInserted", 0)) if last and new_version else 0
-                bad = checked.filter(F.col("reason").isNotNull()).select(
-                    F.lit("consumed_records").alias("table"),
-                    F.lit(f"{sinks_read.redact(url)}#{sinks_read.CONSUMPTION_TABLE}").alias("source_file"),
-                    F.col("line"), F.col("reason"), F.current_timestamp().alias("ingested_at"))
-                n_bad = bad.count()
-                if n_bad:
-                    _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
-                    (DeltaTable.forPath(spark, quarantine_path).alias("t")
-                     .merge(bad.alias("s"), "t.source_file = s.source_file AND t.line = s.line")
-                     .whenNotMatchedInsertAll().execute())
-                totals["landed"] += inserted
-                totals["quarantined"] += n_bad
-            finally:
-                checked.unpersist()
+            landed, bad = land_evidence(spark, cfg, raw,
+                                        F.lit(f"{sinks_read.redact(url)}#{sinks_read.CONSUMPTION_TABLE}"))
+            totals["landed"] += landed
+            totals["quarantined"] += bad
             lake.write_text(spark, cursor, str(int(top[0])))
+        finally:
+            raw.unpersist()
+    for location in sinks_read.delta_sink_locations(sinks):
+        # A version is read once: the cursor is the newest version landed (commits are immutable).
+        cursor = lake.lake_location(cfg, "_checkpoints", "ingest_delta_sink_consumption",
+                                    hashlib.sha1(location.encode()).hexdigest()[:16])
+        text = lake.read_text(spark, cursor)
+        raw, newest = sinks_read.read_delta_consumption(spark, location, int(text) if text else -1)
+        if newest < 0 or (text and newest <= int(text)):
+            continue
+        raw = raw.persist()
+        try:
+            if raw.limit(1).count():
+                totals["databases"] += 1
+                landed, bad = land_evidence(spark, cfg, raw,
+                                            F.concat(F.lit(f"{location}@v"), F.col("version").cast(StringType())))
+                totals["landed"] += landed
+                totals["quarantined"] += bad
+            lake.write_text(spark, cursor, str(newest))
         finally:
             raw.unpersist()
     return TableIngest(SINK_EVIDENCE, totals["landed"], totals["quarantined"], totals["databases"], 0)

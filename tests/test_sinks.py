@@ -247,27 +247,34 @@ def test_delta_sink_positions_travel_in_the_same_commit(spark: Any, tmp_path: Pa
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_consumer_exactly_once_into_delta_survives_a_failed_commit(spark: Any, tmp_path: Path,
-                                                                   kafka_bootstrap: str) -> None:
-    """exactly_once_sink with Delta: the first run dies just before its second Delta commit; the
-    rerun resumes from the positions in the table and every record lands exactly once."""
+@pytest.mark.parametrize("crash_at", ["sink_txn_open", "sink_written"])
+def test_consumer_exactly_once_into_delta_survives_a_crash_at_its_commit(
+        spark: Any, tmp_path: Path, kafka_bootstrap: str, make_config: Any, crash_at: str) -> None:
+    """exactly_once_sink with Delta: the first run dies just before (sink_txn_open) or just after
+    (sink_written) its second Delta commit; the rerun resumes from the positions in the table.
+    Every record lands exactly once, and so does its consumption row: the rows travel in the
+    commit, so `msgaudit ingest` lands them from the table's history and none is lost or doubled."""
     from audit.clients.consumer import AuditedConsumer
+    from spark_jobs.ingest import SINK_EVIDENCE, ingest
+    from spark_jobs.io import lake
     from spark_jobs.io.delta_sink import DeltaSink
     from tests.conftest import new_topic
     from tests.test_consumer import ledger_rows, produce_audited
 
     topic = new_topic(kafka_bootstrap)
+    group = f"g-{topic}"
     produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(8)], tmp_path)
-    sink = DeltaSink(spark, str(tmp_path / "delta_sink"), "append")
+    location = str(tmp_path / "delta_sink")
+    sink = DeltaSink(spark, location, "append")
     commits = {"n": 0}
 
     def crash_on_second(stage: str, records: Any) -> None:
         if stage == "sink_txn_open":
             commits["n"] += 1
-            if commits["n"] == 2:
-                raise Boom("killed before the Delta commit")
+        if stage == crash_at and commits["n"] == 2:
+            raise Boom(f"killed at {stage}")
 
-    kw: dict[str, Any] = {"topics": [topic], "group": f"g-{topic}", "semantics": "exactly_once_sink",
+    kw: dict[str, Any] = {"topics": [topic], "group": group, "semantics": "exactly_once_sink",
                           "sink": sink, "ledger_dir": tmp_path / "ledger", "batch_size": 4,
                           "poll_timeout_s": 0.2}
     with AuditedConsumer({"bootstrap.servers": kafka_bootstrap}, on_stage=crash_on_second, **kw) as c, \
@@ -276,5 +283,12 @@ def test_consumer_exactly_once_into_delta_survives_a_failed_commit(spark: Any, t
     with AuditedConsumer({"bootstrap.servers": kafka_bootstrap}, **kw) as c:
         c.run(lambda r: {"n": json.loads(r.value or b"{}")["n"]}, idle_timeout_s=1.5)
     assert sorted((r.n, r.audit_offset) for r in sink.read().collect()) == [(i, i) for i in range(8)]
-    assert sorted(r["offset"] for r in ledger_rows(tmp_path / "ledger")) == list(range(8))
-    assert sink.read_positions(f"g-{topic}", [(topic, 0)]) == {(topic, 0): 8}
+    assert sink.read_positions(group, [(topic, 0)]) == {(topic, 0): 8}
+    assert ledger_rows(tmp_path / "ledger") == []  # the evidence is in the commits, not in files
+
+    cfg = make_config(tmp_path, topics={topic: {"groups": [group], "sinks": [
+        {"name": "out", "format": "delta", "location": location, "group": group}]}})
+    first, again = ingest(spark, cfg), ingest(spark, cfg)
+    assert first.tables[SINK_EVIDENCE].landed == 8 and SINK_EVIDENCE not in again.tables
+    got = lake.read_table(spark, cfg, "consumed_records").select("group", "offset", "outcome").collect()
+    assert sorted(tuple(r) for r in got) == [(group, i, "processed") for i in range(8)]

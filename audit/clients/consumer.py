@@ -52,9 +52,10 @@ for failed and dead_lettered, else null). Rows are always written against the OR
 one final outcome; retry-topic coordinates never appear. `consumer` is the instance id
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
 The rows of a batch are durable before its Kafka commit (at_least_once). In exactly_once_sink
-with a sink that stores them (`Sink.stores_consumption`, e.g. SqlSink) they are written in the
-sink's transaction with the rows and offsets (table `msgaudit_consumed_records`, landed by
-`msgaudit ingest`), not to the ledger files: a crash at any point leaves all three or none. In
+with a sink that stores them (`Sink.stores_consumption`: SqlSink, DeltaSink) they are written in
+the sink's transaction with the rows and offsets (SqlSink: table `msgaudit_consumed_records`;
+DeltaSink: the commit's userMetadata; both landed by `msgaudit ingest`), not to the ledger
+files: a crash at any point leaves all three or none. In
 exactly_once_kafka (and exactly_once_sink on a sink that cannot store them) they are written
 after the transaction commits (a crash between those two points loses only ledger rows, never
 sink rows or offsets) - except exactly_once_kafka with a ledger topic on the consumer's cluster:

@@ -3,12 +3,15 @@ Delta table (a user's "sink table" the audit reads in place).
 
 Each batch is ONE Delta commit: the payload rows stamped with the audit columns (default
 `audit_topic, audit_partition, audit_offset, audit_pid, audit_seq, audit_sink_ts`, renamed via
-`SinkConfig.column`) and, for `exactly_once_sink`, the consumer's next offsets, carried in that
-same commit's `userMetadata` as JSON `{"msgaudit": 1, "group": ..., "positions": [[topic,
-partition, next_offset], ...]}`. `read_positions` folds the table history (newest commit first)
-back into positions, so the rows and the offsets can never disagree: a commit has both or
-neither. (Positions live as long as the table's log retention, 30 days by default; a group idle
-longer than that falls back to its Kafka offsets.)
+`SinkConfig.column`) and, for `exactly_once_sink`, the consumer's next offsets and the batch's
+consumption-ledger rows, carried in that same commit's `userMetadata` as JSON `{"msgaudit": 1,
+"group": ..., "positions": [[topic, partition, next_offset], ...], "consumed": [{<consumption row>},
+...]}`. `read_positions` folds the table history (newest commit first) back into positions, so the
+rows and the offsets can never disagree: a commit has both or neither. `msgaudit ingest` lands the
+`consumed` rows of new commits into `consumed_records` (spark_jobs/ingest.py), so a crash right
+after the commit loses no evidence. (Positions live as long as the table's log retention, 30 days
+by default; a group idle longer than that falls back to its Kafka offsets, and ingest must run
+within that time to land the evidence.)
 
 Modes: `append` (a redelivered message becomes a second row) or `merge` (MERGE on (topic, pid,
 seq): a redelivered message replaces its row; rows without audit identity are inserted).
@@ -41,7 +44,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from audit.clients.sinks import AuditColumns, Position, SinkRecord, TopicPartitionKey, dedupe_last, stamp_row
+from audit.clients.sinks import (
+    AuditColumns,
+    Position,
+    SinkRecord,
+    TopicPartitionKey,
+    consumption_rows,
+    dedupe_last,
+    stamp_row,
+)
 from audit.core.config import SinkConfig
 from audit.core.errors import ConfigError, InputError
 
@@ -92,9 +103,8 @@ def audit_fields(cols: AuditColumns) -> list[StructField]:
 class DeltaSink:
     """A Delta sink table at `location` (see the module docstring)."""
 
-    # Consumption rows are not stored in the Delta commit (yet): an exactly_once_sink consumer on a
-    # Delta sink writes its ledger files after the commit (docs/design.md §11).
-    stores_consumption = False
+    # Consumption rows travel in the commit's userMetadata with the positions (docs/design.md §11).
+    stores_consumption = True
 
     def __init__(self, spark: SparkSession, location: str, mode: str = "append",
                  columns: Mapping[str, str] | SinkConfig | AuditColumns | None = None, *,
@@ -153,21 +163,21 @@ class DeltaSink:
               positions: Sequence[Position] = (),
               before_commit: Callable[[], None] | None = None,
               consumption: Sequence[Mapping[str, Any]] = ()) -> None:
-        """One Delta commit with the rows and (if given) the positions. `before_commit` runs just
-        before that commit: Delta has no open transaction to hook into, and nothing is visible
-        until the commit lands."""
-        if consumption:
-            raise InputError("DeltaSink.write: consumption rows are not stored in a Delta sink "
-                             "(stores_consumption is False); write them to the consumption ledger")
-        if positions and not group:
-            raise InputError("DeltaSink.write: positions need the consumer group they belong to")
-        if not records and not positions:
+        """One Delta commit with the rows and (if given) the positions and consumption rows.
+        `before_commit` runs just before that commit: Delta has no open transaction to hook into,
+        and nothing is visible until the commit lands."""
+        evidence = consumption_rows(consumption)
+        if (positions or evidence) and not group:
+            raise InputError("DeltaSink.write: positions and consumption rows need the consumer group they belong to")
+        if not records and not positions and not evidence:
             return
         meta = None
-        if positions:
-            meta = json.dumps({"msgaudit": 1, "group": group,
-                               "positions": [[p.topic, p.partition, p.next_offset] for p in positions]},
-                              separators=(",", ":"))
+        if positions or evidence:
+            doc: dict[str, Any] = {"msgaudit": 1, "group": group,
+                                   "positions": [[p.topic, p.partition, p.next_offset] for p in positions]}
+            if evidence:
+                doc["consumed"] = evidence
+            meta = json.dumps(doc, separators=(",", ":"))
         df = self._frame(records)
         if before_commit is not None:
             before_commit()

@@ -137,6 +137,38 @@ def read_consumption(spark: SparkSession, url: str, written_since_ms: int) -> Da
         raise InputError(f"sink database {redact(url)}: cannot read {CONSUMPTION_TABLE} over JDBC: {first}") from None
 
 
+def delta_sink_locations(sinks: list[SinkConfig]) -> list[str]:
+    """The distinct tables of the delta sinks (each commit of an exactly_once_sink consumer carries
+    its consumption rows in its commitInfo.userMetadata)."""
+    return sorted({s.location for s in sinks if s.format == "delta" and s.location})
+
+
+# The consumption rows in a DeltaSink commit's userMetadata (audit.clients.sinks.CONSUMPTION_COLUMNS).
+_CONSUMED_FIELDS = ("`group`: STRING, consumer: STRING, consume_seq: BIGINT, topic: STRING, `partition`: INT, "
+                    "`offset`: BIGINT, pid: STRING, seq: BIGINT, outcome: STRING, attempt: INT, consume_ts: BIGINT, "
+                    "error: STRING")
+
+
+def read_delta_consumption(spark: SparkSession, location: str, after_version: int) -> tuple[DataFrame, int]:
+    """The consumption rows of the commits after `after_version` (one row per consumption row,
+    plus `version`: the commit that carried it), and the table's newest version (-1: not a Delta
+    table yet). Rows are read from the table's history, as `spark_jobs.io.delta_sink.DeltaSink`
+    writes them."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, location):
+        empty = spark.createDataFrame([], f"version BIGINT, {_CONSUMED_FIELDS.replace(':', '')}")
+        return empty, -1
+    history = DeltaTable.forPath(spark, location).history()
+    newest = history.agg(F.max("version")).first()
+    top = int(newest[0]) if newest is not None and newest[0] is not None else -1
+    commits = history.where((F.col("version") > after_version) & (F.col("version") <= top)
+                            & F.col("userMetadata").startswith('{"msgaudit":1'))
+    rows = (commits.select("version", F.from_json("userMetadata", f"consumed ARRAY<STRUCT<{_CONSUMED_FIELDS}>>").alias("m"))
+            .select("version", F.explode("m.consumed").alias("r")).select("version", "r.*"))
+    return rows, top
+
+
 def redact(url: str) -> str:
     """The URL without its password (for messages and quarantine rows)."""
     parts = urlsplit(url)
