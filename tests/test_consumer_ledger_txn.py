@@ -1,5 +1,6 @@
-"""exactly_once_kafka consumption rows ride in the consumer's transaction to the ledger topic: a crash
-just after the commit loses none of them (no false `missed`), an aborted batch's rows never land.
+"""exactly_once_kafka consumption rows, and the output producer's rows of what the batch produced, ride
+in the consumer's transaction to the ledger topic: a crash just after the commit loses none of them
+(no false `missed`, no `unledgered` output), an aborted batch's rows never land.
 Real broker, real consumer processes killed with os._exit, real Spark ingest of the ledger topic."""
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def _consumption(records: list[Any]) -> list[Any]:
     return [m for m in records if (m.key() or b"").startswith(b"consumer/")]
 
 
+def _produced(records: list[Any]) -> list[Any]:
+    return [m for m in records if (m.key() or b"").startswith(b"producer/")]
+
+
 def test_rows_committed_with_the_transaction_survive_a_kill_just_after_commit(
         tmp_path: Path, kafka_bootstrap: str, spark: Any, make_config: Any) -> None:
     out = new_topic(kafka_bootstrap)
@@ -34,17 +39,25 @@ def test_rows_committed_with_the_transaction_survive_a_kill_just_after_commit(
         list(range(N))
     # ... and the local spool never got its rows (the process died before writing them) ...
     assert processed_offsets(spool_rows) == Counter(o for o in range(N) if o not in batch)
-    # ... but the ledger topic did, in the same transaction: every offset processed exactly once.
-    # (the topic also gets the output producer's ledger rows: all but those of the killed batch)
-    records = _consumption(read_committed(kafka_bootstrap, ledger_topic, 2 * N - len(batch)))
+    # ... but the ledger topic did, in the same transaction: every offset processed exactly once,
+    # and every output message has its producer row (acked at its offset), the killed batch's too.
+    everything = read_committed(kafka_bootstrap, ledger_topic, 2 * N)
+    records = _consumption(everything)
     rows = [json.loads(m.value() or b"{}") for m in records]
     assert processed_offsets(rows) == Counter(range(N))
     keys = [(m.key() or b"").decode() for m in records]
     assert len(set(keys)) == N and all(k.startswith("consumer/txn:") for k in keys)
+    outputs = {(m.partition(), m.offset()) for m in read_committed(kafka_bootstrap, out, N)}
+    produced = [json.loads(m.value() or b"{}") for m in _produced(everything)]
+    assert sorted((r["partition"], r["offset"]) for r in produced) == sorted(outputs)
+    assert {(r["topic"], r["status"]) for r in produced} == {(out, "acked")}
+    assert all((m.key() or b"").startswith(b"producer/txn:") for m in _produced(everything))
+    assert len(everything) == 2 * N  # nothing else: no spool copy was shipped a second time
 
     cfg = make_config(tmp_path / "lake-side", ledger={"topic": ledger_topic})
     result = land_topic(spark, cfg)
-    assert (result.tables["consumed_records"].landed, result.replayed) == (N, 0)
+    assert (result.tables["consumed_records"].landed, result.tables["producer_ledger"].landed,
+            result.replayed) == (N, N, 0)
     landed = lake.read_table(spark, cfg, "consumed_records").select("offset", "outcome").collect()
     assert sorted((r["offset"], r["outcome"]) for r in landed) == [(o, "processed") for o in range(N)]
 

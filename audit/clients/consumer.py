@@ -391,7 +391,8 @@ class AuditedConsumer:
             tconf = {**self._producer_conf, "transactional.id": f"msgaudit-{self.group}-{self.name}"}
             producer = AuditedProducer(tconf, producer_name=f"{self.group}.{self.name}",
                                        ledger_dir=self._ledger_root / "producer", ledger_topic=self.ledger_topic,
-                                       ledger_kafka=self._ledger_kafka if self.ledger_topic else None)
+                                       ledger_kafka=self._ledger_kafka if self.ledger_topic else None,
+                                       ledger_in_transactions=self._ledger_in_txn)
             try:
                 producer.init_transactions(30)
             except KafkaException as e:
@@ -737,25 +738,28 @@ class AuditedConsumer:
     def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord],
                             ledger: Sequence[dict[str, Any]] = ()) -> None:
         assert self.producer is not None and self._raw_producer is not None
-        if self._ledger_in_txn:
-            # The consumption rows are evidence of this transaction: they commit or abort with it.
-            # The spool gets the same rows (same consume_seq) after the commit, so the spool copy
-            # and the topic copy are one row; an aborted batch's seqs are not reused.
-            assert self.ledger_topic is not None
-            for row in ledger:
-                seq = row["consume_seq"]
-                line = encode_row(row).encode()
-                while True:
-                    try:
-                        self._raw_producer.produce(self.ledger_topic, line, txn_key(self.instance, seq),
-                                                   on_delivery=self._delivered)
-                        break
-                    except BufferError:
-                        self._raw_producer.poll(0.1)
         # The batch's outputs reach the log (inside the open transaction) before its offsets join
         # it: commit_transaction would wait for them anyway, and a crash from here on leaves an
         # aborted transaction whose records are in the log, never records still in this process.
+        # The flush also serves their delivery reports, so their ledger rows are known below.
         self._raw_producer.flush(30)
+        if self._ledger_in_txn:
+            # The batch's evidence joins its transaction and commits or aborts with it: the
+            # consumption rows, and the output producer's rows of the messages it produced. The
+            # spool gets the same rows after the commit (never shipped), so the spool copy and the
+            # topic copy are one row; an aborted batch's consume_seqs are not reused.
+            from audit.clients.producer import AuditedProducer
+
+            assert self.ledger_topic is not None and isinstance(self.producer, AuditedProducer)
+            evidence = [(txn_key(self.instance, row["consume_seq"]), encode_row(row)) for row in ledger]
+            evidence += self.producer.transaction_rows()
+            for key, line in evidence:
+                while True:
+                    try:
+                        self._raw_producer.produce(self.ledger_topic, line.encode(), key, on_delivery=self._delivered)
+                        break
+                    except BufferError:
+                        self._raw_producer.poll(0.1)
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
         self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
         self._stage("txn_before_commit", handled)

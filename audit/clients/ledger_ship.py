@@ -8,6 +8,7 @@ Row identity. Every shipped row is one Kafka record whose key names the row:
 
     <kind>/<segment stem>:<line number>     kind = producer | consumer | producer_settings (the spool subfolder)
     consumer/txn:<consumer instance>:<consume_seq>   exactly_once_kafka rows sent in the transaction
+    producer/txn:<pid>:<topic>:<seq>                 its output producer's rows, sent in the same transaction
 
 and whose value is the row's JSON line, unchanged. A segment's name never changes (sealing and
 orphan recovery only rename `.jsonl.open` to `.jsonl`; recovery cuts only an unfinished last
@@ -74,6 +75,12 @@ def row_key(kind: str, segment: Path | str, line: int) -> bytes:
 def txn_key(consumer_instance: str, consume_seq: int) -> bytes:
     """The key of an exactly_once_kafka consumption row sent inside the consumer's transaction."""
     return f"consumer/{TXN_PREFIX}{consumer_instance}:{consume_seq}".encode()
+
+
+def producer_txn_key(pid: str, topic: str, seq: int) -> bytes:
+    """The key of a transactional producer's ledger row sent inside its transaction (the output
+    producer of an exactly_once_kafka consumer): a message is (pid, topic, seq)."""
+    return f"producer/{TXN_PREFIX}{pid}:{topic}:{seq}".encode()
 
 
 def marker(segment: Path) -> Path:
@@ -373,4 +380,4 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
 
 
 __all__ = ["KINDS", "LedgerShipper", "TransactionShipped", "ShipResult", "ship_segment", "ship_spool",
-           "row_key", "txn_key", "marker", "is_shipped", "stem_of"]
+           "row_key", "txn_key", "producer_txn_key", "marker", "is_shipped", "stem_of"]

@@ -49,7 +49,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import LedgerWriter
-from audit.clients.ledger_ship import LedgerShipper, connection_settings
+from audit.clients.ledger_ship import LedgerShipper, TransactionShipped, connection_settings, producer_txn_key
 from audit.clients.plugin import Plugin, plugin_path
 from audit.core import headers as audit_headers
 from audit.core.errors import ConfigError, InputError, LedgerError
@@ -105,9 +105,10 @@ class _TopicFormats:
     produce_ts, ack_ts|'null') for failed and transactional rows.
     """
 
-    __slots__ = ("acked", "any")
+    __slots__ = ("acked", "any", "topic")
 
     def __init__(self, producer_name: str, pid: str, topic: str) -> None:
+        self.topic = topic
         head = f'%.0s{{"producer":{_json_fmt(producer_name)},"pid":{_json_fmt(pid)},"seq":%d,"topic":{_json_fmt(topic)},'
         self.acked = head + ('"partition":%d,"offset":%d,"status":"acked","error":null,"txn_id":null,'
                              '"produce_ts":%d,"ack_ts":%d}')
@@ -204,6 +205,10 @@ class AuditedProducer:
       ledger_topic: optional ledger topic: every ledger row is shipped there (keyed by its identity,
         audit.clients.ledger_ship) after it is written to the segment files, which stay the spool.
       ledger_kafka: librdkafka settings of the cluster holding the ledger topic (default: `config`).
+      ledger_in_transactions: (transactional producers with a ledger_topic on their own cluster)
+        the rows are not shipped from the spool: the caller sends `transaction_rows()` to the
+        ledger topic inside each transaction, before committing it (exactly_once_kafka consumers
+        do), so a crash right after the commit loses none of them.
       ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.clients.ledger.LedgerWriter`).
       metrics_registry: a prometheus_client CollectorRegistry (or True for the default one) to
         export the counters as `msgaudit_producer_*{producer=..., pid=...}`.
@@ -227,6 +232,7 @@ class AuditedProducer:
         metrics_registry: Any = None,
         use_plugin: bool | None = None,
         header_form: str = audit_headers.PACKED,
+        ledger_in_transactions: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(config, Mapping):
@@ -267,11 +273,19 @@ class AuditedProducer:
         self._txn_current: list[int | None] = [None]
         self._txn_held: dict[int, list[tuple[Any, ...]]] = {}
         self._txn_outcome: dict[int, str] = {}
+        # Rows of produce() calls that raised inside the open transaction (ledger_in_transactions).
+        self._txn_failed_calls: list[tuple[_TopicFormats, int, tuple[Any, ...]]] = []
 
         self._shipper: LedgerShipper | None = None
-        if ledger_topic:
+        observer: LedgerShipper | TransactionShipped | None = None
+        if ledger_in_transactions and not (ledger_topic and self._transactional_id):
+            raise ConfigError("AuditedProducer(ledger_in_transactions=True) needs a transactional.id and a ledger_topic")
+        self._ledger_in_txn = ledger_in_transactions
+        if ledger_in_transactions:
+            observer = TransactionShipped()
+        elif ledger_topic:
             ship_conf = ledger_kafka if ledger_kafka is not None else connection_settings(conf)
-            self._shipper = LedgerShipper(ship_conf, ledger_topic, "producer")
+            observer = self._shipper = LedgerShipper(ship_conf, ledger_topic, "producer")
         self.ledger: LedgerWriter | None = None
         if self._plugin is None:
             self.ledger = LedgerWriter(
@@ -279,7 +293,7 @@ class AuditedProducer:
                 LEDGER_PREFIX,
                 max_bytes=ledger_max_bytes,
                 max_age_s=ledger_max_age_s,
-                observer=self._shipper,
+                observer=observer,
             )
             self.produce = self._hot_path()  # type: ignore[method-assign]
         else:
@@ -539,8 +553,28 @@ class AuditedProducer:
         part = partition if isinstance(partition, int) and partition >= 0 else -1
         txn_json = self._txn_json(txn) if txn is not None else "null"
         assert self.ledger is not None
-        self.ledger.append_formatted(
-            (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null"))
+        item = (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null")
+        self.ledger.append_formatted(item)
+        if txn is not None and self._ledger_in_txn:
+            self._txn_failed_calls.append((fmts, seq, item))
+
+    def transaction_rows(self) -> list[tuple[bytes, str]]:
+        """(key, line) of every ledger row of the open transaction as it will read once the
+        transaction commits, for the caller to produce to the ledger topic inside it. Call it after
+        `flush()`: a message whose delivery report has not been served yet has no row. Keys are
+        `producer/txn:<pid>:<topic>:<seq>` (audit.clients.ledger_ship)."""
+        txn = self._txn_current[0]
+        if txn is None:
+            return []
+        out = []
+        txn_json = self._txn_json(txn)
+        for fmts, seq, part, offset, err_json, ts, ack in self._txn_held.get(txn, ()):
+            status = "acked" if err_json == "null" else "failed"
+            item = (fmts.any, seq, part, offset, status, err_json, txn_json, ts, ack)
+            out.append((producer_txn_key(self.pid, fmts.topic, seq), fmts.any % item))
+        for fmts, seq, item in self._txn_failed_calls:
+            out.append((producer_txn_key(self.pid, fmts.topic, seq), item[0] % item))
+        return out
 
     def _resolve_txn(self, txn: int, outcome: str) -> None:
         self._txn_outcome[txn] = outcome
@@ -598,6 +632,7 @@ class AuditedProducer:
         self._txn_no += 1
         self._txn_held[self._txn_no] = []
         self._txn_current[0] = self._txn_no
+        self._txn_failed_calls.clear()
 
     def send_offsets_to_transaction(self, *args: Any, **kwargs: Any) -> None:
         self._producer.send_offsets_to_transaction(*args, **kwargs)
