@@ -133,7 +133,7 @@ class IngestResult:
         lines = []
         for t in self.tables.values():
             recovered = f" ({t.recovered} recovered from dead writers)" if t.recovered else ""
-            unit = "databases" if t.table == SINK_EVIDENCE else "segments"
+            unit = "sinks" if t.table == SINK_EVIDENCE else "segments"
             lines.append(f"ingest {t.table}: {t.landed} rows landed from {t.segments} {unit}{recovered}, "
                          f"{t.quarantined} lines quarantined")
         where = lake.table_path(cfg, QUARANTINE_TABLE)
@@ -309,7 +309,7 @@ def ingest(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> IngestRe
 
 # -- consumption evidence in sink databases (exactly_once_sink) --------------------------------
 
-SINK_EVIDENCE = "consumed_records (sink databases)"
+SINK_EVIDENCE = "consumed_records (sinks)"
 # Rows are read from (last run's highest written_ts - look-back): a batch's rows get written_ts
 # from the consumer's clock just before its transaction commits, so the look-back covers slow
 # commits and consumer clocks up to this far apart.

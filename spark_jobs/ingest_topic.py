@@ -3,6 +3,7 @@ exactly once, each row once even when a spool shipped it twice.
 
     ledger topic, key producer/<id>  ->  producer_ledger
     ledger topic, key consumer/<id>  ->  consumed_records
+    exactly_once_sink evidence in the configured sinks  ->  consumed_records (as the file ingest does)
     lines that are not valid rows    ->  ledger_quarantine (source_file = kafka:<topic>/<partition>@<offset>)
     every landed or quarantined id   ->  ledger_ids (table, ledger_id, ingested_at)
 
@@ -42,11 +43,13 @@ from spark_jobs.capture import java_kafka_options
 from spark_jobs.ingest import (
     QUARANTINE_SCHEMA,
     QUARANTINE_TABLE,
+    SINK_EVIDENCE,
     SOURCES,
     IngestResult,
     TableIngest,
     _ensure_table,
     checkpoint_app_id,
+    ingest_sink_consumption,
     parse_lines,
     to_quarantine_rows,
     to_table_rows,
@@ -70,7 +73,9 @@ class TopicIngestResult(IngestResult):
     bad_keys: int = 0  # records without a <kind>/<id> key: quarantined
 
     def summary_lines(self, cfg: Config) -> list[str]:
-        lines = [f"ingest {t.table}: {t.landed} rows landed from the ledger topic {self.topic} "
+        lines = [f"ingest {t.table}: {t.landed} rows landed from {t.segments} sinks, {t.quarantined} lines quarantined"
+                 if t.table == SINK_EVIDENCE else
+                 f"ingest {t.table}: {t.landed} rows landed from the ledger topic {self.topic} "
                  f"({t.segments} segments or transactions), {t.quarantined} lines quarantined"
                  for t in self.tables.values()]
         where = lake.table_path(cfg, QUARANTINE_TABLE)
@@ -132,7 +137,12 @@ def land_topic(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> Topi
     if cfg.ledger is None:
         raise ConfigError(f"{cfg.source}: no ledger topic configured (ledger: {{topic: ...}})")
     with lake.writer_lease(spark, cfg, "msgaudit ingest", wait_s=wait_s):
-        return _land(spark, cfg)
+        result = _land(spark, cfg)
+        # exactly_once_sink consumers keep their evidence in the sinks, whatever the transport.
+        evidence = ingest_sink_consumption(spark, cfg)
+        if evidence.segments:
+            result.tables[SINK_EVIDENCE] = evidence
+        return result
 
 
 def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:

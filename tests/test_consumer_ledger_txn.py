@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from audit.clients.sinks import Position, SqlSink
+from spark_jobs.ingest import SINK_EVIDENCE
 from spark_jobs.ingest_topic import land_topic
 from spark_jobs.io import lake
 from tests.conftest import new_topic
 from tests.test_consumer import N, crash_case, processed_offsets, read_committed
+from tests.test_ingest import crow
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -32,8 +35,8 @@ def test_rows_committed_with_the_transaction_survive_a_kill_just_after_commit(
         tmp_path: Path, kafka_bootstrap: str, spark: Any, make_config: Any) -> None:
     out = new_topic(kafka_bootstrap)
     ledger_topic = new_topic(kafka_bootstrap, prefix="ledger")
-    _, batch, spool_rows = crash_case(tmp_path, kafka_bootstrap, "exactly_once_kafka", "txn_committed",
-                                      sink_url=None, output_topic=out, ledger_topic=ledger_topic)
+    source, batch, spool_rows = crash_case(tmp_path, kafka_bootstrap, "exactly_once_kafka", "txn_committed",
+                                           sink_url=None, output_topic=out, ledger_topic=ledger_topic)
     # The batch it died in was committed (outputs + offsets): the rerun did not redo it ...
     assert sorted(json.loads(m.value() or b"{}")["n"] for m in read_committed(kafka_bootstrap, out, N)) == \
         list(range(N))
@@ -54,12 +57,18 @@ def test_rows_committed_with_the_transaction_survive_a_kill_just_after_commit(
     assert all((m.key() or b"").startswith(b"producer/txn:") for m in _produced(everything))
     assert len(everything) == 2 * N  # nothing else: no spool copy was shipped a second time
 
-    cfg = make_config(tmp_path / "lake-side", ledger={"topic": ledger_topic})
+    # The same ingest also lands an exactly_once_sink consumer's evidence kept in its sink database.
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    with SqlSink(url, "orders_out") as sink:
+        sink.write([], group="loader", positions=[Position("orders", 0, 1)], consumption=[crow(0)])
+    cfg = make_config(tmp_path / "lake-side", ledger={"topic": ledger_topic}, topics={"orders": {
+        "groups": ["loader"], "sinks": [{"name": "db", "format": "sql", "url": url, "table": "orders_out"}]}})
     result = land_topic(spark, cfg)
     assert (result.tables["consumed_records"].landed, result.tables["producer_ledger"].landed,
-            result.replayed) == (N, N, 0)
-    landed = lake.read_table(spark, cfg, "consumed_records").select("offset", "outcome").collect()
-    assert sorted((r["offset"], r["outcome"]) for r in landed) == [(o, "processed") for o in range(N)]
+            result.tables[SINK_EVIDENCE].landed, result.replayed) == (N, N, 1, 0)
+    landed = lake.read_table(spark, cfg, "consumed_records").select("topic", "offset", "outcome").collect()
+    assert sorted((r["topic"], r["offset"], r["outcome"]) for r in landed) == sorted(
+        [(source, o, "processed") for o in range(N)] + [("orders", 0, "processed")])
 
 
 def test_an_aborted_batch_leaves_no_rows_in_the_ledger_topic(tmp_path: Path, kafka_bootstrap: str) -> None:

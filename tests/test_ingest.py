@@ -281,10 +281,10 @@ def test_consumption_rows_kept_in_a_sink_database_land_once(spark: Any, tmp_path
     sink.write([rec], group="loader", positions=[Position("orders", 0, 2)],
                consumption=[evidence(0), evidence(1, outcome="failed", error="ValueError: bad")])
     r1 = ingest(spark, cfg)
-    assert (r1.tables["consumed_records (sink databases)"].landed,
-            r1.tables["consumed_records (sink databases)"].segments) == (2, 1)
+    assert (r1.tables["consumed_records (sinks)"].landed,
+            r1.tables["consumed_records (sinks)"].segments) == (2, 1)
     r2 = ingest(spark, cfg)
-    assert r2.tables["consumed_records (sink databases)"].landed == 0
+    assert r2.tables["consumed_records (sinks)"].landed == 0
 
     sink.write([], group="loader", positions=[Position("orders", 0, 3)], consumption=[evidence(2)])
     written = int(time.time() * 1000)  # within the look-back of the last ingest's newest row
@@ -292,8 +292,8 @@ def test_consumption_rows_kept_in_a_sink_database_land_once(spark: Any, tmp_path
         conn.execute(sa.text(f"INSERT INTO {CONSUMPTION_TABLE} VALUES ('loader', 'x', 0, 'orders', 0, 9, "
                              f"NULL, NULL, 'skipped', 1, {T0}, NULL, {written})"))
     r3 = ingest(spark, cfg)
-    assert (r3.tables["consumed_records (sink databases)"].landed,
-            r3.tables["consumed_records (sink databases)"].quarantined) == (1, 1)
+    assert (r3.tables["consumed_records (sinks)"].landed,
+            r3.tables["consumed_records (sinks)"].quarantined) == (1, 1)
     ingest(spark, cfg)
     sink.close()
 
