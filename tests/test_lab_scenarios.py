@@ -184,3 +184,20 @@ def test_exactly_once_sink_killed_just_after_the_commit_is_delivered_by_its_comm
     group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
     assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (30, 30)
     assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_exactly_once_kafka_killed_just_after_the_commit_is_delivered_by_rows_in_its_transaction(
+        proxied_result: LabResult) -> None:
+    """The kill matrix holds a kill just after the transaction commits (`txn_committed`): the
+    worker ships its ledger through a ledger topic, so that batch's consumption rows committed with
+    its outputs and offsets, and the audit lands them from the topic: no false `missed`."""
+    run = next(r for r in proxied_result.runs if r.name == "exactly_once_kafka")
+    assert run.truth is not None and "txn_committed" in str(run.truth.facts["kill_points"]).split(", ")
+    (topic,) = run.topics
+    group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
+    assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (35, 35)
+    assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0

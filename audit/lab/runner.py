@@ -56,6 +56,7 @@ class LabResult:
     as_of: datetime | None = None
     start: datetime | None = None
     end: datetime | None = None
+    ledger_topics: list[str] = field(default_factory=list)  # landed besides the ledger files
 
     def scenario_exact(self, name: str) -> bool:
         run = next(r for r in self.runs if r.name == name)
@@ -120,6 +121,7 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
                if any(t in r.topics and r.truth is not None for r in result.runs)}
     cfg = cfg.with_topics(audited)
     result.cfg = cfg
+    result.ledger_topics = list(ctx.ledger_topics)
     if not audited:
         return result
     start = floor_window(min(r.first for r in result.runs if r.first), window)
@@ -140,6 +142,13 @@ def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime,
     t0 = time.monotonic()
     say("audit: ingesting producer and consumer ledgers into Delta")
     run_step(spark, cfg, "ingest", StepRange())
+    for topic in result.ledger_topics:
+        from dataclasses import replace
+
+        from audit.core.config import LedgerTopicConfig
+
+        say(f"audit: landing the ledger topic {topic}")
+        run_step(spark, replace(cfg, ledger=LedgerTopicConfig(topic, cfg.kafka)), "ingest", StepRange())
     result.timings["ingest_s"] = time.monotonic() - t0
     t0 = time.monotonic()
     say(f"audit: capturing the Kafka log of {len(cfg.topics)} topics")

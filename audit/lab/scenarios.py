@@ -71,6 +71,9 @@ class Context:
     # SQLAlchemy URL of the exactly_once_sink scenario's database (e.g. PostgreSQL); default: a
     # SQLite file in `work`.
     sink_url: str | None = None
+    # Ledger topics some workers ship to (their spools live outside ledger_dir): the audit lands
+    # each of them besides the ledger files.
+    ledger_topics: list[str] = field(default_factory=list)
 
     def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = ()) -> None:
         self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks,
@@ -143,9 +146,13 @@ def _worker(ctx: Context, topic: str, group: str, semantics: str, *, name: str =
             kill_at: str | None = None, kill_offset: int = -1, marker: Path | None = None,
             sink: tuple[str, str, str] | None = None, output_topic: str | None = None,
             isolation: str = "read_committed", max_messages: int | None = None, max_attempts: int = 0,
-            batch_size: int = 5, idle_s: float = 2.0, timeout: float = 90.0) -> int:
+            batch_size: int = 5, idle_s: float = 2.0, timeout: float = 90.0,
+            ledger: tuple[str, Path] | None = None) -> int:
+    """Run audit.lab.worker once. `ledger`: (ledger topic, spool folder) to ship its ledger through
+    a topic (the topic must be in ctx.ledger_topics, the folder outside ctx.ledger_dir)."""
     cmd = [sys.executable, "-m", "audit.lab.worker", "--bootstrap", ctx.lab.bootstrap, "--topic", topic,
-           "--group", group, "--name", name, "--semantics", semantics, "--ledger-dir", str(ctx.ledger_dir),
+           "--group", group, "--name", name, "--semantics", semantics,
+           "--ledger-dir", str(ledger[1] if ledger else ctx.ledger_dir),
            "--batch-size", str(batch_size), "--idle-s", str(idle_s), "--isolation", isolation,
            "--max-attempts", str(max_attempts)]
     if kill_at:
@@ -156,6 +163,8 @@ def _worker(ctx: Context, topic: str, group: str, semantics: str, *, name: str =
         cmd += ["--sink-url", sink[0], "--sink-table", sink[1], "--sink-mode", sink[2]]
     if output_topic:
         cmd += ["--output-topic", output_topic]
+    if ledger:
+        cmd += ["--ledger-topic", ledger[0]]
     if max_messages is not None:
         cmd += ["--max-messages", str(max_messages)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
@@ -498,7 +507,8 @@ def auto_commit(ctx: Context) -> Truth:
 
 
 EOS_KILL_POINTS = {
-    "exactly_once_kafka": ("handled", "sink_written", "txn_before_commit", "ledger_flushed", "committed"),
+    "exactly_once_kafka": ("handled", "sink_written", "txn_before_commit", "txn_committed", "ledger_flushed",
+                           "committed"),
     "exactly_once_sink": ("handled", "sink_txn_open", "sink_written", "ledger_flushed", "committed"),
 }
 
@@ -507,7 +517,9 @@ def _exactly_once(ctx: Context, semantics: str) -> Truth:
     """One exactly-once mode, a worker killed at every point of its loop in turn: no anomaly.
 
     exactly_once_sink: `sink_written` is the kill just after the database commit (rows, offsets
-    and consumption rows committed, nothing else done). The sink is audited without `group`, so
+    and consumption rows committed, nothing else done). exactly_once_kafka: `txn_committed` is the
+    kill just after the transaction commits; the worker ships its ledger through a ledger topic on
+    the lab cluster, so the batch's consumption rows are committed in its transaction. The sink is audited without `group`, so
     the group stage's only evidence of processing is the consumption rows committed with each
     batch (docs/design.md §5.3's sink-row fallback does not apply): a batch whose rows were lost
     would show as `missed`."""
@@ -519,12 +531,15 @@ def _exactly_once(ctx: Context, semantics: str) -> Truth:
     sinks: tuple[SinkConfig, ...] = ()
     sink_arg = None
     output = None
+    ledger: tuple[str, Path] | None = None
     if semantics == "exactly_once_sink":
         table = topic.replace("-", "_")
         sinks = (SinkConfig(name="eos_table", format="sql", url=url, table=table),)
         sink_arg = (url, table, "insert")
     else:
         output = ctx.lab.create_topic("lab-eos-out")
+        ledger = (ctx.lab.create_topic("lab-eos-ledger"), ctx.work / f"{topic}-spool")
+        ctx.ledger_topics.append(ledger[0])
     ctx.audit_topic(topic, groups=(group,), sinks=sinks)
     truth.topic(topic)
     n = 5 * (len(points) + 1)
@@ -534,11 +549,11 @@ def _exactly_once(ctx: Context, semantics: str) -> Truth:
         # Batches of 5: kill k hits the batch holding offset 5k+2, at `point`.
         marker = ctx.work / f"{group}.{point}.json"
         rc = _worker(ctx, topic, group, semantics, kill_at=point, kill_offset=5 * k + 2, marker=marker,
-                     sink=sink_arg, output_topic=output)
+                     sink=sink_arg, output_topic=output, ledger=ledger)
         if rc != 137 or not marker.exists():
             raise BrokerError(f"{semantics}: worker not killed at {point}")
         killed.append(point)
-    _worker(ctx, topic, group, semantics, sink=sink_arg, output_topic=output)
+    _worker(ctx, topic, group, semantics, sink=sink_arg, output_topic=output, ledger=ledger)
     truth.facts.update(messages=n, kills=len(killed), kill_points=", ".join(killed))
     ctx.say(f"{semantics}: {len(killed)} kills, one at each point of the loop ({', '.join(killed)})")
     return truth

@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sink-table")
     p.add_argument("--sink-mode", default="insert")
     p.add_argument("--output-topic")
+    p.add_argument("--ledger-topic", help="ship the ledger there (exactly_once_kafka: inside the transaction)")
     p.add_argument("--isolation", default="read_committed")
     p.add_argument("--batch-size", type=int, default=5)
     p.add_argument("--idle-s", type=float, default=2.0)
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     consumer = AuditedConsumer(
         conf, topics=[args.topic], group=args.group, name=args.name, semantics=args.semantics, sink=sink,
         retry=retry, ledger_dir=args.ledger_dir, batch_size=args.batch_size, poll_timeout_s=0.2,
-        on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000},
+        on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000}, ledger_topic=args.ledger_topic,
     )
 
     def handle(rec: ConsumedRecord) -> Any:
