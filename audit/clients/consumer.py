@@ -343,6 +343,10 @@ class AuditedConsumer:
         if ledger_topic and semantics == "exactly_once_kafka" and not self._ledger_in_txn:
             log.warning("consumer %s: the ledger topic is on another cluster, so the consumption rows are "
                         "shipped after each transaction commits, not inside it", self.instance)
+        elif semantics == "exactly_once_kafka" and not ledger_topic:
+            log.warning("consumer %s: exactly_once_kafka without a ledger topic: the consumption rows are written "
+                        "after each transaction commits, so a crash in between shows that batch as missed; "
+                        "set ledger: {topic: ...} (on this cluster) to commit them in the transaction", self.instance)
         self._shipper: LedgerShipper | None = None
         observer: LedgerShipper | TransactionShipped | None = None
         if ledger_topic and ledger is None:
