@@ -321,14 +321,20 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
 
 
 @pytest.mark.spark
-def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) -> None:
-    """`stage_stats` locates each rank through the latency buckets and sorts only those buckets; its
-    p50/p95/p99 must be bit for bit Spark's exact `percentile` (and the oracle's) on ties, values
-    either side of a bucket edge, negative and zero latencies, one value, none, and many."""
+@pytest.mark.parametrize("path", ["buckets", "driver sort"])
+def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, monkeypatch: Any, path: str) -> None:
+    """`stage_stats` locates each rank through the latency buckets and sorts only those buckets (or,
+    for few latencies, sorts them all on the driver); its p50/p95/p99 must be bit for bit Spark's
+    exact `percentile` (and the oracle's) on ties, values either side of a bucket edge, negative and
+    zero latencies, one value, none, and many."""
     import math
     import random
 
     from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import stats as stats_mod
+
+    monkeypatch.setattr(stats_mod, "DRIVER_SORT_MAX", 0 if path == "buckets" else 1_000_000)
 
     from audit.core.percentiles import latency_columns
     from spark_jobs.reconcile import X_FIELDS, stage_stats, summarise

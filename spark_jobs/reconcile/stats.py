@@ -9,6 +9,7 @@ small per-(stage, partition) sums and the latencies at the wanted ranks.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -58,6 +59,13 @@ def latency_at_ranks(summary: DataFrame, facts: DataFrame, ranks: DataFrame) -> 
             .join(F.broadcast(wanted), [*grp, "bucket", "off"]).select(*grp, "rank", "latency"))
 
 
+# Up to this many latencies in a batch, the wanted ranks are read from the latencies themselves,
+# collected in one job and sorted on the driver (same values, same interpolation); above it, the
+# bucket counts locate the ranks and Spark sorts only those buckets (`latency_at_ranks`), which
+# costs a dozen small jobs -- most of a small window's time.
+DRIVER_SORT_MAX = 100_000
+
+
 def stage_stats(spark: SparkSession, summary: DataFrame,
                 facts: DataFrame) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
     """Per topic, per (stage, partition): expected/delivered/pending sums and exact latency
@@ -69,7 +77,15 @@ def stage_stats(spark: SparkSession, summary: DataFrame,
     ranks = sorted({(r["topic"], r["stage"], r["partition"], rank) for r in sums if r["n_lat"]
                     for p in PERCENTILES for rank in percentile_position(r["n_lat"], p)[1:]})
     values: dict[tuple[str, str, int, int], float] = {}
-    if ranks:
+    if ranks and sum(r["n_lat"] or 0 for r in sums) <= DRIVER_SORT_MAX:
+        by_key: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+        for r in (facts.where("kind = 'F' AND latency IS NOT NULL")
+                  .select("topic", "stage", "partition", "latency").collect()):
+            by_key[(r[0], r[1], r[2])].append(r[3])
+        for xs in by_key.values():
+            xs.sort()
+        values = {(t, s, p, rank): by_key[(t, s, p)][rank] for t, s, p, rank in ranks}
+    elif ranks:
         rdf = spark.createDataFrame(ranks, "topic string, stage string, partition int, rank bigint")
         values = {(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
                   for r in latency_at_ranks(summary, facts, rdf).collect()}
