@@ -229,7 +229,11 @@ class LocalKafka:
             pids[str(node.node_id)] = self._start_node(java, classpath, node, cluster_id).pid
         self._state_file().write_text(json.dumps({"cluster_id": cluster_id, "pids": pids,
                                                   "bootstrap": self.bootstrap_servers}))
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop(timeout=10)  # a start that failed leaves no JVM behind (the logs stay)
+            raise
         return self
 
     def _cluster_id(self) -> str:
