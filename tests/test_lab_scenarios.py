@@ -174,30 +174,17 @@ def test_demo_prints_the_report_and_summary() -> None:
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.postgres
-def test_exactly_once_sink_killed_just_after_the_commit_is_delivered_by_its_committed_consumption_rows(
-        proxied_result: LabResult) -> None:
-    """The kill matrix holds a kill just after the PostgreSQL commit (`sink_written`); the sink is
-    audited without `group`, so every record's evidence is the consumption rows of its commit."""
-    run = next(r for r in proxied_result.runs if r.name == "exactly_once_sink")
-    assert run.truth is not None and "sink_written" in str(run.truth.facts["kill_points"]).split(", ")
+@pytest.mark.parametrize(("name", "point", "messages"), [("exactly_once_sink", "sink_written", 30),
+                                                        ("exactly_once_kafka", "txn_committed", 35)])
+def test_exactly_once_killed_just_after_the_commit_is_delivered_by_rows_committed_with_it(
+        proxied_result: LabResult, name: str, point: str, messages: int) -> None:
+    """The kill matrices hold a kill just after the commit: the PostgreSQL commit (`sink_written`;
+    the sink is audited without `group`, so every record's evidence is the consumption rows of its
+    commit) and the Kafka transaction's commit (`txn_committed`; the worker ships its ledger through
+    a ledger topic, so the batch's consumption rows committed in its transaction). No false `missed`."""
+    run = next(r for r in proxied_result.runs if r.name == name)
+    assert run.truth is not None and point in str(run.truth.facts["kill_points"]).split(", ")
     (topic,) = run.topics
     group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
-    assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (30, 30)
-    assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0
-
-
-@pytest.mark.e2e
-@pytest.mark.kafka
-@pytest.mark.spark
-@pytest.mark.postgres
-def test_exactly_once_kafka_killed_just_after_the_commit_is_delivered_by_rows_in_its_transaction(
-        proxied_result: LabResult) -> None:
-    """The kill matrix holds a kill just after the transaction commits (`txn_committed`): the
-    worker ships its ledger through a ledger topic, so that batch's consumption rows committed with
-    its outputs and offsets, and the audit lands them from the topic: no false `missed`."""
-    run = next(r for r in proxied_result.runs if r.name == "exactly_once_kafka")
-    assert run.truth is not None and "txn_committed" in str(run.truth.facts["kill_points"]).split(", ")
-    (topic,) = run.topics
-    group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
-    assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (35, 35)
+    assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (messages, messages)
     assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0
