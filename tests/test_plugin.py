@@ -4,6 +4,7 @@ confluent-kafka `Producer` and kcat, configured only through `plugin.library.pat
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import uuid
@@ -105,8 +106,10 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
         libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap, partitions=2)
     reports: dict[Any, Any] = {}
-    conf = plugin_conf(libmsgaudit, tmp_path, **{"bootstrap.servers": kafka_bootstrap,
-                                                 "msgaudit.producer.name": "plain-app"})
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    conf = plugin_conf(libmsgaudit, spool, **{"bootstrap.servers": kafka_bootstrap,
+                                              "msgaudit.producer.name": "plain-app", "retries": 7})
     p = Producer(conf)
     n = 40
     for i in range(n):
@@ -124,11 +127,18 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
     assert p.flush(30) == 0
     del p
 
-    rows = ledger_rows(tmp_path)
+    rows = ledger_rows(spool)
     pids = {r["pid"] for r in rows}
     assert len(pids) == 1
     pid = pids.pop()
     assert pid.startswith("plain-app:") and len(pid) == len("plain-app:") + 12
+    # the session's settings row, beside the ledger folder: librdkafka's effective values
+    files = list((tmp_path / "producer_settings").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("settings-") and files[0].suffix == ".jsonl"
+    settings = json.loads(files[0].read_text())
+    assert abs(settings.pop("start_ts") - int(datetime.now(UTC).timestamp() * 1000)) < 120_000
+    assert settings == {"producer": "plain-app", "pid": pid, "acks": "all", "enable_idempotence": False,
+                        "retries": 7, "max_in_flight": 1000000, "transactional_id": None, "mode": "plugin"}
     by_seq = {r["seq"]: r for r in rows}
     assert sorted(by_seq) == list(range(n + 1))
     assert (by_seq[n]["status"], by_seq[n]["error"], by_seq[n]["partition"], by_seq[n]["offset"]) == (
