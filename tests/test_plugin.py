@@ -212,6 +212,21 @@ def test_unchanged_clients_audit_equal_to_the_ground_truth(
     end = start + timedelta(hours=1)
     as_of = end + timedelta(minutes=2)
     run_step(spark, cfg, "ingest", StepRange())
+    # each unchanged client recorded its session's settings at start (librdkafka's or
+    # kafka-clients' effective values); ingest landed them unchanged
+    from spark_jobs.trace import producer_sessions
+
+    pid_of = {r["producer"]: r["pid"] for r in rows}
+    sessions, _ = producer_sessions(spark, cfg, start - timedelta(hours=1))
+    got = sorted(({k: v for k, v in r.items() if k != "start_ts"} for r in sessions), key=lambda r: r["producer"])
+    common = {"acks": "all", "retries": 2147483647, "transactional_id": None}
+    assert got == [
+        {"producer": "java-app", "pid": pid_of["java-app"], **common, "enable_idempotence": True, "max_in_flight": 5,
+         "mode": "interceptor"},
+        {"producer": "kcat-job", "pid": pid_of["kcat-job"], **common, "enable_idempotence": False,
+         "max_in_flight": 1000000, "mode": "plugin"},
+        {"producer": "py-plain", "pid": pid_of["py-plain"], **common, "enable_idempotence": False,
+         "max_in_flight": 1000000, "mode": "plugin"}]
     run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
     run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
     store = ReportStore(cfg.report_store)
