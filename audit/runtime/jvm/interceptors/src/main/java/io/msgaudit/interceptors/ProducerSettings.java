@@ -17,9 +17,10 @@ import java.util.Map;
  *
  * <p>The values are kafka-clients' effective ones, from the properties the producer was given
  * and kafka-clients' defaults: {@code acks=all}, {@code retries=2147483647},
- * {@code max.in.flight.requests.per.connection=5}, {@code enable.idempotence=true} unless not set
- * and {@code acks} is not all, {@code retries} is 0 or more than 5 requests are in flight (the
- * producer then turns idempotence off). A failure is reported on stderr, never fatal.
+ * {@code max.in.flight.requests.per.connection=5}, {@code enable.idempotence=true} unless it is not
+ * set and {@code acks} is not all or {@code retries} is 0 (kafka-clients 4.1 then turns idempotence
+ * off; with more than 5 requests in flight an idempotent producer does not start at all).
+ * A failure is reported on stderr, never fatal.
  */
 final class ProducerSettings {
     private static final SecureRandom RANDOM = new SecureRandom();
@@ -37,7 +38,7 @@ final class ProducerSettings {
         if (configs.get("enable.idempotence") != null) {
             idempotence = text(configs, "enable.idempotence", "true").trim().equalsIgnoreCase("true");
         } else {
-            idempotence = acks.equals("all") && retries != 0 && inFlight <= 5;
+            idempotence = acks.equals("all") && retries != 0;
         }
         String txn = configs.get("transactional.id") == null ? null : configs.get("transactional.id").toString();
         return "{\"producer\":" + AuditProducerInterceptor.Json.quote(name)
