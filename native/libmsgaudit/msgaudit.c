@@ -144,16 +144,27 @@ static void report(const char *fmt, ...) {
 /* JSON string body (no quotes) of s into out; returns the length or -1 if it does not fit. */
 /* Digit and byte writers for the per-message paths (snprintf's format parsing costs more than
  * the row itself): each writes at p and returns the end; the caller sizes the buffer. */
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 static char *put_u64(char *p, uint64_t v) {
     char tmp[20];
-    int i = 0;
-    do {
-        tmp[i++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (i)
-        *p++ = tmp[--i];
-    return p;
+    int i = 20;
+    while (v >= 100) { /* two digits a division */
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        tmp[--i] = DIGIT_PAIRS[2 * r + 1];
+        tmp[--i] = DIGIT_PAIRS[2 * r];
+    }
+    if (v >= 10) {
+        tmp[--i] = DIGIT_PAIRS[2 * v + 1];
+        tmp[--i] = DIGIT_PAIRS[2 * v];
+    } else
+        tmp[--i] = (char)('0' + v);
+    memcpy(p, tmp + i, (size_t)(20 - i));
+    return p + (20 - i);
 }
 
 static char *put_i64(char *p, int64_t v) {
@@ -606,8 +617,14 @@ struct tls_cache {
     int64_t ack_ms;              /* on_ack: the last ack time and its digits */
     char ack_text[24];
     size_t ack_len;
+    /* The last message this thread stamped, and whether its failure was already recorded by an
+     * on_acknowledgement inside the same produce() call (librdkafka does that when the
+     * partitioner fails): msgaudit_failed_call must then not write a second row. */
+    struct instance *last_in;
+    int64_t last_seq;
+    int acked_inline;
 };
-static __thread struct tls_cache tls_cache = {.stamp_ms = -1, .ack_ms = -1};
+static __thread struct tls_cache tls_cache = {.stamp_ms = -1, .ack_ms = -1, .last_seq = -1};
 
 /* -- seq per topic ------------------------------------------------------------------------ */
 
@@ -822,17 +839,10 @@ static int stamped_id(struct instance *in, rd_kafka_headers_t *hdrs, const char 
     return all_digits(*seq, *seq_len) && all_digits(*ts, *ts_len);
 }
 
-/* The last message this thread stamped, and whether its failure was already recorded by an
- * on_acknowledgement inside the same produce() call (librdkafka does that when the partitioner
- * fails): msgaudit_failed_call must then not write a second row. */
-static __thread struct instance *tls_in;
-static __thread int64_t tls_seq = -1;
-static __thread int tls_acked_inline;
-
 static rd_kafka_resp_err_t on_send(rd_kafka_t *rk, rd_kafka_message_t *msg, void *ic_opaque) {
     struct instance *in = ic_opaque;
     struct tls_cache *c = &tls_cache;
-    tls_acked_inline = 0;
+    c->acked_inline = 0;
     rd_kafka_headers_t *hdrs = NULL;
     (void)rk;
     if (p_rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
@@ -872,8 +882,8 @@ static rd_kafka_resp_err_t on_send(rd_kafka_t *rk, rd_kafka_message_t *msg, void
         p_rd_kafka_header_add(hdrs, "audit.id", 8, id, (ssize_t)(w - id));
     }
     __atomic_add_fetch(&in->stamped, 1, __ATOMIC_RELAXED);
-    tls_in = in;
-    tls_seq = seq;
+    c->last_in = in;
+    c->last_seq = seq;
     return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
@@ -920,8 +930,9 @@ static rd_kafka_resp_err_t on_ack(rd_kafka_t *rk, rd_kafka_message_t *msg, void 
                                             msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT);
         write_failed_row(in, seqv, topic, msg->partition, aborted ? "aborted" : "failed",
                          p_rd_kafka_err2name(msg->err), produce_ts);
-        if (tls_in == in && tls_seq == seqv)
-            tls_acked_inline = 1;
+        struct tls_cache *c = &tls_cache;
+        if (c->last_in == in && c->last_seq == seqv)
+            c->acked_inline = 1;
     }
     return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
@@ -1229,9 +1240,10 @@ EXPORT int64_t msgaudit_failed_call(const char *pid, const char *topic, int32_t 
     char err[128];
     if (!in || !topic || !error || json_escape(error, err, sizeof(err)) < 0)
         return -1;
-    if (tls_acked_inline && tls_in == in) {
-        tls_acked_inline = 0; /* on_acknowledgement already wrote this call's failed row */
-        return tls_seq;
+    struct tls_cache *c = &tls_cache;
+    if (c->acked_inline && c->last_in == in) {
+        c->acked_inline = 0; /* on_acknowledgement already wrote this call's failed row */
+        return c->last_seq;
     }
     int64_t seq = next_seq(in, topic);
     if (seq < 0)
