@@ -46,6 +46,7 @@ def test_bad_configuration_is_one_clear_error_at_client_start(libmsgaudit: Path,
         ({"msgaudit.segment.max.bytes": "-5"}, 'msgaudit.segment.max.bytes: expected a positive integer, got "-5"'),
         ({"msgaudit.pid": "x" * 65}, "msgaudit.pid must be 1 to 64 characters"),
         ({"msgaudit.header.form": "two"}, 'msgaudit.header.form: expected packed or three, got "two"'),
+        ({"msgaudit.settings.row": "maybe"}, 'msgaudit.settings.row: expected true or false, got "maybe"'),
     ]
     for props, message in cases:
         with pytest.raises(KafkaException) as err:
