@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,16 +27,26 @@ def test_java_producer_with_the_interceptor_stamps_and_ledgers_every_record(
         java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap, partitions=2)
     n = 30
-    r = run_java(java_producer, topic, n, f"bootstrap.servers={kafka_bootstrap}", INTERCEPTOR,
-                 f"msgaudit.ledger.dir={tmp_path}", "msgaudit.producer.name=java-app")
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    # acks=1 without enable.idempotence: kafka-clients turns idempotence off, the settings row says so
+    r = run_java(java_producer, topic, n, f"bootstrap.servers={kafka_bootstrap}", INTERCEPTOR, "acks=1",
+                 f"msgaudit.ledger.dir={spool}", "msgaudit.producer.name=java-app")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"SENT {n}"
     assert "msgaudit:" not in r.stderr
 
-    rows = ledger_rows(tmp_path)
+    rows = ledger_rows(spool)
     assert len(rows) == n
     pid = rows[0]["pid"]
     assert pid.startswith("java-app:") and len(pid) == len("java-app:") + 12
+    # one producer_settings row for the session, beside the ledger folder
+    files = list((tmp_path / "producer_settings").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("settings-") and files[0].suffix == ".jsonl"
+    settings = json.loads(files[0].read_text())
+    assert abs(settings.pop("start_ts") - int(time.time() * 1000)) < 120_000
+    assert settings == {"producer": "java-app", "pid": pid, "acks": "1", "enable_idempotence": False,
+                        "retries": 2147483647, "max_in_flight": 5, "transactional_id": None, "mode": "interceptor"}
     by_seq = {row["seq"]: row for row in rows}
     assert sorted(by_seq) == list(range(n))
     assert {(row["producer"], row["pid"], row["topic"], row["status"], row["error"], row["txn_id"])

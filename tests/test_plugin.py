@@ -4,6 +4,7 @@ confluent-kafka `Producer` and kcat, configured only through `plugin.library.pat
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import uuid
@@ -45,6 +46,7 @@ def test_bad_configuration_is_one_clear_error_at_client_start(libmsgaudit: Path,
         ({"msgaudit.segment.max.bytes": "-5"}, 'msgaudit.segment.max.bytes: expected a positive integer, got "-5"'),
         ({"msgaudit.pid": "x" * 65}, "msgaudit.pid must be 1 to 64 characters"),
         ({"msgaudit.header.form": "two"}, 'msgaudit.header.form: expected packed or three, got "two"'),
+        ({"msgaudit.settings.row": "maybe"}, 'msgaudit.settings.row: expected true or false, got "maybe"'),
     ]
     for props, message in cases:
         with pytest.raises(KafkaException) as err:
@@ -105,8 +107,10 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
         libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap, partitions=2)
     reports: dict[Any, Any] = {}
-    conf = plugin_conf(libmsgaudit, tmp_path, **{"bootstrap.servers": kafka_bootstrap,
-                                                 "msgaudit.producer.name": "plain-app"})
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    conf = plugin_conf(libmsgaudit, spool, **{"bootstrap.servers": kafka_bootstrap,
+                                              "msgaudit.producer.name": "plain-app", "retries": 7})
     p = Producer(conf)
     n = 40
     for i in range(n):
@@ -124,11 +128,18 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
     assert p.flush(30) == 0
     del p
 
-    rows = ledger_rows(tmp_path)
+    rows = ledger_rows(spool)
     pids = {r["pid"] for r in rows}
     assert len(pids) == 1
     pid = pids.pop()
     assert pid.startswith("plain-app:") and len(pid) == len("plain-app:") + 12
+    # the session's settings row, beside the ledger folder: librdkafka's effective values
+    files = list((tmp_path / "producer_settings").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("settings-") and files[0].suffix == ".jsonl"
+    settings = json.loads(files[0].read_text())
+    assert abs(settings.pop("start_ts") - int(datetime.now(UTC).timestamp() * 1000)) < 120_000
+    assert settings == {"producer": "plain-app", "pid": pid, "acks": "all", "enable_idempotence": False,
+                        "retries": 7, "max_in_flight": 1000000, "transactional_id": None, "mode": "plugin"}
     by_seq = {r["seq"]: r for r in rows}
     assert sorted(by_seq) == list(range(n + 1))
     assert (by_seq[n]["status"], by_seq[n]["error"], by_seq[n]["partition"], by_seq[n]["offset"]) == (
@@ -202,6 +213,21 @@ def test_unchanged_clients_audit_equal_to_the_ground_truth(
     end = start + timedelta(hours=1)
     as_of = end + timedelta(minutes=2)
     run_step(spark, cfg, "ingest", StepRange())
+    # each unchanged client recorded its session's settings at start (librdkafka's or
+    # kafka-clients' effective values); ingest landed them unchanged
+    from spark_jobs.trace import producer_sessions
+
+    pid_of = {r["producer"]: r["pid"] for r in rows}
+    sessions, _ = producer_sessions(spark, cfg, start - timedelta(hours=1))
+    got = sorted(({k: v for k, v in r.items() if k != "start_ts"} for r in sessions), key=lambda r: r["producer"])
+    common = {"acks": "all", "retries": 2147483647, "transactional_id": None}
+    assert got == [
+        {"producer": "java-app", "pid": pid_of["java-app"], **common, "enable_idempotence": True, "max_in_flight": 5,
+         "mode": "interceptor"},
+        {"producer": "kcat-job", "pid": pid_of["kcat-job"], **common, "enable_idempotence": False,
+         "max_in_flight": 1000000, "mode": "plugin"},
+        {"producer": "py-plain", "pid": pid_of["py-plain"], **common, "enable_idempotence": False,
+         "max_in_flight": 1000000, "mode": "plugin"}]
     run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
     run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
     store = ReportStore(cfg.report_store)

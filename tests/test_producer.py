@@ -81,7 +81,7 @@ def test_defaults_idempotent_acks_all_and_user_settings_pass_through() -> None:
 @pytest.mark.unit
 def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode: str) -> None:
     conf = {"test.mock.num.brokers": 1, "message.max.bytes": 2000, "log_level": 0}
-    with AuditedProducer(conf, producer_name="seq", ledger_dir=tmp_path) as p:
+    with AuditedProducer(conf, producer_name="seq", ledger_dir=tmp_path / "producer") as p:
         p.produce("a", b"a0")
         p.produce("b", b"b0")
         with pytest.raises(KafkaException, match="MSG_SIZE_TOO_LARGE"):
@@ -91,7 +91,11 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode:
         p.flush(10)
         stats = p.stats()
         assert p.mode == producer_mode
-    rows = sorted(ledger_rows(tmp_path), key=lambda r: (r["topic"], r["seq"]))
+    rows = sorted(ledger_rows(tmp_path / "producer"), key=lambda r: (r["topic"], r["seq"]))
+    # one settings row per producer, on both paths (on the plugin path the wrapper writes it and
+    # the plugin, told so by msgaudit.settings.row=false, does not)
+    settings = [json.loads(f.read_text()) for f in (tmp_path / "producer_settings").glob("*.jsonl")]
+    assert settings == [{**p.settings, "mode": producer_mode}]
     assert [(r["topic"], r["seq"], r["status"], r["error"]) for r in rows] == [
         ("a", 0, "acked", None), ("a", 1, "failed", "MSG_SIZE_TOO_LARGE"), ("a", 2, "acked", None),
         ("b", 0, "acked", None), ("b", 1, "acked", None)]

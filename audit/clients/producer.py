@@ -339,6 +339,7 @@ class AuditedProducer:
             "msgaudit.segment.max.bytes": str(max_bytes),
             "msgaudit.segment.max.age.ms": str(max(1, int(max_age_s * 1000))),
             "msgaudit.header.form": self.header_form,
+            "msgaudit.settings.row": "false",  # this wrapper writes the session's settings row itself
         })
         return out
 

@@ -11,7 +11,13 @@
  * on_acknowledgement formats one producer-ledger row (acked with partition and offset, failed
  * with the librdkafka error name) into an in-memory buffer; a background thread writes the
  * buffer to crash-safe JSON-lines segments, in exactly the format and file protocol of
- * audit/clients/ledger.py, so `msgaudit ingest` lands them unchanged.
+ * audit/clients/ledger.py, so `msgaudit ingest` lands them unchanged. At a producer's start
+ * (on_new) it writes the session's producer_settings row beside the ledger folder, from
+ * librdkafka's effective configuration (msgaudit.settings.row=false: a wrapper writes its own).
+ *
+ * Per message: one precise clock read (the stamp; the ack row copies the stamp's digits and
+ * takes ack_ts from the coarse clock), no snprintf, no lock on the stamping path (the topic's
+ * counter is cached per thread), one short mutex per acknowledged row.
  *
  * Rules this file keeps:
  *  - it never blocks the produce path or a broker thread on disk: rows are copied into memory
@@ -47,6 +53,7 @@
 
 #define MAX_PID_CHARS 64
 #define ROW_MAX 4096
+#define WRITE_PIECE (64 << 10)
 
 /* ---------------------------------------------------------------------------------------- */
 /* librdkafka, resolved at run time                                                          */
@@ -64,6 +71,9 @@
     X(rd_kafka_headers_new)                          \
     X(rd_kafka_header_add)                           \
     X(rd_kafka_header_get_last)                      \
+    X(rd_kafka_header_get_all)                       \
+    X(rd_kafka_header_cnt)                           \
+    X(rd_kafka_type)                                 \
     X(rd_kafka_topic_name)                           \
     X(rd_kafka_conf_get)                             \
     X(rd_kafka_err2name)
@@ -134,16 +144,27 @@ static void report(const char *fmt, ...) {
 /* JSON string body (no quotes) of s into out; returns the length or -1 if it does not fit. */
 /* Digit and byte writers for the per-message paths (snprintf's format parsing costs more than
  * the row itself): each writes at p and returns the end; the caller sizes the buffer. */
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 static char *put_u64(char *p, uint64_t v) {
     char tmp[20];
-    int i = 0;
-    do {
-        tmp[i++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (i)
-        *p++ = tmp[--i];
-    return p;
+    int i = 20;
+    while (v >= 100) { /* two digits a division */
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        tmp[--i] = DIGIT_PAIRS[2 * r + 1];
+        tmp[--i] = DIGIT_PAIRS[2 * r];
+    }
+    if (v >= 10) {
+        tmp[--i] = DIGIT_PAIRS[2 * v + 1];
+        tmp[--i] = DIGIT_PAIRS[2 * v];
+    } else
+        tmp[--i] = (char)('0' + v);
+    memcpy(p, tmp + i, (size_t)(20 - i));
+    return p + (20 - i);
 }
 
 static char *put_i64(char *p, int64_t v) {
@@ -198,11 +219,13 @@ struct settings {
     long long flush_interval_ms;  /* msgaudit.flush.interval.ms */
     long long buffer_max_bytes;   /* msgaudit.buffer.max.bytes */
     int header_three;             /* msgaudit.header.form=three: audit.pid/seq/ts, not one audit.id */
+    int no_settings_row;          /* msgaudit.settings.row=false: a wrapper records the settings itself */
 };
 
 static const char *KNOWN_KEYS =
     "msgaudit.ledger.dir, msgaudit.producer.name, msgaudit.pid, msgaudit.segment.max.bytes, "
-    "msgaudit.segment.max.age.ms, msgaudit.flush.interval.ms, msgaudit.buffer.max.bytes, msgaudit.header.form";
+    "msgaudit.segment.max.age.ms, msgaudit.flush.interval.ms, msgaudit.buffer.max.bytes, msgaudit.header.form, "
+    "msgaudit.settings.row";
 
 #define DEFAULT_LEDGER_DIR ".msgaudit/ledger/producer"
 
@@ -309,6 +332,13 @@ static rd_kafka_conf_res_t on_conf_set(rd_kafka_conf_t *conf, const char *name, 
             snprintf(errstr, errstr_size, "msgaudit.header.form: expected packed or three, got \"%s\"", val);
             return RD_KAFKA_CONF_INVALID;
         }
+    } else if (!strcmp(name, "msgaudit.settings.row")) {
+        if (!val || !strcmp(val, "true")) s->no_settings_row = 0;
+        else if (!strcmp(val, "false")) s->no_settings_row = 1;
+        else {
+            snprintf(errstr, errstr_size, "msgaudit.settings.row: expected true or false, got \"%s\"", val);
+            return RD_KAFKA_CONF_INVALID;
+        }
     } else {
         snprintf(errstr, errstr_size, "unknown msgaudit property \"%s\" (known: %s)", name, KNOWN_KEYS);
         return RD_KAFKA_CONF_INVALID;
@@ -321,7 +351,7 @@ static rd_kafka_conf_res_t on_conf_set(rd_kafka_conf_t *conf, const char *name, 
 
 struct topic_seq {
     char *name;
-    uint64_t next;
+    uint64_t next; /* atomic: the next seq of this topic */
 };
 
 struct instance {
@@ -329,15 +359,17 @@ struct instance {
     char pid[MAX_PID_CHARS + 1];
     size_t pid_len;
     char head[1024]; /* {"producer":...,"pid":...,"seq": */
+    size_t head_len;
     char txn_json[600]; /* the transactional.id as JSON (column txn_id), or null */
+    size_t txn_json_len;
     int transactional;
     struct instance *next_instance;
 
-    /* per-topic seq, on the produce path */
+    /* per-topic seq, on the produce path: the table only grows, under seq_mu; each entry is
+     * allocated once and never moves, so a thread's cached entry stays valid */
     pthread_mutex_t seq_mu;
-    struct topic_seq *topics;
+    struct topic_seq **topics;
     size_t ntopics, cap_topics;
-    char last_ts_text[24];
 
     /* counters (atomic) */
     uint64_t stamped, passed, acked, failed, dropped, late;
@@ -446,7 +478,11 @@ static void spool_write(struct instance *in, const char *data, size_t len, uint6
     }
     size_t off = 0;
     while (off < len) {
-        ssize_t n = write(in->fd, data + off, len - off);
+        /* At most WRITE_PIECE bytes a call: the page cache then takes small folios; one write of
+         * megabytes makes the kernel allocate large folios and, on a fragmented machine, compact
+         * memory inside this call (most of the ledger's kernel time in a profile). */
+        size_t piece = len - off < WRITE_PIECE ? len - off : WRITE_PIECE;
+        ssize_t n = write(in->fd, data + off, piece);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -464,6 +500,9 @@ static void spool_write(struct instance *in, const char *data, size_t len, uint6
         }
         off += (size_t)n;
     }
+    /* Start the write-back of what was just written now, on the writer thread, so that the
+     * fsync of a flush() or a seal waits only for the last rows (no wait here: WRITE only). */
+    sync_file_range(in->fd, (off_t)in->seg_size, (off_t)len, SYNC_FILE_RANGE_WRITE);
     in->seg_size += (long long)len;
     in->reported_error = 0;
     __atomic_add_fetch(&in->written, rows, __ATOMIC_RELAXED);
@@ -559,75 +598,95 @@ static void spool_append(struct instance *in, const char *line, size_t n) {
     pthread_mutex_unlock(&in->mu);
 }
 
+/* -- per-thread caches ------------------------------------------------------------------- */
+
+/* What the hot paths look up once and reuse while it stays the same: the topic entry the
+ * thread last stamped for, the topic it last acknowledged (its JSON form), the millisecond it
+ * last formatted. One TLS block, so each callback pays one TLS address lookup. */
+struct tls_cache {
+    struct instance *seq_in;     /* next_seq: (instance, topic name pointer) -> entry */
+    const char *seq_name;
+    struct topic_seq *seq_entry;
+    const char *topic_name;      /* on_ack: topic name pointer -> its JSON body */
+    char topic_raw[256];
+    char topic_json[600];
+    size_t topic_json_len;
+    int64_t stamp_ms;            /* on_send: the last stamp time and its digits */
+    char stamp_text[24];
+    size_t stamp_len;
+    int64_t ack_ms;              /* on_ack: the last ack time and its digits */
+    char ack_text[24];
+    size_t ack_len;
+    /* The last message this thread stamped, and whether its failure was already recorded by an
+     * on_acknowledgement inside the same produce() call (librdkafka does that when the
+     * partitioner fails): msgaudit_failed_call must then not write a second row. */
+    struct instance *last_in;
+    int64_t last_seq;
+    int acked_inline;
+};
+static __thread struct tls_cache tls_cache = {.stamp_ms = -1, .ack_ms = -1, .last_seq = -1};
+
 /* -- seq per topic ------------------------------------------------------------------------ */
 
 static int64_t next_seq(struct instance *in, const char *topic) {
-    int64_t seq = -1;
+    struct tls_cache *c = &tls_cache;
+    struct topic_seq *e = NULL;
+    /* fast path: the same instance and topic handle as this thread's last message (the name is
+     * compared too: a pointer alone could be a freed topic's memory reused) */
+    if (c->seq_in == in && c->seq_name == topic && !strcmp(c->seq_entry->name, topic))
+        return (int64_t)__atomic_fetch_add(&c->seq_entry->next, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&in->seq_mu);
     for (size_t i = 0; i < in->ntopics; i++) {
-        if (!strcmp(in->topics[i].name, topic)) {
-            seq = (int64_t)in->topics[i].next++;
-            goto done;
+        if (!strcmp(in->topics[i]->name, topic)) {
+            e = in->topics[i];
+            goto found;
         }
     }
     if (in->ntopics == in->cap_topics) {
         size_t cap = in->cap_topics ? in->cap_topics * 2 : 8;
-        struct topic_seq *t = realloc(in->topics, cap * sizeof(*t));
+        struct topic_seq **t = realloc(in->topics, cap * sizeof(*t));
         if (!t)
-            goto done;
+            goto fail;
         in->topics = t;
         in->cap_topics = cap;
     }
-    in->topics[in->ntopics].name = strdup(topic);
-    if (!in->topics[in->ntopics].name)
-        goto done;
-    in->topics[in->ntopics].next = 1;
-    in->ntopics++;
-    seq = 0;
-done:
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        goto fail;
+    e->name = strdup(topic);
+    if (!e->name) {
+        free(e);
+        goto fail;
+    }
+    in->topics[in->ntopics++] = e;
+found:
     pthread_mutex_unlock(&in->seq_mu);
-    return seq;
+    c->seq_in = in;
+    c->seq_name = topic;
+    c->seq_entry = e;
+    return (int64_t)__atomic_fetch_add(&e->next, 1, __ATOMIC_RELAXED);
+fail:
+    pthread_mutex_unlock(&in->seq_mu);
+    return -1;
 }
 
 /* -- rows --------------------------------------------------------------------------------- */
 
-/* error NULL: an acked row; else a row of `status` (failed, or aborted) with that error. */
-static void write_row(struct instance *in, int64_t seq, const char *topic, int32_t partition, int64_t offset,
-                      const char *status, const char *error, int64_t produce_ts, int64_t ack_ts) {
+/* A failed or aborted row (rare: snprintf is fine here). */
+static void write_failed_row(struct instance *in, int64_t seq, const char *topic, int32_t partition,
+                             const char *status, const char *error, int64_t produce_ts) {
     char line[ROW_MAX], topic_json[600];
     int n;
     if (json_escape(topic, topic_json, sizeof(topic_json)) < 0) {
         __atomic_add_fetch(&in->dropped, 1, __ATOMIC_RELAXED);
         return;
     }
-    if (!error) {
-        /* The row of every acknowledged message, on the broker thread: built with memcpy and
-         * digit loops, not snprintf (a third of this plugin's own CPU). Bounded by construction:
-         * head < 1024, topic_json < 600, txn_json < 600, the rest < 250 bytes; ROW_MAX is 4096. */
-        char *w = line;
-        w = put_str(w, in->head, strlen(in->head));
-        w = put_i64(w, seq);
-        w = PUT_LIT(w, ",\"topic\":\"");
-        w = put_str(w, topic_json, strlen(topic_json));
-        w = PUT_LIT(w, "\",\"partition\":");
-        w = put_i64(w, partition);
-        w = PUT_LIT(w, ",\"offset\":");
-        w = put_i64(w, offset);
-        w = PUT_LIT(w, ",\"status\":\"acked\",\"error\":null,\"txn_id\":");
-        w = put_str(w, in->txn_json, strlen(in->txn_json));
-        w = PUT_LIT(w, ",\"produce_ts\":");
-        w = put_i64(w, produce_ts);
-        w = PUT_LIT(w, ",\"ack_ts\":");
-        w = put_i64(w, ack_ts);
-        w = PUT_LIT(w, "}\n");
-        n = (int)(w - line);
-    } else
-        n = snprintf(line, sizeof(line),
-                     "%s%" PRId64 ",\"topic\":\"%s\",\"partition\":%" PRId32
-                     ",\"offset\":null,\"status\":\"%s\",\"error\":\"%s\",\"txn_id\":%s,\"produce_ts\":%" PRId64
-                     ",\"ack_ts\":null}\n",
-                     in->head, seq, topic_json, partition < 0 ? -1 : partition, status, error, in->txn_json,
-                     produce_ts);
+    n = snprintf(line, sizeof(line),
+                 "%s%" PRId64 ",\"topic\":\"%s\",\"partition\":%" PRId32
+                 ",\"offset\":null,\"status\":\"%s\",\"error\":\"%s\",\"txn_id\":%s,\"produce_ts\":%" PRId64
+                 ",\"ack_ts\":null}\n",
+                 in->head, seq, topic_json, partition < 0 ? -1 : partition, status, error, in->txn_json,
+                 produce_ts);
     if (n <= 0 || n >= (int)sizeof(line)) {
         __atomic_add_fetch(&in->dropped, 1, __ATOMIC_RELAXED);
         return;
@@ -635,39 +694,159 @@ static void write_row(struct instance *in, int64_t seq, const char *topic, int32
     spool_append(in, line, (size_t)n);
 }
 
-static int header_text(rd_kafka_headers_t *hdrs, const char *name, char *out, size_t cap) {
-    const void *val = NULL;
-    size_t size = 0;
-    if (p_rd_kafka_header_get_last(hdrs, name, &val, &size) != RD_KAFKA_RESP_ERR_NO_ERROR || !val ||
-        size >= cap)
+/* The JSON body of the topic name, cached per thread by the name's pointer (and content). */
+static const char *topic_json_cached(const char *topic, size_t *len, char *scratch, size_t scratch_cap) {
+    struct tls_cache *c = &tls_cache;
+    if (c->topic_name == topic && !strcmp(c->topic_raw, topic)) {
+        *len = c->topic_json_len;
+        return c->topic_json;
+    }
+    size_t raw = strlen(topic);
+    if (raw < sizeof(c->topic_raw)) {
+        int n = json_escape(topic, c->topic_json, sizeof(c->topic_json));
+        if (n < 0) {
+            c->topic_name = NULL;
+            return NULL;
+        }
+        memcpy(c->topic_raw, topic, raw + 1);
+        c->topic_name = topic;
+        c->topic_json_len = (size_t)n;
+        *len = (size_t)n;
+        return c->topic_json;
+    }
+    int n = json_escape(topic, scratch, scratch_cap);
+    if (n < 0)
+        return NULL;
+    *len = (size_t)n;
+    return scratch;
+}
+
+/* The row of every acknowledged message, on the broker thread: the seq and produce_ts digits
+ * are copied from the audit header as they are, the rest written with memcpy and digit loops
+ * (no snprintf, no parsing back). Bounded by construction: head < 1024, topic JSON < 600,
+ * txn_json < 600, digits and literals < 250 bytes; ROW_MAX is 4096. */
+static void write_acked_row(struct instance *in, const char *seq, size_t seq_len, const char *topic,
+                            int32_t partition, int64_t offset, const char *ts, size_t ts_len, const char *ack,
+                            size_t ack_len) {
+    char line[ROW_MAX], scratch[600];
+    size_t topic_len;
+    const char *topic_json = topic_json_cached(topic, &topic_len, scratch, sizeof(scratch));
+    if (!topic_json) {
+        __atomic_add_fetch(&in->dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    char *w = line;
+    w = put_str(w, in->head, in->head_len);
+    w = put_str(w, seq, seq_len);
+    w = PUT_LIT(w, ",\"topic\":\"");
+    w = put_str(w, topic_json, topic_len);
+    w = PUT_LIT(w, "\",\"partition\":");
+    w = put_i64(w, partition);
+    w = PUT_LIT(w, ",\"offset\":");
+    w = put_i64(w, offset);
+    w = PUT_LIT(w, ",\"status\":\"acked\",\"error\":null,\"txn_id\":");
+    w = put_str(w, in->txn_json, in->txn_json_len);
+    w = PUT_LIT(w, ",\"produce_ts\":");
+    w = put_str(w, ts, ts_len);
+    w = PUT_LIT(w, ",\"ack_ts\":");
+    w = put_str(w, ack, ack_len);
+    w = PUT_LIT(w, "}\n");
+    spool_append(in, line, (size_t)(w - line));
+}
+
+/* Does the application's header list already carry an audit header? One pass over the list,
+ * and only names starting with "audit." are compared further. */
+static int has_audit_header(rd_kafka_headers_t *hdrs) {
+    size_t cnt = p_rd_kafka_header_cnt(hdrs);
+    for (size_t i = 0; i < cnt; i++) {
+        const char *name = NULL;
+        const void *val = NULL;
+        size_t size = 0;
+        if (p_rd_kafka_header_get_all(hdrs, i, &name, &val, &size) != RD_KAFKA_RESP_ERR_NO_ERROR || !name)
+            continue;
+        if (strncmp(name, "audit.", 6) != 0)
+            continue;
+        name += 6;
+        if (!strcmp(name, "id") || !strcmp(name, "pid") || !strcmp(name, "seq") || !strcmp(name, "ts"))
+            return 1;
+    }
+    return 0;
+}
+
+/* Only decimal digits, 1 to 19 of them. */
+static int all_digits(const char *s, size_t n) {
+    if (n == 0 || n > 19)
         return 0;
-    memcpy(out, val, size);
-    out[size] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
     return 1;
 }
 
-static int has_header(rd_kafka_headers_t *hdrs, const char *name) {
-    const void *val = NULL;
-    size_t size = 0;
-    return p_rd_kafka_header_get_last(hdrs, name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+static int64_t parse_digits(const char *s, size_t n) {
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = v * 10 + (s[i] - '0');
+    return v;
 }
 
-/* The last message this thread stamped, and whether its failure was already recorded by an
- * on_acknowledgement inside the same produce() call (librdkafka does that when the partitioner
- * fails): msgaudit_failed_call must then not write a second row. */
-static __thread struct instance *tls_in;
-static __thread int64_t tls_seq = -1;
-static __thread int tls_acked_inline;
+/* A header's value by name: the last header first (where on_send put it), else a search. */
+static int header_value(rd_kafka_headers_t *hdrs, size_t cnt, size_t back, const char *name, const char **val,
+                        size_t *size) {
+    const char *got = NULL;
+    const void *v = NULL;
+    if (cnt >= back && p_rd_kafka_header_get_all(hdrs, cnt - back, &got, &v, size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        got && !strcmp(got, name) && v) {
+        *val = v;
+        return 1;
+    }
+    if (p_rd_kafka_header_get_last(hdrs, name, &v, size) == RD_KAFKA_RESP_ERR_NO_ERROR && v) {
+        *val = v;
+        return 1;
+    }
+    return 0;
+}
+
+/* The seq and produce_ts digits this instance stamped on the message, found in its audit
+ * header(s); 0 when the message is not ours (left alone in on_send, or another producer's). */
+static int stamped_id(struct instance *in, rd_kafka_headers_t *hdrs, const char **seq, size_t *seq_len,
+                      const char **ts, size_t *ts_len) {
+    size_t cnt = p_rd_kafka_header_cnt(hdrs);
+    const char *v;
+    size_t size;
+    if (!in->cfg.header_three) {
+        if (!header_value(hdrs, cnt, 1, "audit.id", &v, &size))
+            return 0;
+        /* packed: <our pid>/<seq>/<ts> */
+        if (size <= in->pid_len + 1 || memcmp(v, in->pid, in->pid_len) != 0 || v[in->pid_len] != '/')
+            return 0;
+        const char *at = v + in->pid_len + 1, *end = v + size;
+        const char *slash = memchr(at, '/', (size_t)(end - at));
+        if (!slash)
+            return 0;
+        *seq = at;
+        *seq_len = (size_t)(slash - at);
+        *ts = slash + 1;
+        *ts_len = (size_t)(end - slash - 1);
+    } else {
+        if (!header_value(hdrs, cnt, 3, "audit.pid", &v, &size) || size != in->pid_len ||
+            memcmp(v, in->pid, size) != 0)
+            return 0;
+        if (!header_value(hdrs, cnt, 2, "audit.seq", seq, seq_len) ||
+            !header_value(hdrs, cnt, 1, "audit.ts", ts, ts_len))
+            return 0;
+    }
+    return all_digits(*seq, *seq_len) && all_digits(*ts, *ts_len);
+}
 
 static rd_kafka_resp_err_t on_send(rd_kafka_t *rk, rd_kafka_message_t *msg, void *ic_opaque) {
     struct instance *in = ic_opaque;
-    tls_acked_inline = 0;
+    struct tls_cache *c = &tls_cache;
+    c->acked_inline = 0;
     rd_kafka_headers_t *hdrs = NULL;
-    char seq_text[24], ts_text[24];
     (void)rk;
     if (p_rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
-        if (has_header(hdrs, "audit.id") || has_header(hdrs, "audit.pid") || has_header(hdrs, "audit.seq") ||
-            has_header(hdrs, "audit.ts")) {
+        if (has_audit_header(hdrs)) {
             /* already stamped (e.g. a retry copy that keeps its original identity): left alone */
             __atomic_add_fetch(&in->passed, 1, __ATOMIC_RELAXED);
             return RD_KAFKA_RESP_ERR_NO_ERROR;
@@ -681,66 +860,79 @@ static rd_kafka_resp_err_t on_send(rd_kafka_t *rk, rd_kafka_message_t *msg, void
     int64_t seq = next_seq(in, p_rd_kafka_topic_name(msg->rkt));
     if (seq < 0)
         return RD_KAFKA_RESP_ERR_NO_ERROR; /* out of memory: the record goes unaudited */
+    /* The message's one clock read: the stamp time, whose digits the ack row reuses. */
     int64_t ts = now_ms();
+    if (ts != c->stamp_ms) {
+        c->stamp_len = (size_t)(put_i64(c->stamp_text, ts) - c->stamp_text);
+        c->stamp_ms = ts;
+    }
     if (in->cfg.header_three) {
-        int sn = snprintf(seq_text, sizeof(seq_text), "%" PRId64, seq);
-        int tn = snprintf(ts_text, sizeof(ts_text), "%" PRId64, ts);
+        char seq_text[24];
+        size_t sn = (size_t)(put_i64(seq_text, seq) - seq_text);
         p_rd_kafka_header_add(hdrs, "audit.pid", 9, in->pid, (ssize_t)in->pid_len);
-        p_rd_kafka_header_add(hdrs, "audit.seq", 9, seq_text, sn);
-        p_rd_kafka_header_add(hdrs, "audit.ts", 8, ts_text, tn);
+        p_rd_kafka_header_add(hdrs, "audit.seq", 9, seq_text, (ssize_t)sn);
+        p_rd_kafka_header_add(hdrs, "audit.ts", 8, c->stamp_text, (ssize_t)c->stamp_len);
     } else { /* the packed form (§3.1): one header, <pid>/<seq>/<ts> */
         char id[MAX_PID_CHARS * 4 + 48], *w = id; /* pid <= MAX_PID_CHARS, two int64s <= 40 */
         w = put_str(w, in->pid, in->pid_len);
         *w++ = '/';
         w = put_i64(w, seq);
         *w++ = '/';
-        w = put_i64(w, ts);
+        w = put_str(w, c->stamp_text, c->stamp_len);
         p_rd_kafka_header_add(hdrs, "audit.id", 8, id, (ssize_t)(w - id));
     }
     __atomic_add_fetch(&in->stamped, 1, __ATOMIC_RELAXED);
-    tls_in = in;
-    tls_seq = seq;
+    c->last_in = in;
+    c->last_seq = seq;
     return RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+/* The acknowledgement time: the kernel's coarse clock (no hardware clock read; it advances
+ * once per scheduler tick, 1-4 ms), never before the stamp time, its digits cached per thread. */
+static const char *ack_text(int64_t produce_ts, size_t *len) {
+    struct tls_cache *c = &tls_cache;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    int64_t ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    if (ms < produce_ts)
+        ms = produce_ts;
+    if (ms != c->ack_ms) {
+        c->ack_len = (size_t)(put_i64(c->ack_text, ms) - c->ack_text);
+        c->ack_ms = ms;
+    }
+    *len = c->ack_len;
+    return c->ack_text;
 }
 
 static rd_kafka_resp_err_t on_ack(rd_kafka_t *rk, rd_kafka_message_t *msg, void *ic_opaque) {
     struct instance *in = ic_opaque;
     rd_kafka_headers_t *hdrs = NULL;
-    char pid[MAX_PID_CHARS + 2], seq_text[24], ts_text[24], id[MAX_PID_CHARS * 4 + 48];
+    const char *seq, *ts;
+    size_t seq_len, ts_len;
     (void)rk;
-    if (p_rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR || !hdrs)
+    /* The application owns the message's opaque (_private) and librdkafka gives an interceptor
+     * no per-message slot, so the identity travels in the audit header stamped by on_send. */
+    if (p_rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR || !hdrs ||
+        !stamped_id(in, hdrs, &seq, &seq_len, &ts, &ts_len))
         return RD_KAFKA_RESP_ERR_NO_ERROR;
-    if (header_text(hdrs, "audit.id", id, sizeof(id))) {
-        /* packed: <our pid>/<seq>/<ts> */
-        if (strncmp(id, in->pid, in->pid_len) != 0 || id[in->pid_len] != '/')
-            return RD_KAFKA_RESP_ERR_NO_ERROR; /* not stamped by this instance */
-        const char *seq_at = id + in->pid_len + 1, *slash = strchr(seq_at, '/');
-        if (!slash || (size_t)(slash - seq_at) >= sizeof(seq_text) || strlen(slash + 1) >= sizeof(ts_text))
-            return RD_KAFKA_RESP_ERR_NO_ERROR;
-        memcpy(seq_text, seq_at, (size_t)(slash - seq_at));
-        seq_text[slash - seq_at] = '\0';
-        memcpy(ts_text, slash + 1, strlen(slash + 1) + 1); /* length checked above */
-    } else {
-        if (!header_text(hdrs, "audit.pid", pid, sizeof(pid)) || strcmp(pid, in->pid) != 0)
-            return RD_KAFKA_RESP_ERR_NO_ERROR; /* not stamped by this instance */
-        if (!header_text(hdrs, "audit.seq", seq_text, sizeof(seq_text)) ||
-            !header_text(hdrs, "audit.ts", ts_text, sizeof(ts_text)))
-            return RD_KAFKA_RESP_ERR_NO_ERROR;
-    }
-    int64_t seq = strtoll(seq_text, NULL, 10), ts = strtoll(ts_text, NULL, 10);
     const char *topic = p_rd_kafka_topic_name(msg->rkt);
+    int64_t produce_ts = parse_digits(ts, ts_len);
     if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        size_t ack_len;
+        const char *ack = ack_text(produce_ts, &ack_len);
         __atomic_add_fetch(&in->acked, 1, __ATOMIC_RELAXED);
-        write_row(in, seq, topic, msg->partition, msg->offset, "acked", NULL, ts, now_ms());
+        write_acked_row(in, seq, seq_len, topic, msg->partition, msg->offset, ts, ts_len, ack, ack_len);
     } else {
+        int64_t seqv = parse_digits(seq, seq_len);
         __atomic_add_fetch(&in->failed, 1, __ATOMIC_RELAXED);
         /* abort_transaction() purges the transaction's unsent messages: they end aborted */
         int aborted = in->transactional && (msg->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
                                             msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT);
-        write_row(in, seq, topic, msg->partition, -1, aborted ? "aborted" : "failed", p_rd_kafka_err2name(msg->err),
-                  ts, 0);
-        if (tls_in == in && tls_seq == seq)
-            tls_acked_inline = 1;
+        write_failed_row(in, seqv, topic, msg->partition, aborted ? "aborted" : "failed",
+                         p_rd_kafka_err2name(msg->err), produce_ts);
+        struct tls_cache *c = &tls_cache;
+        if (c->last_in == in && c->last_seq == seqv)
+            c->acked_inline = 1;
     }
     return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
@@ -790,6 +982,90 @@ static rd_kafka_resp_err_t on_destroy(rd_kafka_t *rk, void *ic_opaque) {
     return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
+/* -- the producer_settings row (docs/design.md §4.2) ------------------------------------ */
+
+/* A librdkafka property's effective value (after librdkafka's own adjustments, e.g. an
+ * idempotent producer's max.in.flight of 5), or "" when it cannot be read. */
+static const char *conf_text(const rd_kafka_conf_t *conf, const char *name, char *out, size_t cap) {
+    size_t size = cap;
+    if (!conf || p_rd_kafka_conf_get(conf, name, out, &size) != RD_KAFKA_CONF_OK)
+        out[0] = '\0';
+    return out;
+}
+
+static long long conf_long(const rd_kafka_conf_t *conf, const char *name, long long dflt) {
+    char v[64], *end = NULL;
+    conf_text(conf, name, v, sizeof(v));
+    long long x = strtoll(v, &end, 10);
+    return (v[0] && end && !*end) ? x : dflt;
+}
+
+/* One sealed one-line segment settings-<ns>-<random>.jsonl in <ledger dir>/../producer_settings
+ * (written under .tmp, then renamed), the same row and file protocol as AuditedProducer's
+ * write_settings. A failure is reported on stderr, never fatal. */
+static void write_settings_row(struct instance *in, const rd_kafka_conf_t *conf, const char *name_json,
+                               const char *pid_json) {
+    char dir[4096], tmp[4300], path[4300], row[2048], acks[32], idem[16], txn[512], txn_json[600];
+    struct timespec ts;
+    unsigned rnd = 0;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t start_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    /* acks: librdkafka's request.required.acks, "all" for -1 */
+    conf_text(conf, "acks", acks, sizeof(acks));
+    if (!acks[0] || !strcmp(acks, "-1"))
+        snprintf(acks, sizeof(acks), "all");
+    conf_text(conf, "enable.idempotence", idem, sizeof(idem));
+    long long retries = conf_long(conf, "retries", 2147483647LL);
+    long long in_flight = conf_long(conf, "max.in.flight.requests.per.connection", 1000000LL);
+    conf_text(conf, "transactional.id", txn, sizeof(txn));
+    snprintf(txn_json, sizeof(txn_json), "null");
+    if (txn[0]) {
+        char esc[sizeof(txn_json) - 2];
+        if (json_escape(txn, esc, sizeof(esc)) >= 0)
+            snprintf(txn_json, sizeof(txn_json), "\"%s\"", esc);
+    }
+    int n = snprintf(row, sizeof(row),
+                     "{\"producer\":\"%s\",\"pid\":\"%s\",\"start_ts\":%" PRId64 ",\"acks\":\"%s\","
+                     "\"enable_idempotence\":%s,\"retries\":%lld,\"max_in_flight\":%lld,\"transactional_id\":%s,"
+                     "\"mode\":\"plugin\"}\n",
+                     name_json, pid_json, start_ms, acks, !strcmp(idem, "true") ? "true" : "false", retries,
+                     in_flight, txn_json);
+    /* <ledger dir>/.. : the ledger folder's parent (a trailing slash is ignored) */
+    snprintf(dir, sizeof(dir), "%s", in->cfg.ledger_dir);
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        dir[--len] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), "producer_settings");
+    else
+        snprintf(slash + 1, sizeof(dir) - (size_t)(slash + 1 - dir), "producer_settings");
+    if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        rnd = (unsigned)rand();
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    snprintf(tmp, sizeof(tmp), "%s/settings-%lld-%08x.tmp", dir, ns, rnd);
+    snprintf(path, sizeof(path), "%s/settings-%lld-%08x.jsonl", dir, ns, rnd);
+    const char *failed = NULL;
+    int fd = -1;
+    if (n <= 0 || n >= (int)sizeof(row))
+        failed = "row too long";
+    else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        failed = "mkdir";
+    else if ((fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0)
+        failed = "open";
+    else if (write(fd, row, (size_t)n) != n) /* no fsync: a client's start must not wait for a disk */
+        failed = "write";
+    if (fd >= 0)
+        close(fd);
+    if (!failed && rename(tmp, path) != 0)
+        failed = "rename";
+    if (failed) {
+        int e = errno;
+        unlink(tmp);
+        report("producer %s: settings row not recorded in %s (%s: %s)", in->pid, dir, failed, strerror(e));
+    }
+}
+
 static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, void *ic_opaque, char *errstr,
                                   size_t errstr_size) {
     struct settings *s = ic_opaque;
@@ -833,6 +1109,8 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
             in->transactional = 1;
         }
     }
+    in->head_len = strlen(in->head);
+    in->txn_json_len = strlen(in->txn_json);
     in->fd = -1;
     pthread_mutex_init(&in->seq_mu, NULL);
     pthread_mutex_init(&in->mu, NULL);
@@ -846,6 +1124,8 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
         return RD_KAFKA_RESP_ERR__CRIT_SYS_RESOURCE;
     }
     in->thread_started = 1;
+    if (!in->cfg.no_settings_row && p_rd_kafka_type(rk) == RD_KAFKA_PRODUCER)
+        write_settings_row(in, conf, name_json, pid_json);
     pthread_mutex_lock(&registry_mu);
     in->next_instance = registry;
     registry = in;
@@ -958,14 +1238,15 @@ EXPORT int64_t msgaudit_failed_call(const char *pid, const char *topic, int32_t 
     char err[128];
     if (!in || !topic || !error || json_escape(error, err, sizeof(err)) < 0)
         return -1;
-    if (tls_acked_inline && tls_in == in) {
-        tls_acked_inline = 0; /* on_acknowledgement already wrote this call's failed row */
-        return tls_seq;
+    struct tls_cache *c = &tls_cache;
+    if (c->acked_inline && c->last_in == in) {
+        c->acked_inline = 0; /* on_acknowledgement already wrote this call's failed row */
+        return c->last_seq;
     }
     int64_t seq = next_seq(in, topic);
     if (seq < 0)
         return -1;
     __atomic_add_fetch(&in->failed, 1, __ATOMIC_RELAXED);
-    write_row(in, seq, topic, partition, -1, "failed", err, now_ms(), 0);
+    write_failed_row(in, seq, topic, partition, "failed", err, now_ms());
     return seq;
 }

@@ -46,7 +46,28 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     private String head;
     private String txnJson = "null"; // the transactional.id as JSON, for the txn_id column
     private LedgerSpool spool;
+    private AckRows acks;
     private final ConcurrentHashMap<String, AtomicLong> seqs = new ConcurrentHashMap<>();
+    /** The topic of the last stamped record and its counter (one immutable pair, so a racing
+     *  thread sees either the old or the new pair, never half of each). */
+    private static final class TopicSeq {
+        final String topic;
+        final AtomicLong next;
+        TopicSeq(String topic, AtomicLong next) { this.topic = topic; this.next = next; }
+    }
+    private volatile TopicSeq lastTopic = new TopicSeq("", new AtomicLong());
+    /** The last stamp time and its digits (immutable, shared by the records of one millisecond). */
+    private static final class Stamp {
+        final long ms;
+        final byte[] digits;
+        Stamp(long ms) {
+            this.ms = ms;
+            long v = Math.max(0, ms);
+            this.digits = new byte[Digits.length(v)];
+            Digits.put(digits, digits.length, v);
+        }
+    }
+    private volatile Stamp lastStamp = new Stamp(0);
     private final AtomicLong stamped = new AtomicLong();
     private final AtomicLong passed = new AtomicLong();
     private final AtomicLong unmatched = new AtomicLong();
@@ -97,11 +118,15 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             txnJson = Json.quote(txn.toString());
         }
         head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
+        int maxRows = (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000));
+        acks = new AckRows(head, pidBytes.length, txnJson, maxRows);
         spool = new LedgerSpool(dir, "producer",
                 positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
                 positive(configs, "msgaudit.segment.max.age.ms", 60_000),
                 positive(configs, "msgaudit.flush.interval.ms", 200),
-                (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000)));
+                maxRows);
+        spool.setSource(acks);
+        ProducerSettings.write(dir, configs, name, pid);
     }
 
     static String string(Map<String, ?> configs, String key, String dflt) {
@@ -149,12 +174,28 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 passed.incrementAndGet(); // already stamped (a copy keeping its identity): left alone
                 return record;
             }
-            long seq = seqs.computeIfAbsent(record.topic(), t -> new AtomicLong()).getAndIncrement();
+            String topic = record.topic();
+            TopicSeq last = lastTopic;
+            if (!last.topic.equals(topic)) {
+                last = new TopicSeq(topic, seqs.computeIfAbsent(topic, t -> new AtomicLong()));
+                lastTopic = last;
+            }
+            long seq = last.next.getAndIncrement();
             long now = System.currentTimeMillis();
-            if (packed) {
-                byte[] tail = ("/" + seq + "/" + now).getBytes(StandardCharsets.US_ASCII);
-                byte[] v = java.util.Arrays.copyOf(pidBytes, pidBytes.length + tail.length);
-                System.arraycopy(tail, 0, v, pidBytes.length, tail.length);
+            if (packed) { // one array: <pid>/<seq>/<ts>
+                Stamp stamp = lastStamp;
+                if (stamp.ms != now) { // records of the same millisecond share the digits
+                    stamp = new Stamp(now);
+                    lastStamp = stamp;
+                }
+                int n = pidBytes.length;
+                int sl = Digits.length(seq);
+                byte[] v = new byte[n + 2 + sl + stamp.digits.length];
+                System.arraycopy(pidBytes, 0, v, 0, n);
+                v[n] = '/';
+                Digits.put(v, n + 1 + sl, seq);
+                v[n + 1 + sl] = '/';
+                System.arraycopy(stamp.digits, 0, v, n + 2 + sl, stamp.digits.length);
                 headers.add(ID, v);
             } else {
                 headers.add(PID, pidBytes);
@@ -180,9 +221,10 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             unmatched.incrementAndGet();
             return;
         }
-        String seq;
-        String ts;
         Header id = headers.lastHeader(ID);
+        byte[] a;
+        byte[] b = null;
+        int split = -1;
         if (id != null) {
             byte[] v = id.value();
             int n = pidBytes.length;
@@ -190,44 +232,52 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                     || !java.util.Arrays.equals(v, 0, n, pidBytes, 0, n)) {
                 return; // not stamped by this instance
             }
-            String rest = new String(v, n + 1, v.length - n - 1, StandardCharsets.US_ASCII);
-            int slash = rest.indexOf('/');
-            if (slash < 0) {
+            for (int i = n + 1; i < v.length; i++) {
+                if (v[i] == '/') {
+                    split = i;
+                    break;
+                }
+            }
+            if (split < n + 2 || split == v.length - 1) {
                 return;
             }
-            seq = rest.substring(0, slash);
-            ts = rest.substring(slash + 1);
+            a = v;
         } else {
             Header p = headers.lastHeader(PID);
             Header s = headers.lastHeader(SEQ);
             Header t = headers.lastHeader(TS);
-            if (p == null || s == null || t == null || !java.util.Arrays.equals(p.value(), pidBytes)) {
+            if (p == null || s == null || t == null || !java.util.Arrays.equals(p.value(), pidBytes)
+                    || s.value() == null || t.value() == null) {
                 return; // not stamped by this instance
             }
-            seq = new String(s.value(), StandardCharsets.US_ASCII);
-            ts = new String(t.value(), StandardCharsets.US_ASCII);
+            a = s.value();
+            b = t.value();
         }
         String topic = metadata != null ? metadata.topic() : null;
         if (topic == null) {
             unmatched.incrementAndGet();
             return;
         }
-        StringBuilder row = new StringBuilder(256).append(head).append(seq).append(",\"topic\":")
-                .append(Json.quote(topic)).append(",\"partition\":");
         if (exception == null) {
-            row.append(metadata.partition()).append(",\"offset\":").append(metadata.offset())
-                    .append(",\"status\":\"acked\",\"error\":null,\"txn_id\":").append(txnJson)
-                    .append(",\"produce_ts\":").append(ts)
-                    .append(",\"ack_ts\":").append(System.currentTimeMillis()).append('}');
-        } else {
-            int partition = metadata.partition() < 0 ? -1 : metadata.partition();
-            // records still unsent when the application aborted its transaction
-            String status = exception instanceof TransactionAbortedException ? "aborted" : "failed";
-            row.append(partition).append(",\"offset\":null,\"status\":\"").append(status).append("\",\"error\":")
-                    .append(Json.quote(exception.getClass().getSimpleName()))
-                    .append(",\"txn_id\":").append(txnJson).append(",\"produce_ts\":").append(ts)
-                    .append(",\"ack_ts\":null}");
+            // on the producer's network thread: hold the fields, the spool's thread formats the row
+            if (!acks.add(a, split, b, topic, metadata.partition(), metadata.offset(), System.currentTimeMillis())) {
+                spool.countDropped(1);
+            }
+            return;
         }
+        String seq = b == null ? new String(a, pidBytes.length + 1, split - pidBytes.length - 1, StandardCharsets.US_ASCII)
+                : new String(a, StandardCharsets.US_ASCII);
+        String ts = b == null ? new String(a, split + 1, a.length - split - 1, StandardCharsets.US_ASCII)
+                : new String(b, StandardCharsets.US_ASCII);
+        int partition = metadata.partition() < 0 ? -1 : metadata.partition();
+        // records still unsent when the application aborted its transaction
+        String status = exception instanceof TransactionAbortedException ? "aborted" : "failed";
+        StringBuilder row = new StringBuilder(256).append(head).append(seq).append(",\"topic\":")
+                .append(Json.quote(topic)).append(",\"partition\":")
+                .append(partition).append(",\"offset\":null,\"status\":\"").append(status).append("\",\"error\":")
+                .append(Json.quote(exception.getClass().getSimpleName()))
+                .append(",\"txn_id\":").append(txnJson).append(",\"produce_ts\":").append(ts)
+                .append(",\"ack_ts\":null}");
         spool.append(row.toString());
     }
 

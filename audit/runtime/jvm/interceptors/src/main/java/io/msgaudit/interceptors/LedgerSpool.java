@@ -29,8 +29,19 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * <p>{@link #append} never blocks: rows go into a bounded queue; a full queue or a failing disk
  * drops rows, counts them and reports on stderr. A background daemon thread does all file work.
+ * A {@link Source} (the producer's acknowledged rows, kept unformatted) is drained by the same
+ * thread at every turn, at least once per flush interval, and once more at close.
  */
 final class LedgerSpool implements AutoCloseable {
+    /** Rows held elsewhere, formatted by the writer thread. */
+    interface Source {
+        /** Append every held row (JSON lines, newline-terminated) to {@code out}; return how many
+         *  are in {@code out} at the end. On the way, {@code flush} takes the rows in {@code out}
+         *  (their count) whenever it holds enough of them, and clears it.
+         *  {@code last}: the spool is closing, refuse rows from now on. */
+        int drainInto(AckRows.Bytes out, boolean last, java.util.function.IntConsumer flush);
+    }
+
     private static final DateTimeFormatter STAMP = DateTimeFormatter.ofPattern("yyyyMMdd'T'HHmmss");
     private static final SecureRandom RANDOM = new SecureRandom();
 
@@ -48,6 +59,8 @@ final class LedgerSpool implements AutoCloseable {
     private long done; // rows taken from the queue and written or dropped (guarded by doneLock)
     private volatile boolean closing;
     private boolean reportedError;
+    private volatile Source source;
+    private final AckRows.Bytes out = new AckRows.Bytes(1 << 16); // writer thread only
 
     private FileChannel channel;
     private FileLock lock;
@@ -67,6 +80,12 @@ final class LedgerSpool implements AutoCloseable {
         this.thread.setDaemon(true);
         this.thread.start();
     }
+
+    /** Drain {@code s} too (set before the first row is added to it). */
+    void setSource(Source s) { source = s; }
+
+    /** Count rows that could not be recorded (e.g. refused by a full {@link Source}). */
+    void countDropped(long rows) { dropped.addAndGet(rows); }
 
     /** Queue one row (a JSON object without newline); never blocks. */
     void append(String row) {
@@ -136,12 +155,24 @@ final class LedgerSpool implements AutoCloseable {
                 stop = true;
             }
             if (!batch.isEmpty()) {
-                write(batch);
+                out.clear();
+                for (String r : batch) {
+                    out.put(r.getBytes(StandardCharsets.UTF_8)).put(NEWLINE);
+                }
+                write(out, batch.size());
                 synchronized (doneLock) {
                     done += batch.size();
                     doneLock.notifyAll();
                 }
                 batch.clear();
+            }
+            Source src = source;
+            if (src != null) {
+                out.clear();
+                int rows = src.drainInto(out, stop, this::writeOut);
+                if (rows > 0) {
+                    write(out, rows);
+                }
             }
             if (channel != null && (segmentBytes >= maxBytes || System.currentTimeMillis() - segmentOpened >= maxAgeMs)) {
                 seal();
@@ -153,12 +184,15 @@ final class LedgerSpool implements AutoCloseable {
         }
     }
 
-    private void write(List<String> rows) {
-        StringBuilder sb = new StringBuilder(rows.size() * 256);
-        for (String r : rows) {
-            sb.append(r).append('\n');
-        }
-        ByteBuffer data = ByteBuffer.wrap(sb.toString().getBytes(StandardCharsets.UTF_8));
+    private static final byte[] NEWLINE = {'\n'};
+
+    private void writeOut(int rows) {
+        write(out, rows);
+        out.clear();
+    }
+
+    private void write(AckRows.Bytes bytes, int rows) {
+        ByteBuffer data = ByteBuffer.wrap(bytes.buf, 0, bytes.len);
         try {
             if (channel == null) {
                 open();
@@ -168,10 +202,10 @@ final class LedgerSpool implements AutoCloseable {
                 channel.write(data);
             }
             segmentBytes += size;
-            written.addAndGet(rows.size());
+            written.addAndGet(rows);
             reportedError = false;
         } catch (IOException | RuntimeException e) {
-            dropped.addAndGet(rows.size());
+            dropped.addAndGet(rows);
             if (!reportedError) {
                 System.err.println("msgaudit: ledger spool " + dir + ": " + e + "; ledger rows are being dropped (counted)");
                 reportedError = true;
