@@ -449,7 +449,9 @@ def _bootstrap(cfg: Config) -> str:
 def _admin(cfg: Config) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(dict(cfg.kafka))
+    from audit.core.kafka_conf import internal_client_conf
+
+    return AdminClient(internal_client_conf(cfg.kafka))
 
 
 def _result(future: Any, cfg: Config, what: str) -> Any:
