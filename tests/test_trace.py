@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,21 @@ def traced_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Config:
                        ("k-8", "partition = 3")):
         log.update(F.expr(where), {"key": F.lit(key)})
     write_delta_sink(spark, root / "sinks" / "s1", h.sinks["s1"])
+    # The settings two producer sessions recorded at start: reconcile copies them to the report store
+    # for the log anomalies they explain (reo's reordering, lost's loss)
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_jobs.io.schemas import PRODUCER_SETTINGS
+
+    (spark.createDataFrame([(*row, "2026-11-21T09") for row in SETTINGS], StructType(
+        [*PRODUCER_SETTINGS.fields, StructField("part_hour", StringType())]))
+     .write.format("delta").partitionBy("part_hour").save(f"{cfg.lake}/producer_settings"))
     reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
     return cfg
+
+
+SETTINGS = [("orders-svc", "reo", datetime(2026, 11, 21, 9, tzinfo=UTC), "all", False, 5, 5, None, "python"),
+            ("orders-svc", "lost", datetime(2026, 11, 21, 9, tzinfo=UTC), "1", True, 3, 1, None, "librdkafka")]
 
 
 def _why(kind: str, code: str) -> list[str]:
@@ -181,6 +195,14 @@ def test_dashboard_anomaly_rows_link_to_their_timeline(traced_lake: Config, tmp_
             assert b.evaluate("document.querySelectorAll('script').length") == 2  # the CSP frame, no more
             assert {u.rsplit("/", 1)[-1] for u in b.requests if not u.startswith(("data:", "blob:"))} == {
                 "plotly.min.js", f"{timeline_file(TOPIC, T0)}"}
+        # on the topic page, under the codes table: the producer sessions whose recorded settings
+        # caused log anomalies
+        b.open(page.resolve().as_uri())
+        assert b.evaluate("[...document.querySelectorAll('#producer-settings li')].map(e => e.textContent)") == [
+            "lost_acked (1 row): producer orders-svc (session lost) ran with acks=1: set acks=all "
+            "(and min.insync.replicas >= 2)",
+            "reordered_in_log (1 row): producer orders-svc (session reo) ran with enable.idempotence=false "
+            "(retries=5, max.in.flight=5): set enable.idempotence=true"]
 
 
 @pytest.mark.unit
@@ -248,3 +270,30 @@ def test_trace_by_key_shows_every_message_with_that_key_in_produce_order(
         "key \"nobody's\" on topic t: no captured log record carries this key (keys are read from the captured "
         "log: a message the log never held, or in windows not captured yet, is not found)"]
     assert json.loads(run("--key", "k-9", "--json")) == {"topic": TOPIC, "key": "k-9", "messages": [], "traces": []}
+
+
+@pytest.mark.spark
+def test_reconcile_publishes_the_settings_behind_its_log_anomalies_and_explains_its_report(traced_lake: Config) -> None:
+    """Reconcile copied to the report store the settings of the sessions its settings-decided log
+    anomalies name (reo, lost; not dup, which recorded none), and `msgaudit reconcile` ends with the
+    cause and fix of each code its report counts, then the setting of each such producer."""
+    from audit.core.explain import report_lines
+    from audit.serving.report_store import PARTITION_REPORT, ReportStore
+    from spark_jobs.pipeline.steps import explain_report
+
+    with ReportStore(traced_lake.report_store) as store:
+        stored = store.settings_of(["reo", "lost", "dup"])
+        report = store.read(PARTITION_REPORT)
+    assert [(r["pid"], r["producer"], r["acks"], r["enable_idempotence"], r["retries"], r["max_in_flight"], r["mode"])
+            for r in stored] == [("lost", "orders-svc", "1", True, 3, 1, "librdkafka"),
+                                 ("reo", "orders-svc", "all", False, 5, 5, "python")]
+    lines = explain_report(traced_lake, report, T0, T0.replace(hour=11), None)
+    for kind, code in (("log", "lost_acked"), ("log", "reordered_in_log"), ("group", "missed")):
+        e = explanation(kind, code)
+        assert lines[lines.index(f"  {kind} {code} (1): {e.cause}") + 1] == f"      fix: {e.remedy}"
+    assert lines == ["", "Likely causes (docs/design.md §5):", *report_lines(report), "",
+                     "Producer settings behind them (producer_settings):",
+                     "  lost_acked (1 row): producer orders-svc (session lost) ran with acks=1: set acks=all "
+                     "(and min.insync.replicas >= 2)",
+                     "  reordered_in_log (1 row): producer orders-svc (session reo) ran with enable.idempotence=false "
+                     "(retries=5, max.in.flight=5): set enable.idempotence=true"]

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from audit.core.explain import setting_remedy
 from audit.core.vocabulary import explanation, stage_kind
+
+__all__ = ["format_key_traces", "format_timeline", "key_traces_json", "setting_remedy", "to_json"]
 
 
 def _utc(t: Any) -> datetime | None:
@@ -38,24 +41,6 @@ def _ms(a: Any, b: Any) -> str:
 def _settings_text(r: Mapping[str, Any]) -> str:
     return (f"acks={r['acks']}, enable.idempotence={'true' if r['enable_idempotence'] else 'false'}, "
             f"retries={r['retries']}, max.in.flight={r['max_in_flight']}")
-
-
-def setting_remedy(code: str, settings: Sequence[Mapping[str, Any]]) -> str | None:
-    """What the producer's recorded settings say about a log-stage anomaly (None: nothing specific)."""
-    if not settings:
-        return None
-    s = settings[0]
-    if code in ("duplicate_in_log", "reordered_in_log"):
-        if not s["enable_idempotence"]:
-            return (f"this producer ran with enable.idempotence=false (retries={s['retries']}, "
-                    f"max.in.flight={s['max_in_flight']}): set enable.idempotence=true")
-        return "this producer was idempotent: the copies come from separate sends or producer sessions"
-    if code == "lost_acked":
-        if s["acks"] != "all":
-            return f"this producer ran with acks={s['acks']}: set acks=all (and min.insync.replicas >= 2)"
-        return ("this producer used acks=all: look for an unclean leader election or min.insync.replicas=1 "
-                "(msgaudit doctor)")
-    return None
 
 
 def _events(trace: Mapping[str, Any]) -> list[tuple[datetime | None, int, str]]:
