@@ -116,3 +116,19 @@ def test_report_lines_explain_each_code_the_report_counts() -> None:
     assert report_lines(report) == [f"  log duplicate_in_log (3): {dup.cause}", f"      fix: {dup.remedy}",
                                     f"  group missed (1): {missed.cause}", f"      fix: {missed.remedy}"]
     assert report_lines([{"stage": "log", "duplicate_in_log": 0}]) == []
+
+
+@pytest.mark.unit
+def test_the_demo_report_ends_with_the_causes_and_the_producers_behind_them() -> None:
+    from audit.lab.demo import format_causes
+
+    report = [{"stage": "log", "duplicate_in_log": 2}, {"stage": "group:g", "missed": 0}]
+    anomalies = [{"stage": "log", "anomaly": "duplicate_in_log", "pid": "p-3"}] * 2
+    dup = v.explanation(v.LOG, "duplicate_in_log")
+    assert format_causes(report, anomalies, [_settings("p-3", idempotence=False)]).splitlines() == [
+        "Likely causes (docs/design.md §5)", f"  log duplicate_in_log (2): {dup.cause}", f"      fix: {dup.remedy}",
+        "Producer settings behind them (producer_settings)",
+        "  duplicate_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "
+        "(retries=5, max.in.flight=5): set enable.idempotence=true"]
+    assert format_causes(report, anomalies, []).splitlines()[-1] == f"      fix: {dup.remedy}"
+    assert format_causes([{"stage": "log", "duplicate_in_log": 0}], [], []) == ""
