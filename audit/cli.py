@@ -34,7 +34,8 @@ EXAMPLES: dict[str, str] = {
                  "  msgaudit dashboard --out dashboard --timelines off   # rows show `msgaudit trace ...` instead\n"
                  "  msgaudit dashboard --out dashboard --topic orders   # then open dashboard/index.html",
     "doctor": "msgaudit doctor --horizon-hours 24   # exit 3 on an error-severity risk",
-    "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
+    "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json\n"
+             "  msgaudit trace --topic orders --key customer-1042   # every message with this Kafka key, in produce order",
     "demo": "msgaudit demo --out dashboard   # broker + faults + reconcile + SLA + dashboard, on embedded defaults",
 }
 
@@ -131,12 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="check the settings (acks, idempotence) of producer sessions started within this many "
                      "hours, from the lake's producer_settings (default 24; 0: skip, no Spark)")
     tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
-             "sink rows and the anomalies naming it, with their cause and remedy.")
+             "sink rows and the anomalies naming it, with their cause and remedy; with --key, the journey of "
+             "every message whose captured log copy carries that Kafka key.")
     tr.add_argument("--topic", required=True, help="the message's topic")
     tr.add_argument("--pid", default=None, help="producer id of the message (with --seq)")
     tr.add_argument("--seq", type=int, default=None, help="sequence number of the message (with --pid)")
     tr.add_argument("--partition", type=int, default=None, help="log partition (with --offset)")
     tr.add_argument("--offset", type=int, default=None, help="log offset (with --partition)")
+    tr.add_argument("--key", default=None, metavar="K",
+                    help="the Kafka key (as text): trace every message whose captured log copy carries it, "
+                    "in produce order")
+    tr.add_argument("--limit", type=int, default=10, metavar="N",
+                    help="with --key: show the timelines of the first N messages only (default 10; all are named)")
     tr.add_argument("--json", action="store_true", help="print JSON instead of the timeline")
     demo = add("demo", "Run an end-to-end audited pipeline with injected faults on embedded defaults and report it.")
     demo.add_argument("--scenario", default="mixed", help="fault scenario to run (default: mixed; 'list' lists them)")
@@ -271,13 +278,21 @@ def _doctor(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def _trace(args: argparse.Namespace, cfg: Any) -> int:
-    from audit.serving.trace_view import format_timeline, to_json
+    from audit.core.errors import InputError
+    from audit.serving.trace_view import format_key_traces, format_timeline, key_traces_json, to_json
     from spark_jobs.io.session import build_spark
-    from spark_jobs.trace import TraceQuery, trace_message
+    from spark_jobs.trace import TraceQuery, trace_key, trace_message
 
-    query = TraceQuery(args.topic, args.pid, args.seq, args.partition, args.offset)
+    query = TraceQuery(args.topic, args.pid, args.seq, args.partition, args.offset, args.key)
+    if args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
     cfg.topic(args.topic)  # an unknown topic fails before a JVM starts
-    trace = trace_message(build_spark(cfg, app_name="msgaudit-trace"), cfg, query)
+    spark = build_spark(cfg, app_name="msgaudit-trace")
+    if query.key is not None:
+        result = trace_key(spark, cfg, args.topic, query.key, args.limit)
+        print(key_traces_json(result) if args.json else format_key_traces(result))
+        return 0
+    trace = trace_message(spark, cfg, query)
     print(to_json(trace) if args.json else format_timeline(trace))
     return 0
 

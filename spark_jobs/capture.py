@@ -433,6 +433,7 @@ def to_log_records(kafka_rows: DataFrame, committed_offsets: DataFrame, captured
         F.coalesce(F.col("_c"), F.lit(False)).alias("committed"),
         F.col("header_error"),
         F.lit(captured_at).cast("timestamp").alias("captured_at"),
+        F.col("key").cast("string").alias("key"),
         utc_hour(F.coalesce(produce_ts, F.col("timestamp")), session_tz).alias(PART_HOUR),
     )
 
@@ -448,7 +449,9 @@ def _bootstrap(cfg: Config) -> str:
 def _admin(cfg: Config) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(dict(cfg.kafka))
+    from audit.core.kafka_conf import internal_client_conf
+
+    return AdminClient(internal_client_conf(cfg.kafka))
 
 
 def _result(future: Any, cfg: Config, what: str) -> Any:
@@ -555,8 +558,16 @@ def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
 
     from spark_jobs.io.lake import table_path
 
-    (DeltaTable.createIfNotExists(spark).location(table_path(cfg, LOG_TABLE))
+    path = table_path(cfg, LOG_TABLE)
+    (DeltaTable.createIfNotExists(spark).location(path)
      .addColumns(_log_table_schema()).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
+    # A table captured by an older version lacks the contract's later (nullable) columns: add them,
+    # so the MERGE below can write them (its older rows read them as null).
+    present = set(DeltaTable.forPath(spark, path).toDF().columns)
+    absent = [f for f in LOG_RECORDS.fields if f.name not in present]
+    if absent:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in absent)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
 def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFrame,

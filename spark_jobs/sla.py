@@ -78,6 +78,9 @@ class SlaOutcome:
     end: datetime
     rows: list[dict[str, Any]] = field(default_factory=list)
     report_rows: int = 0
+    # The producer sessions whose recorded settings explain failed checks at the log stage
+    # (`ReportStore.failure_producer_lines`).
+    producer_lines: list[str] = field(default_factory=list)
 
     @property
     def failed_errors(self) -> int:
@@ -263,6 +266,7 @@ def check_sla(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
                     rows = sorted(by_window.get(w, []), key=lambda r: (r["partition"], r["stage"], r["rule"]))
                     store.replace_window(SLA_RESULTS, topic.name, w, rows)
                     outcome.rows.extend(rows)
+            outcome.producer_lines = store.failure_producer_lines([r for r in outcome.rows if not r["passed"]])
         finally:
             store.close()
         if data_docs_dir is not None and runner is not None:
@@ -326,16 +330,20 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
                        f"  {r['stage']}  {r['rule']}: {_fmt(r['observed'])} (expected {op} {_fmt(r['threshold'])})")
         if len(failures) > max_failures:
             out.append(f"  ... and {len(failures) - max_failures} more (all rows are in sla_results)")
-        out += explain_failures((stage_kind(r["stage"]), r["rule"]) for r in failures)
+        out += explain_failures(((stage_kind(r["stage"]), r["rule"]) for r in failures), outcome.producer_lines)
     return "\n".join(out)
 
 
-def explain_failures(kind_rules: Iterable[tuple[str, str]]) -> list[str]:
+def explain_failures(kind_rules: Iterable[tuple[str, str]], producer_lines: Sequence[str] = ()) -> list[str]:
     """'Likely causes' lines for failed (stage kind, rule) pairs: each code that counts in the
-    rule's total, with its cause and remedy from the vocabulary (docs/design.md §5)."""
+    rule's total, with its cause and remedy from the vocabulary (docs/design.md §5); then the
+    producer sessions whose recorded settings caused them (`producer_lines`), if any."""
     lines: list[str] = []
     for kind, rule in sorted(set(kind_rules)):
         for code, e in rule_explanations(rule, kind):
             lines.append(f"  {kind} {rule} <- {code}: {e.cause}")
             lines.append(f"      fix: {e.remedy}")
-    return ["", "Likely causes (docs/design.md §5):", *lines] if lines else []
+    out = ["", "Likely causes (docs/design.md §5):", *lines] if lines else []
+    if producer_lines:
+        out += ["", "Producer settings behind them (producer_settings):", *[f"  {line}" for line in producer_lines]]
+    return out

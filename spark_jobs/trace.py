@@ -1,7 +1,8 @@
 """`msgaudit trace`: one message's journey through the lake (docs/design.md §9).
 
 A message is named by its identity (`--pid P --seq N`) or by a position in the log
-(`--partition P --offset O`). `resolve` turns each named message into the identities and log
+(`--partition P --offset O`); a Kafka key (`--key K`) names every message whose captured log copy
+carries it (`messages_by_key` turns it into one query per message, in produce order). `resolve` turns each named message into the identities and log
 positions that belong to it (a position's record gives its pid:seq; an identity's copies give its
 positions), and `select` keeps, in each table, the rows matching one of them: ledger rows, every
 copy in the log, every processing by every group, every sink row and the anomaly rows naming it.
@@ -43,20 +44,23 @@ _POSITIONS = StructType([StructField("k", IntegerType(), False), StructField("to
 
 @dataclass(frozen=True)
 class TraceQuery:
-    """Which message: `pid` and `seq`, or `partition` and `offset`, of `topic`."""
+    """Which message: `pid` and `seq`, or `partition` and `offset`, of `topic`; or which messages:
+    those with Kafka key `key` (resolved by `messages_by_key` into queries of the first two kinds)."""
 
     topic: str
     pid: str | None = None
     seq: int | None = None
     partition: int | None = None
     offset: int | None = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
         by_id = self.pid is not None and self.seq is not None
         by_pos = self.partition is not None and self.offset is not None
-        if by_id == by_pos or (not by_id and (self.pid is not None or self.seq is not None)) \
+        by_key = self.key is not None
+        if by_id + by_pos + by_key != 1 or (not by_id and (self.pid is not None or self.seq is not None)) \
                 or (not by_pos and (self.partition is not None or self.offset is not None)):
-            raise InputError("name one message: --pid P --seq N, or --partition P --offset O")
+            raise InputError("name one message: --pid P --seq N, or --partition P --offset O, or --key K")
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
     from spark_jobs.io.lake import read_table, table_exists
     from spark_jobs.io.sinks_read import read_sink
 
+    if any(q.key is not None for q in queries):
+        raise ValueError("a query by key names messages: resolve it with messages_by_key first")
     topics = sorted({q.topic for q in queries})
     sinks = {t: cfg.topic(t).sinks for t in topics}
     frames = {name: read_table(spark, cfg, name) if table_exists(spark, cfg, name) else None
@@ -161,6 +167,52 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
 def trace_message(spark: SparkSession, cfg: Config, q: TraceQuery) -> dict[str, Any]:
     """One message's trace (see `trace_messages`)."""
     return trace_messages(spark, cfg, [q])[0]
+
+
+def messages_by_key(spark: SparkSession, cfg: Config, topic: str, key: str) -> list[TraceQuery]:
+    """The messages of `topic` whose captured log copies carry Kafka key `key`, one query each, in
+    produce order (produce time, else Kafka time; then partition, offset): a message with an
+    audit identity once however many copies the log holds (by pid and seq), a record without one
+    by its position. Only `log_records` records keys: a message the log never held (lost, never
+    written) or not captured yet is not found. InputError when `log_records` is missing or has no
+    `key` column (captured before keys were recorded: capture the windows again)."""
+    from spark_jobs.io.lake import read_table, table_exists, table_path
+
+    if not table_exists(spark, cfg, "log_records"):
+        raise InputError(f"no log_records table under {cfg.lake}: run `msgaudit capture` first "
+                         "(keys are read from the captured log)")
+    log = read_table(spark, cfg, "log_records")
+    if "key" not in log.columns:
+        raise InputError(f"table 'log_records' at {table_path(cfg, 'log_records')} has no 'key' column (captured "
+                         "before msgaudit recorded keys): run `msgaudit capture` again for the windows to search")
+    rows = (log.where((F.col("topic") == topic) & (F.col("key") == key))
+            .select("partition", "offset", "pid", "seq", F.coalesce("produce_ts", "kafka_ts").alias("t"))
+            .collect())
+    far = datetime.max
+    first: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # message -> its earliest copy's sort key
+    for r in rows:
+        t = r["t"].replace(tzinfo=None) if r["t"] is not None else far
+        msg: tuple[Any, ...] = (("id", r["pid"], int(r["seq"])) if r["pid"] is not None and r["seq"] is not None
+                                else ("pos", int(r["partition"]), int(r["offset"])))
+        order = (t, int(r["partition"]), int(r["offset"]))
+        if msg not in first or order < first[msg]:
+            first[msg] = order
+    out = []
+    for msg, _ in sorted(first.items(), key=lambda m: m[1]):
+        out.append(TraceQuery(topic, pid=msg[1], seq=msg[2]) if msg[0] == "id"
+                   else TraceQuery(topic, partition=msg[1], offset=msg[2]))
+    return out
+
+
+def trace_key(spark: SparkSession, cfg: Config, topic: str, key: str, limit: int) -> dict[str, Any]:
+    """`msgaudit trace --key`: the messages key `key` names (`messages_by_key`) and the traces of
+    the first `limit` of them, in produce order: {topic, key, messages (every one's name, in
+    order: "pid:seq", or "partition@offset" for a record without audit id), traces}."""
+    queries = messages_by_key(spark, cfg, topic, key)
+    names = [f"{q.pid}:{q.seq}" if q.pid is not None else f"{q.partition}@{q.offset}" for q in queries]
+    shown = queries[:limit]
+    return {"topic": topic, "key": key, "messages": names,
+            "traces": trace_messages(spark, cfg, shown) if shown else []}
 
 
 def lake_has_tables(cfg: Config, names: Sequence[str] = ("producer_ledger", "log_records")) -> bool:

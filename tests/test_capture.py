@@ -258,13 +258,36 @@ def test_to_log_records_marks_aborted_and_partitions_by_produce_hour(spark: Any)
     fp = hashlib.sha256(b"k\x00v").hexdigest()
     fp6 = hashlib.sha256(b"\x00v").hexdigest()
     want = spark.createDataFrame(
-        [("t", 0, 5, kafka_ts, "p:1", 3, produce, fp, True, None, captured_at, "2026-11-21T11"),
-         ("t", 0, 6, kafka_ts, "p:1", None, None, fp6, False, "missing audit.seq", captured_at, "2026-11-21T10"),
-         ("t", 1, 0, kafka_ts, None, None, None, fp, True, "no audit headers", captured_at, "2026-11-21T10")],
+        [("t", 0, 5, kafka_ts, "p:1", 3, produce, fp, True, None, captured_at, "k", "2026-11-21T11"),
+         ("t", 0, 6, kafka_ts, "p:1", None, None, fp6, False, "missing audit.seq", captured_at, None,
+          "2026-11-21T10"),
+         ("t", 1, 0, kafka_ts, None, None, None, fp, True, "no audit headers", captured_at, "k", "2026-11-21T10")],
         C._log_table_schema(),
     )
     assert [f.name for f in got.schema.fields] == [*LOG_RECORDS.fieldNames(), "part_hour"]
     assert_df_equality(got.orderBy("partition", "offset"), want, ignore_nullable=True)
+
+
+@pytest.mark.spark
+def test_a_log_table_captured_before_keys_were_recorded_gets_the_key_column(
+        spark: Any, make_config: Any, tmp_path: Any) -> None:
+    """log_records written without the `key` column (an older version) gets it, null in its rows,
+    before the next capture's MERGE writes it."""
+    from spark_jobs.io.lake import read_table, table_path
+
+    cfg = make_config(tmp_path, topics={"t": {"window": "1h"}})
+    old = [f for f in C._log_table_schema().fields if f.name != "key"]
+    from pyspark.sql.types import StructType
+
+    row = ("t", 0, 0, None, "p", 0, None, "fp", True, None, datetime(2026, 11, 21, 10, tzinfo=UTC), "2026-11-21T10")
+    (spark.createDataFrame([row], StructType(old)).write.format("delta").partitionBy("topic", "part_hour")
+     .save(table_path(cfg, "log_records")))
+    C.ensure_log_table(spark, cfg)
+    got = read_table(spark, cfg, "log_records")
+    assert got.columns == [*[f.name for f in old], "key"]
+    assert [(r["offset"], r["pid"], r["key"]) for r in got.collect()] == [(0, "p", None)]
+    C.ensure_log_table(spark, cfg)  # a second time: nothing to add
+    assert read_table(spark, cfg, "log_records").columns == got.columns
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,20 +376,20 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
 
     log = _rows(spark, cfg, "log_records", topic, "partition,offset")
     kafka_ts = {(r[1], r[2]): r[3] for r in log}  # CreateTime set by the client: checked below
-    want = [
-        (topic, 0, 0, "plain:1", 0, base + 0, sha(b"k", b"v0"), True, None),
-        (topic, 0, 1, "plain:1", 1, base + 1, sha(b"k", b"v1"), True, None),
-        (topic, 0, 2, "plain:1", 2, base + 2, sha(b"k", b"v2"), True, None),
-        (topic, 0, 3, "tx:1", 0, base + 10, "order-a0", False, None),
-        (topic, 0, 4, "tx:1", 1, base + 11, "order-a1", False, None),
-        (topic, 0, 6, "tx:1", 2, base + 12, "order-c2", True, None),
-        (topic, 1, 0, "plain:1", None, 1, sha(None, b"g"), True, "audit.seq is not UTF-8"),
-        (topic, 1, 1, None, None, None, sha(None, b"n"), True, "no audit headers"),
+    want = [  # ..., the record's Kafka key
+        (topic, 0, 0, "plain:1", 0, base + 0, sha(b"k", b"v0"), True, None, "k"),
+        (topic, 0, 1, "plain:1", 1, base + 1, sha(b"k", b"v1"), True, None, "k"),
+        (topic, 0, 2, "plain:1", 2, base + 2, sha(b"k", b"v2"), True, None, "k"),
+        (topic, 0, 3, "tx:1", 0, base + 10, "order-a0", False, None, None),
+        (topic, 0, 4, "tx:1", 1, base + 11, "order-a1", False, None, None),
+        (topic, 0, 6, "tx:1", 2, base + 12, "order-c2", True, None, None),
+        (topic, 1, 0, "plain:1", None, 1, sha(None, b"g"), True, "audit.seq is not UTF-8", None),
+        (topic, 1, 1, None, None, None, sha(None, b"n"), True, "no audit headers", None),
     ]
     expected = [
         (t, p, o, kafka_ts[(p, o)], pid, seq, from_millis(ts) if ts is not None else None, fp, committed, err, ca,
-         hour(ts) if ts is not None else kafka_ts[(p, o)].strftime("%Y-%m-%dT%H"))
-        for t, p, o, pid, seq, ts, fp, committed, err in want
+         key, hour(ts) if ts is not None else kafka_ts[(p, o)].strftime("%Y-%m-%dT%H"))
+        for t, p, o, pid, seq, ts, fp, committed, err, key in want
     ]
     assert [r[:3] for r in log] == [r[:3] for r in expected]
     assert log == expected

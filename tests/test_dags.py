@@ -218,6 +218,22 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
         ])
         store.replace_window("sla_results", "a", w11, [_sla_row("a", w11, "max_lost", 5, 0, False)])
         store.replace_window("sla_results", "b", w10, [_sla_row("b", w10, "max_lost", 7, 0, False)])
+        # The anomaly rows behind the failures and the settings their producer sessions recorded:
+        # p-3 (idempotence off) reordered twice, p-4 (acks=1) lost one; p-3's duplicate counts in no
+        # failed rule and p-9's loss is in another window, so neither is named.
+        def anomaly(ws: datetime, code: str, pid: str, seq: int) -> dict[str, Any]:
+            return {"window_start": ws, "topic": "a", "partition": 0, "stage": "log", "anomaly": code, "pid": pid,
+                    "seq": seq, "offset": seq, "detail": "", "run_id": "r", "computed_at": w11}
+        store.replace_window("audit_anomalies", "a", w10, [
+            anomaly(w10, "reordered_in_log", "p-3", 1), anomaly(w10, "reordered_in_log", "p-3", 2),
+            anomaly(w10, "duplicate_in_log", "p-3", 3), anomaly(w10, "lost_acked", "p-4", 0)])
+        store.replace_window("audit_anomalies", "a", w11, [anomaly(w11, "lost_acked", "p-9", 0)])
+        settings = {"start_ts": w10, "retries": 2147483647, "max_in_flight": 5, "transactional_id": None,
+                    "mode": "python"}
+        assert store.record_settings([
+            {**settings, "pid": "p-3", "producer": "orders-svc", "acks": "all", "enable_idempotence": False},
+            {**settings, "pid": "p-4", "producer": None, "acks": "1", "enable_idempotence": True},
+            {**settings, "pid": "p-9", "producer": None, "acks": "0", "enable_idempotence": True}]) == 3
 
     class TI:
         dag_id, run_id, task_id, map_index = "msgaudit_window_1h", "scheduled__x", "sla", -1
@@ -242,6 +258,10 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
         *(f"  why log {rule} <- {code}: {e.cause}; fix: {e.remedy}"
           for rule, code in (("max_lost", "lost_acked"), ("max_reordered", "reordered_in_log"))
           for e in [explanation("log", code)]),
+        "  producer: reordered_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "
+        "(retries=2147483647, max.in.flight=5): set enable.idempotence=true",
+        "  producer: lost_acked (1 row): producer session p-4 ran with acks=1: set acks=all "
+        "(and min.insync.replicas >= 2)",
     ]
     other = alerts.build_alert({"ti": TI(), "task": Task(), "exception": RuntimeError("Error code is: 1.")})
     assert (other.sla_breach, other.failed_rules, other.error) == (False, (), "Error code is: 1.")

@@ -3,6 +3,8 @@ table and the alerts show them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from audit.core import vocabulary as v
@@ -37,3 +39,96 @@ def test_rule_explanations_are_the_codes_counting_in_the_rules_total() -> None:
     assert [c for c, _ in v.rule_explanations("max_reordered", v.GROUP)] == ["reordered_in_consumption"]
     assert v.rule_explanations("max_p99_latency_ms", v.LOG) == ()
     assert set(v.SLA_RULE_TOTALS) <= set(v.SLA_RULES)
+
+
+def _settings(pid: str, producer: str | None = "orders-svc", acks: str = "all", idempotence: bool = True,
+              retries: int = 5, in_flight: int = 5) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    return {"pid": pid, "producer": producer, "start_ts": datetime(2026, 11, 21, 9, tzinfo=UTC), "acks": acks,
+            "enable_idempotence": idempotence, "retries": retries, "max_in_flight": in_flight,
+            "transactional_id": None, "mode": "python"}
+
+
+@pytest.mark.unit
+def test_the_settings_a_producer_ran_with_name_the_setting_to_change() -> None:
+    from audit.core.explain import setting_remedy, settings_remedy
+
+    off = _settings("p-3", idempotence=False, acks="1")
+    assert settings_remedy("duplicate_in_log", off) == (
+        "this producer ran with enable.idempotence=false (retries=5, max.in.flight=5): set enable.idempotence=true")
+    assert settings_remedy("reordered_in_log", off, "producer p-3") == (
+        "producer p-3 ran with enable.idempotence=false (retries=5, max.in.flight=5): set enable.idempotence=true")
+    assert settings_remedy("lost_acked", off) == "this producer ran with acks=1: set acks=all (and min.insync.replicas >= 2)"
+    safe = _settings("p-1")
+    assert settings_remedy("duplicate_in_log", safe) == (
+        "this producer was idempotent: the copies come from separate sends or producer sessions")
+    assert settings_remedy("lost_acked", safe) == (
+        "this producer used acks=all: look for an unclean leader election or min.insync.replicas=1 (msgaudit doctor)")
+    assert settings_remedy("missed", off) is None  # a consumer's code: producer settings say nothing
+    assert setting_remedy("lost_acked", []) is None
+
+
+@pytest.mark.unit
+def test_producer_lines_name_each_session_whose_settings_caused_log_anomalies() -> None:
+    from audit.core.explain import producer_lines
+
+    rows: list[dict[str, Any]] = [{"stage": "log", "anomaly": "duplicate_in_log", "pid": "p-3", "rows": 2},
+            {"stage": "log", "anomaly": "duplicate_in_log", "pid": "p-3"},
+            {"stage": "log", "anomaly": "lost_acked", "pid": "p-4"},
+            {"stage": "log", "anomaly": "lost_acked", "pid": "p-5"},  # no settings row: not named
+            {"stage": "log", "anomaly": "unledgered", "pid": "p-3"},  # not a settings code
+            {"stage": "group:g", "anomaly": "missed", "pid": "p-3"}]
+    settings = [_settings("p-3", idempotence=False, retries=2147483647), _settings("p-4", producer=None, acks="1")]
+    assert producer_lines(rows, settings) == [
+        "duplicate_in_log (3 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "
+        "(retries=2147483647, max.in.flight=5): set enable.idempotence=true",
+        "lost_acked (1 row): producer session p-4 ran with acks=1: set acks=all (and min.insync.replicas >= 2)",
+    ]
+    assert producer_lines(rows, settings, limit=1)[1:] == ["... and 1 more producer session(s)"]
+    assert producer_lines(rows, []) == []
+
+
+@pytest.mark.unit
+def test_failure_anomalies_are_the_rows_counted_by_the_failed_rule_of_that_window() -> None:
+    from datetime import UTC, datetime
+
+    from audit.core.explain import failure_anomalies
+
+    w10, w11 = datetime(2026, 11, 21, 10, tzinfo=UTC), datetime(2026, 11, 21, 11, tzinfo=UTC)
+    fail = {"window_start": w10.isoformat(), "topic": "t", "partition": 1, "stage": "log", "rule": "max_lost"}
+    rows = [{"window_start": w10, "topic": "t", "partition": 1, "stage": "log", "anomaly": "lost_acked", "pid": "a"},
+            {"window_start": w10, "topic": "t", "partition": 1, "stage": "log", "anomaly": "duplicate_in_log",
+             "pid": "b"},  # max_duplicate_ratio did not fail
+            {"window_start": w11, "topic": "t", "partition": 1, "stage": "log", "anomaly": "lost_acked", "pid": "c"},
+            {"window_start": w10, "topic": "t", "partition": 0, "stage": "log", "anomaly": "lost_acked", "pid": "d"}]
+    assert [r["pid"] for r in failure_anomalies([fail], rows)] == ["a"]
+
+
+@pytest.mark.unit
+def test_report_lines_explain_each_code_the_report_counts() -> None:
+    from audit.core.explain import report_lines
+
+    report = [{"stage": "log", "duplicate_in_log": 2, "lost_acked": 0, "missed": None},
+              {"stage": "log", "duplicate_in_log": 1},
+              {"stage": "group:g", "missed": 1, "duplicate_in_log": None}]
+    dup, missed = v.explanation(v.LOG, "duplicate_in_log"), v.explanation(v.GROUP, "missed")
+    assert report_lines(report) == [f"  log duplicate_in_log (3): {dup.cause}", f"      fix: {dup.remedy}",
+                                    f"  group missed (1): {missed.cause}", f"      fix: {missed.remedy}"]
+    assert report_lines([{"stage": "log", "duplicate_in_log": 0}]) == []
+
+
+@pytest.mark.unit
+def test_the_demo_report_ends_with_the_causes_and_the_producers_behind_them() -> None:
+    from audit.lab.demo import format_causes
+
+    report = [{"stage": "log", "duplicate_in_log": 2}, {"stage": "group:g", "missed": 0}]
+    anomalies = [{"stage": "log", "anomaly": "duplicate_in_log", "pid": "p-3"}] * 2
+    dup = v.explanation(v.LOG, "duplicate_in_log")
+    assert format_causes(report, anomalies, [_settings("p-3", idempotence=False)]).splitlines() == [
+        "Likely causes (docs/design.md §5)", f"  log duplicate_in_log (2): {dup.cause}", f"      fix: {dup.remedy}",
+        "Producer settings behind them (producer_settings)",
+        "  duplicate_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "
+        "(retries=5, max.in.flight=5): set enable.idempotence=true"]
+    assert format_causes(report, anomalies, []).splitlines()[-1] == f"      fix: {dup.remedy}"
+    assert format_causes([{"stage": "log", "duplicate_in_log": 0}], [], []) == ""

@@ -119,6 +119,30 @@ def test_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
     assert by_topic[idem_topic] == {"lost": 0, "duplicated": 0, "reordered": 0}
     assert by_topic[reorder_topic] == {"lost": 0, "duplicated": 0, "reordered": 5}
     assert by_topic[amo_topic] == {"lost": 5, "duplicated": 0, "reordered": 0}
+    # The producers of the duplicating and reordering scenarios recorded idempotence off at start;
+    # reconcile copied those settings to the report store, and the explanation names them.
+    from audit.core.explain import SETTINGS_CODES, producer_lines
+    from audit.serving.report_store import ReportStore
+
+    with ReportStore(proxied_result.cfg.report_store) as store:
+        rows = store.anomaly_pids([dup_topic, idem_topic, reorder_topic], None, None, SETTINGS_CODES)
+        settings = store.settings_of(r["pid"] for r in rows)
+    assert sorted({(r["topic"], r["anomaly"]) for r in rows}) == sorted(
+        [(dup_topic, "duplicate_in_log"), (reorder_topic, "reordered_in_log")])
+    assert {s["pid"] for s in settings} == {r["pid"] for r in rows}
+    assert [(s["acks"], s["enable_idempotence"]) for s in settings] == [("all", False)] * len(settings)
+    expected = []
+    for code, topic in (("duplicate_in_log", dup_topic), ("reordered_in_log", reorder_topic)):
+        for s in settings:
+            n = sum(r["rows"] for r in rows if r["pid"] == s["pid"] and r["anomaly"] == code and r["topic"] == topic)
+            if n:
+                who = f"producer {s['producer']} (session {s['pid']})" if s["producer"] else f"producer session {s['pid']}"
+                expected.append((n, code, f"{code} ({n} row{'' if n == 1 else 's'}): {who} ran with "
+                                 f"enable.idempotence=false (retries={s['retries']}, max.in.flight={s['max_in_flight']}): "
+                                 "set enable.idempotence=true"))
+    assert sum(n for n, code, _ in expected if code == "duplicate_in_log") == 10
+    assert sum(n for n, code, _ in expected if code == "reordered_in_log") == 5
+    assert producer_lines(rows, settings) == [line for _, _, line in sorted(expected, key=lambda e: (-e[0], e[1]))]
 
 
 # -- the comparison and the demo's plumbing, without a broker ------------------------------------

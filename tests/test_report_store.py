@@ -89,7 +89,8 @@ def sla_row(window_start: datetime = W0, topic: str = "orders", partition: int =
 
 def test_tables_and_views_are_created_on_first_use(store: ReportStore) -> None:
     inspector = sa.inspect(store.engine)
-    assert sorted(inspector.get_table_names()) == ["audit_anomalies", "audit_partition_report", "doctor_risks", "sla_results"]
+    assert sorted(inspector.get_table_names()) == ["audit_anomalies", "audit_partition_report", "doctor_risks",
+                                                   "producer_settings", "sla_results"]
     assert sorted(inspector.get_view_names()) == sorted(VIEW_NAMES)
     report_cols = [c["name"] for c in inspector.get_columns("audit_partition_report")]
     assert report_cols[:18] == ["window_start", "window_end", "topic", "partition", "stage", "expected",
@@ -223,3 +224,35 @@ def test_sqlite_parent_folder_is_created(tmp_path: Path) -> None:
     assert s.read("audit_partition_report") == []
     assert (tmp_path / "a" / "b" / "report.db").is_file()
     s.close()
+
+
+def test_producer_settings_are_stored_per_pid_and_name_the_producers_behind_failed_checks(
+        store: ReportStore) -> None:
+    """record_settings keeps one row per pid (a pid stored again is replaced), settings_of reads
+    the asked pids only, a row without a required column is one clear error; anomaly_pids counts
+    the settings-decided anomaly rows per pid, and failure_producer_lines names the sessions behind
+    failed log checks."""
+    t = datetime(2026, 11, 21, 9, tzinfo=UTC)
+    row = {"pid": "p-3", "producer": "orders-svc", "start_ts": t, "acks": "1", "enable_idempotence": False,
+           "retries": 5, "max_in_flight": 5, "transactional_id": None, "mode": "python"}
+    assert store.record_settings([row, {**row, "pid": "p-4", "producer": None}]) == 2
+    assert store.record_settings([{**row, "acks": "all"}]) == 1
+    assert store.settings_of(["p-3", "nobody"]) == [{**row, "acks": "all"}]
+    assert [r["pid"] for r in store.settings_of(["p-4", "p-3"])] == ["p-3", "p-4"]
+    assert store.settings_of([]) == []
+    with pytest.raises(InputError, match="producer_settings row 0: column 'acks' is required"):
+        store.record_settings([{**row, "acks": None}])
+
+    store.replace_window("audit_anomalies", "orders", W0, [
+        anomaly_row(anomaly="duplicate_in_log", pid="p-3", seq=1), anomaly_row(anomaly="duplicate_in_log", pid="p-3", seq=2),
+        anomaly_row(anomaly="lost_acked", pid="p-4"), anomaly_row(anomaly="unledgered", pid="p-3")])
+    assert store.anomaly_pids(["orders"], W0, W0 + timedelta(hours=1), ["duplicate_in_log", "lost_acked"]) == [
+        {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "anomaly": "duplicate_in_log",
+         "pid": "p-3", "rows": 2},
+        {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "anomaly": "lost_acked",
+         "pid": "p-4", "rows": 1}]
+    failed = {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "rule": "max_duplicate_ratio"}
+    assert store.failure_producer_lines([failed]) == [
+        "duplicate_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "
+        "(retries=5, max.in.flight=5): set enable.idempotence=true"]
+    assert store.failure_producer_lines([{**failed, "stage": "group:g", "rule": "max_lost"}]) == []

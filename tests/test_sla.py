@@ -126,6 +126,29 @@ class Checked:
     stored: list[dict[str, Any]]
 
 
+def _anomaly(partition: int, code: str, pid: str, seq: int) -> dict[str, Any]:
+    return {"window_start": W0, "topic": "orders", "partition": partition, "stage": "log", "anomaly": code,
+            "pid": pid, "seq": seq, "offset": seq, "detail": "", "run_id": "r1", "computed_at": W2}
+
+
+# The published anomaly rows of orders' log at W0 and the settings of their producer sessions (as
+# reconcile publishes them): p-3 ran without idempotence, p-4 with acks=1, p-5 recorded no settings;
+# partition 0's duplicate passes its rule, so p-9 is not named.
+ANOMALY_ROWS = [_anomaly(1, "duplicate_in_log", "p-3", 1), _anomaly(1, "duplicate_in_log", "p-3", 2),
+                _anomaly(1, "reordered_in_log", "p-3", 3), _anomaly(1, "lost_acked", "p-4", 0),
+                _anomaly(1, "lost_acked", "p-5", 0), _anomaly(0, "duplicate_in_log", "p-9", 0)]
+SETTINGS_ROWS = [{"pid": pid, "producer": producer, "start_ts": W0, "acks": acks, "enable_idempotence": idem,
+                  "retries": 5, "max_in_flight": 5, "transactional_id": None, "mode": "librdkafka"}
+                 for pid, producer, acks, idem in (("p-3", "orders-svc", "all", False), ("p-4", None, "1", True),
+                                                   ("p-9", None, "all", False))]
+PRODUCER_LINES = [
+    "duplicate_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false (retries=5, "
+    "max.in.flight=5): set enable.idempotence=true",
+    "lost_acked (1 row): producer session p-4 ran with acks=1: set acks=all (and min.insync.replicas >= 2)",
+    "reordered_in_log (1 row): producer orders-svc (session p-3) ran with enable.idempotence=false (retries=5, "
+    "max.in.flight=5): set enable.idempotence=true",
+]
+
 STALE_IN_RANGE = sla(W0, "orders", 9, "log", "max_lost", 9.0, 0.0, False)
 KEPT_OUT_OF_RANGE = sla(W2, "orders", 0, "log", "max_lost", 10.0, 0.0, False)
 
@@ -139,6 +162,8 @@ def checked(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ch
     store = ReportStore(cfg.report_store)
     store.replace_window("sla_results", "orders", W0, [STALE_IN_RANGE])  # from an older run: must go
     store.replace_window("sla_results", "orders", W2, [KEPT_OUT_OF_RANGE])  # another range: must stay
+    store.replace_window("audit_anomalies", "orders", W0, ANOMALY_ROWS)
+    store.record_settings(SETTINGS_ROWS)
     outcome = check_sla(spark, cfg, W0, W2, checked_at=CHECKED, data_docs_dir=root / "docs")
     yield Checked(cfg, outcome, store.read("sla_results"))
     store.close()
@@ -188,7 +213,10 @@ def test_table_summarises_and_lists_failures(checked: Checked) -> None:
     assert len(failures) == 10
     assert ("  ERROR  2026-11-21T10:00:00+00:00  orders[1]  log  min_completeness: 0.98 (expected >= 0.99)"
             in failures)
-    causes = lines[lines.index("Likely causes (docs/design.md §5):") + 1:]
+    producers = "Producer settings behind them (producer_settings):"
+    assert checked.outcome.producer_lines == PRODUCER_LINES
+    assert lines[lines.index(producers) - 1:] == ["", producers, *(f"  {line}" for line in PRODUCER_LINES)]
+    causes = lines[lines.index("Likely causes (docs/design.md §5):") + 1:lines.index(producers) - 1]
     failed = sorted({(r["stage"].split(":")[0], r["rule"]) for r in checked.outcome.rows if not r["passed"]})
     assert [line.split(":")[0].strip() for line in causes[::2]] == [
         f"{kind} {rule} <- {code}" for kind, rule in failed for code, _ in v.rule_explanations(rule, kind)]

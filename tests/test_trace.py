@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,31 @@ def traced_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Config:
                                 "topics": TOPICS}, source="<test>", base=root)
     h, _ = build_cases()
     write_lake(spark, cfg.lake, h.inputs())
+    # Kafka keys (the hand-written history has none): "k-7" on both copies of dup:0, on miss:1 and on
+    # the record without audit id at 8@0; "k-8" on ghost:0
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    log = DeltaTable.forPath(spark, f"{cfg.lake}/log_records")
+    for key, where in (("k-7", "(partition = 4 AND pid = 'dup') OR (partition = 11 AND offset = 1) OR partition = 8"),
+                       ("k-8", "partition = 3")):
+        log.update(F.expr(where), {"key": F.lit(key)})
     write_delta_sink(spark, root / "sinks" / "s1", h.sinks["s1"])
+    # The settings two producer sessions recorded at start: reconcile copies them to the report store
+    # for the log anomalies they explain (reo's reordering, lost's loss)
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_jobs.io.schemas import PRODUCER_SETTINGS
+
+    (spark.createDataFrame([(*row, "2026-11-21T09") for row in SETTINGS], StructType(
+        [*PRODUCER_SETTINGS.fields, StructField("part_hour", StringType())]))
+     .write.format("delta").partitionBy("part_hour").save(f"{cfg.lake}/producer_settings"))
     reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
     return cfg
+
+
+SETTINGS = [("orders-svc", "reo", datetime(2026, 11, 21, 9, tzinfo=UTC), "all", False, 5, 5, None, "python"),
+            ("orders-svc", "lost", datetime(2026, 11, 21, 9, tzinfo=UTC), "1", True, 3, 1, None, "librdkafka")]
 
 
 def _why(kind: str, code: str) -> list[str]:
@@ -55,6 +78,25 @@ DUP_TIMELINE = [
     "anomalies: 1",
     "  [2026-11-21T10:00Z] log duplicate_in_log at 4@1: extra copy of offset 4:0",
     *_why("log", "duplicate_in_log"),
+]
+MISS_TIMELINE = [
+    "trace t message miss:1, log position(s) 11@1",
+    "  2026-11-21T10:06:00.000Z  produce  miss:1 -> partition 11: acked at offset 1 (ack +5 ms)",
+    "  2026-11-21T10:06:00.002Z  log      11@1 miss:1 committed",
+    "",
+    "anomalies: 1",
+    "  [2026-11-21T10:00Z] group:g1 missed at 11@1: never processed, below committed offset 2",
+    *_why("group", "missed"),
+]
+UNAUDITED_TIMELINE = [  # a record with a malformed audit.seq: traced by its position
+    "trace t message (no audit id), log position(s) 8@0",
+    "  2026-11-21T10:05:00.002Z  log      8@0 (no audit id) committed, header error: audit.seq: not an integer",
+    "  2026-11-21T10:05:06.000Z  group    g1: processed 8@0 attempt 1 by c1 (consume_seq 15)",
+    "  2026-11-21T10:05:12.000Z  sink     s1: row 8@0 (no audit id)",
+    "",
+    "anomalies: 1",
+    "  [2026-11-21T10:00Z] log unaudited at 8@0: audit.seq: not an integer",
+    *_why("log", "unaudited"),
 ]
 REDEL_TIMELINE = [
     "trace t message redel:0, log position(s) 13@0",
@@ -77,6 +119,11 @@ def test_a_message_is_named_one_way() -> None:
     for bad in ({}, {"pid": "p"}, {"pid": "p", "seq": 1, "partition": 0, "offset": 1}, {"offset": 3}):
         with pytest.raises(InputError, match="name one message"):
             TraceQuery(TOPIC, **bad)
+    with_key: tuple[dict[str, Any], ...] = (
+        {"key": "k", "pid": "p", "seq": 1}, {"key": "k", "partition": 0, "offset": 1}, {"key": "k", "seq": 1})
+    for bad_key in with_key:
+        with pytest.raises(InputError, match="name one message"):
+            TraceQuery(TOPIC, **bad_key)
 
 
 @pytest.mark.spark
@@ -90,15 +137,7 @@ def test_trace_shows_the_journey_and_the_anomalies_with_their_explanation(
     assert dup.splitlines() == DUP_TIMELINE
     # by position: the offset the group committed past without processing it
     miss = format_timeline(trace_message(spark, cfg, TraceQuery(TOPIC, partition=11, offset=1)))
-    assert miss.splitlines() == [
-        "trace t message miss:1, log position(s) 11@1",
-        "  2026-11-21T10:06:00.000Z  produce  miss:1 -> partition 11: acked at offset 1 (ack +5 ms)",
-        "  2026-11-21T10:06:00.002Z  log      11@1 miss:1 committed",
-        "",
-        "anomalies: 1",
-        "  [2026-11-21T10:00Z] group:g1 missed at 11@1: never processed, below committed offset 2",
-        *_why("group", "missed"),
-    ]
+    assert miss.splitlines() == MISS_TIMELINE
     redel = format_timeline(trace_message(spark, cfg, TraceQuery(TOPIC, pid="redel", seq=0)))
     assert redel.splitlines() == REDEL_TIMELINE
 
@@ -156,6 +195,14 @@ def test_dashboard_anomaly_rows_link_to_their_timeline(traced_lake: Config, tmp_
             assert b.evaluate("document.querySelectorAll('script').length") == 2  # the CSP frame, no more
             assert {u.rsplit("/", 1)[-1] for u in b.requests if not u.startswith(("data:", "blob:"))} == {
                 "plotly.min.js", f"{timeline_file(TOPIC, T0)}"}
+        # on the topic page, under the codes table: the producer sessions whose recorded settings
+        # caused log anomalies
+        b.open(page.resolve().as_uri())
+        assert b.evaluate("[...document.querySelectorAll('#producer-settings li')].map(e => e.textContent)") == [
+            "lost_acked (1 row): producer orders-svc (session lost) ran with acks=1: set acks=all "
+            "(and min.insync.replicas >= 2)",
+            "reordered_in_log (1 row): producer orders-svc (session reo) ran with enable.idempotence=false "
+            "(retries=5, max.in.flight=5): set enable.idempotence=true"]
 
 
 @pytest.mark.unit
@@ -191,3 +238,62 @@ def test_the_explanation_uses_the_producer_settings_when_the_lake_has_them() -> 
         *_why("log", "lost_acked"),
         "      this producer ran with acks=1: set acks=all (and min.insync.replicas >= 2)",
     ]
+
+
+@pytest.mark.spark
+def test_trace_by_key_shows_every_message_with_that_key_in_produce_order(
+        spark: Any, traced_lake: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    from audit import cli
+
+    def run(*extra: str) -> str:
+        args = cli.build_parser().parse_args(["trace", "--topic", TOPIC, *extra])
+        capsys.readouterr()
+        assert cli.COMMANDS["trace"](args, traced_lake) == 0
+        return capsys.readouterr().out
+
+    # three messages: dup:0 (two copies in the log, one message), the record without audit id at
+    # 8@0 (by its position) and miss:1, in produce order
+    assert run("--key", "k-7").splitlines() == [
+        "key 'k-7' on topic t: 3 messages in produce order: dup:0, 8@0, miss:1",
+        "", *DUP_TIMELINE, "", *UNAUDITED_TIMELINE, "", *MISS_TIMELINE]
+    assert run("--key", "k-7", "--limit", "1").splitlines() == [
+        "key 'k-7' on topic t: 3 messages in produce order: dup:0, 8@0, miss:1",
+        "", *DUP_TIMELINE,
+        "", "2 more message(s) not shown (--limit 1): 8@0, miss:1"]
+    got = json.loads(run("--key", "k-8", "--json"))
+    assert (got["topic"], got["key"], got["messages"], len(got["traces"])) == (TOPIC, "k-8", ["ghost:0"], 1)
+    ghost = got["traces"][0]
+    assert (ghost["ids"], ghost["positions"], [r["key"] for r in ghost["log"]]) == ([["ghost", 0]], [[3, 0]], ["k-8"])
+    assert [(a["anomaly"], a["cause"]) for a in ghost["anomalies"]] == [
+        ("ghost_write", explanation("log", "ghost_write").cause)]
+    assert run("--key", "nobody's").splitlines() == [
+        "key \"nobody's\" on topic t: no captured log record carries this key (keys are read from the captured "
+        "log: a message the log never held, or in windows not captured yet, is not found)"]
+    assert json.loads(run("--key", "k-9", "--json")) == {"topic": TOPIC, "key": "k-9", "messages": [], "traces": []}
+
+
+@pytest.mark.spark
+def test_reconcile_publishes_the_settings_behind_its_log_anomalies_and_explains_its_report(traced_lake: Config) -> None:
+    """Reconcile copied to the report store the settings of the sessions its settings-decided log
+    anomalies name (reo, lost; not dup, which recorded none), and `msgaudit reconcile` ends with the
+    cause and fix of each code its report counts, then the setting of each such producer."""
+    from audit.core.explain import report_lines
+    from audit.serving.report_store import PARTITION_REPORT, ReportStore
+    from spark_jobs.pipeline.steps import explain_report
+
+    with ReportStore(traced_lake.report_store) as store:
+        stored = store.settings_of(["reo", "lost", "dup"])
+        report = store.read(PARTITION_REPORT)
+    assert [(r["pid"], r["producer"], r["acks"], r["enable_idempotence"], r["retries"], r["max_in_flight"], r["mode"])
+            for r in stored] == [("lost", "orders-svc", "1", True, 3, 1, "librdkafka"),
+                                 ("reo", "orders-svc", "all", False, 5, 5, "python")]
+    lines = explain_report(traced_lake, report, T0, T0.replace(hour=11), None)
+    for kind, code in (("log", "lost_acked"), ("log", "reordered_in_log"), ("group", "missed")):
+        e = explanation(kind, code)
+        assert lines[lines.index(f"  {kind} {code} (1): {e.cause}") + 1] == f"      fix: {e.remedy}"
+    assert lines == ["", "Likely causes (docs/design.md §5):", *report_lines(report), "",
+                     "Producer settings behind them (producer_settings):",
+                     "  lost_acked (1 row): producer orders-svc (session lost) ran with acks=1: set acks=all "
+                     "(and min.insync.replicas >= 2)",
+                     "  reordered_in_log (1 row): producer orders-svc (session reo) ran with enable.idempotence=false "
+                     "(retries=5, max.in.flight=5): set enable.idempotence=true"]

@@ -29,6 +29,7 @@ from typing import Any
 
 from audit.core.config import Config
 from audit.core.errors import BrokerError
+from audit.core.kafka_conf import internal_client_conf
 from audit.core.vocabulary import ERROR, WARN
 
 
@@ -72,7 +73,7 @@ def diagnose(cfg: Config, topics: list[str] | None = None, horizon: timedelta = 
     from confluent_kafka.admin import AdminClient
 
     now = now or datetime.now(UTC)
-    admin = AdminClient(dict(cfg.kafka))
+    admin = AdminClient(internal_client_conf(cfg.kafka))
     names = topics or list(cfg.topics)
     try:
         meta = admin.list_topics(timeout=15)
@@ -182,7 +183,7 @@ def dlq_risks(cfg: Config, topics: list[str], existing: set[str], now: datetime)
 def _partitions(cfg: Config, topic: str) -> list[int]:
     from confluent_kafka.admin import AdminClient
 
-    meta = AdminClient(dict(cfg.kafka)).list_topics(topic, timeout=15)
+    meta = AdminClient(internal_client_conf(cfg.kafka)).list_topics(topic, timeout=15)
     return sorted(meta.topics[topic].partitions)
 
 

@@ -43,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import OPEN_SUFFIX, SEALED_SUFFIX, recover_orphans, sealed_segments
 from audit.core.errors import BrokerError, ConfigError
+from audit.core.kafka_conf import internal_client_conf
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ def connection_settings(kafka: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def shipper_conf(kafka: Mapping[str, Any]) -> dict[str, Any]:
-    conf = {**SHIPPER_DEFAULTS, **{k: v for k, v in kafka.items() if k not in ("transactional.id", "group.id")}}
+    conf = internal_client_conf({**SHIPPER_DEFAULTS,
+                                 **{k: v for k, v in kafka.items() if k not in ("transactional.id", "group.id")}})
     if "bootstrap.servers" not in conf:
         raise ConfigError("ledger topic: no 'bootstrap.servers' in the ledger's kafka settings")
     return conf

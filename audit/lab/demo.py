@@ -79,6 +79,21 @@ def format_anomalies(rows_by_topic: dict[str, list[dict[str, Any]]]) -> str:
                   [(t, s, a, str(n)) for (t, s, a), n in sorted(counts.items())])
 
 
+def format_causes(report: Sequence[dict[str, Any]], anomalies: Sequence[dict[str, Any]],
+                  settings: Sequence[dict[str, Any]]) -> str:
+    """The cause and fix of each code the report counts, then the producer sessions whose recorded
+    settings caused log anomalies (`audit.core.explain`); empty when the report counts none."""
+    from audit.core.explain import producer_lines, report_lines
+
+    lines = report_lines(report)
+    if not lines:
+        return ""
+    named = producer_lines(anomalies, settings)
+    return "\n".join(["Likely causes (docs/design.md §5)", *lines,
+                      *(["Producer settings behind them (producer_settings)", *(f"  {x}" for x in named)]
+                        if named else [])])
+
+
 def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     widths = [max(len(head[i]), *(len(row[i]) for row in body)) if body else len(head[i]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -163,6 +178,14 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
     print()
     print("Anomaly summary")
     print(format_anomalies(result.anomalies))
+    rows = [r for topic_rows in result.anomalies.values() for r in topic_rows]
+    from audit.serving.report_store import ReportStore
+
+    with ReportStore(result.cfg.report_store) as store:
+        causes = format_causes(result.report, rows, store.settings_of(r["pid"] for r in rows if r.get("pid")))
+    if causes:
+        print()
+        print(causes)
     if result.sla is not None:
         from spark_jobs.sla import format_table
 

@@ -88,6 +88,8 @@ class Alert:
     sla_breach: bool
     error: str
     failed_rules: tuple[FailedRule, ...] = field(default=())
+    # The producer sessions whose recorded settings explain failed log checks (producer_failure_lines).
+    producer_lines: tuple[str, ...] = field(default=())
 
     @property
     def subject(self) -> str:
@@ -100,6 +102,7 @@ class Alert:
                  + (f", topics {', '.join(self.topics)}" if self.topics else "")]
         lines += [f"  - {r.describe()}" for r in self.failed_rules]
         lines += _why(self.failed_rules)
+        lines += [f"  producer: {line}" for line in self.producer_lines]
         if not self.failed_rules:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -162,6 +165,15 @@ def failed_rules(report_store_url: str, start: datetime, end: datetime,
                                               r.stage or "", r.rule)))
 
 
+def producer_failure_lines(report_store_url: str, rules: Sequence[FailedRule]) -> tuple[str, ...]:
+    """The producer sessions behind failed log checks, named with their recorded settings
+    (`ReportStore.failure_producer_lines`; the same lines `msgaudit sla` prints)."""
+    from audit.serving.report_store import ReportStore
+
+    with ReportStore(report_store_url) as store:
+        return tuple(store.failure_producer_lines([asdict(r) for r in rules]))
+
+
 def _iso(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
@@ -200,12 +212,14 @@ def build_alert(context: Mapping[str, Any]) -> Alert:
     code = exit_code_of(exception, task)
     breach = submit["step"] == "sla" and code == SLA_EXIT_CODE
     rules: tuple[FailedRule, ...] = ()
+    producers: tuple[str, ...] = ()
     if breach and start is not None and end is not None:
         try:
             from audit.core import config as config_mod
 
             cfg = config_mod.load(submit["config"] or _variable(VAR_CONFIG, DEFAULT_CONFIG))
             rules = failed_rules(cfg.report_store, start, end, submit["topics"])
+            producers = producer_failure_lines(cfg.report_store, rules)
         except Exception as e:  # the alert must go out even when the store cannot say why
             log.warning("msgaudit alerts: could not read the failed SLA rules: %s", e)
     dag_run = context.get("dag_run")
@@ -222,6 +236,7 @@ def build_alert(context: Mapping[str, Any]) -> Alert:
         sla_breach=breach,
         error=str(exception) if exception is not None else "",
         failed_rules=rules,
+        producer_lines=producers,
     )
 
 

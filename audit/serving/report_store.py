@@ -1,7 +1,8 @@
 """The report store: the SQL copy of the audit outputs that BI tools, the SLA check and the dashboard read.
 
 Three SQLAlchemy Core tables (docs/design.md §4) -- `audit_partition_report`, `audit_anomalies`,
-`sla_results` -- plus read-only views for BI tools (`VIEW_NAMES`), created on first use on any
+`sla_results` -- plus `doctor_risks` and `producer_settings` (the settings of the producer sessions
+the published log anomalies name), plus read-only views for BI tools (`VIEW_NAMES`), created on first use on any
 SQLAlchemy URL (SQLite file by default, PostgreSQL in production). Writers replace one
 (table, topic, window_start) at a time in a single transaction, so every publish is idempotent.
 
@@ -139,6 +140,23 @@ doctor_risks = sa.Table(
     _c("risk", _TEXT, pk=True),
     _c("severity", _TEXT, nullable=False),
     _c("detail", _TEXT, nullable=False),
+)
+
+PRODUCER_SETTINGS = "producer_settings"
+# The delivery settings of the producer sessions the published anomalies name (docs/design.md §4.4),
+# copied from the lake's producer_settings by reconcile's publish, so the SLA step, the alerts and
+# the dashboard can name the setting behind a log anomaly without the lake. One row per pid.
+producer_settings = sa.Table(
+    PRODUCER_SETTINGS, metadata,
+    _c("pid", _TEXT, pk=True),
+    _c("producer", _TEXT),
+    _c("start_ts", _TS, nullable=False),
+    _c("acks", _TEXT, nullable=False),
+    _c("enable_idempotence", sa.Boolean(), nullable=False),
+    _c("retries", _LONG),
+    _c("max_in_flight", _LONG),
+    _c("transactional_id", _TEXT),
+    _c("mode", _TEXT),
 )
 
 # Read order of each table: its identity, then the rest, so `read` is deterministic on every dialect.
@@ -492,6 +510,80 @@ class ReportStore:
             rows = conn.execute(sa.select(t).where(t.c.checked_at == last, t.c.risk != "none")
                                 .order_by(t.c.severity, t.c.topic, t.c.subject, t.c.risk)).mappings()
             return last, [dict(r) for r in rows]
+
+    def record_settings(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Store producer sessions' settings (`producer_settings` rows; a pid already stored is
+        replaced, the first of several rows of one pid kept). Returns the number of pids stored."""
+        t = producer_settings
+        clean: dict[str, dict[str, Any]] = {}
+        for i, row in enumerate(rows):
+            out = {c.name: row.get(c.name) for c in t.c}
+            for c in t.c:
+                if out[c.name] is None and not c.nullable:
+                    raise InputError(f"{PRODUCER_SETTINGS} row {i}: column {c.name!r} is required")
+            out["start_ts"] = _check_datetime(out["start_ts"], f"{PRODUCER_SETTINGS} row {i}: start_ts")
+            clean.setdefault(str(out["pid"]), out)
+        if not clean:
+            return 0
+        self._ensure_schema()
+        with self._engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.pid.in_(sorted(clean))))
+            conn.execute(t.insert(), [clean[p] for p in sorted(clean)])
+        return len(clean)
+
+    def settings_of(self, pids: Iterable[str]) -> list[dict[str, Any]]:
+        """The stored `producer_settings` rows of these pids, by pid."""
+        wanted = sorted({p for p in pids if p is not None})
+        if not wanted:
+            return []
+        t = producer_settings
+        self._ensure_schema()
+        out: list[dict[str, Any]] = []
+        with self._engine.connect() as conn:
+            for i in range(0, len(wanted), 500):
+                out += [dict(r) for r in conn.execute(sa.select(t).where(t.c.pid.in_(wanted[i:i + 500]))).mappings()]
+        return sorted(out, key=lambda r: r["pid"])
+
+    def anomaly_pids(self, topics: Sequence[str] | None, start: datetime | None, end: datetime | None,
+                     codes: Sequence[str]) -> list[dict[str, Any]]:
+        """Anomaly rows of windows starting in [start, end) (None: unbounded) with one of `codes`,
+        counted per (window_start, topic, partition, stage, anomaly, pid) as `rows` (one GROUP BY,
+        not every row)."""
+        t = anomalies
+        keys = [t.c.window_start, t.c.topic, t.c.partition, t.c.stage, t.c.anomaly, t.c.pid]
+        query = (sa.select(*keys, sa.func.count().label("rows"))
+                 .where(t.c.anomaly.in_(list(codes)), t.c.pid.is_not(None))
+                 .group_by(*keys).order_by(*keys))
+        if start is not None:
+            query = query.where(t.c.window_start >= _check_datetime(start, "start"))
+        if end is not None:
+            query = query.where(t.c.window_start < _check_datetime(end, "end"))
+        if topics:
+            query = query.where(t.c.topic.in_(list(topics)))
+        self._ensure_schema()
+        with self._engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        for r in rows:
+            r["window_start"] = UtcDateTime().process_result_value(r["window_start"], self._engine.dialect)
+        return rows
+
+    def failure_producer_lines(self, failures: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The producer sessions behind failed SLA checks (rows with window_start, topic, partition,
+        stage, rule): `audit.core.explain.producer_lines` over the log anomaly rows those checks
+        count, with the settings stored for their pids (none stored: no line)."""
+        from datetime import timedelta
+
+        from audit.core.explain import SETTINGS_CODES, failure_anomalies, instant, producer_lines
+        from audit.core.vocabulary import LOG, stage_kind
+
+        logs = [f for f in failures if f.get("stage") and stage_kind(f["stage"]) == LOG]
+        if not logs:
+            return []
+        starts = [instant(f["window_start"]) for f in logs]
+        rows = self.anomaly_pids(sorted({f["topic"] for f in logs}), min(starts),
+                                 max(starts) + timedelta(microseconds=1), SETTINGS_CODES)
+        behind = failure_anomalies(logs, rows)
+        return producer_lines(behind, self.settings_of(a["pid"] for a in behind)) if behind else []
 
     def windows(self, table: str, topic: str | None = None) -> list[datetime]:
         """Distinct window starts present in `table` (optionally for one topic), ascending."""

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from audit.core.explain import setting_remedy
 from audit.core.vocabulary import explanation, stage_kind
+
+__all__ = ["format_key_traces", "format_timeline", "key_traces_json", "setting_remedy", "to_json"]
 
 
 def _utc(t: Any) -> datetime | None:
@@ -27,7 +30,7 @@ def _pos(r: Mapping[str, Any]) -> str:
 
 
 def _id(r: Mapping[str, Any]) -> str:
-    return f"{r['pid']}:{r['seq']}" if r.get("pid") is not None else "(no audit id)"
+    return f"{r['pid']}:{r['seq']}" if r.get("pid") is not None and r.get("seq") is not None else "(no audit id)"
 
 
 def _ms(a: Any, b: Any) -> str:
@@ -38,24 +41,6 @@ def _ms(a: Any, b: Any) -> str:
 def _settings_text(r: Mapping[str, Any]) -> str:
     return (f"acks={r['acks']}, enable.idempotence={'true' if r['enable_idempotence'] else 'false'}, "
             f"retries={r['retries']}, max.in.flight={r['max_in_flight']}")
-
-
-def setting_remedy(code: str, settings: Sequence[Mapping[str, Any]]) -> str | None:
-    """What the producer's recorded settings say about a log-stage anomaly (None: nothing specific)."""
-    if not settings:
-        return None
-    s = settings[0]
-    if code in ("duplicate_in_log", "reordered_in_log"):
-        if not s["enable_idempotence"]:
-            return (f"this producer ran with enable.idempotence=false (retries={s['retries']}, "
-                    f"max.in.flight={s['max_in_flight']}): set enable.idempotence=true")
-        return "this producer was idempotent: the copies come from separate sends or producer sessions"
-    if code == "lost_acked":
-        if s["acks"] != "all":
-            return f"this producer ran with acks={s['acks']}: set acks=all (and min.insync.replicas >= 2)"
-        return ("this producer used acks=all: look for an unclean leader election or min.insync.replicas=1 "
-                "(msgaudit doctor)")
-    return None
 
 
 def _events(trace: Mapping[str, Any]) -> list[tuple[datetime | None, int, str]]:
@@ -134,6 +119,33 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _json_obj(trace: Mapping[str, Any]) -> Any:
+    return _plain({**trace, "anomalies": _anomalies(trace)})
+
+
 def to_json(trace: Mapping[str, Any]) -> str:
     """The same rows as JSON (timestamps ISO 8601 UTC; anomalies with cause and remedy)."""
-    return json.dumps(_plain({**trace, "anomalies": _anomalies(trace)}), indent=2, sort_keys=True)
+    return json.dumps(_json_obj(trace), indent=2, sort_keys=True)
+
+
+def format_key_traces(result: Mapping[str, Any]) -> str:
+    """`msgaudit trace --key`: one line naming every message the key names, in produce order, then
+    the timeline of each shown one (blank line between), then how many were left out."""
+    names, traces = result["messages"], result["traces"]
+    head = f"key {result['key']!r} on topic {result['topic']}"
+    if not names:
+        return (f"{head}: no captured log record carries this key (keys are read from the captured log: "
+                "a message the log never held, or in windows not captured yet, is not found)")
+    lines = [f"{head}: {len(names)} message{'' if len(names) == 1 else 's'} in produce order: {', '.join(names)}"]
+    for t in traces:
+        lines += ["", format_timeline(t)]
+    if len(traces) < len(names):
+        lines += ["", f"{len(names) - len(traces)} more message(s) not shown (--limit {len(traces)}): "
+                  f"{', '.join(names[len(traces):])}"]
+    return "\n".join(lines)
+
+
+def key_traces_json(result: Mapping[str, Any]) -> str:
+    """The same as JSON: {topic, key, messages, traces} (each trace as `to_json` prints it)."""
+    return json.dumps({"topic": result["topic"], "key": result["key"], "messages": list(result["messages"]),
+                       "traces": [_json_obj(t) for t in result["traces"]]}, indent=2, sort_keys=True)

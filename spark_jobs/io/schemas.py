@@ -68,6 +68,9 @@ LOG_RECORDS = _s(
     ("committed", BooleanType(), False),
     ("header_error", StringType(), True),
     ("captured_at", TimestampType(), False),
+    # The record's Kafka key as text (UTF-8), null when it has none: what `msgaudit trace --key`
+    # finds messages by. Null in rows captured before this column existed.
+    ("key", StringType(), True),
 )
 
 CONSUMED_RECORDS = _s(

@@ -10,7 +10,7 @@ parse time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -82,12 +82,36 @@ def run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: bo
         results = reconcile_range(spark, cfg, start, end, as_of, topics, progress=progress)
         for r in results:
             out(summary_line(r))
+        for line in explain_report(cfg, [row for r in results for row in r.report], start, end, topics):
+            out(line)
         return results
     from spark_jobs.sla import check_sla, format_table
 
     outcome = check_sla(spark, cfg, start, end, topics, checked_at=rng.as_of, data_docs_dir=data_docs)
     out(format_table(outcome))
     return outcome
+
+
+def explain_report(cfg: Config, report: Sequence[Mapping[str, Any]], start: datetime, end: datetime,
+                   topics: Sequence[str] | None) -> list[str]:
+    """What `msgaudit reconcile` prints after its summary lines: the cause and remedy of each code
+    the report counts (`audit.core.explain.report_lines`), then the producer sessions whose recorded
+    settings caused log anomalies of the range (from the report store, where reconcile published
+    them)."""
+    from audit.core.explain import SETTINGS_CODES, producer_lines, report_lines
+    from audit.serving.report_store import ReportStore
+
+    lines = report_lines(report)
+    if not lines:
+        return []
+    out = ["", "Likely causes (docs/design.md §5):", *lines]
+    if any(row.get(code) for row in report for code in SETTINGS_CODES):
+        with ReportStore(cfg.report_store) as store:
+            behind = store.anomaly_pids(topics, start, end, SETTINGS_CODES)
+            named = producer_lines(behind, store.settings_of(b["pid"] for b in behind))
+        if named:
+            out += ["", "Producer settings behind them (producer_settings):", *[f"  {line}" for line in named]]
+    return out
 
 
 def sla_breach_message(outcome: Any, start: datetime, end: datetime) -> str | None:

@@ -53,13 +53,31 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                              replace_where=where)
                  for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
         anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
+        settings = _settings_of(spark, cfg, anomaly_rows)
         with ReportStore(cfg.report_store) as store:
             for t in topics:
                 store.replace_window(PARTITION_REPORT, t, ws, reports[t])
                 store.replace_window(ANOMALIES, t, ws, [r for r in anomaly_rows if r["topic"] == t])
+            store.record_settings(settings)
         for f in delta:
             f.result()  # a failed commit raises here
     return anomaly_rows
+
+
+def _settings_of(spark: SparkSession, cfg: Config, anomaly_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The lake's `producer_settings` rows of the pids named by log anomalies their settings decide
+    (`audit.core.explain.SETTINGS_CODES`), for the report store: the SLA step, the alerts and the
+    dashboard name the setting behind an anomaly from there. No such anomaly: no read."""
+    from audit.core.explain import SETTINGS_CODES
+    from audit.core.vocabulary import LOG, stage_kind
+    from spark_jobs.io.lake import read_table, table_exists
+
+    pids = sorted({r["pid"] for r in anomaly_rows
+                   if r["anomaly"] in SETTINGS_CODES and stage_kind(r["stage"]) == LOG and r["pid"] is not None})
+    if not pids or not table_exists(spark, cfg, "producer_settings"):
+        return []
+    rows = read_table(spark, cfg, "producer_settings").where(F.col("pid").isin(pids)).drop("part_hour").collect()
+    return sorted((_aware(r.asDict()) for r in rows), key=lambda r: (r["pid"], r["start_ts"]))
 
 
 def _aware(row: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,19 @@ CREATE TABLE doctor_risks (
 	PRIMARY KEY (checked_at, topic, subject, risk)
 );
 
+CREATE TABLE producer_settings (
+	pid TEXT NOT NULL,
+	producer TEXT,
+	start_ts TIMESTAMP WITH TIME ZONE NOT NULL,
+	acks TEXT NOT NULL,
+	enable_idempotence BOOLEAN NOT NULL,
+	retries BIGINT,
+	max_in_flight BIGINT,
+	transactional_id TEXT,
+	mode TEXT,
+	PRIMARY KEY (pid)
+);
+
 CREATE TABLE sla_results (
 	window_start TIMESTAMP WITH TIME ZONE NOT NULL,
 	topic TEXT NOT NULL,

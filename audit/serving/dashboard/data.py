@@ -19,7 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from audit.core.errors import InputError
-from audit.core.vocabulary import ERROR, REPORT_CODE_COLUMNS, SLA_CHECK_STATUSES, WARN
+from audit.core.explain import SETTINGS_CODES, producer_lines
+from audit.core.vocabulary import ERROR, LOG, REPORT_CODE_COLUMNS, SLA_CHECK_STATUSES, WARN, stage_kind
 from audit.serving.report_store import ReportStore
 from audit.serving.report_store import anomalies as anomalies_t
 from audit.serving.report_store import partition_report as report_t
@@ -198,6 +199,8 @@ class TopicData:
     anomaly_total: int = 0
     anomaly_counts: list[tuple[str, str, int]] = field(default_factory=list)  # (stage, code, rows)
     anomalies: list[dict[str, Any]] = field(default_factory=list)  # newest first, at most MAX_ANOMALY_ROWS
+    # The producer sessions whose recorded settings caused log anomalies (audit.core.explain.producer_lines).
+    producer_lines: list[str] = field(default_factory=list)
 
 
 def _grouped(rows: Iterator[Any]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -260,4 +263,7 @@ def topics_data(store: ReportStore, scope: Scope, topics: Sequence[str],
                                a.c.seq.asc().nulls_first())
                      .limit(max_anomalies))
                 data.anomalies = [dict(m) for m in aconn.execute(q).mappings()]
+            if any(code in SETTINGS_CODES and stage_kind(st) == LOG for st, code, _ in data.anomaly_counts):
+                behind = store.anomaly_pids([topic], scope.start, scope.end, SETTINGS_CODES)
+                data.producer_lines = producer_lines(behind, store.settings_of(b["pid"] for b in behind))
             yield data

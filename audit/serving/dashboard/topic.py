@@ -192,7 +192,11 @@ def _codes_table(d: TopicData) -> str:
             for st, code in sorted(keys, key=order)]
     if not rows:
         return '<p class="note">No anomaly in this range.</p>'
-    return table(["stage", "code", "report count", "anomaly rows", "likely cause", "remedy"], rows, "codes")
+    out = table(["stage", "code", "report count", "anomaly rows", "likely cause", "remedy"], rows, "codes")
+    if d.producer_lines:
+        out += ('<h3>Producer settings behind them</h3><ul id="producer-settings">'
+                + "".join(f"<li>{esc(line)}</li>" for line in d.producer_lines) + "</ul>")
+    return out
 
 
 def anomaly_row_id(row: dict[str, Any]) -> str:
