@@ -78,6 +78,7 @@ from spark_jobs.reconcile.inputs import (
     read_window_inputs,
     restrict,
 )
+from spark_jobs.reconcile.mirror import mirror_x
 from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
 from spark_jobs.reconcile.outputs import write_outputs
 from spark_jobs.reconcile.params import Lookups, collect_lookups, window_params
@@ -206,6 +207,8 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys), params))
     narrow = narrow_units(typed, units, params)
     facts = simple_facts(typed, params, tc).unionByName(classify(units, tc))
+    if (mirrored := mirror_x(ledger, vis.log, vis.mirror_log, vis.mirror_watermarks, tc, ws, as_of)) is not None:
+        facts = facts.unionByName(mirrored)  # stage mirror:<m>, its own module
     x = facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 

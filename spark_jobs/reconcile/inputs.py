@@ -34,6 +34,8 @@ class WindowInputs:
     group_offsets: DataFrame | None
     watermarks: DataFrame | None
     sinks: Mapping[str, DataFrame] = field(default_factory=dict)
+    mirror_log: DataFrame | None = None  # mirror_records of the topic (stage mirror:<m>), visibility in mirror.py
+    mirror_watermarks: DataFrame | None = None
 
 
 def restrict(inputs: WindowInputs, tc: TopicConfig, ws: datetime) -> WindowInputs:
@@ -54,7 +56,8 @@ def restrict(inputs: WindowInputs, tc: TopicConfig, ws: datetime) -> WindowInput
     sinks = {name: df.where(topic & (F.col("sink_ts").isNull()
                                      | between(F.col("sink_ts"), rr.event_lo, rr.event_hi)))
              for name, df in inputs.sinks.items()}
-    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks)
+    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
+                        inputs.mirror_log, inputs.mirror_watermarks)
 
 
 def ledger_is_valid() -> Any:
@@ -96,7 +99,12 @@ def read_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig, ws: da
     elif table_exists(spark, cfg, "group_offsets"):
         group_offsets = small("group_offsets")
     sinks = {s.name: read_sink(spark, s, tc.name) for s in tc.sinks}
-    return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks)
+    mirror_log = mirror_watermarks = None
+    if tc.mirrors:
+        mirror_log = pruned("mirror_records", m_lo, m_hi) if table_exists(spark, cfg, "mirror_records") else None
+        if table_exists(spark, cfg, "mirror_watermarks"):
+            mirror_watermarks = small("mirror_watermarks")
+    return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks)
 
 
 def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig) -> None:
