@@ -120,6 +120,10 @@ class LocalMirrorMaker:
             # groups are small, and a coarse sync would make the translated offset approximate
             "offset.lag.max": "0",
         }
+        # Connect worker settings apply only with the target cluster's prefix (MM2 builds each flow's
+        # worker config from `<target>.`-prefixed keys); the plain keys above are kept for readers
+        for key in ("plugin.discovery", "offset.flush.interval.ms"):
+            props[f"{t}.{key}"] = props[key]
         if self.exactly_once:
             props[f"{t}.exactly.once.source.support"] = "enabled"
         props.update(self.extra)
