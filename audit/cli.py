@@ -21,12 +21,17 @@ from audit.core.errors import MsgauditError
 EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
+    "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
+               "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
+               "  msgaudit cluster stop",
     "ingest": "msgaudit ingest --config msgaudit.yaml",
+    "ship": "msgaudit ship --config msgaudit.yaml   # on each host, after a ledger-topic outage or from cron",
     "capture": "msgaudit capture --start 2026-11-21T10:00Z --end 2026-11-21T12:00Z",
     "reconcile": "msgaudit reconcile --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --as-of 2026-11-21T11:15Z",
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out dashboard --start 2026-11-20T00:00Z --end 2026-11-22T00:00Z\n"
+                 "  msgaudit dashboard --out dashboard --timelines off   # rows show `msgaudit trace ...` instead\n"
                  "  msgaudit dashboard --out dashboard --topic orders   # then open dashboard/index.html",
     "doctor": "msgaudit doctor --horizon-hours 24   # exit 3 on an error-severity risk",
     "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json",
@@ -47,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=None, metavar="FILE",
                         help="config file (default: ./msgaudit.yaml if present, else embedded defaults)")
+    common.add_argument("--verbose", action="store_true",
+                        help="also show Spark/JVM output and warnings (default: they go to $MSGAUDIT_HOME/logs/msgaudit.log)")
     parser = argparse.ArgumentParser(
         prog="msgaudit",
         description="Prove, per topic-partition and window, that every Kafka message reached the log, "
@@ -69,7 +76,28 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
     k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
+    cl = add("cluster", "Run a local Spark standalone cluster (a master and workers, each its own JVM, bound to "
+             "127.0.0.1) and submit pipeline steps to it with spark-submit (jars from the cache, this code "
+             "as --py-files, the step's output on the terminal, Spark's logs in the cluster folder).")
+    cl.add_argument("action", choices=["start", "stop", "status", "submit"])
+    cl.add_argument("step", nargs="?", metavar="STEP",
+                    help="submit: the pipeline step (ingest, capture, reconcile, sla)")
+    for flag, what in (("--start", "window range start, ISO 8601 UTC"), ("--end", "window range end (exclusive)"),
+                       ("--as-of", "reconcile: judge as of this instant; sla: its checked_at")):
+        cl.add_argument(flag, default=None, help=f"submit: {what}")
+    cl.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="submit: only this topic (repeatable)")
+    cl.add_argument("--port", type=int, default=7077, help="master port (default 7077)")
+    cl.add_argument("--workers", type=int, default=2, help="start: number of worker JVMs (default 2)")
+    cl.add_argument("--cores", type=int, default=1, help="start: cores per worker (default 1)")
+    cl.add_argument("--memory", default="1g", help="start: memory per worker for its executors (default 1g)")
+    cl.add_argument("--dir", default=None, help="cluster folder: state, logs, work dirs (default $MSGAUDIT_HOME/spark-cluster)")
+    cl.add_argument("--print", action="store_true", help="submit: print the spark-submit command instead of running it")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
+    sh = add("ship", "Ship this host's ledger spool (<ledger_dir>/producer, <ledger_dir>/consumer) to the ledger "
+             "topic of `ledger: {topic: ...}`: every sealed segment not yet marked shipped (dead writers' "
+             "segments are sealed first); exit 2 when the topic cannot take them (run it again later).")
+    sh.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one segment's acknowledgements "
+                    "(default 60)")
     _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
                 as_of="judge as of this instant (default: now); same inputs + same as-of = same rows")
@@ -89,12 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--end", default=None, help="end (exclusive) of the windows to show (default: all)")
     d.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every topic in the report store)")
+    d.add_argument("--timelines", choices=["auto", "on", "off"], default="auto",
+                   help="link each anomaly row to its message's timeline, read from the lake in one Spark pass "
+                   "(auto: when the config's lake holds ledger or log tables; off: rows show the trace command)")
     doc = add("doctor", "Report the loss risks of the audited topics before they cause loss: unclean leader "
-              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon.")
+              "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon, "
+              "producers running with acks != all or without idempotence (from the lake).")
     doc.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="only this topic (repeatable)")
     doc.add_argument("--horizon-hours", type=float, default=24.0,
                      help="flag a group whose oldest unprocessed record expires within this many hours (default 24)")
     doc.add_argument("--min-replication-factor", type=int, default=2, help="warn below this (default 2)")
+    doc.add_argument("--producer-hours", type=float, default=24.0,
+                     help="check the settings (acks, idempotence) of producer sessions started within this many "
+                     "hours, from the lake's producer_settings (default 24; 0: skip, no Spark)")
     tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
              "sink rows and the anomalies naming it, with their cause and remedy.")
     tr.add_argument("--topic", required=True, help="the message's topic")
@@ -133,6 +168,16 @@ def _kafka(args: argparse.Namespace, cfg: Any) -> int:
     return cli_kafka(args, cfg)
 
 
+def _cluster(args: argparse.Namespace, cfg: Any) -> int:
+    if args.action == "submit":
+        from spark_jobs.pipeline.submit import cli_cluster_submit
+
+        return cli_cluster_submit(args, cfg)
+    from audit.runtime.local_spark import cli_cluster
+
+    return cli_cluster(args, cfg)
+
+
 def _step(args: argparse.Namespace, cfg: Any) -> int:
     """ingest / capture / reconcile / sla: one pipeline step over the given range."""
     from audit.core.errors import SlaFailed
@@ -153,7 +198,8 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
 
         topic_partitions(cfg, selected_topics(cfg, rng.topics))  # a missing topic fails before a JVM starts
     if args.command == "ingest":
-        print(f"ingest: ledgers under {cfg.ledger_dir} -> Delta tables under {cfg.lake}", flush=True)
+        source = f"ledger topic {cfg.ledger.topic}" if cfg.ledger is not None else f"ledgers under {cfg.ledger_dir}"
+        print(f"ingest: {source} -> Delta tables under {cfg.lake}", flush=True)
     from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name=f"msgaudit-{args.command}")
@@ -167,6 +213,18 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
     return 0
 
 
+def _ship(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.clients.ledger_ship import ship_spool
+    from audit.core.errors import ConfigError
+
+    if cfg.ledger is None:
+        raise ConfigError(f"{cfg.source}: no ledger topic configured (add `ledger: {{topic: ..., kafka: {{...}}}}`)")
+    print(f"ship: spool {cfg.ledger_dir} -> ledger topic {cfg.ledger.topic}", flush=True)
+    result = ship_spool(cfg.ledger_dir, cfg.ledger.kafka, cfg.ledger.topic, timeout=args.timeout, progress=print)
+    print(result.summary(cfg.ledger.topic))
+    return 0
+
+
 def _backfill(args: argparse.Namespace, cfg: Any) -> int:
     from spark_jobs.pipeline.backfill import cli_backfill
 
@@ -176,13 +234,40 @@ def _backfill(args: argparse.Namespace, cfg: Any) -> int:
 def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     from audit.serving.dashboard import cli_dashboard
 
-    return cli_dashboard(args, cfg)
+    tracer = None
+    if args.timelines != "off":
+        from spark_jobs.trace import lake_has_tables, lake_tracer
+
+        if args.timelines == "on" or lake_has_tables(cfg):
+            tracer = lake_tracer(cfg)
+    return cli_dashboard(args, cfg, tracer)
 
 
 def _doctor(args: argparse.Namespace, cfg: Any) -> int:
     from audit.clients.doctor import cli_doctor
 
-    return cli_doctor(args, cfg)
+    producers = None
+    if args.producer_hours > 0:
+        from spark_jobs.trace import lake_has_tables
+
+        if lake_has_tables(cfg, ("producer_settings",)):
+            from datetime import UTC, datetime, timedelta
+
+            from spark_jobs.io.session import build_spark
+            from spark_jobs.trace import producer_sessions
+
+            since = datetime.now(UTC) - timedelta(hours=args.producer_hours)
+            producers = producer_sessions(build_spark(cfg, app_name="msgaudit-doctor"), cfg, since)
+    def record(risks: list[Any]) -> None:
+        from dataclasses import asdict
+        from datetime import UTC, datetime
+
+        from audit.serving.report_store import ReportStore
+
+        with ReportStore(cfg.report_store) as store:
+            store.record_risks(datetime.now(UTC), [asdict(r) for r in risks])
+
+    return cli_doctor(args, cfg, producers, record)
 
 
 def _trace(args: argparse.Namespace, cfg: Any) -> int:
@@ -205,18 +290,29 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 
 # command -> function(args, config) -> exit code
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
-    "setup": _setup, "kafka": _kafka, "ingest": _step, "capture": _step, "reconcile": _step,
+    "setup": _setup, "kafka": _kafka, "cluster": _cluster, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
-    "trace": _trace, "doctor": _doctor,
+    "trace": _trace, "doctor": _doctor, "ship": _ship,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        import os
+
+        from audit.runtime.quiet import ENV_VERBOSE
+
+        os.environ[ENV_VERBOSE] = "1"
+    home, log_offset = None, 0
     try:
         from audit.core import config as config_mod
+        from audit.runtime import quiet
 
         cfg = config_mod.load(args.config)
+        home = cfg.home
+        log_offset = quiet.log_size(home)
+        quiet.python_warnings_to_log(home)
         return int(COMMANDS[args.command](args, cfg) or 0)
     except MsgauditError as e:
         print(f"msgaudit {args.command}: error: {e}", file=sys.stderr)
@@ -224,6 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"msgaudit {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if home is not None:
+            from audit.runtime import quiet
+
+            quiet.notice(home, log_offset, args.command)
 
 
 if __name__ == "__main__":

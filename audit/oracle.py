@@ -28,7 +28,10 @@ Units and windows
 - Produce time of a unit: min ledger produce_ts, else min log produce_ts (header audit.ts), else
   min kafka_ts, else min captured_at, else min consume_ts, else min sink_ts. A unit belongs to the
   window containing its produce time; every anomaly of a unit is reported in that window.
-- Ledger status of a message with several ledger rows: aborted > acked > failed. Its acked row is
+- Ledger status of a message with several ledger rows: aborted > acked > failed; and a message
+  whose acked row points at its own record in the log and that record is uncommitted is aborted
+  (clients that cannot see a transaction's abort -- the Java interceptor, the librdkafka plugin --
+  ledger such records `acked`; the log's abort marker says what became of them). Its acked row is
   the acked row with the lowest (partition, offset).
 - The "original" copy of a message in the log is the committed copy at the acked (partition,
   offset) if there is one, else the lowest (partition, offset); every other committed copy is an
@@ -59,9 +62,13 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
 - expected = committed records; delivered = committed records processed at least once.
 - Per record, g's outcomes in (consume_ts, consume_seq, consumer) order. Not processed:
   `dead_lettered` if any outcome is dead_lettered; else `pending` within grace; else
-  `retry_overdue` if g has only `failed` outcomes for it (detail: the last one's attempt and
-  consumer); else `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
-  < g's latest captured committed offset; else `overdue`.
+  `retry_overdue` if g has only `failed` outcomes for it (detail: the last one's attempt,
+  consumer and, when the row has one, error); else `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
+  < g's committed offset (the latest captured one, or the highest `committed` row of g's consumer
+  interceptor, whichever is higher); else `overdue`.
+- "Processed" means a `processed` or a `handed` outcome (PROCESSING_OUTCOMES): a group audited by
+  the Java consumer interceptor is judged on what poll() handed to the application. `committed`
+  rows are not outcomes of a record; they only give g's committed offset.
 - A committed record with no processed or dead_lettered outcome of g, whose unit has a row in a
   sink fed by g (sink config `group == g`; matched to the unit as the sink stage matches it, by
   (pid, seq), or by (partition, offset) for unaudited records), counts as processed by g: it is
@@ -106,7 +113,9 @@ from audit.core.config import TopicConfig
 from audit.core.percentiles import latency_columns
 from audit.core.report import assemble_report, code_counts
 from audit.core.vocabulary import (
+    ABORTED,
     ACKED,
+    COMMITTED,
     CONSUME_FAILED,
     DEAD_LETTERED,
     FAILED,
@@ -114,7 +123,7 @@ from audit.core.vocabulary import (
     LEDGER_STATUSES,
     LOG,
     MAX_GAP_ROWS,
-    PROCESSED,
+    PROCESSING_OUTCOMES,
     detail,
     group_stage,
     mirror_stage,
@@ -170,6 +179,7 @@ class ConsumedRow:
     consume_ts: datetime
     attempt: int = 1
     topic: str = "t"
+    error: str | None = None  # the handler's error of a failed / dead_lettered outcome
 
 
 @dataclass(frozen=True)
@@ -309,6 +319,9 @@ class _Unit:
         statuses = {r.status for r in self.ledger}
         for s in LEDGER_STATUS_PRECEDENCE:
             if s in statuses:
+                if s == ACKED and (ack := self.acked_row) is not None and any(
+                        not r.committed and (r.partition, r.offset) == (ack.partition, ack.offset) for r in self.log):
+                    return ABORTED  # its own record at the acked offset is uncommitted: its transaction aborted
                 return s
         return None
 
@@ -376,12 +389,19 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     for go in sorted((go for go in inputs.group_offsets if go.topic == topic),
                      key=lambda go: (go.captured_at, -1 if go.committed_offset is None else go.committed_offset)):
         committed_offset[(go.group, go.partition)] = go.committed_offset
+    # `committed` rows (the consumer interceptor's onCommit) are g's own word on its committed
+    # offset, not outcomes of the record at that offset: the higher of them and the snapshot counts.
+    for c in consumed:
+        if c.outcome == COMMITTED:
+            known = committed_offset.get((c.group, c.partition))
+            committed_offset[(c.group, c.partition)] = c.offset if known is None else max(known, c.offset)
+    consumed = [c for c in consumed if c.outcome != COMMITTED]
 
     # --- order of consumption, per (group, partition): flags first processings that go backwards
     reorder: set[int] = set()
     by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
     for c in consumed:
-        if c.outcome == PROCESSED:
+        if c.outcome in PROCESSING_OUTCOMES:
             by_gp[(c.group, c.partition)].append(c)
     for procs in by_gp.values():
         seen: set[int] = set()
@@ -532,7 +552,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 outs = sorted(((c, f) for c, f in u.consumed
                                if c.group == g and (c.partition, c.offset) == (r.partition, r.offset)),
                               key=lambda cf: (cf[0].consume_ts, cf[0].consume_seq, cf[0].consumer))
-                processed = [(c, f) for c, f in outs if c.outcome == PROCESSED]
+                processed = [(c, f) for c, f in outs if c.outcome in PROCESSING_OUTCOMES]
                 if not r.committed:
                     if processed:
                         emit(stage, "aborted_read", r.partition, rpid, rseq, r.offset)
@@ -556,8 +576,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     emit(stage, "pending", r.partition, rpid, rseq, r.offset)
                 elif failed := [c for c, _ in outs if c.outcome == CONSUME_FAILED]:
                     # a retry is pending and never reached a final outcome: not `missed`
+                    last = failed[-1]
                     emit(stage, "retry_overdue", r.partition, rpid, rseq, r.offset,
-                         attempt=failed[-1].attempt, consumer=failed[-1].consumer)
+                         None if last.error is None else "error",
+                         attempt=last.attempt, consumer=last.consumer, error=last.error)
                 elif r.offset < max_lso.get(r.partition, -1):
                     emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset)
                 elif (co := committed_offset.get((g, r.partition))) is not None and r.offset < co:
@@ -584,7 +606,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 expected = True
             else:
                 coords = {(r.partition, r.offset) for r in u.committed_copies}
-                expected = any(c.group == sink.group and c.outcome == PROCESSED and (c.partition, c.offset) in coords
+                expected = any(c.group == sink.group and c.outcome in PROCESSING_OUTCOMES and (c.partition, c.offset) in coords
                                for c, _ in u.consumed)
             scnt = counts[(stage, p)]
             if expected:

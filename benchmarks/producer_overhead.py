@@ -2,9 +2,11 @@
 
 Every producer uses identical librdkafka settings (idempotent, acks=all, same linger/batch) and
 a counting delivery callback. Four kinds run side by side: `plain`; `plain+headers`, a plain
-Producer sending three audit-sized static headers (what the wire and librdkafka pay for the
-headers, without any audit code); `audited(plugin)`, AuditedProducer with stamping and the
-ledger in the libmsgaudit librdkafka plugin; `audited(python)`, the pure-Python fallback. Runs are interleaved (the
+Producer sending audit-sized static headers in the form the audited producers send (one packed
+`audit.id` by default, `--header-form three` for audit.pid/seq/ts): what the wire and librdkafka
+pay for the headers, without any audit code; `audited(plugin)`, AuditedProducer with stamping and
+the ledger in the libmsgaudit librdkafka plugin; `audited(python)`, the pure-Python fallback.
+`--compare-forms` adds a plain Producer sending the other form. Runs are interleaved (the
 order rotates each repetition) so drifting load on a shared machine hits all alike; the figure
 per producer is the median over repetitions. Each run also reports the client's CPU time per
 message (every thread of this process): with the broker on the same machine, throughput ratios
@@ -13,7 +15,8 @@ include the broker's share of the CPU, while client CPU is what an application h
     .venv/bin/python benchmarks/producer_overhead.py                 # 1,000,000 messages, own broker
     .venv/bin/python benchmarks/producer_overhead.py --n 200000 --reps 3
     .venv/bin/python benchmarks/producer_overhead.py --bootstrap 127.0.0.1:9092   # running broker
-    .venv/bin/python benchmarks/producer_overhead.py --packed    # + one packed header vs three
+    .venv/bin/python benchmarks/producer_overhead.py --compare-forms   # + the other header form
+    .venv/bin/python benchmarks/producer_overhead.py --header-form three   # every side sends three
 
 Ratio lines name both sides, e.g. `ratio audited(plugin)/plain+headers: 0.97`; the last line is
 `ratio audited(plugin)/plain`.
@@ -88,21 +91,25 @@ def _drive(producer: Any, topic: str, n: int, value: bytes, headers: Any = None)
     return time.perf_counter() - t0, delivered[0], time.process_time() - c0
 
 
-# Audit-sized static headers: what the wire and the broker pay for the audit, without our code.
-STATIC_HEADERS = [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000"), ("audit.ts", b"1795290000000")]
-# The candidate single packed header (pid, seq and ts in one value), for --packed.
-PACKED_HEADER = [("audit.id", b"bench:0123456789ab/500000/1795290000000")]
+# Audit-sized static headers, per header form: what the wire and the broker pay for the audit,
+# without our code.
+STATIC_HEADERS = {
+    "three": [("audit.pid", b"bench:0123456789ab"), ("audit.seq", b"500000"), ("audit.ts", b"1795290000000")],
+    "packed": [("audit.id", b"bench:0123456789ab/500000/1795290000000")],
+}
 
 
 def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_root: Path,
-        decompose: bool, compression: str = "none", packed: bool = False) -> float:
+        decompose: bool, compression: str = "none", form: str = "packed", compare_forms: bool = False) -> float:
     value = b"x" * size
     conf = {"bootstrap.servers": bootstrap, **SETTINGS, "compression.type": compression}
+    other = "three" if form == "packed" else "packed"
     kinds = ["plain", "plain+headers", "audited(plugin)", "audited(python)"]
     if not decompose:
         kinds.remove("plain+headers")
-    if packed:
-        kinds.insert(kinds.index("plain+headers") + 1 if decompose else 1, "plain+packed")
+    if compare_forms:
+        kinds.insert(1, f"plain+{other}")
+    static = {"plain+headers": STATIC_HEADERS[form], f"plain+{other}": STATIC_HEADERS[other]}
     plugin_file = msgaudit_plugin.build()
     results: dict[str, list[float]] = {k: [] for k in kinds}
     cpu_us: dict[str, list[float]] = {k: [] for k in kinds}
@@ -116,15 +123,21 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
                 ledger = ledger_root / f"rep{rep}-{kind[8:-1]}"
                 use_plugin = kind == "audited(plugin)"
                 os.environ[msgaudit_plugin.PLUGIN_ENV] = str(plugin_file) if use_plugin else "off"
-                audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger, use_plugin=use_plugin)
+                audited = AuditedProducer(conf, producer_name="bench", ledger_dir=ledger, use_plugin=use_plugin,
+                                          header_form=form)
                 seconds, delivered, cpu = _drive(audited, topic, n, value)
                 audited.close()
-                rows = sum(seg.read_bytes().count(b"\n") for seg in sealed_segments(ledger))
-                if rows != n:
-                    raise SystemExit(f"{kind} run wrote {rows} ledger rows for {n} messages")
+                # One acked row per message; a produce() refused with a full queue (BufferError, then
+                # sent again) is a call of its own and leaves a failed row, as the contract says.
+                data = b"".join(seg.read_bytes() for seg in sealed_segments(ledger))
+                acked, rows = data.count(b'"status":"acked"'), data.count(b"\n")
+                if acked != n:
+                    raise SystemExit(f"{kind} run wrote {acked} acked ledger rows for {n} messages")
+                if rows != acked:
+                    print(f"  ({kind}: {rows - acked} failed rows for produce() calls refused with a full queue)")
                 shutil.rmtree(ledger, ignore_errors=True)
             else:
-                headers = {"plain+headers": STATIC_HEADERS, "plain+packed": PACKED_HEADER}.get(kind)
+                headers = static.get(kind)
                 seconds, delivered, cpu = _drive(Producer(conf), topic, n, value, headers)
             if delivered != n:
                 raise SystemExit(f"{kind} run delivered {delivered} of {n} messages")
@@ -134,17 +147,17 @@ def run(bootstrap: str, n: int, reps: int, partitions: int, size: int, ledger_ro
                   f"client CPU {cpu / n * 1e6:.2f} us/msg)", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"median over {reps} runs of {n:,} x {size} B messages, {partitions} partitions, "
-          f"compression {compression}:")
+          f"compression {compression}, header form {form}:")
     for k in kinds:
         print(f"  {k:>15}: {med[k]:>11,.0f} msg/s, client CPU {statistics.median(cpu_us[k]):.2f} us/msg")
     pairs = [("audited(python)", "plain"), ("audited(plugin)", "audited(python)")]
     if decompose:
         pairs = [("plain+headers", "plain"), ("audited(python)", "plain+headers"),
                  ("audited(plugin)", "plain+headers"), *pairs]
-    if packed:
-        pairs.insert(0, ("plain+packed", "plain"))
+    if compare_forms:
+        pairs.insert(0, (f"plain+{other}", "plain"))
         if decompose:
-            pairs.insert(1, ("plain+packed", "plain+headers"))
+            pairs.insert(1, ("plain+headers", f"plain+{other}"))
     for a, b in pairs:
         print(f"ratio {a}/{b}: {med[a] / med[b]:.3f}")
     ratio = med["audited(plugin)"] / med["plain"]
@@ -160,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
     ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd", "snappy", "gzip"],
                     help="compression.type for every producer (default none)")
-    ap.add_argument("--packed", action="store_true",
-                    help="also run a plain Producer sending ONE packed audit header (pid/seq/ts in one value)")
+    ap.add_argument("--header-form", default="packed", choices=["packed", "three"],
+                    help="the audit header form every side sends: one packed audit.id (default) or audit.pid/seq/ts")
+    ap.add_argument("--compare-forms", action="store_true",
+                    help="also run a plain Producer sending the other header form")
     ap.add_argument("--no-decompose", action="store_true",
                     help="skip the plain+headers runs (plain Producer sending audit-sized static headers)")
     ap.add_argument("--bootstrap", default=None,
@@ -171,14 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bootstrap:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                not args.no_decompose, args.compression, args.packed)
+                not args.no_decompose, args.compression, args.header_form, args.compare_forms)
         else:
             from audit.runtime.local_kafka import LocalKafka, free_port_block
 
             # the controller listens on port + 1
             with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
-                    not args.no_decompose, args.compression, args.packed)
+                    not args.no_decompose, args.compression, args.header_form, args.compare_forms)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -120,6 +120,7 @@ def build(size: timedelta) -> DAG:
                 conn_id="spark_default",
                 application=planned["application"],
                 jars=planned["jars"],
+                py_files=planned["py_files"],
                 conf=planned["conf"],
                 application_args=planned[step],
                 env_vars=planned["env"],

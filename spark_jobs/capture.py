@@ -68,8 +68,6 @@ WATERMARKS_TABLE = "partition_watermarks"
 LOG_PARTITION_COLUMNS = ("topic", PART_HOUR)
 DATA_COLUMNS = tuple(f.name for f in LOG_RECORDS.fields if f.name != "captured_at")
 
-# librdkafka's OFFSET_INVALID: what list_consumer_group_offsets returns for "no committed offset".
-_NO_OFFSET = -1001
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,11 +325,36 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     def c(name: str, part: str) -> Column:
         return F.col(f"{tmp[name]}_{part}")
 
-    def broken(name: str) -> Column:
+    def broken_own(name: str) -> Column:
         return c(name, "dup").isNotNull() | c(name, "bad").isNotNull()
 
-    # 2. Field rules (4-7); a field broken by rule 2 or 3 gets no further error.
-    pid = c(H.PID, "text")
+    # 1a. Rule 3a: with `audit.id` present, pid/seq/ts are its parts (split at the last two '/')
+    # when it is alone and well formed, else broken; without it, the three headers' own texts.
+    packed = c(H.ID, "text")
+    id_any = c(H.ID, "n") > 0
+    others = [(c(n, "n") > 0, n) for n in (H.PID, H.SEQ, H.TS)]
+    form_ok = packed.rlike(r"(?s)\A.*/[^/]*/[^/]*\z")
+    parts_broken = id_any & (broken_own(H.ID) | others[0][0] | others[1][0] | others[2][0] | ~form_ok)
+    parts = {H.PID: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 1),
+             H.SEQ: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 2),
+             H.TS: F.regexp_extract(packed, r"(?s)\A(.*)/([^/]*)/([^/]*)\z", 3)}
+    step1a: list[Column] = [
+        _first(*[(packed.isNotNull() & cond, f"{H.ID} together with {n}") for cond, n in others],
+               (packed.isNotNull() & ~form_ok,
+                F.concat(F.lit(f"{H.ID} is not <pid>/<seq>/<ts>: "), py_repr(packed)))).alias(f"{tmp[H.ID]}_err"),
+    ]
+    for name in (H.PID, H.SEQ, H.TS):
+        step1a += [
+            F.when(id_any, F.when(~parts_broken, parts[name])).otherwise(c(name, "text")).alias(f"{tmp[name]}_eff"),
+            F.when(id_any, parts_broken).otherwise(broken_own(name)).alias(f"{tmp[name]}_broken"),
+        ]
+    staged = staged.select("*", *step1a)
+
+    def broken(name: str) -> Column:
+        return c(name, "broken") if name in (H.PID, H.SEQ, H.TS) else broken_own(name)
+
+    # 2. Field rules (4-7); a field broken by rule 2, 3 or 3a gets no further error.
+    pid = c(H.PID, "eff")
     step2: list[Column] = [
         _first((broken(H.PID), F.lit(None).cast("string")),
                (pid.isNull(), f"missing {H.PID}"),
@@ -341,7 +364,7 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
         F.when(c(H.KEY, "text") == "", F.lit(f"{H.KEY} is empty")).alias(f"{tmp[H.KEY]}_err"),
     ]
     for name in (H.SEQ, H.TS):
-        t = c(name, "text")
+        t = c(name, "eff")
         value = t.try_cast("long")
         if name == H.TS:
             value = F.when(value <= H.MAX_TS_MS, value)
@@ -362,12 +385,13 @@ def with_audit_headers(df: DataFrame, headers_col: str = "headers") -> DataFrame
     error = F.coalesce(
         *[c(n, "dup") for n in H.AUDIT_HEADERS],
         *[c(n, "bad") for n in H.AUDIT_HEADERS],
-        *[c(n, "err") for n in H.AUDIT_HEADERS],
+        c(H.ID, "err"),
+        *[c(n, "err") for n in H.AUDIT_HEADERS if n != H.ID],
     )
     ok = {n: any_present & c(n, "err").isNull() & ~broken(n) for n in H.AUDIT_HEADERS}
     out = staged.select(
         *[F.col(f"`{f}`") for f in df.columns],
-        F.when(ok[H.PID], c(H.PID, "text")).alias("pid"),
+        F.when(ok[H.PID], c(H.PID, "eff")).alias("pid"),
         F.when(ok[H.SEQ], c(H.SEQ, "value")).alias("seq"),
         F.when(ok[H.TS], c(H.TS, "value")).alias("ts_ms"),
         F.when(ok[H.KEY], c(H.KEY, "text")).alias("audit_key"),
@@ -478,20 +502,28 @@ def plan_topic(admin: Any, cfg: Config, topic: str, partitions: Sequence[int],
     return [plan_partition(p, low[p], high[p], lso[p], at_from[p], at_to[p]) for p in partitions]
 
 
-def group_offsets(admin: Any, cfg: Config, topic: str, partitions: Sequence[int]) -> list[tuple[str, int, int | None]]:
-    """(group, partition, committed offset or None) for every group configured on the topic."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+def group_offsets(cfg: Config, topic: str, partitions: Sequence[int]) -> list[tuple[str, int, int | None]]:
+    """(group, partition, committed offset or None) for every group configured on the topic.
+
+    Read with a consumer's OffsetFetch (`committed`), not the AdminClient's
+    `list_consumer_group_offsets`: in confluent-kafka 2.16 the latter crashed the process
+    (SIGSEGV) now and then when the coordinator answered "load in progress".
+    """
+    from confluent_kafka import KafkaException
+
+    from audit.clients.doctor import committed_offsets
 
     rows: list[tuple[str, int, int | None]] = []
     for group in cfg.topic(topic).groups:
-        # The API takes one group per request.
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
-        futures = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
-        answer = _result(futures[group], cfg, f"group {group!r} offsets on {topic!r}")
-        for tp in answer.topic_partitions:
+        try:
+            answer = committed_offsets(cfg, group, topic, list(partitions))
+        except KafkaException as e:
+            raise BrokerError(f"group {group!r} offsets on {topic!r}: Kafka at {_bootstrap(cfg)} answered: "
+                              f"{e.args[0] if e.args else e}") from None
+        for tp in answer:
             if tp.error is not None:
                 raise BrokerError(f"group {group!r} offsets on {topic!r}[{tp.partition}]: {tp.error}")
-            rows.append((group, tp.partition, None if tp.offset == _NO_OFFSET else tp.offset))
+            rows.append((group, tp.partition, None if tp.offset < 0 else tp.offset))
     return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
@@ -592,7 +624,7 @@ def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, part
                   start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> TopicCapture:
     """Snapshot group offsets and watermarks (into `snapshots`), then read and MERGE one topic."""
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
-    groups = group_offsets(admin, cfg, topic, partitions)
+    groups = group_offsets(cfg, topic, partitions)
     ranges = plan_topic(admin, cfg, topic, partitions, start, end)
     snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups]
     snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)

@@ -2,6 +2,7 @@
 
     <ledger_dir>/producer/*.jsonl  ->  producer_ledger   (partitioned by topic, part_hour of produce_ts)
     <ledger_dir>/consumer/*.jsonl  ->  consumed_records  (partitioned by topic, part_hour of consume_ts)
+    <ledger_dir>/producer_settings/*.jsonl  ->  producer_settings  (partitioned by part_hour of start_ts)
     lines that are not valid rows  ->  ledger_quarantine (table, source_file, line, reason, ingested_at)
 
 Exactly once comes from Spark's file source: a streaming read of each ledger folder with a
@@ -16,8 +17,16 @@ written is picked up by a later run. A line that is not a JSON object of the tab
 (malformed, truncated, wrong type, missing a required column, bad status) is quarantined with
 its reason and counted; the rest of its segment lands.
 
-This module reads ledger files and writes the three tables above; it must not touch any other
-table, and it must not reorder or deduplicate rows (reconcile judges duplicates).
+Consumption evidence kept in sink databases: an `exactly_once_sink` consumer writes its
+consumption rows into `msgaudit_consumed_records` in the sink's database, in the same
+transaction as its sink rows and offsets (docs/design.md §4.2). `ingest_sink_consumption` reads
+that table of every configured sql sink's database (JDBC, only rows written since the last run
+minus a look-back) and MERGEs them into `consumed_records` on their key (group, consumer,
+consume_seq), so re-reading a row lands nothing twice.
+
+This module reads ledger files (and the sinks' evidence tables) and writes the three tables
+above; it must not touch any other table, and it must not reorder or deduplicate rows (reconcile
+judges duplicates; the MERGE of sink evidence only refuses to land the same row twice).
 """
 
 from __future__ import annotations
@@ -44,7 +53,13 @@ from audit.core.config import Config
 from audit.core.errors import InputError
 from audit.core.vocabulary import CONSUME_OUTCOMES, LEDGER_STATUSES
 from spark_jobs.io import lake
-from spark_jobs.io.schemas import CONSUMED_RECORDS, LEDGER_QUARANTINE, PART_HOUR, PRODUCER_LEDGER
+from spark_jobs.io.schemas import (
+    CONSUMED_RECORDS,
+    LEDGER_QUARANTINE,
+    PART_HOUR,
+    PRODUCER_LEDGER,
+    PRODUCER_SETTINGS,
+)
 
 QUARANTINE_TABLE = "ledger_quarantine"
 QUARANTINE_SCHEMA = LEDGER_QUARANTINE
@@ -62,6 +77,7 @@ class LedgerSource:
     schema: StructType
     time_column: str  # its UTC hour is part_hour
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    partition_by: tuple[str, ...] = ("topic", PART_HOUR)
 
     @property
     def json_schema(self) -> StructType:
@@ -83,6 +99,9 @@ SOURCES: tuple[LedgerSource, ...] = (
                  {"status": LEDGER_STATUSES}),
     LedgerSource("consumed_records", "consumer", CONSUMED_RECORDS, "consume_ts",
                  {"outcome": CONSUME_OUTCOMES}),
+    # one row per AuditedProducer start (audit/clients/producer.py `write_settings`); no topic
+    LedgerSource("producer_settings", "producer_settings", PRODUCER_SETTINGS, "start_ts",
+                 partition_by=(PART_HOUR,)),
 )
 
 
@@ -112,7 +131,8 @@ class IngestResult:
         lines = []
         for t in self.tables.values():
             recovered = f" ({t.recovered} recovered from dead writers)" if t.recovered else ""
-            lines.append(f"ingest {t.table}: {t.landed} rows landed from {t.segments} segments{recovered}, "
+            unit = "databases" if t.table == SINK_EVIDENCE else "segments"
+            lines.append(f"ingest {t.table}: {t.landed} rows landed from {t.segments} {unit}{recovered}, "
                          f"{t.quarantined} lines quarantined")
         where = lake.table_path(cfg, QUARANTINE_TABLE)
         lines.append(f"ingest: {self.landed} rows landed, {self.quarantined} lines quarantined"
@@ -201,14 +221,14 @@ def checkpoint_dir(cfg: Config, source: LedgerSource) -> str:
     return lake.lake_location(cfg, "_checkpoints", f"ingest_{source.table}")
 
 
-def _app_id(spark: SparkSession, checkpoint: str, source: LedgerSource) -> str:
+def checkpoint_app_id(spark: SparkSession, checkpoint: str, label: str) -> str:
     """Delta idempotent-write app id, tied to the checkpoint: batch ids restart at 0 with a new
     checkpoint, and under an old app id Delta would skip those batches as already written.
     Kept in the checkpoint folder (through Hadoop's FileSystem: the lake may be s3a://...)."""
     f = f"{checkpoint}/msgaudit_app_id"
     text = lake.read_text(spark, f)
     if text is None:
-        lake.write_text(spark, f, f"msgaudit-ingest-{source.table}-{uuid.uuid4().hex}", overwrite=False)
+        lake.write_text(spark, f, f"msgaudit-{label}-{uuid.uuid4().hex}", overwrite=False)
         text = lake.read_text(spark, f)
     assert text is not None
     return text.strip()
@@ -223,12 +243,12 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
     recovered = recover_orphans(folder)
     table_path = lake.table_path(cfg, source.table)
     quarantine_path = lake.table_path(cfg, QUARANTINE_TABLE)
-    _ensure_table(spark, table_path, source.table_schema, ("topic", PART_HOUR))
+    _ensure_table(spark, table_path, source.table_schema, source.partition_by)
     _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
     if not any(p.name.endswith(".jsonl") for p in folder.iterdir()):
         # Nothing sealed at all: skip starting a stream (the tables exist for readers anyway).
         return TableIngest(source.table, 0, 0, 0, recovered)
-    app_id = _app_id(spark, checkpoint_dir(cfg, source), source)
+    app_id = checkpoint_app_id(spark, checkpoint_dir(cfg, source), f"ingest-{source.table}")
     totals = {"landed": 0, "quarantined": 0, "segments": 0}
 
     def land(batch: DataFrame, batch_id: int) -> None:
@@ -242,6 +262,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
             assert counts is not None
             # txnAppId/txnVersion: Delta skips a batch id it has already committed for this app.
             (parsed.transform(to_table_rows(source)).write.format("delta").mode("append")
+             .option("mergeSchema", "true")  # a table of an older version may lack `error`
              .option("txnAppId", app_id).option("txnVersion", batch_id).save(table_path))
             if counts["bad"]:
                 (parsed.transform(to_quarantine_rows(source)).write.format("delta").mode("append")
@@ -277,4 +298,109 @@ def ingest(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> IngestRe
     One ingest per lake at a time: it holds the lake's writer lease (`lake.writer_lease`), and a
     second one waits up to `wait_s`, then fails with LakeBusy naming the first."""
     with lake.writer_lease(spark, cfg, "msgaudit ingest", wait_s=wait_s):
-        return IngestResult({s.table: ingest_source(spark, cfg, s) for s in SOURCES})
+        tables = {s.table: ingest_source(spark, cfg, s) for s in SOURCES}
+        evidence = ingest_sink_consumption(spark, cfg)
+        if evidence.segments:
+            tables[SINK_EVIDENCE] = evidence
+        return IngestResult(tables)
+
+
+# -- consumption evidence in sink databases (exactly_once_sink) --------------------------------
+
+SINK_EVIDENCE = "consumed_records (sink databases)"
+# Rows are read from (last run's highest written_ts - look-back): a batch's rows get written_ts
+# from the consumer's clock just before its transaction commits, so the look-back covers slow
+# commits and consumer clocks up to this far apart.
+SINK_EVIDENCE_LOOKBACK_MS = 3_600_000
+_AUTOMERGE = "spark.databricks.delta.schema.autoMerge.enabled"
+
+
+def check_sink_consumption(df: DataFrame) -> DataFrame:
+    """Evidence-table rows -> `consumed_records` columns (consume_ts from epoch ms) + part_hour +
+    `reason` (null for a valid row; else the first of 'missing <column>', 'bad outcome: <v>')."""
+    cols = []
+    for f in CONSUMED_RECORDS.fields:
+        c = F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None)
+        cols.append((F.timestamp_millis(c.cast(LongType())) if isinstance(f.dataType, TimestampType) else c)
+                    .cast(f.dataType).alias(f.name))
+    ms = F.col("consume_ts").cast(LongType()) if "consume_ts" in df.columns else F.lit(None).cast(LongType())
+    out = df.select(*cols, part_hour_of_millis(ms).alias(PART_HOUR),
+                    F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("line"))
+    reason: Column = F.lit(None).cast(StringType())
+    checks = [(F.col(f"`{f.name}`").isNull(), F.lit(f"missing {f.name}"))
+              for f in CONSUMED_RECORDS.fields if not f.nullable]
+    checks.append((~F.col("outcome").isin(*CONSUME_OUTCOMES), F.concat(F.lit("bad outcome: "), F.col("outcome"))))
+    for cond, text in reversed(checks):
+        reason = F.when(cond, text).otherwise(reason)
+    return out.withColumn("reason", reason)
+
+
+def ingest_sink_consumption(spark: SparkSession, cfg: Config) -> TableIngest:
+    """Land the evidence tables of every configured sql sink's database into `consumed_records`."""
+    import hashlib
+
+    from delta.tables import DeltaTable
+
+    from spark_jobs.io import sinks_read
+
+    table_path = lake.table_path(cfg, "consumed_records")
+    quarantine_path = lake.table_path(cfg, QUARANTINE_TABLE)
+    sinks = [s for t in cfg.topics.values() for s in t.sinks]
+    totals = {"landed": 0, "quarantined": 0, "databases": 0}
+    for url in sinks_read.sql_sink_urls(sinks):
+        if not sinks_read.has_consumption_table(url):
+            continue
+        totals["databases"] += 1
+        cursor = lake.lake_location(cfg, "_checkpoints", "ingest_sink_consumption",
+                                    hashlib.sha1(url.encode()).hexdigest()[:16])
+        text = lake.read_text(spark, cursor)
+        since = int(text) - SINK_EVIDENCE_LOOKBACK_MS if text else 0
+        raw = sinks_read.read_consumption(spark, url, since).persist()
+        try:
+            top = raw.agg(F.max("written_ts")).first()
+            if top is None or top[0] is None:
+                continue
+            checked = check_sink_consumption(raw).persist()
+            try:
+                rows = checked.filter(F.col("reason").isNull()).drop("line", "reason")
+                keys = rows.select("topic", PART_HOUR).distinct().collect()
+                prune = " OR ".join(
+                    f"(t.topic = '{k['topic'].replace(chr(39), chr(39) * 2)}' AND t.{PART_HOUR} = '{k[PART_HOUR]}')"
+                    for k in keys) or "false"
+                _ensure_table(spark, table_path, SOURCES[1].table_schema, ("topic", PART_HOUR))
+                target = DeltaTable.forPath(spark, table_path)
+                before = target.history(1).select("version").first()
+                old = spark.conf.get(_AUTOMERGE, None)
+                spark.conf.set(_AUTOMERGE, "true")  # a table of an older version may lack `error`
+                try:
+                    (target.alias("t")
+                     .merge(rows.alias("s"), f"({prune}) AND t.`group` = s.`group` AND t.consumer = s.consumer "
+                                             "AND t.consume_seq = s.consume_seq")
+                     .whenNotMatchedInsertAll().execute())
+                finally:
+                    if old is None:
+                        spark.conf.unset(_AUTOMERGE)
+                    else:
+                        spark.conf.set(_AUTOMERGE, old)
+                # A MERGE that inserts nothing may not commit at all: count only a new version's rows.
+                last = target.history(1).select("version", "operationMetrics").first()
+                new_version = last is not None and (before is None or last[0] != before[0])
+                inserted = int((last[1] or {}).get("numTargetRowsInserted", 0)) if last and new_version else 0
+                bad = checked.filter(F.col("reason").isNotNull()).select(
+                    F.lit("consumed_records").alias("table"),
+                    F.lit(f"{sinks_read.redact(url)}#{sinks_read.CONSUMPTION_TABLE}").alias("source_file"),
+                    F.col("line"), F.col("reason"), F.current_timestamp().alias("ingested_at"))
+                n_bad = bad.count()
+                if n_bad:
+                    _ensure_table(spark, quarantine_path, QUARANTINE_SCHEMA, ())
+                    (DeltaTable.forPath(spark, quarantine_path).alias("t")
+                     .merge(bad.alias("s"), "t.source_file = s.source_file AND t.line = s.line")
+                     .whenNotMatchedInsertAll().execute())
+                totals["landed"] += inserted
+                totals["quarantined"] += n_bad
+            finally:
+                checked.unpersist()
+            lake.write_text(spark, cursor, str(int(top[0])))
+        finally:
+            raw.unpersist()
+    return TableIngest(SINK_EVIDENCE, totals["landed"], totals["quarantined"], totals["databases"], 0)

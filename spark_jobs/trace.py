@@ -1,23 +1,30 @@
 """`msgaudit trace`: one message's journey through the lake (docs/design.md §9).
 
 A message is named by its identity (`--pid P --seq N`) or by a position in the log
-(`--partition P --offset O`). `resolve` turns either into the identities and log positions that
-belong to it (a position's record gives its pid:seq; an identity's copies give its positions), and
-`select` keeps, in each table, the rows matching one of them: ledger rows, every copy in the log,
-every processing by every group, every sink row and the anomaly rows naming it. Both are pure
-transforms of DataFrames; `trace_message` does the reads (lake tables through `spark_jobs.io.lake`,
-sinks through `spark_jobs.io.sinks_read`). The terminal and JSON forms are in
-`audit/serving/trace_view.py`.
+(`--partition P --offset O`). `resolve` turns each named message into the identities and log
+positions that belong to it (a position's record gives its pid:seq; an identity's copies give its
+positions), and `select` keeps, in each table, the rows matching one of them: ledger rows, every
+copy in the log, every processing by every group, every sink row and the anomaly rows naming it.
+
+Both work on many messages at once, by joins against a small table of the named messages (one
+key `k` per message), so the dashboard traces every anomaly row it shows in one pass over the
+lake (`trace_messages`), and `msgaudit trace` is the same pass with one message
+(`trace_message`). Both are pure transforms of DataFrames; `trace_messages` does the reads (lake
+tables through `spark_jobs.io.lake`, sinks through `spark_jobs.io.sinks_read`). The terminal and
+JSON forms are in `audit/serving/trace_view.py`.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import reduce
+from datetime import datetime
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from audit.core.config import Config
 from audit.core.errors import InputError
@@ -27,6 +34,11 @@ TRACE_TABLES: tuple[tuple[str, str], ...] = (
     ("producer_ledger", "ledger"), ("log_records", "log"), ("consumed_records", "consumed"),
     ("audit_anomalies", "anomalies"),
 )
+
+_IDS = StructType([StructField("k", IntegerType(), False), StructField("topic", StringType(), False),
+                   StructField("pid", StringType(), False), StructField("seq", LongType(), False)])
+_POSITIONS = StructType([StructField("k", IntegerType(), False), StructField("topic", StringType(), False),
+                         StructField("partition", IntegerType(), False), StructField("offset", LongType(), False)])
 
 
 @dataclass(frozen=True)
@@ -49,59 +61,149 @@ class TraceQuery:
 
 @dataclass(frozen=True)
 class Resolved:
-    """The identities (pid, seq) and log positions (partition, offset) of the traced message."""
+    """Per named message k (its index in the query list): the identities (topic, pid, seq) and
+    log positions (topic, partition, offset) that belong to it."""
 
-    ids: frozenset[tuple[str, int]]
-    positions: frozenset[tuple[int, int]]
+    ids: frozenset[tuple[int, str, str, int]]
+    positions: frozenset[tuple[int, str, int, int]]
+
+    def frames(self, spark: SparkSession) -> tuple[DataFrame, DataFrame]:
+        return (F.broadcast(spark.createDataFrame(sorted(self.ids), _IDS)),
+                F.broadcast(spark.createDataFrame(sorted(self.positions), _POSITIONS)))
 
 
-def _matches(df: DataFrame, r: Resolved) -> Column:
-    conds = [(F.col("pid") == p) & (F.col("seq") == s) for p, s in sorted(r.ids)]
-    conds += [(F.col("partition") == p) & (F.col("offset") == o) for p, o in sorted(r.positions)]
-    return reduce(lambda a, b: a | b, conds) if conds else F.lit(False)
+def _matching(df: DataFrame, ids: DataFrame, positions: DataFrame) -> DataFrame:
+    """The rows of `df` matching a message's identity or one of its positions, each with the
+    message's key `k`; a row matching both is kept once."""
+    cols = [c for c in df.columns if c != "part_hour"]
+    by_id = df.join(ids, ["topic", "pid", "seq"]).select("k", *cols)
+    by_pos = (df.join(positions, ["topic", "partition", "offset"])
+              .join(ids.select("k", "topic", "pid", "seq"), ["k", "topic", "pid", "seq"], "left_anti")
+              .select("k", *cols))
+    return by_id.unionByName(by_pos)
 
 
-def resolve(q: TraceQuery, ledger: DataFrame | None, log: DataFrame | None) -> Resolved:
-    """The identities and positions of the message `q` names (one small collect of each table)."""
-    ids: set[tuple[str, int]] = set()
-    positions: set[tuple[int, int]] = set()
-    if q.pid is not None and q.seq is not None:
-        ids.add((q.pid, q.seq))
-    else:
-        assert q.partition is not None and q.offset is not None
-        positions.add((q.partition, q.offset))
-    tables = [t.where(F.col("topic") == q.topic) for t in (ledger, log) if t is not None]
-    for _ in range(2):  # identity -> positions -> identities of those positions
-        found = Resolved(frozenset(ids), frozenset(positions))
-        for t in tables:
-            for row in t.where(_matches(t, found)).select("pid", "seq", "partition", "offset").collect():
-                if row["pid"] is not None and row["seq"] is not None:
-                    ids.add((row["pid"], int(row["seq"])))
-                if row["offset"] is not None:
-                    positions.add((int(row["partition"]), int(row["offset"])))
+def resolve(spark: SparkSession, queries: Sequence[TraceQuery], ledger: DataFrame | None,
+            log: DataFrame | None) -> Resolved:
+    """The identities and positions of each message named (identity -> positions -> identities
+    of those positions, two rounds; one small collect per round)."""
+    ids = {(k, q.topic, q.pid, q.seq) for k, q in enumerate(queries) if q.pid is not None and q.seq is not None}
+    positions = {(k, q.topic, q.partition, q.offset) for k, q in enumerate(queries)
+                 if q.partition is not None and q.offset is not None}
+    tables = [t.select("topic", "pid", "seq", "partition", "offset") for t in (ledger, log) if t is not None]
+    if not tables:
+        return Resolved(frozenset(ids), frozenset(positions))
+    for _ in range(2):
+        id_df, pos_df = Resolved(frozenset(ids), frozenset(positions)).frames(spark)
+        found = [_matching(t, id_df, pos_df) for t in tables]
+        for row in (found[0] if len(found) == 1 else found[0].unionByName(found[1])).distinct().collect():
+            if row["pid"] is not None and row["seq"] is not None:
+                ids.add((row["k"], row["topic"], row["pid"], int(row["seq"])))
+            if row["offset"] is not None:
+                positions.add((row["k"], row["topic"], int(row["partition"]), int(row["offset"])))
     return Resolved(frozenset(ids), frozenset(positions))
 
 
-def select(df: DataFrame, topic: str, r: Resolved) -> list[dict[str, Any]]:
-    """The rows of `df` (of `topic`) that belong to the resolved message, without `part_hour`."""
-    cols = [c for c in df.columns if c != "part_hour"]
-    return [row.asDict() for row in df.where((F.col("topic") == topic) & _matches(df, r)).select(*cols).collect()]
+def _order(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple("" if v is None else str(v) for v in row.values())
 
 
-def trace_message(spark: SparkSession, cfg: Config, q: TraceQuery) -> dict[str, Any]:
-    """Read the lake and the topic's sinks; the traced rows by kind (ledger, log, consumed,
-    sinks {name: rows}, anomalies) plus `missing` (lake tables not written yet)."""
+def select(df: DataFrame, ids: DataFrame, positions: DataFrame) -> dict[int, list[dict[str, Any]]]:
+    """Per message key k: the rows of `df` that belong to it, without `part_hour`, in a stable order."""
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in _matching(df, ids, positions).collect():
+        d = row.asDict()
+        out[d.pop("k")].append(d)
+    for rows in out.values():
+        rows.sort(key=_order)
+    return out
+
+
+def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuery]) -> list[dict[str, Any]]:
+    """Read the lake and the sinks of the queried topics once; per query (same order) the traced
+    rows by kind (ledger, log, consumed, sinks {name: rows}, anomalies), the `settings` its
+    producer sessions recorded at start (`producer_settings`), plus `missing` (lake tables not
+    written yet)."""
     from spark_jobs.io.lake import read_table, table_exists
     from spark_jobs.io.sinks_read import read_sink
 
-    tc = cfg.topic(q.topic)
+    topics = sorted({q.topic for q in queries})
+    sinks = {t: cfg.topic(t).sinks for t in topics}
     frames = {name: read_table(spark, cfg, name) if table_exists(spark, cfg, name) else None
               for name, _ in TRACE_TABLES}
-    r = resolve(q, frames["producer_ledger"], frames["log_records"])
-    out: dict[str, Any] = {"topic": q.topic, "ids": sorted(r.ids), "positions": sorted(r.positions),
-                           "missing": [n for n, df in frames.items() if df is None]}
+    r = resolve(spark, queries, frames["producer_ledger"], frames["log_records"])
+    id_df, pos_df = r.frames(spark)
+    rows: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for name, key in TRACE_TABLES:
         df = frames[name]
-        out[key] = [] if df is None else select(df, q.topic, r)
-    out["sinks"] = {s.name: select(read_sink(spark, s, q.topic), q.topic, r) for s in tc.sinks}
+        rows[key] = {} if df is None else select(df, id_df, pos_df)
+    sink_rows = {(t, s.name): select(read_sink(spark, s, t), id_df, pos_df) for t in topics for s in sinks[t]}
+    # the settings each producer session recorded at start (a table of pids, not of messages)
+    settings: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    pids = sorted({pid for _, _, pid, _ in r.ids})
+    if pids and table_exists(spark, cfg, "producer_settings"):
+        for row in read_table(spark, cfg, "producer_settings").where(F.col("pid").isin(pids)).drop("part_hour").collect():
+            settings[row["pid"]].append(row.asDict())
+    missing = [n for n, df in frames.items() if df is None]
+    out = []
+    for k, q in enumerate(queries):
+        trace: dict[str, Any] = {
+            "topic": q.topic, "ids": sorted((p, s) for kk, _, p, s in r.ids if kk == k),
+            "positions": sorted((p, o) for kk, _, p, o in r.positions if kk == k), "missing": missing}
+        for _, key in TRACE_TABLES:
+            trace[key] = rows[key].get(k, [])
+        trace["sinks"] = {s.name: sink_rows[(q.topic, s.name)].get(k, []) for s in sinks[q.topic]}
+        trace["settings"] = sorted((x for _, pid in trace["ids"] for x in settings.get(pid, [])), key=_order)
+        out.append(trace)
     return out
+
+
+def trace_message(spark: SparkSession, cfg: Config, q: TraceQuery) -> dict[str, Any]:
+    """One message's trace (see `trace_messages`)."""
+    return trace_messages(spark, cfg, [q])[0]
+
+
+def lake_has_tables(cfg: Config, names: Sequence[str] = ("producer_ledger", "log_records")) -> bool:
+    """Whether the lake holds one of these tables, checked without a JVM (a lake on another
+    filesystem than the local one, s3a:// or hdfs://, is assumed to)."""
+    from pathlib import Path
+
+    lake = str(cfg.lake)
+    if "://" in lake and not lake.startswith("file://"):
+        return True
+    root = Path(lake[len("file://"):] if lake.startswith("file://") else lake)
+    return any((root / name / "_delta_log").is_dir() for name in names)
+
+
+def producer_sessions(spark: SparkSession, cfg: Config, since: datetime
+                      ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The `producer_settings` rows of producer sessions started since `since`, and per pid the
+    topics its ledger rows name (for `msgaudit doctor`)."""
+    from spark_jobs.io.lake import read_table, table_exists
+
+    if not table_exists(spark, cfg, "producer_settings"):
+        return [], {}
+    rows = [r.asDict() for r in read_table(spark, cfg, "producer_settings").where(F.col("start_ts") >= since)
+            .drop("part_hour").collect()]
+    topics_of: dict[str, list[str]] = defaultdict(list)
+    pids = sorted({r["pid"] for r in rows})
+    if pids and table_exists(spark, cfg, "producer_ledger"):
+        for r in (read_table(spark, cfg, "producer_ledger").where(F.col("pid").isin(pids))
+                  .select("pid", "topic").distinct().collect()):
+            topics_of[r["pid"]].append(r["topic"])
+    return rows, {p: sorted(t) for p, t in topics_of.items()}
+
+
+def lake_tracer(cfg: Config, spark: SparkSession | None = None) -> Callable[[Sequence[Any]], list[dict[str, Any]]]:
+    """A dashboard tracer (`audit.serving.dashboard.Tracer`): the traces of the given messages
+    (anything with topic, pid, seq, partition, offset) in one `trace_messages` pass. The Spark
+    session is started on the first call only, so a dashboard without anomaly rows needs no JVM."""
+    def tracer(refs: Sequence[Any]) -> list[dict[str, Any]]:
+        nonlocal spark
+        if spark is None:
+            from spark_jobs.io.session import build_spark
+
+            spark = build_spark(cfg, app_name="msgaudit-dashboard")
+        queries = [TraceQuery(r.topic, r.pid, r.seq, r.partition, r.offset) for r in refs]
+        return trace_messages(spark, cfg, queries)
+    return tracer

@@ -25,7 +25,7 @@ settings.register_profile("soak", max_examples=20_000, deadline=None,
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node KRaft broker on a free loopback port, from the cached jars."""
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=free_port_block(2), nodes=1)
-    broker.start()
+    broker.start(timeout=180)  # a loaded shared machine can take minutes to start a JVM
     yield broker
     broker.stop()
 
@@ -115,3 +115,31 @@ def java_producer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     src = Path(__file__).parent / "support" / "java" / "PlainProducer.java"
     subprocess.run(["javac", "-cp", cp, "-d", str(out), str(src)], check=True, capture_output=True)
     return ["java", "-cp", f"{cp}:{out}", "PlainProducer"]
+
+
+
+def _java_program(tmp_path_factory: pytest.TempPathFactory, name: str) -> list[str]:
+    """`java -cp ... <name>` for tests/support/java/<name>.java, class path as `java_producer`'s."""
+    import subprocess
+
+    from audit.runtime.jars import interceptors_jar, jars
+
+    out = tmp_path_factory.mktemp(name)
+    clients = [j for j in jars("kafka-broker") if j.name.startswith(("kafka-clients-", "slf4j-api-", "lz4-",
+                                                                      "snappy-", "zstd-"))]
+    cp = ":".join(str(j) for j in [*clients, interceptors_jar(build=True)])
+    src = Path(__file__).parent / "support" / "java" / f"{name}.java"
+    subprocess.run(["javac", "-cp", cp, "-d", str(out), str(src)], check=True, capture_output=True)
+    return ["java", "-cp", f"{cp}:{out}", name]
+
+
+@pytest.fixture(scope="session")
+def java_consumer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A plain consumer-group member (tests/support/java/PlainConsumer.java)."""
+    return _java_program(tmp_path_factory, "PlainConsumer")
+
+
+@pytest.fixture(scope="session")
+def java_txn_producer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A plain transactional producer (tests/support/java/TxnProducer.java)."""
+    return _java_program(tmp_path_factory, "TxnProducer")

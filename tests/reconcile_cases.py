@@ -83,10 +83,11 @@ class History:
                                   committed, header_error))
 
     def consume(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
-                outcome: str = "processed", group: str = GROUP, consumer: str = "c1", attempt: int = 1) -> None:
+                outcome: str = "processed", group: str = GROUP, consumer: str = "c1", attempt: int = 1,
+                error: str | None = None) -> None:
         self._cseq += 1
         self.consumed.append(ConsumedRow(group, consumer, self._cseq, partition, offset, pid, seq, outcome, t,
-                                         attempt))
+                                         attempt, error=error))
 
     def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
              t: datetime | None, name: str = SINK) -> None:
@@ -377,11 +378,13 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     exp["sink_evidence"] = []  # no missed: g1 counts both as delivered (test_oracle checks the report)
 
     # p21: the handler failed twice (attempt 1 on c1, attempt 2 on c2 after a rebalance) and the retry
-    # copy never reached a final outcome; g1 committed past it (100), yet it is not `missed`
+    # copy never reached a final outcome; g1 committed past it (100), yet it is not `missed`; the
+    # detail carries the last attempt's error
     h.produce("retry", 0, 21, 0, at(5))
     h.record("retry", 0, 21, 0, at(5))
-    h.consume("retry", 0, 21, 0, at(5.1), outcome="failed")
-    h.consume("retry", 0, 21, 0, at(5.3), outcome="failed", consumer="c2", attempt=2)
+    h.consume("retry", 0, 21, 0, at(5.1), outcome="failed", error="TimeoutError: db down")
+    h.consume("retry", 0, 21, 0, at(5.3), outcome="failed", consumer="c2", attempt=2,
+              error="KeyError: 'price'")
     exp["retry_overdue"] = [(G, "retry_overdue", 21, "retry", 0, 0)]
     return h, exp
 

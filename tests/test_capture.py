@@ -120,6 +120,9 @@ _value = st.one_of(
     st.builds(lambda n: str(n).encode(), st.integers(min_value=0, max_value=2**64)),
     st.builds(lambda s: s.encode(), _text),
     st.binary(max_size=8),
+    # the packed form <pid>/<seq>/<ts>, mostly well formed
+    st.builds(lambda p, q, t: f"{p}/{q}/{t}".encode(), _text, st.one_of(st.integers(-1, 2**64), _text),
+              st.integers(-1, 2**64)),
 )
 _headers = st.one_of(st.none(), st.lists(st.tuples(_names, _value), max_size=6))
 
@@ -186,6 +189,33 @@ def test_header_parsing_matches_python_on_hand_cases(spark: Any) -> None:
                                          "audit.ts out of range: '9223372036854775808'"]
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"case {i}: {HAND_CASES[i]!r}"
+
+
+PACKED_CASES: list[Any] = [
+    H.stamp(None, "p:1", 7, 1_700_000_000_000, form=H.PACKED),
+    H.stamp([("app.trace", b"x")], "a/b:1", 0, 5, key="k", form=H.PACKED),
+    [("audit.id", b"p:1/7")],
+    [("audit.id", b"p:1/7/17"), ("audit.pid", b"p:1")],
+    [("audit.id", b"p:1/7/17"), ("audit.seq", None)],
+    [("audit.id", b"p:1/7/17"), ("audit.id", b"p:1/7/17")],
+    [("audit.id", None), ("audit.ts", b"1")],
+    [("audit.id", b"\xff/1/2")],
+    [("audit.id", b"/x/17")],
+    [("audit.id", b"p/7/253402300800000")],
+    [("audit.id", ("\u00e9" * 65).encode() + b"/1/2")],
+    [("audit.id", b"p/7/17"), ("audit.key", b"")],
+    [("audit.id", b"//")],
+    [("audit.id", b"it's/\t/x")],
+]
+
+
+@pytest.mark.spark
+def test_packed_header_parsing_matches_python(spark: Any) -> None:
+    want = _python_parse(PACKED_CASES)
+    assert want[0] == ("p:1", 7, 1_700_000_000_000, None, None)
+    assert want[1] == ("a/b:1", 0, 5, "k", None)
+    assert [w[4] for w in want[2:4]] == ["audit.id is not <pid>/<seq>/<ts>: 'p:1/7'", "audit.id together with audit.pid"]
+    assert _spark_parse(spark, PACKED_CASES) == want
 
 
 @pytest.mark.spark

@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 from audit.clients import consumer as consumer_mod
 from audit.clients.consumer import AuditedConsumer, ConsumedRecord, HandlerFailed, RetryPolicy
 from audit.clients.ledger import recover_orphans, sealed_segments
-from audit.clients.sinks import SqlSink
+from audit.clients.sinks import CONSUMPTION_TABLE, SqlSink
 from audit.core.errors import ConfigError
 from audit.core.headers import parse, stamp
 from tests.conftest import new_topic
@@ -77,6 +77,20 @@ def run_consumer(args: Sequence[str], *, kill_at: str | None = None, kill_offset
                           text=True, timeout=timeout)
 
 
+def sink_evidence(url: str, topic: str) -> list[dict[str, Any]]:
+    """The consumption rows an exactly_once_sink consumer wrote into the sink database for `topic`
+    (a PostgreSQL database is shared by the tests)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(CONSUMPTION_TABLE):
+                return []
+            return [dict(r._mapping) for r in conn.execute(
+                sa.text(f"SELECT * FROM {CONSUMPTION_TABLE} WHERE topic = :t"), {"t": topic})]
+    finally:
+        engine.dispose()
+
+
 def sink_offsets(url: str, table: str) -> list[int]:
     engine = sa.create_engine(url)
     try:
@@ -107,10 +121,12 @@ def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 2
 
 def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, sink_url: str | None,
                sink_mode: str = "insert", output_topic: str | None = None,
-               kill_offset: int = 12) -> tuple[str, list[int], list[dict[str, Any]]]:
+               kill_offset: int = 12, ledger_topic: str | None = None,
+               extra: Sequence[str] = ()) -> tuple[str, list[int], list[dict[str, Any]]]:
     """Produce N messages, run the consumer until it dies at `kill_at`, rerun it to the end.
 
-    Returns the topic, the source offsets of the batch it died in, and the ledger rows."""
+    Returns the topic, the source offsets of the batch it died in, and the ledger rows (the
+    ledger files', or for exactly_once_sink the sink database's)."""
     topic = new_topic(bootstrap)
     produce_audited(bootstrap, topic, [{"n": i} for i in range(N)], tmp_path)
     marker = tmp_path / "marker.json"
@@ -121,6 +137,9 @@ def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, 
                  "--sink-mode", sink_mode]
     if output_topic:
         args += ["--output-topic", output_topic]
+    if ledger_topic:
+        args += ["--ledger-topic", ledger_topic]
+    args += list(extra)
     first = run_consumer(args, kill_at=kill_at, kill_offset=kill_offset)
     assert first.returncode == 137, first.stderr[-3000:]
     died_in = json.loads(marker.read_text())
@@ -129,6 +148,10 @@ def crash_case(tmp_path: Path, bootstrap: str, semantics: str, kill_at: str, *, 
     assert kill_offset in batch
     second = run_consumer(args)
     assert second.returncode == 0, second.stderr[-3000:]
+    if semantics == "exactly_once_sink":
+        assert ledger_rows(tmp_path / "ledger") == []  # its consumption rows are in the sink's commits
+        assert sink_url is not None
+        return topic, batch, sink_evidence(sink_url, topic)
     return topic, batch, ledger_rows(tmp_path / "ledger")
 
 
@@ -284,6 +307,28 @@ def test_exactly_once_sink_crash_inside_db_transaction(tmp_path: Path, kafka_boo
     assert len(batch) >= 1
     stored = SqlSink(url, "unused").read_positions(f"g-{topic}", [(topic, 0)])
     assert stored == {(topic, 0): N}
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+def test_exactly_once_sink_killed_just_after_the_db_commit_keeps_its_consumption_rows(
+        tmp_path: Path, kafka_bootstrap: str, pg_url: str) -> None:
+    """SIGKILL right after the database commit, before anything else: the batch's consumption rows
+    were in that commit, so every record -- also those the handler wrote no sink row for -- has
+    exactly one `processed` row, and the rerun starts after the batch."""
+    topic, batch, rows = crash_case(tmp_path, kafka_bootstrap, "exactly_once_sink", "sink_written",
+                                    sink_url=pg_url, sink_mode="insert", extra=["--skip-every", "3"])
+    assert 12 in batch
+    mine = [r for r in rows if r["group"] == f"g-{topic}"]
+    assert processed_offsets(mine) == Counter(range(N))
+    assert {(r["topic"], r["attempt"], r["error"]) for r in mine} == {(topic, 1, None)}
+    # The dead instance wrote everything up to its last batch, the rerun (a new instance id) the rest.
+    by_consumer = Counter(r["consumer"] for r in mine)
+    done = max(batch) + 1
+    assert sorted(by_consumer.values()) == sorted([done, N - done])
+    for consumer, count in by_consumer.items():
+        assert sorted(r["consume_seq"] for r in mine if r["consumer"] == consumer) == list(range(count))
+    assert sink_offsets(pg_url, "sink_" + topic.replace("-", "_")) == [n for n in range(N) if n % 3]
 
 
 @pytest.mark.kafka
@@ -462,6 +507,6 @@ def test_ledger_is_landed_in_the_consumer_folder_of_cfg_ledger_dir(tmp_path: Pat
     assert [(r["group"], r["offset"], r["outcome"], r["attempt"], r["consume_seq"]) for r in rows] == [
         ("g-cfg", 0, "processed", 1, 0), ("g-cfg", 1, "processed", 1, 1)]
     assert set(rows[0]) == {"group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq",
-                            "outcome", "attempt", "consume_ts"}
+                            "outcome", "attempt", "consume_ts", "error"}
     assert isinstance(rows[0]["consume_ts"], int) and rows[0]["consumer"].startswith("cfgd:")
 

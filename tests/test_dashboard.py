@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -156,7 +157,8 @@ def test_folder_pages_and_escaping(tmp_path: Path) -> None:
     assert rows_of(payments, "anomalies") == [[
         "2026-11-21 09:00", "1", "log", "unaudited", "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;",
         "", "42", "&lt;img src=x onerror=&quot;document.body.setAttribute(&#x27;data-pwned&#x27;,&#x27;yes&#x27;)&quot;&gt;",
-        f'<a href="#{row_id}" title="link to this row">#</a>']]
+        f'<a href="#{row_id}" title="link to this row">#</a>',
+        '<code title="prints the timeline of this message">msgaudit trace --topic payments --partition 1 --offset 42</code>']]
     assert (f'id="{row_id}" data-topic="payments" data-partition="1" data-offset="42" '
             'data-pid="&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" data-seq=""') in payments
 
@@ -182,6 +184,57 @@ def test_overview_size_does_not_grow_with_anomaly_rows(tmp_path: Path) -> None:
     # each code carries its cause and remedy from the vocabulary
     why = explanation("group", "redelivered")
     assert [html.escape(why.cause), html.escape(why.remedy)] in [r[4:] for r in codes if r[1] == "redelivered"]
+
+
+@pytest.mark.unit
+def test_timelines_come_from_one_tracer_call(tmp_path: Path) -> None:
+    """With a tracer, every anomaly row shown links to its message's section on the (topic, window)
+    timeline page; all messages are traced in one call, each once. (The tracer here returns empty
+    traces; the lake tracer is tested end to end in tests/test_trace.py.)"""
+    from audit.serving.dashboard import MessageRef
+    from audit.serving.dashboard.timeline import timeline_file
+    from audit.serving.trace_view import format_timeline
+
+    store = demo_store(f"sqlite:///{tmp_path / 'r.db'}")
+    calls: list[list[MessageRef]] = []
+
+    def trace(r: MessageRef) -> dict[str, object]:
+        return {"topic": r.topic, "ids": [(r.pid, r.seq)] if r.pid else [],
+                "positions": [] if r.pid else [(r.partition, r.offset)], "missing": [], "ledger": [], "log": [],
+                "consumed": [], "anomalies": [], "sinks": {}}
+
+    def tracer(refs: Sequence[MessageRef]) -> list[dict[str, object]]:
+        calls.append(list(refs))
+        return [trace(r) for r in refs]
+
+    out = tmp_path / "out"
+    render(store, out, tracer=tracer)
+    # orders: lost 1a:100-101 (08:00), duplicates 0b:7-9 (10:00 and 11:00: the same messages), reordered
+    # 2c:3 (12:00); payments: the unaudited record, by position.
+    assert calls == [[MessageRef("orders", "orders-svc:0b", s) for s in (7, 8, 9)]
+                     + [MessageRef("orders", "orders-svc:1a", s) for s in (100, 101)]
+                     + [MessageRef("orders", "orders-svc:2c", 3), MessageRef("payments", partition=1, offset=42)]]
+    files = {timeline_file(t, W0 + h * HOUR) for t, h in (("orders", 2), ("orders", 4), ("orders", 5),
+                                                           ("orders", 6), ("payments", 3))}
+    assert {p.name for p in (out / "timelines").iterdir()} == files
+    orders = (out / "topics" / "orders.html").read_text(encoding="utf-8")
+    digest = hashlib.sha1(b"orders-svc:2c").hexdigest()[:8]
+    assert rows_of(orders, "anomalies")[0][9] == (
+        f'<a class="timeline" href="../timelines/{timeline_file("orders", W0 + 6 * HOUR)}#m-p2-o77-s3-{digest}">'
+        "timeline</a>")
+    payments = (out / "timelines" / timeline_file("payments", W0 + 3 * HOUR)).read_text(encoding="utf-8")
+    rid = f"m-p1-o42-sx-{hashlib.sha1(PAYLOAD_PID.encode()).hexdigest()[:8]}"
+    ref = MessageRef("payments", partition=1, offset=42)
+    assert (f'<section id="{rid}" class="timeline"><h2>p1@42</h2><p class="note"><code>'
+            f"msgaudit trace --topic payments --partition 1 --offset 42</code></p>"
+            f'<pre class="timeline">{html.escape(format_timeline(trace(ref)))}</pre></section>') in payments
+    assert PAYLOAD_PID not in payments and len(re.findall(r"<script", payments)) == 2
+    # Without a tracer the rows show the trace command, and no timeline page is left behind.
+    render(store, out)
+    assert list((out / "timelines").iterdir()) == []
+    assert rows_of((out / "topics" / "orders.html").read_text(encoding="utf-8"), "anomalies")[0][9] == (
+        '<code title="prints the timeline of this message">'
+        "msgaudit trace --topic orders --pid orders-svc:2c --seq 3</code>")
 
 
 # ---- CLI ---------------------------------------------------------------------------------------------
@@ -328,7 +381,8 @@ def test_500_topics_in_headless_chromium(tmp_path: Path) -> None:
         # The new topic's page: its one anomaly row, the injected script shown as text and never run.
         b.open((tmp_path / "dash" / "topics" / f"{NEW_TOPIC}.html").resolve().as_uri())
         assert b.evaluate(TABLE_ROWS_JS + "('anomalies')") == [
-            ["2026-11-22 12:00", "1", "log", "unaudited", PAYLOAD_PID, "", "42", PAYLOAD_DETAIL, "#"]]
+            ["2026-11-22 12:00", "1", "log", "unaudited", PAYLOAD_PID, "", "42", PAYLOAD_DETAIL, "#",
+             f"msgaudit trace --topic {NEW_TOPIC} --partition 1 --offset 42"]]
         assert b.evaluate("[document.title, document.body.getAttribute('data-pwned'), "
                           "document.querySelectorAll('script').length]") == [f"msgaudit report: {NEW_TOPIC}", None, 2]
         if os.environ.get("MSGAUDIT_UPDATE_SCREENSHOT") == "1":
@@ -349,8 +403,8 @@ def test_500_topics_in_headless_chromium(tmp_path: Path) -> None:
             server.shutdown()
             server.server_close()
         assert b.evaluate(TABLE_ROWS_JS + "('anomalies')") == [
-            ["2026-11-21 16:00", "1", "log", "lost_acked", "t123-svc:1", str(10_000 + j), str(500 + j), "", "#"]
-            for j in range(50)]
+            ["2026-11-21 16:00", "1", "log", "lost_acked", "t123-svc:1", str(10_000 + j), str(500 + j), "", "#",
+             f"msgaudit trace --topic t123 --pid t123-svc:1 --seq {10_000 + j}"] for j in range(50)]
         assert b.evaluate("document.getElementById('anomalies').tBodies[0].rows[3].id") == (
             f"m-p1-o503-s10003-{hashlib.sha1(b't123-svc:1').hexdigest()[:8]}")
         assert b.evaluate("['fig-trend', 'fig-latency'].map(id => document.getElementById(id).data"
@@ -360,3 +414,23 @@ def test_500_topics_in_headless_chromium(tmp_path: Path) -> None:
         assert b.evaluate("['fig-trend', 'fig-latency'].map(id => document.getElementById(id).data"
                           ".map(t => t.type + ':' + t.x.length))") == [["bar:1"] * 3, ["bar:1"] * 3]
         assert len(b.evaluate(TABLE_ROWS_JS + "('anomalies')")) == 50
+
+
+@pytest.mark.unit
+def test_overview_shows_the_latest_doctor_run(tmp_path: Path) -> None:
+    store = demo_store(f"sqlite:///{tmp_path / 'r.db'}")
+    assert "No <code>msgaudit doctor</code> run stored yet." in render(store, tmp_path / "a").read_text("utf-8")
+    risk = {"topic": "orders", "subject": "topic", "risk": "min_insync_replicas", "severity": "error",
+            "detail": "min.insync.replicas=1; set >= 2"}
+    store.record_risks(W0, [risk, {**risk, "risk": "dlq_growing", "severity": "warn", "detail": PAYLOAD_DETAIL}])
+    store.record_risks(W0 + HOUR, [risk])
+    page = render(store, tmp_path / "b").read_text("utf-8")
+    assert "From the latest <code>msgaudit doctor</code> run, 2026-11-21 07:00 UTC: 1 risk(s).</p>" in page
+    assert rows_of(page, "risks") == [["error", "orders", "topic", "min_insync_replicas",
+                                       "min.insync.replicas=1; set &gt;= 2"]]
+    store.record_risks(W0 + 2 * HOUR, [])
+    page = render(store, tmp_path / "c").read_text("utf-8")
+    assert "run, 2026-11-21 08:00 UTC: no risk(s).</p>" in page and 'id="risks"' not in page
+    store.record_risks(W0 + 3 * HOUR, [{**risk, "detail": PAYLOAD_DETAIL}])
+    page = render(store, tmp_path / "d").read_text("utf-8")
+    assert PAYLOAD_DETAIL not in page and rows_of(page, "risks")[0][4] == html.escape(PAYLOAD_DETAIL)

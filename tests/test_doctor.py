@@ -3,9 +3,11 @@ with a stalled group reports exactly its risks, a safe topic none."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +41,91 @@ def test_doctor_reports_exactly_the_risks_of_the_unsafe_topic(
     # the default requires replication factor 2: the single-broker topics are flagged (warn)
     rf = [r for r in diagnose(cfg, [safe]) if r.risk == "replication_factor"]
     assert [(r.severity, r.topic, r.detail) for r in rf] == [("warn", safe, "replication factor 1 < 2")]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_doctor_reports_producers_without_acks_all_or_idempotence(
+        spark: Any, kafka_bootstrap: str, make_config: Callable[..., Config], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, libmsgaudit: Path) -> None:
+    """Each AuditedProducer records its settings at start, on both paths; ingest lands them in
+    producer_settings; doctor reports the unsafe session (acks=1, no idempotence) and not the safe one."""
+    from audit import AuditedProducer
+    from audit.clients.doctor import producer_risks
+    from spark_jobs.ingest import ingest
+    from spark_jobs.trace import producer_sessions
+
+    monkeypatch.setenv("MSGAUDIT_PLUGIN", str(libmsgaudit))
+    topic = new_topic(kafka_bootstrap, prefix="producers")
+    cfg = make_config(tmp_path, topics={topic: {}})
+    t0 = datetime.now(UTC)
+    ledger = cfg.ledger_dir / "producer"
+    with AuditedProducer(dict(cfg.kafka), producer_name="safe", ledger_dir=ledger) as safe:
+        assert safe.mode == "plugin"
+        safe.produce(topic, value=b"a")
+        safe.flush(30)
+    risky = AuditedProducer({**cfg.kafka, "acks": "1", "retries": 3, "max.in.flight.requests.per.connection": 5},
+                            producer_name="risky", ledger_dir=ledger, use_plugin=False)
+    with risky:
+        risky.produce(topic, value=b"b")
+        risky.flush(30)
+    ingest(spark, cfg)
+    rows, topics_of = producer_sessions(spark, cfg, t0 - timedelta(minutes=1))
+    got = sorted(({k: v for k, v in r.items() if k != "start_ts"} for r in rows), key=lambda r: r["producer"])
+    assert got == [
+        {"producer": "risky", "pid": risky.pid, "acks": "1", "enable_idempotence": False, "retries": 3,
+         "max_in_flight": 5, "transactional_id": None, "mode": "python"},
+        {"producer": "safe", "pid": safe.pid, "acks": "all", "enable_idempotence": True, "retries": 2147483647,
+         "max_in_flight": 1000000, "transactional_id": None, "mode": "plugin"}]
+    assert all(t0 - timedelta(seconds=1) <= r["start_ts"].replace(tzinfo=UTC) <= datetime.now(UTC) for r in rows)
+    assert topics_of == {risky.pid: [topic], safe.pid: [topic]}
+    risks = producer_risks(rows, topics_of)
+    assert [(r.severity, r.risk, r.topic, r.subject) for r in risks] == [
+        ("error", "producer_acks", topic, f"producer:risky ({risky.pid})"),
+        ("warn", "producer_idempotence", topic, f"producer:risky ({risky.pid})")]
+    assert risks[1].detail == ("enable.idempotence=false (retries=3, max.in.flight=5): a retried batch is written "
+                               "twice or out of order; set enable.idempotence=true")
+
+
+@pytest.mark.kafka
+def test_a_growing_dead_letter_topic_is_reported_and_the_run_stored(
+        kafka_bootstrap: str, make_config: Callable[..., Config], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The first run samples `<group>.dlq`; the next run after two dead letters reports them; each
+    `msgaudit doctor` run is stored in the report store (the dashboard shows the latest)."""
+    from confluent_kafka import Producer
+
+    from audit import cli
+    from audit.serving.report_store import ReportStore
+
+    topic = new_topic(kafka_bootstrap, prefix="dlqsrc", min_insync_replicas="2")
+    group = f"{topic}-loader"
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    dlq = f"{group}.dlq"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a collected client fails its futures
+    admin.create_topics([NewTopic(dlq, 2, 1)])[dlq].result(timeout=30)
+    deadline = time.monotonic() + 60  # the first doctor run must see it, or it takes no sample
+    while time.monotonic() < deadline:
+        t = admin.list_topics(dlq, timeout=10).topics.get(dlq)
+        if t is not None and t.error is None and len(t.partitions) == 2 and all(
+                pm.leader >= 0 for pm in t.partitions.values()):
+            break
+        time.sleep(0.5)
+    cfg = make_config(tmp_path, topics={topic: {"groups": [group]}})
+    args = cli.build_parser().parse_args(["doctor", "--min-replication-factor", "1", "--producer-hours", "0"])
+    assert cli.COMMANDS["doctor"](args, cfg) == 0
+    assert capsys.readouterr().out == "doctor: 0 risk(s), 0 error\n"
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(2):
+        p.produce(dlq, value=b"dead%d" % i, partition=i)
+    p.flush(30)
+    assert cli.COMMANDS["doctor"](args, cfg) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[1] == "doctor: 1 risk(s), 0 error"
+    assert out[0].startswith(f"WARN   {topic}  group:{group}  dlq_growing: {group}.dlq grew by 2 records since ")
+    assert out[0].endswith("(2 in all): messages keep failing processing")
+    with ReportStore(cfg.report_store) as store:
+        at, risks = store.latest_risks()
+    assert at is not None and [(r["severity"], r["topic"], r["subject"], r["risk"]) for r in risks] == [
+        ("warn", topic, f"group:{group}", "dlq_growing")]

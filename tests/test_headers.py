@@ -122,3 +122,47 @@ def test_stamp_then_parse_round_trips(seq: int, ts: int, name: str, key: str | N
     pid = h.new_pid(name)
     parsed = h.parse(h.stamp(user, pid, seq, ts, key))
     assert parsed == AuditHeaders(pid, seq, ts, key, None)
+
+
+# -- the packed form: one audit.id header "<pid>/<seq>/<ts>" (docs/design.md §3.1, rule 3a)
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ([("audit.id", b"p:1/7/17")], AuditHeaders("p:1", 7, 17, None, None)),
+        ([("a", b"1"), ("audit.id", b"a/b:1/7/17"), ("audit.key", b"k")], AuditHeaders("a/b:1", 7, 17, "k", None)),
+        ([("audit.id", b"p:1/7")], AuditHeaders(None, None, None, None, "audit.id is not <pid>/<seq>/<ts>: 'p:1/7'")),
+        ([("audit.id", b"p:1/7/17"), ("audit.ts", b"17")],
+         AuditHeaders(None, None, None, None, "audit.id together with audit.ts")),
+        ([("audit.id", b"p:1/7/17"), ("audit.id", b"p:1/7/17")],
+         AuditHeaders(None, None, None, None, "duplicate audit header: audit.id")),
+        ([("audit.id", None)], AuditHeaders(None, None, None, None, "audit.id has no value")),
+        ([("audit.id", b"\xff/1/2")], AuditHeaders(None, None, None, None, "audit.id is not UTF-8")),
+        ([("audit.id", b"/7/17")], AuditHeaders(None, 7, 17, None, "audit.pid is empty")),
+        ([("audit.id", b"p/x/17")], AuditHeaders("p", None, 17, None, "audit.seq not an integer: 'x'")),
+        ([("audit.id", b"p/7/253402300800000")],
+         AuditHeaders("p", 7, None, None, "audit.ts out of range: '253402300800000'")),
+        ([("audit.id", b"q" * 65 + b"/7/17")], AuditHeaders(None, 7, 17, None, "audit.pid longer than 64 chars")),
+    ],
+)
+def test_parse_rules_of_the_packed_form(headers: list[tuple[str, bytes | None]], expected: AuditHeaders) -> None:
+    assert h.parse(headers) == expected
+
+
+def test_stamp_packed_is_one_header_after_the_users_and_drops_their_audit_names() -> None:
+    stamped = h.stamp([("a", b"1"), ("audit.id", b"x/1/2"), ("audit.pid", b"y")], "p:1", 3, 5, key="k", form=h.PACKED)
+    assert stamped == [("a", b"1"), ("audit.id", b"p:1/3/5"), ("audit.key", b"k")]
+    assert h.parse(stamped) == AuditHeaders("p:1", 3, 5, "k", None)
+    assert h.user_header_error([("audit.id", b"p/1")]) == "audit.id is not <pid>/<seq>/<ts>: 'p/1'"
+    assert h.user_header_error([("audit.id", b"p/1/2")]) is None
+
+
+@given(
+    seq=st.integers(min_value=0, max_value=2**63 - 1),
+    ts=st.integers(min_value=0, max_value=h.MAX_TS_MS),
+    name=st.text(min_size=1, max_size=80),
+    key=st.one_of(st.none(), st.text(min_size=1, max_size=30)),
+)
+def test_stamp_packed_then_parse_round_trips(seq: int, ts: int, name: str, key: str | None) -> None:
+    pid = h.new_pid(name)  # a name may hold '/': the split is at the last two
+    assert h.parse(h.stamp(None, pid, seq, ts, key, form=h.PACKED)) == AuditHeaders(pid, seq, ts, key, None)

@@ -122,6 +122,11 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
     write_segment(prod, first[:3])
     write_segment(prod, first[3:])
     write_segment(cons, [crow(0), crow(1)])
+    # A producer's settings at start: one sealed one-line segment of its own (audit/clients/producer.py).
+    from audit.clients.producer import SETTINGS_DIR, settings_row, write_settings
+
+    write_settings(cfg.ledger_dir / SETTINGS_DIR, settings_row(
+        {"acks": "1", "max.in.flight": 5}, "orders-svc", "orders-svc:0123456789ab", "python", T0))
     # A live writer's open segment is not read until it is sealed.
     live = LedgerWriter(prod, "live", max_age_s=3600)
     live.append(prow(9, topic="late"))
@@ -129,7 +134,12 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
 
     r1 = ingest(spark, cfg)
     assert {t: (x.landed, x.quarantined, x.segments) for t, x in r1.tables.items()} == {
-        "producer_ledger": (6, 0, 2), "consumed_records": (2, 0, 1)}
+        "producer_ledger": (6, 0, 2), "consumed_records": (2, 0, 1), "producer_settings": (1, 0, 1)}
+    settings = lake.read_table(spark, cfg, "producer_settings").selectExpr("*", "unix_millis(start_ts) AS ms")
+    assert [r.asDict() for r in settings.drop("start_ts").collect()] == [{
+        "producer": "orders-svc", "pid": "orders-svc:0123456789ab", "acks": "1", "enable_idempotence": False,
+        "retries": 2147483647, "max_in_flight": 5, "transactional_id": None, "mode": "python", PART_HOUR: HOUR,
+        "ms": T0}]
     ledger = lake.read_table(spark, cfg, "producer_ledger")
     assert_df_equality(ledger, expected_ledger(spark, first), ignore_row_order=True, ignore_nullable=True,
                        ignore_column_order=True)
@@ -141,7 +151,7 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
     # Twice: nothing new, nothing added.
     r2 = ingest(spark, cfg)
     assert {t: (x.landed, x.quarantined, x.segments) for t, x in r2.tables.items()} == {
-        "producer_ledger": (0, 0, 0), "consumed_records": (0, 0, 0)}
+        "producer_ledger": (0, 0, 0), "consumed_records": (0, 0, 0), "producer_settings": (0, 0, 0)}
     assert lake.read_table(spark, cfg, "producer_ledger").count() == 6
 
     # Only the new segments land next time (the live one, now sealed, and a later hour).
@@ -249,3 +259,50 @@ def test_sigkilled_producer_leaves_an_ingestible_ledger(spark: Any, kafka_bootst
     assert len(records) == total >= len(rows)
     at = {(m.partition(), m.offset()): h.parse(m.headers()).seq for m in records}
     assert all(at[(row["partition"], row["offset"])] == row["seq"] for row in rows)
+
+
+@pytest.mark.spark
+def test_consumption_rows_kept_in_a_sink_database_land_once(spark: Any, tmp_path: Path, make_config: Any) -> None:
+    """exactly_once_sink evidence: the rows SqlSink wrote with a batch land in consumed_records,
+    exactly once over repeated ingests (the look-back re-reads them), bad rows quarantined once."""
+    import sqlalchemy as sa
+
+    from audit.clients.sinks import CONSUMPTION_TABLE, Position, SinkRecord, SqlSink
+
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    cfg = make_config(tmp_path, topics={"orders": {"groups": ["loader"], "sinks": [
+        {"name": "orders_db", "format": "sql", "url": url, "table": "orders_out", "group": "loader"}]}})
+    sink = SqlSink(url, "orders_out")
+
+    def evidence(offset: int, **kw: Any) -> dict[str, Any]:
+        return {**crow(offset), "consumer": "loader-w1:abc", **kw}
+
+    rec = SinkRecord({"n": 0}, "orders", 0, 0, "svc:0123456789ab", 0)
+    sink.write([rec], group="loader", positions=[Position("orders", 0, 2)],
+               consumption=[evidence(0), evidence(1, outcome="failed", error="ValueError: bad")])
+    r1 = ingest(spark, cfg)
+    assert (r1.tables["consumed_records (sink databases)"].landed,
+            r1.tables["consumed_records (sink databases)"].segments) == (2, 1)
+    r2 = ingest(spark, cfg)
+    assert r2.tables["consumed_records (sink databases)"].landed == 0
+
+    sink.write([], group="loader", positions=[Position("orders", 0, 3)], consumption=[evidence(2)])
+    written = int(time.time() * 1000)  # within the look-back of the last ingest's newest row
+    with sa.create_engine(url).begin() as conn:  # another writer's row with an outcome we do not know
+        conn.execute(sa.text(f"INSERT INTO {CONSUMPTION_TABLE} VALUES ('loader', 'x', 0, 'orders', 0, 9, "
+                             f"NULL, NULL, 'skipped', 1, {T0}, NULL, {written})"))
+    r3 = ingest(spark, cfg)
+    assert (r3.tables["consumed_records (sink databases)"].landed,
+            r3.tables["consumed_records (sink databases)"].quarantined) == (1, 1)
+    ingest(spark, cfg)
+    sink.close()
+
+    got = lake.read_table(spark, cfg, "consumed_records").selectExpr(
+        "`group`", "consumer", "consume_seq", "offset", "outcome", "error", "unix_millis(consume_ts) AS ms",
+        PART_HOUR).collect()
+    assert sorted(tuple(r) for r in got) == [
+        ("loader", "loader-w1:abc", 0, 0, "processed", None, T0 + 1000, HOUR),
+        ("loader", "loader-w1:abc", 1, 1, "failed", "ValueError: bad", T0 + 1001, HOUR),
+        ("loader", "loader-w1:abc", 2, 2, "processed", None, T0 + 1002, HOUR)]
+    bad = lake.read_table(spark, cfg, QUARANTINE_TABLE).select("source_file", "reason").collect()
+    assert [tuple(r) for r in bad] == [(f"{url}#{CONSUMPTION_TABLE}", "bad outcome: skipped")]

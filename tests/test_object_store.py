@@ -66,10 +66,10 @@ def test_pipeline_on_an_s3_lake_equals_the_ground_truth(s3_result: LabResult, s3
         assert not problems, "\n".join(problems)
     # Every table and checkpoint is in the bucket, none in the local home.
     tops = {k.split("/")[2] for k in s3.keys("prod/lake/")}
-    assert tops == {"_checkpoints", "producer_ledger", "consumed_records", "ledger_quarantine", "log_records",
+    assert tops == {"_checkpoints", "producer_ledger", "consumed_records", "producer_settings", "ledger_quarantine", "log_records",
                     "group_offsets", "partition_watermarks", "audit_partition_report", "audit_anomalies"}, tops
     assert {k.split("/")[3] for k in s3.keys("prod/lake/_checkpoints/")} == {
-        "ingest_producer_ledger", "ingest_consumed_records"}
+        "ingest_producer_ledger", "ingest_consumed_records", "ingest_producer_settings"}
     assert not (result.cfg.home / "lake").exists()
 
 

@@ -96,7 +96,8 @@ def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult)
     assert by[("duplicate_in_sink", "dsk")]["detail"] == "copy 2 of 2"
     assert by[("unaudited", "bad")]["detail"] == "audit.seq: not an integer"
     assert by[("missed", "miss")]["detail"] == "never processed, below committed offset 2"
-    assert by[("retry_overdue", "retry")]["detail"] == "only failed outcomes, past grace; last: attempt 2 by c2"
+    assert by[("retry_overdue", "retry")]["detail"] == \
+        "only failed outcomes, past grace; last: attempt 2 by c2: KeyError: 'price'"
     assert {a["run_id"] for a in final_result.anomalies} == {run_id_for("t", T0, AS_OF_FINAL)}
     assert {a["computed_at"] for a in final_result.anomalies} == {AS_OF_FINAL}
 

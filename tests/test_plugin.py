@@ -44,6 +44,7 @@ def test_bad_configuration_is_one_clear_error_at_client_start(libmsgaudit: Path,
          'unknown msgaudit property "msgaudit.ledgr.dir" (known: msgaudit.ledger.dir, '),
         ({"msgaudit.segment.max.bytes": "-5"}, 'msgaudit.segment.max.bytes: expected a positive integer, got "-5"'),
         ({"msgaudit.pid": "x" * 65}, "msgaudit.pid must be 1 to 64 characters"),
+        ({"msgaudit.header.form": "two"}, 'msgaudit.header.form: expected packed or three, got "two"'),
     ]
     for props, message in cases:
         with pytest.raises(KafkaException) as err:
@@ -145,7 +146,7 @@ def test_plain_producer_stamps_after_the_app_headers_and_ledgers_every_outcome(
         parsed = h.parse(m.headers())
         assert parsed.error is None and parsed.pid == pid
         names = [k for k, _ in m.headers()]
-        assert names == (["trace", "trace"] if i % 2 else []) + ["audit.pid", "audit.seq", "audit.ts"]
+        assert names == (["trace", "trace"] if i % 2 else []) + ["audit.id"]  # the packed form by default
         row = by_seq[parsed.seq]
         assert (row["partition"], row["offset"], row["produce_ts"]) == (m.partition(), m.offset(), parsed.ts_ms)
         assert (m.partition(), m.offset()) == reports[m.value()]
@@ -182,6 +183,7 @@ def test_unchanged_clients_audit_equal_to_the_ground_truth(
     n_kcat = 120
     lines = "".join(f"kcat-{i}\n" for i in range(n_kcat))
     r = kcat(libmsgaudit, "-X", f"msgaudit.ledger.dir={spool}", "-X", "msgaudit.producer.name=kcat-job",
+             "-X", "msgaudit.header.form=three",  # the three-header form, through capture as well
              "-b", kafka_bootstrap, "-P", "-t", topic, "-H", "source=kcat", stdin=lines)
     assert r.returncode == 0, r.stderr
     assert "msgaudit" not in r.stderr

@@ -104,7 +104,7 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode:
 @pytest.mark.unit
 @pytest.mark.parametrize(("headers", "reason"), [
     ([("audit.trace", b"x")], "unknown audit header 'audit.trace': audit.* names are reserved (audit.pid, "
-     "audit.seq, audit.ts, audit.key, audit.src.topic, audit.src.partition, audit.src.offset, audit.attempt, "
+     "audit.seq, audit.ts, audit.key, audit.id, audit.src.topic, audit.src.partition, audit.src.offset, audit.attempt, "
      "audit.retry.at, audit.error, audit.group)"),
     ({"user": "u", "audit.seq": "12a"}, "audit.seq not a decimal integer: '12a'"),
     ([("audit.seq", b"-3")], "audit.seq not a decimal integer: '-3'"),

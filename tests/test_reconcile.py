@@ -280,7 +280,16 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     report goes to the general (array) path. Both paths together equal the oracle."""
     from datetime import timedelta
 
-    from spark_jobs.reconcile import flag_consumption_order, restrict, typed_tiers, typed_units
+    from spark_jobs.reconcile import (
+        Shape,
+        collect_lookups,
+        flag_consumption_order,
+        restrict,
+        sink_rows,
+        typed_tiers,
+        typed_units,
+    )
+    from spark_jobs.reconcile.params import batch_params
     from tests.reconcile_cases import window_inputs
 
     h = History()
@@ -298,7 +307,10 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     tc = topic_config()
     vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
     assert vis.consumed is not None
-    typed = typed_units(typed_tiers(vis.ledger, vis.log, flag_consumption_order(vis.consumed), vis.sinks, tc), tc)
+    shape = Shape((tc,))
+    params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
+    typed = typed_units(typed_tiers(vis.ledger, vis.log, flag_consumption_order(vis.consumed), sink_rows(vis),
+                                    shape), shape, params)
     assert sorted((r["k2"], r["simple"]) for r in typed.select("k2", "simple").collect()) == [
         (0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
     report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
@@ -332,14 +344,14 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) 
         5: [rnd.randrange(-2_000, 9_000_000) / 1000 for _ in range(20_000)],  # wide range, duplicates
         6: [1.0, 1.0 + 1e-9],                                     # interpolation inside one bucket
     }
-    rows = [("F", "group:g", None, p, None, None, None, None, 1, 1, 0, v)
+    rows = [("t", "F", "group:g", None, p, None, None, None, None, 1, 1, 0, v)
             for p, vs in groups.items() for v in vs]
     rnd.shuffle(rows)
     facts = spark.createDataFrame(rows, ", ".join(f"{n} {t}" for n, t in X_FIELDS))
-    anomaly = spark.createDataFrame([("A", "log", "lost", 0, "p", 1, 1, "x", 0, 0, 0, None)],
+    anomaly = spark.createDataFrame([("t", "A", "log", "lost", 0, "p", 1, 1, "x", 0, 0, 0, None)],
                                     ", ".join(f"{n} {t}" for n, t in X_FIELDS))
     summary = summarise(facts.unionByName(anomaly)).persist()
-    stats = stage_stats(spark, summary, facts)
+    stats = stage_stats(spark, summary, facts)["t"]
     summary.unpersist()
     sparks = {r["partition"]: r["pct"] for r in facts.groupBy("partition").agg(
         F.expr("percentile(latency, array(0.5, 0.95, 0.99))").alias("pct")).collect()}
@@ -352,3 +364,56 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any) 
         assert {k: got[k] for k in latency_columns(lat)} == latency_columns(lat)
     assert stats[("group:g", 4)]["latency_p50_ms"] is None
     assert stats[("group:g", 0)]["latency_p99_ms"] == 5.0 and stats[("group:g", 3)]["latency_p50_ms"] == 42.125
+
+
+def _retopic(inputs: Any, topic: str, sinks: dict[str, str]) -> Any:
+    """The same history under another topic name; `sinks` maps each sink of the copy to the sink
+    of the original whose rows it holds."""
+    from dataclasses import replace
+
+    from audit.oracle import Inputs
+
+    def mv(rows: Any) -> list[Any]:
+        return [replace(r, topic=topic) for r in rows]
+
+    return Inputs(mv(inputs.ledger), mv(inputs.log), mv(inputs.consumed), mv(inputs.group_offsets),
+                  mv(inputs.watermarks), {s: mv(inputs.sinks.get(src, [])) for s, src in sinks.items()})
+
+
+@pytest.mark.spark
+def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: Callable[..., Config],
+                                                       tmp_path: Path) -> None:
+    """`reconcile_range` classifies all topics of a window in one plan: three topics with different
+    groups and sinks (none; one group and its sink; two groups, two sinks reading one physical
+    table) over one lake and one shared Delta sink table each give exactly the oracle's rows for
+    that topic alone, published with one commit per output table."""
+    from audit.oracle import Inputs
+    from spark_jobs.reconcile import reconcile_range
+
+    history, _ = build_cases()
+    base = history.inputs()
+    loc = str(tmp_path / "sinks" / "shared")
+    cfg = make_config(tmp_path, topics={
+        "t": {"window": "1h", "grace": "15m", "groups": [GROUP],
+              "sinks": [{"name": "s1", "format": "delta", "location": loc, "group": GROUP}]},
+        "u": {"window": "1h", "grace": "15m", "sinks": [{"name": "s1", "format": "delta", "location": loc}]},
+        "v": {"window": "1h", "grace": "15m", "groups": [GROUP, "g2"],
+              "sinks": [{"name": "s1", "format": "delta", "location": loc, "group": GROUP},
+                        {"name": "s2", "format": "delta", "location": loc}]},
+    })
+    per_topic = {"t": _retopic(base, "t", {"s1": "s1"}), "u": _retopic(base, "u", {"s1": "s1"}),
+                 "v": _retopic(base, "v", {"s1": "s1", "s2": "s1"})}
+    everything = Inputs(*[[r for i in per_topic.values() for r in getattr(i, f)]
+                          for f in ("ledger", "log", "consumed", "group_offsets", "watermarks")], {})
+    write_lake(spark, cfg.lake, everything)
+    write_delta_sink(spark, Path(loc), [r for t in ("t", "u", "v") for r in per_topic[t].sinks["s1"]])
+    results = reconcile_range(spark, cfg, T0, T0 + (at(60) - T0), AS_OF_FINAL)
+    assert [r.topic for r in results] == ["t", "u", "v"]
+    published = _delta_rows(spark, cfg, "audit_anomalies")
+    for r in results:
+        oracle = oracle_reconcile(cfg.topic(r.topic), T0, AS_OF_FINAL, per_topic[r.topic])
+        assert norm_rows(r.report) == norm_rows(oracle.report), r.topic
+        assert sorted_anomalies(a for a in published if a["topic"] == r.topic) == sorted_anomalies(
+            oracle.anomalies), r.topic
+        assert r.anomaly_count == len(oracle.anomalies) > 0
+    assert {a["topic"] for a in published} == {"t", "u", "v"}

@@ -55,7 +55,7 @@ def _examples(default: int, soak: int) -> int:
         return soak
     return default
 FATES = ["ok"] * 6 + ["skip", "failed", "ghost", "aborted", "aborted_read", "noledger", "lost", "dup",
-                      "badheader"]
+                      "badheader", "abort_acked"]  # abort_acked: ledgered acked by a client blind to the abort
 
 
 def _at(seconds: int) -> datetime:
@@ -96,7 +96,7 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
                                         if status == "acked" else None))
             for off in offs:
                 records.append({"p": p, "off": off, "pid": pid, "seq": seq, "t": t, "fp": fp,
-                                "committed": fate not in ("aborted", "aborted_read"),
+                                "committed": fate not in ("aborted", "aborted_read", "abort_acked"),
                                 "bad": fate == "badheader"})
     # a few swaps of offsets inside a partition: reordering in the log
     for _ in range(draw(st.integers(0, 2))):
@@ -117,7 +117,8 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
         cpid, cseq_v = (None, None) if r["bad"] else (r["pid"], r["seq"])
         for _ in range(draw(st.integers(0, 2))):
             cseq += 1
-            outcome = draw(st.sampled_from(["processed", "processed", "processed", "failed", "dead_lettered"]))
+            outcome = draw(st.sampled_from(["processed", "processed", "processed", "failed", "dead_lettered",
+                                            "handed"]))
             delay = draw(st.sampled_from([2, 30, 1200, 5400]))
             consumed.append(ConsumedRow("g1", draw(st.sampled_from(["c1", "c2"])), cseq, r["p"], r["off"],
                                         cpid, cseq_v, outcome, _at(r["t"] + delay)))
@@ -135,6 +136,10 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             lso = draw(st.integers(0, 2))
             watermarks.append(Watermark(p, lso, max(lso, next_off[p] + draw(st.integers(-2, 1))),
                                         _at(draw(st.integers(3600, 4500)))))
+        if draw(st.integers(0, 3)) == 0:  # the consumer interceptor's word on g's committed offset
+            cseq += 1
+            consumed.append(ConsumedRow("g1", "c3", cseq, p, draw(st.integers(0, next_off[p] + 1)), None, None,
+                                        "committed", _at(draw(st.integers(0, 4500)))))
         if draw(st.booleans()):
             offsets.append(GroupOffset("g1", p, draw(st.one_of(st.none(), st.integers(0, next_off[p] + 1))),
                                        _at(draw(st.integers(3600, 4500)))))

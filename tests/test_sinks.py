@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from audit.clients.sinks import AuditColumns, Position, SinkRecord, SqlSink, dedupe_last
+from audit.clients.sinks import CONSUMPTION_TABLE, AuditColumns, Position, SinkRecord, SqlSink, dedupe_last
 from audit.core.config import SinkConfig
 from audit.core.errors import ConfigError, InputError
 
@@ -114,6 +114,39 @@ def test_positions_commit_and_roll_back_with_the_rows(tmp_path: Path) -> None:
     assert sink.read_positions("other", [("orders", 0)]) == {}
     with pytest.raises(InputError, match="group"):
         sink.write([rec(3)], positions=[Position("orders", 0, 4)])
+    sink.close()
+
+
+def consumption(seq: int, offset: int, outcome: str = "processed", **kw: Any) -> dict[str, Any]:
+    return {"group": "g", "consumer": "w1:abc", "consume_seq": seq, "topic": "orders", "partition": 0,
+            "offset": offset, "pid": "p:1", "seq": offset, "outcome": outcome, "attempt": 1,
+            "consume_ts": 1_795_000_000_000 + seq, **kw}
+
+
+def consumption_of(sink: SqlSink) -> list[tuple[Any, ...]]:
+    with sink.engine.connect() as conn:
+        return sorted(tuple(r) for r in conn.execute(sa.text(
+            f"SELECT consume_seq, \"offset\", outcome, error, written_ts FROM {CONSUMPTION_TABLE}")))
+
+
+@pytest.mark.unit
+def test_consumption_rows_commit_and_roll_back_with_the_rows_and_positions(tmp_path: Path) -> None:
+    sink = SqlSink(_sqlite(tmp_path), "s", "insert", now=lambda: TS)
+    assert sink.stores_consumption
+    sink.write([rec(0)], group="g", positions=[Position("orders", 0, 2)],
+               consumption=[consumption(0, 0), consumption(1, 1, "failed", error="ValueError: x")])
+    with pytest.raises(Boom):
+        sink.write([rec(2)], group="g", positions=[Position("orders", 0, 3)],
+                   consumption=[consumption(2, 2)], before_commit=_raise)
+    ms = int(TS.timestamp() * 1000)
+    assert consumption_of(sink) == [(0, 0, "processed", None, ms), (1, 1, "failed", "ValueError: x", ms)]
+    assert rows_of(sink, "audit_offset") == [(0,)]
+    assert sink.read_positions("g", [("orders", 0)]) == {("orders", 0): 2}
+    # A row the audit could not read is refused before anything is written.
+    with pytest.raises(InputError, match=r"unknown column\(s\) \['note'\], missing \['attempt'\]"):
+        bad = {k: v for k, v in consumption(2, 2, note="x").items() if k != "attempt"}
+        sink.write([rec(2)], group="g", positions=[Position("orders", 0, 3)], consumption=[bad])
+    assert rows_of(sink, "audit_offset") == [(0,)]
     sink.close()
 
 

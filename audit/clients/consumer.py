@@ -46,13 +46,23 @@ kept, so the copy is still audited as the same message (topic, pid, seq)):
 
 Consumption ledger: one JSON row per processing outcome in `<ledger_dir>/consumer`, columns
 group, consumer, consume_seq, topic, partition, offset, pid, seq, outcome {processed, failed,
-dead_lettered}, attempt, consume_ts (epoch ms). Rows are always written against the ORIGINAL
+dead_lettered}, attempt, consume_ts (epoch ms), error (the handler's "<ExceptionType>: <message>"
+for failed and dead_lettered, else null). Rows are always written against the ORIGINAL
 (topic, partition, offset), so the group stage sees every source record's attempts and exactly
 one final outcome; retry-topic coordinates never appear. `consumer` is the instance id
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
-The rows of a batch are durable before its Kafka commit (at_least_once), and written after the
-transaction commits in the exactly-once modes (a crash between those two points loses only
-ledger rows, never sink rows or offsets).
+The rows of a batch are durable before its Kafka commit (at_least_once). In exactly_once_sink
+with a sink that stores them (`Sink.stores_consumption`, e.g. SqlSink) they are written in the
+sink's transaction with the rows and offsets (table `msgaudit_consumed_records`, landed by
+`msgaudit ingest`), not to the ledger files: a crash at any point leaves all three or none. In
+exactly_once_kafka (and exactly_once_sink on a sink that cannot store them) they are written
+after the transaction commits (a crash between those two points loses only ledger rows, never
+sink rows or offsets) - except exactly_once_kafka with a ledger topic on the consumer's cluster:
+there the rows are also produced to the ledger topic inside the transaction (keys
+`consumer/txn:<instance>:<consume_seq>`), so the commit that makes the outputs and offsets
+visible makes their evidence visible too; the spool copy written after the commit is never
+shipped (audit.clients.ledger_ship.TransactionShipped). With `ledger_topic` (or cfg.ledger) the
+other modes ship their spool rows to the topic (audit.clients.ledger_ship.LedgerShipper).
 
 This module must not import pyspark or airflow, must not commit an offset before the records
 below it are accounted for (except at_most_once, by definition), and never swallows a handler
@@ -75,7 +85,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from audit.clients.ledger import LedgerWriter
+from audit.clients.ledger import LedgerWriter, encode_row
+from audit.clients.ledger_ship import LedgerShipper, TransactionShipped, connection_settings, txn_key
 from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
@@ -103,7 +114,7 @@ _MAX_ERROR_CHARS = 1000
 
 # Stage names passed to `on_stage`, in loop order.
 STAGES = ("committed_before_processing", "handled", "sink_txn_open", "sink_written",
-          "txn_before_commit", "ledger_flushed", "committed")
+          "txn_before_commit", "txn_committed", "ledger_flushed", "committed")
 
 _REBALANCE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
@@ -235,6 +246,10 @@ class AuditedConsumer:
       cfg / ledger_dir: the ledger goes to `<ledger_dir>/consumer` (ledger_dir argument, else
         cfg.ledger_dir, else `.msgaudit/ledger`).
       producer_config: extra librdkafka settings for the producer (outputs, retry copies).
+      ledger_topic / ledger_kafka: ship the consumption rows (and, in exactly_once_kafka, the output
+        producer's rows) to this ledger topic on this cluster (default: cfg.ledger, if set; the
+        cluster defaults to the consumer's). In exactly_once_kafka with the ledger topic on the
+        consumer's own cluster, a batch's consumption rows go to the topic inside its transaction.
       batch_size, poll_timeout_s: records per poll and the poll wait.
       on_stage: called as on_stage(stage, records) at each point of STAGES (metrics, tests).
 
@@ -259,6 +274,8 @@ class AuditedConsumer:
         poll_timeout_s: float = 0.5,
         on_stage: StageHook | None = None,
         ledger: LedgerWriter | None = None,
+        ledger_topic: str | None = None,
+        ledger_kafka: Mapping[str, Any] | None = None,
     ) -> None:
         if semantics not in SEMANTICS:
             raise ConfigError(f"AuditedConsumer semantics: expected one of {', '.join(SEMANTICS)}, got {semantics!r}")
@@ -314,12 +331,30 @@ class AuditedConsumer:
         self._raw_producer: Producer | None = None
         self._delivery_errors: list[str] = []
 
+        if ledger_topic is None and cfg is not None and cfg.ledger is not None:
+            ledger_topic, ledger_kafka = cfg.ledger.topic, cfg.ledger.kafka
+        self.ledger_topic = ledger_topic
+        self._ledger_kafka = dict(ledger_kafka) if ledger_kafka is not None else connection_settings(base)
+        # exactly_once_kafka: the batch's consumption rows join its transaction when the ledger topic
+        # is on the cluster the transaction runs on (a transaction cannot span two clusters).
+        self._ledger_in_txn = bool(ledger_topic) and semantics == "exactly_once_kafka" and (
+            str(self._ledger_kafka.get("bootstrap.servers")) == str(base.get("bootstrap.servers")))
+        if ledger_topic and semantics == "exactly_once_kafka" and not self._ledger_in_txn:
+            log.warning("consumer %s: the ledger topic is on another cluster, so the consumption rows are "
+                        "shipped after each transaction commits, not inside it", self.instance)
+        self._shipper: LedgerShipper | None = None
+        observer: LedgerShipper | TransactionShipped | None = None
+        if ledger_topic and ledger is None:
+            if self._ledger_in_txn:
+                observer = TransactionShipped()
+            else:
+                observer = self._shipper = LedgerShipper(self._ledger_kafka, ledger_topic, "consumer")
         if ledger is None:
             root = Path(ledger_dir) if ledger_dir is not None else (
                 Path(cfg.ledger_dir) if cfg is not None else Path(".msgaudit") / "ledger")
             self._ledger_root = root
             ledger = LedgerWriter(root / "consumer", _safe_prefix(f"{self.group}-{self.name}"),
-                                  max_bytes=16 << 20, max_age_s=60.0)
+                                  max_bytes=16 << 20, max_age_s=60.0, observer=observer)
         else:
             self._ledger_root = Path(ledger.directory).parent
         self.ledger = ledger
@@ -354,7 +389,8 @@ class AuditedConsumer:
 
             tconf = {**self._producer_conf, "transactional.id": f"msgaudit-{self.group}-{self.name}"}
             producer = AuditedProducer(tconf, producer_name=f"{self.group}.{self.name}",
-                                       ledger_dir=self._ledger_root / "producer")
+                                       ledger_dir=self._ledger_root / "producer", ledger_topic=self.ledger_topic,
+                                       ledger_kafka=self._ledger_kafka if self.ledger_topic else None)
             try:
                 producer.init_transactions(30)
             except KafkaException as e:
@@ -556,7 +592,7 @@ class AuditedConsumer:
         if eos_kafka:
             assert self.producer is not None
             self.producer.begin_transaction()
-        rows: list[tuple[ConsumedRecord, str, int]] = []  # (record, outcome, consume_ts)
+        rows: list[tuple[ConsumedRecord, str, int, str | None]] = []  # (record, outcome, consume_ts, error)
         sink_records: list[SinkRecord] = []
         stop_error: BaseException | None = None
         for i, rec in enumerate(records):
@@ -565,30 +601,39 @@ class AuditedConsumer:
             except Exception as e:  # noqa: BLE001 - every handler failure is accounted for below
                 if self.retry is None:
                     # Finish the records before it, account for it, then stop.
-                    rows.append((rec, "failed", _now_ms()))
+                    rows.append((rec, "failed", _now_ms(), _error_text(e)))
                     log.error("consumer %s: handler failed on %s[%s]@%s: %s", self.instance,
                               rec.topic, rec.partition, rec.offset, _error_text(e))
                     stop_error = e
                     msgs = msgs[:i]
                     positions = self._positions(msgs)
                     break
-                rows.append((rec, self._send_retry(rec, e), _now_ms()))
+                rows.append((rec, self._send_retry(rec, e), _now_ms(), _error_text(e)))
                 continue
-            rows.append((rec, "processed", _now_ms()))
+            rows.append((rec, "processed", _now_ms(), None))
             if self.sink is not None:
                 sink_records.extend(self._sink_records(rec, result))
-        handled = [r for r, _, _ in rows]
+        handled = [r for r, _, _, _ in rows]
         self._stage("handled", handled)
+        # exactly_once_sink with a sink that stores them: the ledger rows go into the sink's
+        # commit, with the rows and the offsets (docs/design.md §11), not to the ledger files.
+        in_sink = self.semantics == "exactly_once_sink" and bool(getattr(self.sink, "stores_consumption", False))
+        ledger = [self._ledger_dict(rec, outcome, ts, error, self._consume_seq + i)
+                  for i, (rec, outcome, ts, error) in enumerate(rows)]
+        # Taken now: a seq written to the sink is never reused, even if a later step raises.
+        self._consume_seq += len(ledger)
 
         try:
             if self.sink is not None and (sink_records or self.semantics == "exactly_once_sink"):
+                eos_sink = self.semantics == "exactly_once_sink"
                 self.sink.write(
                     sink_records, group=self.group,
-                    positions=self._sink_positions(positions) if self.semantics == "exactly_once_sink" else (),
-                    before_commit=lambda: self._stage("sink_txn_open", handled))
+                    positions=self._sink_positions(positions) if eos_sink else (),
+                    before_commit=lambda: self._stage("sink_txn_open", handled),
+                    **({"consumption": ledger} if in_sink else {}))
             self._stage("sink_written", handled)
             if eos_kafka:
-                self._commit_transaction(positions, handled)
+                self._commit_transaction(positions, handled, ledger)
             elif self._raw_producer is not None and len(self._raw_producer):
                 self._flush_retries()
         except BaseException:
@@ -596,9 +641,12 @@ class AuditedConsumer:
                 self._abort_and_rewind(msgs)
             raise
 
-        for rec, outcome, ts in rows:
-            self._ledger_row(rec, outcome, ts)
-        self.ledger.flush()
+        for row in ledger:
+            if not in_sink:
+                self.ledger.append(row)
+            self._count(row["outcome"])
+        if not in_sink:
+            self.ledger.flush()
         self._stage("ledger_flushed", handled)
         self.stats.batches += 1
         if self.semantics == "at_least_once":
@@ -685,8 +733,24 @@ class AuditedConsumer:
 
     # -- transactions (exactly_once_kafka) ---------------------------------------------------
 
-    def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord]) -> None:
+    def _commit_transaction(self, positions: Mapping[TP, int], handled: Sequence[ConsumedRecord],
+                            ledger: Sequence[dict[str, Any]] = ()) -> None:
         assert self.producer is not None and self._raw_producer is not None
+        if self._ledger_in_txn:
+            # The consumption rows are evidence of this transaction: they commit or abort with it.
+            # The spool gets the same rows (same consume_seq) after the commit, so the spool copy
+            # and the topic copy are one row; an aborted batch's seqs are not reused.
+            assert self.ledger_topic is not None
+            for row in ledger:
+                seq = row["consume_seq"]
+                line = encode_row(row).encode()
+                while True:
+                    try:
+                        self._raw_producer.produce(self.ledger_topic, line, txn_key(self.instance, seq),
+                                                   on_delivery=self._delivered)
+                        break
+                    except BufferError:
+                        self._raw_producer.poll(0.1)
         # The batch's outputs reach the log (inside the open transaction) before its offsets join
         # it: commit_transaction would wait for them anyway, and a crash from here on leaves an
         # aborted transaction whose records are in the log, never records still in this process.
@@ -697,11 +761,12 @@ class AuditedConsumer:
         while True:
             try:
                 self.producer.commit_transaction(30)
-                return
+                break
             except KafkaException as e:
                 if e.args[0].retriable():
                     continue
                 raise
+        self._stage("txn_committed", handled)
 
     def _abort_and_rewind(self, msgs: Sequence[Message]) -> None:
         """Abort the open transaction and seek back so the batch is read again."""
@@ -750,14 +815,16 @@ class AuditedConsumer:
             log.warning("consumer %s: commit failed for %s", self.instance,
                         [(tp.topic, tp.partition, tp.error) for tp in failed])
 
-    def _ledger_row(self, rec: ConsumedRecord, outcome: str, ts: int) -> None:
-        self.ledger.append({
-            "group": self.group, "consumer": self.instance, "consume_seq": self._consume_seq,
+    def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, error: str | None,
+                     consume_seq: int) -> dict[str, Any]:
+        return {
+            "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
             "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
             "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
-            "consume_ts": ts,
-        })
-        self._consume_seq += 1
+            "consume_ts": ts, "error": error,
+        }
+
+    def _count(self, outcome: str) -> None:
         if outcome == "processed":
             self.stats.processed += 1
         elif outcome == "failed":
@@ -785,6 +852,8 @@ class AuditedConsumer:
                     self._raw_producer.close()
             finally:
                 self.ledger.close()
+                if self._shipper is not None:
+                    self._shipper.close()
 
     def __enter__(self) -> AuditedConsumer:
         return self

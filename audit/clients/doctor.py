@@ -7,6 +7,13 @@ Risks (severity):
 * `min_insync_replicas` (error): `min.insync.replicas` < 2 -- acks=all is then satisfied by a
   single copy.
 * `replication_factor` (warn): replication factor below `min_replication_factor` (default 2).
+* `producer_acks` (error) / `producer_idempotence` (warn): a producer session (from the lake's
+  `producer_settings`, passed in by the caller) that runs with `acks` other than `all` (an acked
+  write can be lost: `lost_acked`) or without idempotence (a retried batch is written twice or out
+  of order: `duplicate_in_log`, `reordered_in_log`).
+* `dlq_growing` (warn): a configured group's dead-letter topic (`<group>.dlq`, docs/design.md §11)
+  holds more records than at the previous doctor run (end offsets kept in
+  `$MSGAUDIT_HOME/doctor-dlq.json`): messages keep failing processing.
 * `at_risk_of_expiry` (error): a group's oldest unprocessed record (at its committed offset) is so
   old that, if the group stays at its current position, retention deletes it within `horizon`
   (`expired_unconsumed`); the estimate is in the detail.
@@ -14,6 +21,8 @@ Risks (severity):
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -71,6 +80,10 @@ def diagnose(cfg: Config, topics: list[str] | None = None, horizon: timedelta = 
         raise BrokerError(f"cannot reach {cfg.kafka.get('bootstrap.servers', '?')}: {e}") from None
     risks: list[Risk] = []
     for name in names:
+        if name not in meta.topics:
+            raise BrokerError(f"topic {name!r} does not exist on the broker")
+    risks += dlq_risks(cfg, names, set(meta.topics), now)
+    for name in names:
         tc = cfg.topic(name)
         if name not in meta.topics:
             raise BrokerError(f"topic {name!r} does not exist on the broker")
@@ -110,13 +123,89 @@ def diagnose(cfg: Config, topics: list[str] | None = None, horizon: timedelta = 
     return risks
 
 
+def producer_risks(settings: list[dict[str, Any]], topics_of: dict[str, list[str]]) -> list[Risk]:
+    """Risks of producer sessions from their `producer_settings` rows; `topics_of` maps a pid to the
+    topics its ledger rows name (a session that has not produced yet is shown with topic '-')."""
+    risks: list[Risk] = []
+    for row in sorted(settings, key=lambda r: (str(r.get("producer")), str(r["pid"]))):
+        who = f"producer:{row.get('producer') or '?'} ({row['pid']})"
+        for topic in topics_of.get(row["pid"]) or ["-"]:
+            if str(row["acks"]) != "all":
+                risks.append(Risk(ERROR, "producer_acks", topic, who,
+                                  f"acks={row['acks']}: an acknowledged write can be lost when the leader "
+                                  "fails; set acks=all"))
+            if not row["enable_idempotence"]:
+                risks.append(Risk(WARN, "producer_idempotence", topic, who,
+                                  f"enable.idempotence=false (retries={row.get('retries')}, max.in.flight="
+                                  f"{row.get('max_in_flight')}): a retried batch is written twice or out of "
+                                  "order; set enable.idempotence=true"))
+    return risks
+
+
+DLQ_STATE = "doctor-dlq.json"
+
+
+def dlq_risks(cfg: Config, topics: list[str], existing: set[str], now: datetime) -> list[Risk]:
+    """`dlq_growing` for each configured group's `<group>.dlq` whose end offsets (summed over its
+    partitions) grew since the previous run; records this run's offsets for the next one."""
+    import json
+    from pathlib import Path
+
+    path = Path(cfg.home) / DLQ_STATE
+    try:
+        prev: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        prev = {}
+    risks: list[Risk] = []
+    current = dict(prev)
+    for name in topics:
+        for group in cfg.topic(name).groups:
+            dlq = f"{group}.dlq"
+            if dlq not in existing or dlq in current and current[dlq].get("at") == now.isoformat():
+                continue
+            parts = _partitions(cfg, dlq)
+            end = sum(admin_watermarks(cfg, dlq, p)[1] for p in parts)
+            current[dlq] = {"end": end, "at": now.isoformat()}
+            before = prev.get(dlq)
+            if before is not None and end > int(before["end"]):
+                risks.append(Risk(WARN, "dlq_growing", name, f"group:{group}",
+                                  f"{dlq} grew by {end - int(before['end'])} records since {before['at']} "
+                                  f"({end} in all): messages keep failing processing"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(current, indent=1, sort_keys=True), encoding="utf-8")
+    except OSError:
+        pass  # the next run then compares with an older sample
+    return risks
+
+
+def _partitions(cfg: Config, topic: str) -> list[int]:
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient(dict(cfg.kafka)).list_topics(topic, timeout=15)
+    return sorted(meta.topics[topic].partitions)
+
+
 def committed_offsets(cfg: Config, group: str, topic: str, partitions: list[int]) -> list[Any]:
     """The group's committed offsets (offset < 0: none), read as the group without joining it."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    busy = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                         KafkaError.COORDINATOR_NOT_AVAILABLE)
 
     c = Consumer({**cfg.kafka, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+    deadline = time.monotonic() + 60
     try:
-        return list(c.committed([TopicPartition(topic, p) for p in partitions], timeout=30))
+        while True:
+            try:
+                return list(c.committed([TopicPartition(topic, p) for p in partitions], timeout=30))
+            except KafkaException as e:
+                # A coordinator that is moving or still loading its offsets answers again shortly.
+                err = e.args[0] if e.args else None
+                if not (isinstance(err, KafkaError) and err.code() in busy) \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 
@@ -132,12 +221,20 @@ def admin_watermarks(cfg: Config, topic: str, partition: int) -> tuple[int, int]
         c.close()
 
 
-def cli_doctor(args: Any, cfg: Config) -> int:
-    """Print the risks; exit 3 if one is error severity."""
+def cli_doctor(args: Any, cfg: Config,
+               producers: tuple[list[dict[str, Any]], dict[str, list[str]]] | None = None,
+               record: Callable[[list[Risk]], None] | None = None) -> int:
+    """Print the risks; exit 3 if one is error severity. `producers`: the recent producer sessions'
+    settings and their topics, from the lake (the CLI reads them; None: not known)."""
     from audit.core.errors import SlaFailed
 
     risks = diagnose(cfg, list(args.topics) if args.topics else None, timedelta(hours=args.horizon_hours),
                      args.min_replication_factor)
+    if producers is not None:
+        wanted = set(args.topics or cfg.topics)
+        risks += [r for r in producer_risks(*producers) if r.topic in wanted or r.topic == "-"]
+    if record is not None:  # the CLI stores them in the report store (the dashboard shows the latest run)
+        record(risks)
     for r in risks:
         print(r.line())
     print(f"doctor: {len(risks)} risk(s), {sum(r.severity == ERROR for r in risks)} error")

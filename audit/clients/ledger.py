@@ -40,7 +40,7 @@ from itertools import chain, repeat, starmap
 from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from audit.core.errors import LedgerError
 
@@ -104,6 +104,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class SegmentObserver(Protocol):
+    """What a LedgerWriter tells a shipper (audit.clients.ledger_ship), on the writer's thread.
+    Every call must return quickly and never raise into the writer."""
+
+    def opened(self, segment: Path) -> None:
+        """A new segment exists (`segment` is its sealed path-to-be)."""
+
+    def lines(self, segment: Path, first_line: int, lines: list[str]) -> None:
+        """`lines` are written (not yet fsynced) at line numbers first_line, first_line + 1, ..."""
+
+    def sealed(self, segment: Path, rows: int) -> None:
+        """The segment is sealed at `segment` with `rows` lines."""
+
+
 _last_stamp = [""]
 
 
@@ -156,13 +170,15 @@ class _State:
     not keep the writer object alive and a forgotten writer is still sealed at exit."""
 
     def __init__(self, directory: Path, prefix: str, max_bytes: int, max_age_s: float,
-                 flush_interval_s: float, mirror: Callable[[list[str]], None] | None) -> None:
+                 flush_interval_s: float, mirror: Callable[[list[str]], None] | None,
+                 observer: SegmentObserver | None = None) -> None:
         self.directory = directory
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.flush_interval_s = flush_interval_s
         self.mirror = mirror
+        self.observer = observer
         self.queue: deque[Any] = deque()
         self.cond = threading.Condition()
         self.flush_requested = 0
@@ -222,18 +238,34 @@ class _State:
             text = "".join([_format_lines(items[i:i + _FORMAT_ROWS]) for i in range(0, n, _FORMAT_ROWS)])
             if self.segment is None:
                 self.segment = _Segment(self.directory, self.prefix)
+                self._observe("opened", self.segment.sealed_path)
             self.segment.write(text.encode("utf-8"))
+            first = self.segment.rows
             self.segment.rows += n
             self.rows_written += n
             if self.mirror is not None:
                 self.mirror(text[:-1].split("\n"))
+            if self.observer is not None:
+                self._observe("lines", self.segment.sealed_path, first, text[:-1].split("\n"))
             if self.segment.size >= self.max_bytes:
                 self._seal()
 
     def _seal(self) -> None:
         if self.segment is not None:
+            rows = self.segment.rows
             self.sealed.append(self.segment.seal())
             self.segment = None
+            self._observe("sealed", self.sealed[-1], rows)
+
+    def _observe(self, what: str, *args: Any) -> None:
+        # The segment files are the ledger of record: a failing shipper is logged, never
+        # allowed to stop them (what it did not ship stays in the spool for `msgaudit ship`).
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, what)(*args)
+        except Exception as e:  # noqa: BLE001
+            log.error("ledger shipper for %s failed in %s: %s", self.directory, what, e)
 
     # -- caller side ---------------------------------------------------------------------
     def wait(self, closing: bool, timeout: float | None) -> None:
@@ -274,7 +306,9 @@ class LedgerWriter:
     swallows fmt itself) and produces one JSON object, so the caller pays for one tuple, not
     for JSON encoding. `append(row)` encodes the dict on the caller's
     thread, so a row that is not JSON-serialisable fails there, loudly, not in the writer. `mirror`, if given,
-    receives each batch of encoded lines after it is written (the optional Kafka ledger topic).
+    receives each batch of encoded lines after it is written. `observer` (a SegmentObserver, e.g.
+    audit.clients.ledger_ship.LedgerShipper) is told of each segment opened, each batch of lines
+    with their line numbers, and each seal: that is how rows are shipped to the ledger topic.
     """
 
     def __init__(
@@ -286,6 +320,7 @@ class LedgerWriter:
         max_age_s: float = 60.0,
         flush_interval_s: float = 0.2,
         mirror: Callable[[list[str]], None] | None = None,
+        observer: SegmentObserver | None = None,
     ) -> None:
         if not prefix or "/" in prefix or prefix.startswith("."):
             raise LedgerError(f"ledger prefix must be a plain file-name prefix, got {prefix!r}")
@@ -298,7 +333,7 @@ class LedgerWriter:
             raise LedgerError(f"cannot create ledger directory {directory}: {e}") from e
         self.directory = directory
         self.prefix = prefix
-        self._state = _State(directory, prefix, max_bytes, max_age_s, flush_interval_s, mirror)
+        self._state = _State(directory, prefix, max_bytes, max_age_s, flush_interval_s, mirror, observer)
         # Bound method of the deque: appending is one C call, safe from any thread.
         self.append_formatted: Callable[[tuple[Any, ...]], None] = self._state.queue.append
         self._thread = threading.Thread(target=self._state.run, name=f"ledger-{prefix}", daemon=True)

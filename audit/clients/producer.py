@@ -49,6 +49,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import LedgerWriter
+from audit.clients.ledger_ship import LedgerShipper, connection_settings
 from audit.clients.plugin import Plugin, plugin_path
 from audit.core import headers as audit_headers
 from audit.core.errors import ConfigError, InputError, LedgerError
@@ -63,6 +64,7 @@ DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 _PID = audit_headers.PID
 _SEQ = audit_headers.SEQ
 _TS = audit_headers.TS
+_ID = audit_headers.ID
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class ProducerStats:
     aborted: int
     in_flight: int
     ledger_pending: int
-    ledger_topic_failed: int = 0  # rows the optional ledger topic did not take (files have them)
+    ledger_topic_failed: int = 0  # rows the ledger topic did not take live (re-shipped from the spool)
     ledger_dropped: int = 0  # rows the plugin could not record (full buffer, unwritable spool)
 
 
@@ -152,6 +154,42 @@ def _kafka_conf(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
+SETTINGS_DIR = "producer_settings"  # beside the producer ledger folder: <ledger root>/producer_settings
+# librdkafka's defaults, for the settings a producer did not set
+_RDKAFKA_DEFAULTS = {"retries": 2147483647, "max_in_flight": 1000000}
+
+
+def settings_row(conf: Mapping[str, Any], producer_name: str, pid: str, mode: str, start_ms: int) -> dict[str, Any]:
+    """The producer's delivery settings at start (one `producer_settings` row, docs/design.md §4.2):
+    the effective value of each, librdkafka's default where the config does not set it."""
+    def first(*names: str) -> Any:
+        return next((conf[n] for n in names if n in conf), None)
+
+    acks = str(first("acks", "request.required.acks") or "all").lower()
+    idem = str(first("enable.idempotence") or "false").lower() in ("true", "1")
+    retries = first("retries", "message.send.max.retries")
+    in_flight = first("max.in.flight.requests.per.connection", "max.in.flight")
+    return {"producer": producer_name, "pid": pid, "start_ts": start_ms, "acks": "all" if acks == "-1" else acks,
+            "enable_idempotence": idem,
+            "retries": int(retries) if retries is not None else _RDKAFKA_DEFAULTS["retries"],
+            "max_in_flight": int(in_flight) if in_flight is not None else _RDKAFKA_DEFAULTS["max_in_flight"],
+            "transactional_id": first("transactional.id"), "mode": mode}
+
+
+def write_settings(folder: Path, row: Mapping[str, Any]) -> None:
+    """One sealed one-line segment per producer start (written under a temporary name, then renamed,
+    so ingest never reads half a file). Failure is logged, never fatal: the audit then has no
+    settings for this pid, which doctor and the explanations treat as unknown."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"settings-{time_ns()}-{audit_headers.new_pid('s').split(':', 1)[1]}"
+        tmp = folder / f"{name}.tmp"
+        tmp.write_text(json.dumps(dict(row), separators=(",", ":")) + "\n", encoding="utf-8")
+        tmp.rename(folder / f"{name}.jsonl")
+    except OSError as e:
+        log.warning("producer settings not recorded in %s: %s", folder, e)
+
+
 def _only_errors_cb(user_cb: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
     """Hand a delivery report to the application's callback only when it is an error."""
     if err is not None:
@@ -163,13 +201,17 @@ class AuditedProducer:
     Args beyond the Producer's:
       producer_name: logical name of this producer (ledger column `producer`, pid prefix).
       ledger_dir: folder for producer ledger segments (default `.msgaudit/ledger/producer`).
-      ledger_topic: optional Kafka topic that also receives every ledger row as JSON.
+      ledger_topic: optional ledger topic: every ledger row is shipped there (keyed by its identity,
+        audit.clients.ledger_ship) after it is written to the segment files, which stay the spool.
+      ledger_kafka: librdkafka settings of the cluster holding the ledger topic (default: `config`).
       ledger_max_bytes, ledger_max_age_s: segment rotation (see `audit.clients.ledger.LedgerWriter`).
       metrics_registry: a prometheus_client CollectorRegistry (or True for the default one) to
         export the counters as `msgaudit_producer_*{producer=..., pid=...}`.
       use_plugin: None (default) loads the libmsgaudit plugin when it is available and the
         producer is neither transactional nor has a ledger_topic; True requires it; False
         never loads it. `self.mode` says which path runs: "plugin" or "python".
+      header_form: "packed" (default): one `audit.id` header "<pid>/<seq>/<ts>"; "three": the
+        headers `audit.pid`, `audit.seq`, `audit.ts` (docs/design.md §3.1). Both paths.
     """
 
     def __init__(
@@ -179,16 +221,22 @@ class AuditedProducer:
         producer_name: str = "producer",
         ledger_dir: Path | str | None = None,
         ledger_topic: str | None = None,
+        ledger_kafka: Mapping[str, Any] | None = None,
         ledger_max_bytes: int = 64 << 20,
         ledger_max_age_s: float = 60.0,
         metrics_registry: Any = None,
         use_plugin: bool | None = None,
+        header_form: str = audit_headers.PACKED,
         **kwargs: Any,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError(f"AuditedProducer: config must be a dict of librdkafka settings, got {type(config).__name__}")
         if not isinstance(producer_name, str) or not producer_name:
             raise ConfigError(f"AuditedProducer: producer_name must be a non-empty string, got {producer_name!r}")
+        if header_form not in audit_headers.HEADER_FORMS:
+            raise ConfigError(f"AuditedProducer: header_form must be one of {', '.join(audit_headers.HEADER_FORMS)}, "
+                              f"got {header_form!r}")
+        self.header_form = header_form
         conf = _kafka_conf({**config, **kwargs})
         # A global on_delivery would be skipped for messages that carry our per-message
         # callback, so it becomes the default user callback instead.
@@ -220,13 +268,10 @@ class AuditedProducer:
         self._txn_held: dict[int, list[tuple[Any, ...]]] = {}
         self._txn_outcome: dict[int, str] = {}
 
-        self._mirror_producer: Producer | None = None
-        self._mirror_failed = 0
-        mirror = None
+        self._shipper: LedgerShipper | None = None
         if ledger_topic:
-            mirror_conf = {k: v for k, v in conf.items() if k != "transactional.id"}
-            self._mirror_producer = Producer(mirror_conf)
-            mirror = partial(self._mirror_lines, ledger_topic)
+            ship_conf = ledger_kafka if ledger_kafka is not None else connection_settings(conf)
+            self._shipper = LedgerShipper(ship_conf, ledger_topic, "producer")
         self.ledger: LedgerWriter | None = None
         if self._plugin is None:
             self.ledger = LedgerWriter(
@@ -234,7 +279,7 @@ class AuditedProducer:
                 LEDGER_PREFIX,
                 max_bytes=ledger_max_bytes,
                 max_age_s=ledger_max_age_s,
-                mirror=mirror,
+                observer=self._shipper,
             )
             self.produce = self._hot_path()  # type: ignore[method-assign]
         else:
@@ -242,6 +287,8 @@ class AuditedProducer:
         self._metrics_registry: Any = None
         if metrics_registry is not None:
             self._register_metrics(metrics_registry)
+        self.settings = settings_row(conf, producer_name, self.pid, self.mode, time_ns() // 1_000_000)
+        write_settings(self.ledger_dir.parent / SETTINGS_DIR, self.settings)
 
     def _choose_plugin(self, use_plugin: bool | None, ledger_topic: str | None) -> Path | None:
         if use_plugin is False:
@@ -277,6 +324,7 @@ class AuditedProducer:
             "msgaudit.pid": self.pid,
             "msgaudit.segment.max.bytes": str(max_bytes),
             "msgaudit.segment.max.age.ms": str(max(1, int(max_age_s * 1000))),
+            "msgaudit.header.form": self.header_form,
         })
         return out
 
@@ -316,7 +364,10 @@ class AuditedProducer:
         `overrides` are AuditedProducer keyword arguments or librdkafka settings
         (dotted names through a dict: `**{"linger.ms": 5}`)."""
         own = {k: overrides.pop(k) for k in list(overrides)
-               if k in ("ledger_topic", "ledger_max_bytes", "ledger_max_age_s", "metrics_registry")}
+               if k in ("ledger_topic", "ledger_kafka", "ledger_max_bytes", "ledger_max_age_s",
+                        "metrics_registry")}
+        if getattr(cfg, "ledger", None) is not None and "ledger_topic" not in own:
+            own.update(ledger_topic=cfg.ledger.topic, ledger_kafka=cfg.ledger.kafka)
         return cls({**cfg.kafka, **overrides}, producer_name=producer_name,
                    ledger_dir=Path(cfg.ledger_dir) / "producer", **own)
 
@@ -357,6 +408,9 @@ class AuditedProducer:
         txn_held = self._txn_held
         pid = self.pid
         pid_header = (_PID, pid.encode())
+        packed = self.header_form == audit_headers.PACKED
+        form = self.header_form
+        pid_bytes = pid.encode()
         name = self.producer_name
         default_cb = self._default_cb
         only_errors = self._only_errors
@@ -422,16 +476,18 @@ class AuditedProducer:
             counter, fmts = state
             seq = next(counter)
             ts = time_ns() // 1_000_000
-            cached = last_ts[0]  # one read of an immutable pair: safe when threads share the producer
-            if cached[0] == ts:
-                ts_header = cached[1]
-            else:  # one header tuple per millisecond, not per message
-                ts_header = (_TS, b"%d" % ts)
-                last_ts[0] = (ts, ts_header)
             hdrs: list[tuple[str, Any]]
             if headers or audit_key is not None:
-                hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key)
+                hdrs = audit_headers.stamp(headers, pid, seq, ts, audit_key, form)
+            elif packed:
+                hdrs = [(_ID, b"%s/%d/%d" % (pid_bytes, seq, ts))]
             else:
+                cached = last_ts[0]  # one read of an immutable pair: safe when threads share the producer
+                if cached[0] == ts:
+                    ts_header = cached[1]
+                else:  # one header tuple per millisecond, not per message
+                    ts_header = (_TS, b"%d" % ts)
+                    last_ts[0] = (ts, ts_header)
                 hdrs = [pid_header, (_SEQ, b"%d" % seq), ts_header]
             user_cb = on_delivery or callback or default_cb
             if only_errors and user_cb is not None:
@@ -490,30 +546,6 @@ class AuditedProducer:
         self._txn_outcome[txn] = outcome
         for row in self._txn_held.pop(txn, ()):
             self._emit_txn_row(row, txn, outcome)
-
-    def _mirror_lines(self, topic: str, lines: list[str]) -> None:
-        """Second ledger sink (runs on the ledger thread). The segment files are the ledger of
-        record, so a row the topic cannot take is counted and logged, never allowed to stop them."""
-        mp = self._mirror_producer
-        assert mp is not None
-        key = self.pid.encode()
-        for line in lines:
-            while True:
-                try:
-                    mp.produce(topic, line.encode(), key, on_delivery=self._mirror_report)
-                    break
-                except BufferError:
-                    mp.poll(0.1)
-                except KafkaException as e:
-                    self._mirror_failed += 1
-                    log.error("ledger topic %s rejected a row: %s", topic, e)
-                    break
-        mp.poll(0)
-
-    def _mirror_report(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._mirror_failed += 1
-            log.error("ledger topic %s lost a row: %s", msg.topic(), err)
 
     # -- the rest of the Producer API -----------------------------------------------------
     @property
@@ -621,7 +653,7 @@ class AuditedProducer:
             aborted=aborted,
             in_flight=in_flight,
             ledger_pending=self.ledger.pending + held,
-            ledger_topic_failed=self._mirror_failed,
+            ledger_topic_failed=self._shipper.stats.not_shipped_live if self._shipper is not None else 0,
         )
 
     def _register_metrics(self, registry: Any) -> None:
@@ -682,9 +714,8 @@ class AuditedProducer:
             self._producer.close()  # the plugin seals its segment in on_destroy
             if self.ledger is not None:
                 self.ledger.close()
-            if self._mirror_producer is not None:
-                self._mirror_producer.flush(timeout)
-                self._mirror_producer.close()
+            if self._shipper is not None:
+                self._shipper.close(timeout)
             if self._metrics_registry is not None:
                 self._metrics_registry.unregister(self._collector)
 

@@ -14,6 +14,10 @@ audit_offset, audit_pid, audit_seq, audit_sink_ts` by default, renamed through
   `msgaudit_sink_offsets(group, topic, partition, next_offset)` in the same transaction as the
   rows, and `read_positions` gives them back on partition assignment ("store the offset with the
   output").
+- with `consumption` (also `exactly_once_sink`): the batch's consumption-ledger rows go to
+  `msgaudit_consumed_records` in the same transaction (docs/design.md §4.2, "Consumption evidence
+  in the sink database"), so a crash at any point leaves rows, offsets and the evidence of
+  processing all there or all absent. `msgaudit ingest` lands that table into `consumed_records`.
 
 `Sink` is the protocol the consumer talks to; `spark_jobs.io.delta_sink.DeltaSink` is the Delta
 implementation. This module must not import pyspark or Kafka, and never drops a row silently:
@@ -35,6 +39,12 @@ from audit.core.config import AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 OFFSETS_TABLE = "msgaudit_sink_offsets"
+CONSUMPTION_TABLE = "msgaudit_consumed_records"
+# Columns of a consumption row, as the consumer builds it (the `consumed_records` ledger format,
+# consume_ts in epoch ms), in table order; `written_ts` (epoch ms, set by the sink as it writes) is
+# added by the sink and is what ingest's cursor follows.
+CONSUMPTION_COLUMNS = ("group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq",
+                       "outcome", "attempt", "consume_ts", "error")
 SINK_MODES = ("insert", "upsert")
 
 TopicPartitionKey = tuple[str, int]
@@ -66,12 +76,19 @@ class Position:
 
 
 class Sink(Protocol):
-    """What AuditedConsumer needs from a sink writer."""
+    """What AuditedConsumer needs from a sink writer.
+
+    `stores_consumption`: True when `write` can store consumption-ledger rows (`consumption=`) in
+    the same commit as the rows and positions; the exactly_once_sink consumer then writes its
+    ledger rows there instead of to the ledger files."""
+
+    stores_consumption: bool
 
     def write(self, records: Sequence[SinkRecord], *, group: str | None = None,
               positions: Sequence[Position] = (),
-              before_commit: Callable[[], None] | None = None) -> None:
-        """Write `records` (and `positions` for `group`, if any) atomically.
+              before_commit: Callable[[], None] | None = None,
+              consumption: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Write `records` (and `positions` for `group`, and `consumption` rows, if any) atomically.
 
         `before_commit` is called inside the transaction, after everything is written and
         before it commits (metrics and fault-injection tests hook it)."""
@@ -177,6 +194,42 @@ def infer_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, sa.types.TypeE
     return {n: (t if t is not None else sa.Text()) for n, t in types.items()}
 
 
+def consumption_table(metadata: sa.MetaData | None = None) -> sa.Table:
+    """`msgaudit_consumed_records`: the consumption ledger of exactly_once_sink consumers, kept in
+    the sink database (docs/design.md §4.2). One row per processing outcome, written in the same
+    transaction as the batch's sink rows and positions; key (group, consumer, consume_seq)."""
+    return sa.Table(
+        CONSUMPTION_TABLE, metadata if metadata is not None else sa.MetaData(),
+        sa.Column("group", sa.String(255), primary_key=True),
+        sa.Column("consumer", sa.String(255), primary_key=True),
+        sa.Column("consume_seq", sa.BigInteger, primary_key=True),
+        sa.Column("topic", sa.String(255), nullable=False),
+        sa.Column("partition", sa.Integer, nullable=False),
+        sa.Column("offset", sa.BigInteger, nullable=False),
+        sa.Column("pid", sa.String(64)),
+        sa.Column("seq", sa.BigInteger),
+        sa.Column("outcome", sa.String(32), nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("consume_ts", sa.BigInteger, nullable=False),
+        sa.Column("error", sa.Text),
+        sa.Column("written_ts", sa.BigInteger, nullable=False, index=True),
+    )
+
+
+def consumption_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Consumption rows checked against CONSUMPTION_COLUMNS (a missing required column or an
+    unknown one is an InputError: these rows are the audit's evidence, never half-written)."""
+    out = []
+    for row in rows:
+        unknown = sorted(set(row) - set(CONSUMPTION_COLUMNS))
+        missing = [c for c in CONSUMPTION_COLUMNS if c not in row and c not in ("pid", "seq", "error")]
+        if unknown or missing:
+            raise InputError(f"consumption row: unknown column(s) {unknown}, missing {missing} "
+                             f"(expected {', '.join(CONSUMPTION_COLUMNS)})")
+        out.append({c: row.get(c) for c in CONSUMPTION_COLUMNS})
+    return out
+
+
 class SqlSink:
     """A sink table in any SQLAlchemy database (SQLite and PostgreSQL tested).
 
@@ -184,6 +237,8 @@ class SqlSink:
     else inferred from the first batch) followed by the audit columns, plus a unique index on
     (topic, pid, seq) in upsert mode. An existing table is used as it is.
     """
+
+    stores_consumption = True
 
     def __init__(self, url: str | Engine, table: str, mode: str = "insert",
                  columns: Mapping[str, str] | SinkConfig | AuditColumns | None = None, *,
@@ -216,6 +271,8 @@ class SqlSink:
             sa.Column("next_offset", sa.BigInteger, nullable=False),
         )
         self._offsets_ready = False
+        self._consumption = consumption_table()
+        self._consumption_ready = False
 
     @classmethod
     def from_config(cls, sink: SinkConfig, mode: str = "insert", **kwargs: Any) -> SqlSink:
@@ -283,9 +340,11 @@ class SqlSink:
 
     def write(self, records: Sequence[SinkRecord], *, group: str | None = None,
               positions: Sequence[Position] = (),
-              before_commit: Callable[[], None] | None = None) -> None:
+              before_commit: Callable[[], None] | None = None,
+              consumption: Sequence[Mapping[str, Any]] = ()) -> None:
         if positions and not group:
             raise InputError("SqlSink.write: positions need the consumer group they belong to")
+        evidence = consumption_rows(consumption)
         sink_ts = self._now()
         rows = [stamp_row(r, self.cols, sink_ts) for r in records]
         with self.engine.begin() as conn:
@@ -304,6 +363,12 @@ class SqlSink:
             if positions:
                 assert group is not None
                 self._store_positions(conn, group, positions)
+            if evidence:
+                if not self._consumption_ready:
+                    self._consumption.create(conn, checkfirst=True)
+                    self._consumption_ready = True
+                written = int(sink_ts.timestamp() * 1000)
+                conn.execute(self._consumption.insert(), [{**r, "written_ts": written} for r in evidence])
             if before_commit is not None:
                 before_commit()
 

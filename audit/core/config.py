@@ -105,6 +105,31 @@ DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
 
 
 @dataclass(frozen=True)
+class LedgerTopicConfig:
+    """`ledger: {topic: ..., kafka: {...}}`: the clients ship their ledger rows to `topic` (local
+    segments stay the spool) and `msgaudit ingest` lands the topic instead of the local folder.
+    `kafka` are librdkafka settings of the cluster that holds the topic (default: `kafka:`)."""
+
+    topic: str
+    kafka: Mapping[str, str]
+
+
+def _parse_ledger(value: Any, kafka: Mapping[str, str], where: str) -> LedgerTopicConfig | None:
+    if value is None:
+        return None
+    data = _mapping(value, where)
+    _check_keys(data, ("topic", "kafka"), where)
+    topic = data.get("topic")
+    if not isinstance(topic, str) or not topic.strip():
+        raise ConfigError(f"{where}.topic: expected a topic name, got {topic!r}")
+    own = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{where}.kafka").items()}
+    # A separate cluster gets only its own settings; without bootstrap.servers the topic lives
+    # on the data cluster and shares its settings (security included).
+    merged = own if "bootstrap.servers" in own else {**kafka, **own}
+    return LedgerTopicConfig(topic=topic.strip(), kafka=merged)
+
+
+@dataclass(frozen=True)
 class Config:
     source: str  # the file it came from, or "<defaults>"
     home: Path
@@ -114,6 +139,11 @@ class Config:
     kafka: Mapping[str, str]
     spark: Mapping[str, str]
     topics: Mapping[str, TopicConfig]
+    ledger: LedgerTopicConfig | None = None  # `ledger: {topic, kafka}`: ledgers shipped through a topic
+
+    @property
+    def ledger_topic(self) -> str | None:
+        return self.ledger.topic if self.ledger is not None else None
 
     @property
     def spark_master(self) -> str:
@@ -279,11 +309,15 @@ def is_uri(location: str) -> bool:
 
 def storage_location(value: Any, base: Path, where: str) -> str:
     """A storage location Spark reads or writes: a Hadoop filesystem URI is kept as written
-    (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `file://`; a trailing '/' dropped), a plain path is
-    a local folder, resolved against the config file's folder."""
+    (`s3a://`, `abfss://`, `gs://`, `hdfs://`; a trailing '/' dropped), a plain path is a local
+    folder, resolved against the config file's folder. `file:///p` is the local folder `/p`, kept
+    as the plain path: Delta records a table's location as `file:/p`, and a `file:///p` beside it
+    is another path to Delta's CREATE TABLE (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE)."""
     if not isinstance(value, str | os.PathLike) or not str(value).strip():
         raise ConfigError(f"{where}: expected a path or a URI like s3a://bucket/lake, got {value!r}")
     text = str(value).strip()
+    if text.startswith("file:///") and text.rstrip("/") != "file:":
+        return str(Path(text[len("file://"):]).resolve())
     if is_uri(text):
         scheme, rest = text.split("://", 1)
         if not rest.strip("/"):
@@ -310,7 +344,8 @@ def _resolve_sqlite(url: str | None, base: Path) -> str | None:
 def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
     base = (base or Path.cwd()).resolve()
     data = _interpolate(dict(data), source)
-    _check_keys(data, ("home", "lake", "ledger_dir", "report_store", "kafka", "spark", "topics"), source)
+    _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "topics"),
+                source)
     home = base / str(data.get("home", DEFAULT_HOME))
     kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
     kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
@@ -329,6 +364,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         kafka=kafka,
         spark=spark,
         topics=topics,
+        ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
     )
 
 

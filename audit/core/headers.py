@@ -20,6 +20,13 @@ Parse rules, checked in this order; the first one broken is the `error` (a short
    (253402300799999): the latest instant a timestamp column or Python's datetime can hold.
 7. `audit.key` is optional; when present it must be non-empty -> "audit.key is empty".
 
+The packed form `audit.id` = "<pid>/<seq>/<ts>" (docs/design.md §3.1) counts as an audit header for
+rules 1-3; then (rule 3a, before rule 4) `audit.id` together with `audit.pid`, `audit.seq` or
+`audit.ts` -> "audit.id together with <the first of those present>", and an `audit.id` without two
+'/' -> "audit.id is not <pid>/<seq>/<ts>: '<value>'". Otherwise its three parts (split at the last
+two '/') are the texts rules 4-6 check, with the same reasons. When `audit.id` is present, pid, seq
+and ts come from it alone (None if it breaks rule 2, 3 or 3a).
+
 Other headers (the user's own) are ignored. Each field that passes its own checks is returned
 even when another field is bad (a record with a bad seq keeps its pid); a field involved in
 rule 2 or 3 is returned as None. Values quoted in reasons are cut to 40 characters.
@@ -35,8 +42,12 @@ PID = "audit.pid"
 SEQ = "audit.seq"
 TS = "audit.ts"
 KEY = "audit.key"
+ID = "audit.id"  # the packed form: "<pid>/<seq>/<ts>"
 
-AUDIT_HEADERS = (PID, SEQ, TS, KEY)
+AUDIT_HEADERS = (PID, SEQ, TS, KEY, ID)
+# The wire forms a producer can stamp: one packed `audit.id` header (the default) or three.
+PACKED, THREE = "packed", "three"
+HEADER_FORMS = (PACKED, THREE)
 MAX_PID_CHARS = 64
 MAX_LONG = 2**63 - 1
 MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, epoch ms
@@ -76,8 +87,10 @@ def stamp(
     seq: int,
     ts_ms: int,
     key: str | None = None,
+    form: str = THREE,
 ) -> list[tuple[str, bytes]]:
-    """The user's headers (list or dict, as confluent_kafka accepts them) followed by ours.
+    """The user's headers (list or dict, as confluent_kafka accepts them) followed by ours: the
+    three headers, or with `form=PACKED` the one `audit.id` header (what producers send by default).
 
     User headers named like ours are dropped, so the record never carries a duplicate audit
     header (which parse would reject); every other user header is kept in order.
@@ -89,9 +102,12 @@ def stamp(
             if name in AUDIT_HEADERS:
                 continue
             out.append((name, value.encode() if isinstance(value, str) else value))  # type: ignore[arg-type]
-    out.append((PID, pid.encode()))
-    out.append((SEQ, str(seq).encode()))
-    out.append((TS, str(ts_ms).encode()))
+    if form == PACKED:
+        out.append((ID, f"{pid}/{seq}/{ts_ms}".encode()))
+    else:
+        out.append((PID, pid.encode()))
+        out.append((SEQ, str(seq).encode()))
+        out.append((TS, str(ts_ms).encode()))
     if key is not None:
         out.append((KEY, key.encode()))
     return out
@@ -127,6 +143,17 @@ def user_header_error(headers: UserHeaders) -> str | None:
             return f"{name} has no value"
         if not isinstance(text, str):
             return f"{name} must be str or bytes, got {type(text).__name__}"
+        if name == ID:
+            parts = text.rsplit("/", 2)
+            if len(parts) != 3:
+                return f"{ID} is not <pid>/<seq>/<ts>: {_quote(text)}"
+            if not parts[0] or len(parts[0]) > MAX_PID_CHARS:
+                return f"{ID}: the pid must be 1 to {MAX_PID_CHARS} chars: {_quote(text)}"
+            for part, limit, what in ((parts[1], MAX_LONG, SEQ), (parts[2], MAX_TS_MS, TS)):
+                err = _long(what, part, limit)[1]
+                if err is not None:
+                    return f"{ID}: " + err.replace("not an integer", "not a decimal integer")
+            continue
         if name == PID and len(text) > MAX_PID_CHARS:
             return f"{PID} longer than {MAX_PID_CHARS} chars: {_quote(text)}"
         if name in (SEQ, TS):
@@ -183,6 +210,21 @@ def parse(headers: Headers | None) -> AuditHeaders:
     # Rules 2 and 3 come before the per-field rules whatever the header order on the record.
     errors.sort(key=lambda e: 0 if e.startswith("duplicate") else 1)
     broken = {n for n in AUDIT_HEADERS if n in raw and text[n] is None}
+
+    # Rule 3a: the packed form, alone, gives the texts of pid, seq and ts.
+    if ID in raw:
+        packed = text[ID]
+        others = [n for n in (PID, SEQ, TS) if n in raw]
+        parts = packed.rsplit("/", 2) if packed is not None else []
+        if packed is not None and others:
+            errors.append(f"{ID} together with {others[0]}")
+        elif packed is not None and len(parts) != 3:
+            errors.append(f"{ID} is not <pid>/<seq>/<ts>: {_quote(packed)}")
+        if packed is not None and not others and len(parts) == 3:
+            text[PID], text[SEQ], text[TS] = parts
+        else:
+            text[PID] = text[SEQ] = text[TS] = None
+            broken |= {PID, SEQ, TS}
 
     pid = text[PID]
     if pid is None:

@@ -116,7 +116,8 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("aborted_read", GROUP, "processed a record of an aborted transaction"),
     _code("pending", GROUP, "not processed yet, within grace", (PENDING,), column=False),
     _code("overdue", GROUP, "not processed, past grace, at or above the committed offset"),
-    _code("retry_overdue", GROUP, "only failed outcomes, past grace; last: attempt {attempt} by {consumer}"),
+    _code("retry_overdue", GROUP, "only failed outcomes, past grace; last: attempt {attempt} by {consumer}",
+          variants=(("error", "only failed outcomes, past grace; last: attempt {attempt} by {consumer}: {error}"),)),
     # stage sink:<s>
     _code("missing_in_sink", SINK, "processed by the group, not in the sink", (LOST,)),
     _code("duplicate_in_sink", SINK, "copy {k} of {n}", (DUPLICATED,)),
@@ -320,7 +321,15 @@ LEDGER_STATUSES: tuple[str, ...] = (ACKED, FAILED, ABORTED)
 LEDGER_STATUS_PRECEDENCE: tuple[str, ...] = (ABORTED, ACKED, FAILED)
 
 PROCESSED, CONSUME_FAILED, DEAD_LETTERED = "processed", "failed", "dead_lettered"
-CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED)
+# Written by the Java consumer interceptor (docs/design.md §3.4, §5.3): `handed` -- poll() gave the
+# record to the application; `committed` -- the group committed this offset (the next to read) for
+# the row's partition; pid/seq null. Not a record's outcome: the group stage reads it as g's
+# committed offset, never matches it to the record at that offset.
+HANDED, COMMITTED = "handed", "committed"
+CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED, HANDED, COMMITTED)
+# Evidence that a group processed a record (a group audited by the interceptor only vouches for
+# the handover: its `delivered` reads "handed to the application").
+PROCESSING_OUTCOMES: tuple[str, ...] = (PROCESSED, HANDED)
 
 
 # ---------------------------------------------------------------------------- SLA rules

@@ -154,8 +154,9 @@ def run_demo(cfg: Config, scenario: str, out: Path, *, say: Callable[[str], None
         env.stop()
     if "spark" in spark_holder:
         from audit.serving.dashboard import render
+        from spark_jobs.trace import lake_tracer
 
-        out = render(result.cfg, out)
+        out = render(result.cfg, out, tracer=lake_tracer(result.cfg, spark()))
     print()
     print("Per-partition report")
     print(format_report(result.report))

@@ -218,9 +218,12 @@ def parse_record_batches(topic: str, partition: int, data: bytes) -> list[WireBa
                 if vlen > 0:
                     r.take(vlen)
                 hdrs = _record_headers(r)
-                pid_raw = hdrs.get("audit.pid")
+                pid_raw, seq_raw = hdrs.get("audit.pid"), hdrs.get("audit.seq")
+                packed = hdrs.get("audit.id")  # the packed form <pid>/<seq>/<ts> (docs/design.md §3.1)
+                if packed is not None and packed.count(b"/") >= 2:
+                    pid_raw, seq_raw, _ = packed.rsplit(b"/", 2)
                 parsed.append(WireRecord(offset_delta, pid_raw.decode("utf-8", "replace") if pid_raw else None,
-                                         _decode_int(hdrs.get("audit.seq"))))
+                                         _decode_int(seq_raw)))
                 r.pos = rend
             records = tuple(parsed)
         out.append(WireBatch(topic, partition, producer_id, base_sequence, records))

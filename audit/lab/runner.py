@@ -73,8 +73,10 @@ def _now() -> datetime:
 def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark_factory: Callable[[], Any],
                   *, say: Callable[[str], None] = print, window: timedelta = timedelta(minutes=1),
                   grace: timedelta = timedelta(seconds=5), wait_final: bool = False,
-                  progress: bool = False, on_scenario_done: Callable[[str], None] | None = None) -> LabResult:
-    """Run `names` (keys of SCENARIOS) on `lab`, audit them, compare with their ground truth."""
+                  progress: bool = False, on_scenario_done: Callable[[str], None] | None = None,
+                  sink_url: str | None = None) -> LabResult:
+    """Run `names` (keys of SCENARIOS) on `lab`, audit them, compare with their ground truth.
+    `sink_url`: the database of the exactly_once_sink scenario (default: SQLite under `work`)."""
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         from audit.core.errors import InputError
@@ -83,7 +85,7 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     work.mkdir(parents=True, exist_ok=True)
     cfg = with_bootstrap(cfg, lab.bootstrap)
     t_start = _now()
-    ctx = Context(lab, cfg, work, window=window, grace=grace, say=say)
+    ctx = Context(lab, cfg, work, window=window, grace=grace, say=say, sink_url=sink_url)
 
     def capture_now(topic: str) -> None:
         from spark_jobs.pipeline.steps import StepRange, run_step

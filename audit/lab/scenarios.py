@@ -18,6 +18,8 @@ Where the truth comes from, per scenario (never from the audit's tables, ledgers
   reorder                      the proxy's wire record: the batch that failed in flight; delivery reports
   producer_restart             the messages the scenario chose to re-send, and where they landed
   at_most_once / at_least_once the marker the killed worker wrote (the batch it held)
+  auto_commit                  the plain consumer's own record of what it was handed and processed,
+                               and the group's committed offset read from the broker after each kill
   exactly_once_kafka / _sink   the kill matrix: nothing is expected
   aborted                      the transaction the scenario aborted, and its delivery reports
   retention                    the records the scenario's consumer did not reach, and the broker's
@@ -70,6 +72,9 @@ class Context:
     # audit has read it (the runner calls `cleanups` last)
     resources: dict[str, Any] = field(default_factory=dict)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+    # SQLAlchemy URL of the exactly_once_sink scenario's database (e.g. PostgreSQL); default: a
+    # SQLite file in `work`.
+    sink_url: str | None = None
 
     def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = (),
                     mirrors: tuple[MirrorConfig, ...] = ()) -> None:
@@ -394,6 +399,106 @@ def at_least_once(ctx: Context) -> Truth:
 
 
 # ------------------------------------------------------------------------------------------
+# 5b. a plain auto-commit consumer, SIGKILLed mid-batch
+
+
+def _committed(ctx: Context, topic: str, group: str) -> int:
+    """The group's committed offset of partition 0 as the broker has it now (-1: none)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": ctx.lab.bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "log_level": 0})
+    try:
+        (tp,) = c.committed([TopicPartition(topic, 0)], timeout=10)
+        return int(tp.offset) if tp.offset >= 0 else -1
+    finally:
+        c.close()
+
+
+def _plain_life(ctx: Context, topic: str, group: str, life: int, *, interval_ms: int,
+                pause_after: int = 0, wait_commit: bool = False) -> tuple[list[tuple[str, int]], int]:
+    """One process life of audit.lab.plain_worker. With `pause_after` it is SIGKILLed mid-batch once
+    it processed that many records (after the auto-commit timer covered every offset handed over,
+    if `wait_commit`). Returns its truth lines (event, offset) and the group's committed offset
+    right after it died (or exited)."""
+    import signal
+
+    truth_file = ctx.work / f"{group}.life{life}.truth"
+    paused = ctx.work / f"{group}.life{life}.paused"
+    cmd = [sys.executable, "-m", "audit.lab.plain_worker", "--bootstrap", ctx.lab.bootstrap, "--topic", topic,
+           "--group", group, "--name", "plain", "--ledger-dir", str(ctx.ledger_dir), "--truth", str(truth_file),
+           "--commit-interval-ms", str(interval_ms), "--pause-after", str(pause_after), "--paused", str(paused)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def lines() -> list[tuple[str, int]]:
+        if not truth_file.exists():
+            return []
+        return [(ev, int(off)) for ev, _, off in (ln.split() for ln in truth_file.read_text().splitlines())]
+
+    try:
+        deadline = time.monotonic() + 90
+        if pause_after:
+            while not paused.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise BrokerError(f"auto_commit: life {life} did not reach its kill point: "
+                                      f"{(proc.stderr.read() if proc.stderr else '')[-800:]}")
+                time.sleep(0.05)
+            if wait_commit:
+                handed = max(off for ev, off in lines() if ev == "handed") + 1
+                while _committed(ctx, topic, group) < handed:
+                    if time.monotonic() > deadline:
+                        raise BrokerError(f"auto_commit: the timer never committed offset {handed}")
+                    time.sleep(0.2)
+            proc.send_signal(signal.SIGKILL)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != (-signal.SIGKILL if pause_after else 0):
+        raise BrokerError(f"auto_commit: life {life} ended with {rc}: {(proc.stderr.read() if proc.stderr else '')[-800:]}")
+    return lines(), _committed(ctx, topic, group)
+
+
+def auto_commit(ctx: Context) -> Truth:
+    """A plain enable.auto.commit=true consumer (librdkafka defaults) SIGKILLed mid-batch, twice:
+    once after the auto-commit timer committed the whole batch it was handed (its unprocessed
+    records are `missed`), once before the timer ran (what it processed since the last commit is
+    `redelivered` by the next life); a last life runs to the end and closes."""
+    truth = Truth("auto_commit")
+    topic = ctx.lab.create_topic("lab-autocommit")
+    group = f"{topic}-plain"
+    ctx.audit_topic(topic, groups=(group,))
+    truth.topic(topic)
+    n = 50
+    pid, acks = _fill(ctx, topic, n, "lab-autocommit")
+    seq_at = _by_offset(acks)
+    # Batches of 10; each killed life processes 15 records, i.e. dies 5 records into its second batch.
+    life1, committed1 = _plain_life(ctx, topic, group, 1, interval_ms=300, pause_after=15, wait_commit=True)
+    life2, committed2 = _plain_life(ctx, topic, group, 2, interval_ms=600_000, pause_after=15)
+    life3, committed3 = _plain_life(ctx, topic, group, 3, interval_ms=300)
+    processed = [off for lives in (life1, life2, life3) for ev, off in lives if ev == "processed"]
+    handed = {off for lives in (life1, life2, life3) for ev, off in lives if ev == "handed"}
+    times = {off: processed.count(off) for off in range(n)}
+    g = f"group:{group}"
+    for off in range(n):
+        if times[off] == 0 and off in handed and off < committed3:
+            truth.expect(topic, g, "missed", 0, pid, seq_at[(0, off)], off)
+        for _ in range(times[off] - 1):
+            truth.expect(topic, g, "redelivered", 0, pid, seq_at[(0, off)], off)
+    if committed3 != n or set(range(n)) - handed:
+        raise BrokerError(f"auto_commit: the last life did not finish the topic (committed {committed3})")
+    truth.facts.update(messages=n, committed_at_kill_1=committed1, committed_at_kill_2=committed2,
+                       never_processed=sum(1 for t in times.values() if t == 0),
+                       processed_twice=sum(1 for t in times.values() if t == 2))
+    ctx.say(f"auto_commit: killed after the timer committed offset {committed1} (5 records handed, never "
+            f"processed), then killed with offset {committed2} committed after processing past it")
+    return truth
+
+
+# ------------------------------------------------------------------------------------------
 # 6. exactly-once, killed at every point; an aborted transaction
 
 
@@ -404,9 +509,15 @@ EOS_KILL_POINTS = {
 
 
 def _exactly_once(ctx: Context, semantics: str) -> Truth:
-    """One exactly-once mode, a worker killed at every point of its loop in turn: no anomaly."""
+    """One exactly-once mode, a worker killed at every point of its loop in turn: no anomaly.
+
+    exactly_once_sink: `sink_written` is the kill just after the database commit (rows, offsets
+    and consumption rows committed, nothing else done). The sink is audited without `group`, so
+    the group stage's only evidence of processing is the consumption rows committed with each
+    batch (docs/design.md §5.3's sink-row fallback does not apply): a batch whose rows were lost
+    would show as `missed`."""
     truth = Truth(semantics)
-    url = f"sqlite:///{ctx.work / 'lab_sinks.db'}"
+    url = (ctx.sink_url if semantics == "exactly_once_sink" else None) or f"sqlite:///{ctx.work / 'lab_sinks.db'}"
     points = EOS_KILL_POINTS[semantics]
     topic = ctx.lab.create_topic("lab-eos-kafka" if semantics == "exactly_once_kafka" else "lab-eos-sink")
     group = f"{topic}-loader"
@@ -415,7 +526,7 @@ def _exactly_once(ctx: Context, semantics: str) -> Truth:
     output = None
     if semantics == "exactly_once_sink":
         table = topic.replace("-", "_")
-        sinks = (SinkConfig(name="eos_table", format="sql", group=group, url=url, table=table),)
+        sinks = (SinkConfig(name="eos_table", format="sql", url=url, table=table),)
         sink_arg = (url, table, "insert")
     else:
         output = ctx.lab.create_topic("lab-eos-out")
@@ -645,8 +756,11 @@ def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]
                 continue
             h = {str(k): v if isinstance(v, bytes) else str(v).encode()
                  for k, v in cast(list[tuple[str, Any]], m.headers() or []) if v is not None}
-            seq = h.get("audit.seq")
-            out.add((h.get("audit.pid", b"").decode() or None, int(seq) if seq else None))
+            pid, seq = h.get("audit.pid", b""), h.get("audit.seq")
+            packed = h.get("audit.id")  # the packed form <pid>/<seq>/<ts> (docs/design.md §3.1)
+            if packed is not None and packed.count(b"/") >= 2:
+                pid, seq, _ = packed.rsplit(b"/", 2)
+            out.add((pid.decode() or None, int(seq) if seq else None))
     finally:
         c.close()
     return out
@@ -727,6 +841,8 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "producer_restart": (producer_restart, "a restarted producer re-sends its last 5 messages"),
     "at_most_once": (at_most_once, "consumer killed after commit, before processing"),
     "at_least_once": (at_least_once, "consumer killed after processing, before commit; insert vs upsert sink"),
+    "auto_commit": (auto_commit, "plain enable.auto.commit=true consumer SIGKILLed mid-batch, before and after "
+                                 "the timer commit"),
     "exactly_once_kafka": (exactly_once_kafka, "transactional consume-transform-produce, killed at every point"),
     "exactly_once_sink": (exactly_once_sink, "offsets stored with the sink rows, killed at every point"),
     "aborted": (aborted, "an aborted transaction, read by a read_uncommitted group"),

@@ -128,6 +128,19 @@ sla_results = sa.Table(
 
 TABLES: dict[str, sa.Table] = {t.name: t for t in (partition_report, anomalies, sla_results)}
 
+DOCTOR_RISKS = "doctor_risks"
+# One row per risk `msgaudit doctor` found, per run (checked_at); a run that found none stores one
+# row with risk 'none' so the latest run is known. Not window-keyed: written by record_risks.
+doctor_risks = sa.Table(
+    DOCTOR_RISKS, metadata,
+    _c("checked_at", _TS, pk=True),
+    _c("topic", _TEXT, pk=True),
+    _c("subject", _TEXT, pk=True),
+    _c("risk", _TEXT, pk=True),
+    _c("severity", _TEXT, nullable=False),
+    _c("detail", _TEXT, nullable=False),
+)
+
 # Read order of each table: its identity, then the rest, so `read` is deterministic on every dialect.
 _ORDER: dict[str, tuple[str, ...]] = {
     PARTITION_REPORT: ("window_start", "topic", "partition", "stage"),
@@ -454,6 +467,31 @@ class ReportStore:
             quoted = ", ".join(f'"{c}"' for c in cols)
             query = sa.text(f"SELECT {quoted} FROM {name} ORDER BY {quoted}").columns(**typed)
             return [dict(r) for r in conn.execute(query).mappings()]
+
+    def record_risks(self, checked_at: datetime, risks: Sequence[Mapping[str, Any]]) -> int:
+        """Store one doctor run's risks (topic, subject, risk, severity, detail); none -> one 'none' row."""
+        at = _check_datetime(checked_at, f"{DOCTOR_RISKS}: checked_at")
+        rows = [{"checked_at": at, **{k: r[k] for k in ("topic", "subject", "risk", "severity", "detail")}}
+                for r in risks] or [{"checked_at": at, "topic": "-", "subject": "-", "risk": "none",
+                                     "severity": "info", "detail": "no risk found"}]
+        self._ensure_schema()
+        with self._engine.begin() as conn:
+            conn.execute(doctor_risks.delete().where(doctor_risks.c.checked_at == at))
+            conn.execute(doctor_risks.insert(), rows)
+        return len(risks)
+
+    def latest_risks(self) -> tuple[datetime | None, list[dict[str, Any]]]:
+        """The latest doctor run's time and its risks (errors first), or (None, []) if none ran."""
+        t = doctor_risks
+        self._ensure_schema()
+        with self._engine.connect() as conn:
+            last = conn.execute(sa.select(sa.func.max(t.c.checked_at))).scalar()
+            if last is None:
+                return None, []
+            last = UtcDateTime().process_result_value(last, self._engine.dialect)
+            rows = conn.execute(sa.select(t).where(t.c.checked_at == last, t.c.risk != "none")
+                                .order_by(t.c.severity, t.c.topic, t.c.subject, t.c.risk)).mappings()
+            return last, [dict(r) for r in rows]
 
     def windows(self, table: str, topic: str | None = None) -> list[datetime]:
         """Distinct window starts present in `table` (optionally for one topic), ascending."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,8 +35,34 @@ def _ms(a: Any, b: Any) -> str:
     return "" if ua is None or ub is None else f" +{round((ub - ua).total_seconds() * 1000)} ms"
 
 
+def _settings_text(r: Mapping[str, Any]) -> str:
+    return (f"acks={r['acks']}, enable.idempotence={'true' if r['enable_idempotence'] else 'false'}, "
+            f"retries={r['retries']}, max.in.flight={r['max_in_flight']}")
+
+
+def setting_remedy(code: str, settings: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the producer's recorded settings say about a log-stage anomaly (None: nothing specific)."""
+    if not settings:
+        return None
+    s = settings[0]
+    if code in ("duplicate_in_log", "reordered_in_log"):
+        if not s["enable_idempotence"]:
+            return (f"this producer ran with enable.idempotence=false (retries={s['retries']}, "
+                    f"max.in.flight={s['max_in_flight']}): set enable.idempotence=true")
+        return "this producer was idempotent: the copies come from separate sends or producer sessions"
+    if code == "lost_acked":
+        if s["acks"] != "all":
+            return f"this producer ran with acks={s['acks']}: set acks=all (and min.insync.replicas >= 2)"
+        return ("this producer used acks=all: look for an unclean leader election or min.insync.replicas=1 "
+                "(msgaudit doctor)")
+    return None
+
+
 def _events(trace: Mapping[str, Any]) -> list[tuple[datetime | None, int, str]]:
     ev: list[tuple[datetime | None, int, str]] = []
+    for r in trace.get("settings", []):
+        ev.append((_utc(r["start_ts"]), -1, f"producer {r['producer']} session {r['pid']} started ({r['mode']}): "
+                   + _settings_text(r)))
     for r in trace["ledger"]:
         line = f"produce  {_id(r)} -> partition {r['partition']}: {r['status']}"
         if r.get("offset") is not None:
@@ -91,6 +117,9 @@ def format_timeline(trace: Mapping[str, Any]) -> str:
         lines.append(f"  [{window}] {a['stage']} {a['anomaly']} at {_pos(a)}: {a['detail']}")
         lines.append(f"      cause: {a['cause']}")
         lines.append(f"      fix: {a['remedy']}")
+        specific = setting_remedy(a["anomaly"], [x for x in trace.get("settings", []) if x["pid"] == a["pid"]])
+        if specific:
+            lines.append(f"      {specific}")
     return "\n".join(lines)
 
 

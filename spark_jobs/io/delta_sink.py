@@ -92,6 +92,10 @@ def audit_fields(cols: AuditColumns) -> list[StructField]:
 class DeltaSink:
     """A Delta sink table at `location` (see the module docstring)."""
 
+    # Consumption rows are not stored in the Delta commit (yet): an exactly_once_sink consumer on a
+    # Delta sink writes its ledger files after the commit (docs/design.md §11).
+    stores_consumption = False
+
     def __init__(self, spark: SparkSession, location: str, mode: str = "append",
                  columns: Mapping[str, str] | SinkConfig | AuditColumns | None = None, *,
                  schema: StructType | None = None, now: Callable[[], datetime] | None = None) -> None:
@@ -147,10 +151,14 @@ class DeltaSink:
 
     def write(self, records: Sequence[SinkRecord], *, group: str | None = None,
               positions: Sequence[Position] = (),
-              before_commit: Callable[[], None] | None = None) -> None:
+              before_commit: Callable[[], None] | None = None,
+              consumption: Sequence[Mapping[str, Any]] = ()) -> None:
         """One Delta commit with the rows and (if given) the positions. `before_commit` runs just
         before that commit: Delta has no open transaction to hook into, and nothing is visible
         until the commit lands."""
+        if consumption:
+            raise InputError("DeltaSink.write: consumption rows are not stored in a Delta sink "
+                             "(stores_consumption is False); write them to the consumption ledger")
         if positions and not group:
             raise InputError("DeltaSink.write: positions need the consumer group they belong to")
         if not records and not positions:

@@ -43,6 +43,19 @@ PRODUCER_LEDGER = _s(
     ("ack_ts", TimestampType(), True),
 )
 
+# One row per producer start (AuditedProducer, both paths): its delivery settings (docs/design.md §4.2).
+PRODUCER_SETTINGS = _s(
+    ("producer", StringType(), True),
+    ("pid", StringType(), False),
+    ("start_ts", TimestampType(), False),
+    ("acks", StringType(), False),
+    ("enable_idempotence", BooleanType(), False),
+    ("retries", LongType(), True),
+    ("max_in_flight", LongType(), True),
+    ("transactional_id", StringType(), True),
+    ("mode", StringType(), True),
+)
+
 LOG_RECORDS = _s(
     ("topic", StringType(), False),
     ("partition", IntegerType(), False),
@@ -69,6 +82,7 @@ CONSUMED_RECORDS = _s(
     ("outcome", StringType(), False),
     ("attempt", IntegerType(), False),
     ("consume_ts", TimestampType(), False),
+    ("error", StringType(), True),
 )
 
 GROUP_OFFSETS = _s(

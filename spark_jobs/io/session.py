@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from audit.core.config import Config
-from audit.runtime import jars
+from audit.runtime import jars, quiet
 
 DEFAULTS: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -62,7 +62,8 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
         builder = builder.master(cfg.spark_master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with quiet.jvm_output(cfg.home):  # the JVM's own output goes to the log file (unless --verbose)
+        spark = builder.getOrCreate()
     # Object-store settings (`spark.hadoop.fs.s3a.endpoint`, credentials, ...) reach Hadoop only when
     # a SparkContext starts; under spark-submit, or with a session that already exists, the context
     # is older than this config, so its Hadoop configuration gets them here.

@@ -91,6 +91,56 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     return df.select(*cols)
 
 
-def read_sink(spark: SparkSession, sink: SinkConfig, topic: str) -> DataFrame:
-    """The sink's rows of `topic`, normalised. Filters push down to Delta and JDBC."""
-    return normalise(_load(spark, sink), sink).where(F.col("topic") == topic)
+def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None) -> DataFrame:
+    """The sink's rows of `topic` (None: of every topic), normalised. Filters push down to Delta
+    and JDBC."""
+    df = normalise(_load(spark, sink), sink)
+    return df if topic is None else df.where(F.col("topic") == topic)
+
+
+# -- the consumption evidence of exactly_once_sink consumers (docs/design.md §4.2) --------------
+
+CONSUMPTION_TABLE = "msgaudit_consumed_records"
+
+
+def sql_sink_urls(sinks: list[SinkConfig]) -> list[str]:
+    """The distinct databases of the sql sinks (each may hold a consumption-evidence table)."""
+    return sorted({s.url for s in sinks if s.format == "sql" and s.url})
+
+
+def has_consumption_table(url: str) -> bool:
+    """Whether the database at `url` has the evidence table (a sink nobody wrote exactly-once has none)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return bool(sa.inspect(conn).has_table(CONSUMPTION_TABLE))
+    except sa.exc.SQLAlchemyError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"sink database {redact(url)}: cannot look for {CONSUMPTION_TABLE}: {first}") from None
+    finally:
+        engine.dispose()
+
+
+def read_consumption(spark: SparkSession, url: str, written_since_ms: int) -> DataFrame:
+    """The evidence rows written at or after `written_since_ms` (epoch ms, column `written_ts`), as
+    written by `audit.clients.sinks.SqlSink` (consume_ts and written_ts in epoch ms)."""
+    reader = spark.read.format("jdbc").option(
+        "query", f"SELECT * FROM {CONSUMPTION_TABLE} WHERE written_ts >= {int(written_since_ms)}")
+    for k, v in jdbc_options(url).items():
+        reader = reader.option(k, v)
+    try:
+        return reader.load()
+    except Exception as e:  # the JDBC source raises JVM errors: name the database and the cause
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"sink database {redact(url)}: cannot read {CONSUMPTION_TABLE} over JDBC: {first}") from None
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages and quarantine rows)."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url

@@ -32,15 +32,18 @@ def default_args() -> dict[str, Any]:
 
 
 def submit_target(cfg: Config) -> dict[str, Any]:
-    """Where spark-submit finds the application, the jars it must ship, the driver JVM's settings
-    (`--conf`s: heap and collector, `Config.driver_jvm`; spark-submit's own default heap is 1 GB), and
-    (local master) which Python runs.
+    """Where spark-submit finds the application, the jars it must ship, the project's Python for the
+    executors, the driver JVM's settings (`--conf`s: heap and collector, `Config.driver_jvm`;
+    spark-submit's own default heap is 1 GB), and which Python runs.
 
     The jars go on `--jars`: under spark-submit the driver JVM exists before `build_spark` runs, so
-    setting `spark.jars` there would be too late for the Delta extension. With a `local[...]` master
-    the driver runs on this worker, so the driver Python and `spark-submit` must be this environment's.
-    Variables `msgaudit_spark_application` and `msgaudit_spark_jars` override both for a cluster whose
-    workers see other paths.
+    setting `spark.jars` there would be too late for the Delta extension. The driver runs on this
+    worker (client deploy mode), so the driver Python and `spark-submit` are this environment's.
+    With a cluster master (`spark://...`, `yarn`, `k8s://...`) the executors run elsewhere: they get
+    `audit` + `spark_jobs` as a zip on `--py-files` (`audit.runtime.bundle.python_bundle`) and
+    PYSPARK_PYTHON names their interpreter (this one, unless the Variable `msgaudit_spark_python`
+    names the workers' own). Variables `msgaudit_spark_application`, `msgaudit_spark_jars` and
+    `msgaudit_spark_py_files` override the paths for a cluster whose machines see other paths.
     """
     import sys
     from pathlib import Path
@@ -62,9 +65,15 @@ def submit_target(cfg: Config) -> dict[str, Any]:
             jar_list = ",".join(str(p) for p in jars.jars("spark-deps"))
         except SetupError as e:
             raise AirflowFailException(str(e)) from None
-    env: dict[str, str] = {}
-    if str(BaseHook.get_connection("spark_default").host or "").startswith("local"):
-        bindir = str(Path(sys.executable).parent)
-        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    return {"application": application, "jars": jar_list, "env": env, "conf": cfg.driver_jvm}
+    master = str(BaseHook.get_connection("spark_default").host or "")
+    bindir = str(Path(sys.executable).parent)
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    py_files = ""
+    if not master.startswith("local"):
+        from audit.runtime.bundle import python_bundle
+
+        env["PYSPARK_PYTHON"] = Variable.get("msgaudit_spark_python", default=None) or sys.executable
+        py_files = Variable.get("msgaudit_spark_py_files", default=None) or str(python_bundle())
+    return {"application": application, "jars": jar_list, "py_files": py_files, "env": env,
+            "conf": cfg.driver_jvm}

@@ -1,5 +1,6 @@
 """`msgaudit backfill`: capture -> reconcile -> SLA for every (topic, window) of a past range, with a
-progress bar; resumable and idempotent.
+progress bar; resumable and idempotent. Each window's topics run together (one capture, one
+reconcile plan, one SLA check per window), so the fixed cost is paid per window, not per topic.
 
 Resumable: every finished (topic, window_start, as_of) is recorded in a small JSON state file
 (`<home>/backfill-state.json`, replaced atomically after each window), and a rerun skips those
@@ -34,7 +35,7 @@ from spark_jobs.pipeline.plan import WINDOW_STEPS, WindowRun, not_final, plan_wi
 from spark_jobs.pipeline.steps import StepRange, run_step
 
 STATE_FILE = "backfill-state.json"
-Step = Callable[[Any, Config, str, datetime, datetime, datetime], Any]
+Step = Callable[[Any, Config, Any, datetime, datetime, datetime], Any]  # topic, or a per_window step's topics
 
 
 @dataclass
@@ -73,10 +74,13 @@ class BackfillState:
 
 
 def _window_step(step: str) -> Step:
-    def run(spark: Any, cfg: Config, topic: str, ws: datetime, we: datetime, as_of: datetime) -> Any:
-        return run_step(spark, cfg, step, StepRange(ws, we, (topic,), as_of))
+    def run(spark: Any, cfg: Config, topic: str | tuple[str, ...], ws: datetime, we: datetime,
+            as_of: datetime) -> Any:
+        topics = (topic,) if isinstance(topic, str) else tuple(topic)
+        return run_step(spark, cfg, step, StepRange(ws, we, topics, as_of))
 
     run.__name__ = f"{step}_step"
+    run.per_window = True  # type: ignore[attr-defined]  # takes every topic of a window at once
     return run
 
 
@@ -89,10 +93,13 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
                    topics: Sequence[str] | None = None, *, force: bool = False,
                    steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, progress: bool = True,
                    now: datetime | None = None) -> BackfillResult:
-    """Run `steps` for every (topic, window) overlapping [start, end); skip windows already done."""
+    """Run `steps` for every (topic, window) overlapping [start, end); skip windows already done.
+    The pipeline's own steps (`DEFAULT_STEPS`) run once per window for all its topics not done yet
+    (one capture, one reconcile plan, one SLA check: the fixed cost is shared); other steps run
+    per (topic, window)."""
     names = list(topics) if topics else sorted(cfg.topics)
-    jobs = sorted(((t, run.start, run.end, run.as_of)
-                   for run in plan_windows(cfg, start, end, names, as_of=as_of) for t in run.topics),
+    runs = plan_windows(cfg, start, end, names, as_of=as_of)
+    jobs = sorted(((t, run.start, run.end, run.as_of) for run in runs for t in run.topics),
                   key=lambda j: (j[0], j[1]))
     if as_of is None:
         early = not_final([WindowRun(ws, we, (t,), a) for t, ws, we, a in jobs], now or datetime.now(UTC))
@@ -105,32 +112,51 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
     result = BackfillResult()
     from tqdm import tqdm
 
-    bar = tqdm(jobs, desc="backfill", unit="window", disable=not progress)
-    for t, ws, we, w_as_of in bar:
-        key = state_key(t, ws, w_as_of)
-        if key in state and not force:
-            result.skipped.append((t, ws))
+    per_window = all(getattr(step, "per_window", False) for _, step in steps)
+    units: list[tuple[tuple[str, ...], datetime, datetime, datetime]] = (
+        [(run.topics, run.start, run.end, run.as_of) for run in runs] if per_window
+        else [((t,), ws, we, a) for t, ws, we, a in jobs])
+    bar = tqdm(total=len(jobs), desc="backfill", unit="window", disable=not progress)
+    for unit_topics, ws, we, w_as_of in units:
+        todo = []
+        for t in unit_topics:
+            if state_key(t, ws, w_as_of) in state and not force:
+                result.skipped.append((t, ws))
+                bar.update(1)
+            else:
+                todo.append(t)
+        if not todo:
             continue
-        bar.set_postfix_str(f"{t} {ws:%Y-%m-%dT%H:%M}")
+        bar.set_postfix_str(f"{todo[0] if len(todo) == 1 else f'{len(todo)} topics'} {ws:%Y-%m-%dT%H:%M}")
         info: dict[str, Any] = {}
         try:
             for name, step in steps:
-                out = step(spark, cfg, t, ws, we, w_as_of)
-                info[name] = _describe(name, out)
+                out = step(spark, cfg, tuple(todo) if per_window else todo[0], ws, we, w_as_of)
+                info[name] = out
         except MsgauditError as e:
             # One window's bad input must not stop the others; it is reported and not marked done.
-            result.failed.append((t, ws, f"{type(e).__name__}: {e}"))
+            for t in todo:
+                result.failed.append((t, ws, f"{type(e).__name__}: {e}"))
+            bar.update(len(todo))
             continue
-        result.sla_errors += int(info.get("sla", {}).get("failed_errors", 0))
-        state.mark(key, info)
-        result.done.append((t, ws))
+        sla = _describe("sla", info.get("sla"))
+        result.sla_errors += int(sla.get("failed_errors", 0))
+        for t in todo:
+            described = {name: _describe(name, out, t) for name, out in info.items()}
+            state.mark(state_key(t, ws, w_as_of), described)
+            result.done.append((t, ws))
+            bar.update(1)
+    bar.close()
+    result.done.sort(key=lambda d: (d[0], d[1]))
+    result.skipped.sort(key=lambda d: (d[0], d[1]))
     return result
 
 
-def _describe(step: str, out: Any) -> dict[str, Any]:
+def _describe(step: str, out: Any, topic: str | None = None) -> dict[str, Any]:
     if step == "reconcile" and out:
-        return {"anomalies": sum(r.anomaly_count for r in out), "report_rows": sum(len(r.report) for r in out),
-                "run_id": out[0].run_id}
+        mine = [r for r in out if topic is None or r.topic == topic] or list(out)
+        return {"anomalies": sum(r.anomaly_count for r in mine), "report_rows": sum(len(r.report) for r in mine),
+                "run_id": mine[0].run_id}
     if step == "sla" and out is not None:
         return {"failed_errors": out.failed_errors, "failed_warnings": out.failed_warnings}
     return {}

@@ -58,8 +58,10 @@ def run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: bo
     topics = list(rng.topics) if rng.topics else None
     if step == "ingest":
         from spark_jobs.ingest import ingest
+        from spark_jobs.ingest_topic import land_topic
 
-        result = ingest(spark, cfg)
+        # With a ledger topic the fleet's rows arrive through it (local segments are each host's spool).
+        result = land_topic(spark, cfg) if cfg.ledger is not None else ingest(spark, cfg)
         for line in result.summary_lines(cfg):
             out(line)
         return result

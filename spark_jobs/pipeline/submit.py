@@ -14,7 +14,9 @@ pass `--as-of` (the window's end + grace, `plan.final_as_of`) to reconcile and s
 gives the same rows; only a hand-run submission without it is judged now, like the CLI.
 
 On a cluster the `audit` and `spark_jobs` packages must be importable by the driver (install
-msgaudit, or ship them with --py-files); the JVM jars come from build_spark's jar cache.
+msgaudit) and reach the executors as `--py-files` (`audit.runtime.bundle.python_bundle`); the JVM
+jars go on `--jars` from the jar cache. `cluster_submit` builds that whole command for a local
+standalone cluster (`msgaudit cluster submit`).
 This module parses arguments and dispatches; it must not hold any audit logic of its own.
 """
 
@@ -97,6 +99,50 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
     finally:
         if own and spark is not None:
             spark.stop()
+
+
+def cluster_submit(cfg: Any, state: Any, step_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The spark-submit argv + environment running `submit.py <step_argv>` on the standalone cluster
+    `state` (`audit.runtime.local_spark.ClusterState`): jars from the cache, this code as a zip, the
+    config's driver-JVM settings."""
+    from audit.runtime import jars
+    from audit.runtime.bundle import python_bundle
+    from audit.runtime.local_spark import submit_command
+
+    return submit_command(state, str(Path(__file__).resolve()), list(step_argv),
+                          jars=[str(p) for p in jars.jars("spark-deps")], py_files=[str(python_bundle())],
+                          conf=cfg.driver_jvm)
+
+
+def cli_cluster_submit(args: argparse.Namespace, cfg: Any) -> int:
+    """`msgaudit cluster submit STEP [submit.py args]`: run one step on the local cluster (or print
+    the command with --print); the step's exit code."""
+    import shlex
+    import subprocess
+
+    from audit.core.errors import InputError
+    from audit.runtime.local_spark import cluster_for, running_state
+
+    if args.step not in STEPS:
+        raise InputError(f"cluster submit needs a step: one of {', '.join(STEPS)}")
+    step_argv = [args.step, "--config", str(Path(cfg.source).resolve())] if args.config else [args.step]
+    for flag, value in (("--start", args.start), ("--end", args.end), ("--as-of", args.as_of)):
+        if value is not None:
+            step_argv += [flag, value]
+    step_argv += [a for t in args.topics or () for a in ("--topic", t)]
+    step_range(build_parser().parse_args(step_argv))  # a malformed instant fails here, before any JVM
+    argv, env = cluster_submit(cfg, running_state(cluster_for(args, cfg)), step_argv)
+    if args.print:
+        print(" ".join(shlex.quote(a) for a in argv))
+        return 0
+    # The step's own lines pass through; Spark's log lines are in the cluster's driver.log already,
+    # and the JVM's one start-up notice about the incubator vector module is dropped.
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if not line.startswith("WARNING: Using incubator modules"):
+            sys.stderr.write(line)
+    return proc.wait()
 
 
 if __name__ == "__main__":

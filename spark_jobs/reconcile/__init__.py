@@ -6,7 +6,14 @@ docs/design.md leaves open); this package is the same rules as Spark transforms,
 holds the two equal row for row. It never imports the oracle: what the two share -- codes,
 statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 (`audit.core.windows`), percentiles and report assembly (`audit.core.percentiles`,
-`audit.core.report`) -- lives in `audit.core`. Shape of the computation, for one window:
+`audit.core.report`) -- lives in `audit.core`.
+
+Many topics, one plan: every row of every tier carries its `topic`, and everything a topic's rules
+need beyond its rows -- its groups and sinks, their stage names, its constants -- is looked up per
+row (`params.Shape`, `params.batch_params`: one row per topic), so `classify_batch` classifies all
+topics of a window (those with the same read ranges, at most MAX_TOPICS_PER_PLAN) with the same
+few Spark jobs one topic needs; `reconcile_range` reads each table's Delta log once per run and
+publishes each batch with one commit per output table. Shape of the computation, for one window:
 
 1. `flag_consumption_order` (through `reordered_processings`): one shuffle of a narrow projection of
    the consumption rows by (group, partition) finds the first processings that go backwards in
@@ -39,7 +46,8 @@ statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 Modules, by concern (each docstring says what it must not do):
 
 - `inputs`: what one window reads (`read_window_inputs`, I/O) and its exact visibility (`restrict`);
-- `params`: the window's constants and per-partition lookups, as one broadcast row;
+- `params`: the window's constants and per-partition lookups, one broadcast row per topic, and
+  `Shape` (the topics of one plan);
 - `units`: keying every tier by unit, the typed path (`typed_tiers`, `typed_units`) and the
   general path's gathering (`unit_tiers`, `collect_units`, `describe_units`);
 - `classify`: the per-unit rules of docs/design.md §5 as SQL (`classify`, `simple_facts`);
@@ -56,7 +64,7 @@ and `outputs.write_outputs` are the only I/O (with `spark_jobs/io/sinks_read.py`
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -73,18 +81,22 @@ from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
+    batches,
     check_window_inputs,
     ledger_is_valid,
+    read_batch_inputs,
     read_window_inputs,
     restrict,
+    sink_rows,
 )
 from spark_jobs.reconcile.mirror import mirror_x
 from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
-from spark_jobs.reconcile.outputs import write_outputs
-from spark_jobs.reconcile.params import Lookups, collect_lookups, window_params
-from spark_jobs.reconcile.sql import X_FIELDS
+from spark_jobs.reconcile.outputs import write_outputs, write_window_outputs
+from spark_jobs.reconcile.params import Lookups, Shape, batch_params, collect_lookups
+from spark_jobs.reconcile.sql import X_FIELDS, _q
 from spark_jobs.reconcile.stats import stage_stats, summarise
 from spark_jobs.reconcile.units import (
+    KEY,
     collect_units,
     describe_units,
     flag_consumption_order,
@@ -96,10 +108,10 @@ from spark_jobs.reconcile.units import (
 )
 
 __all__ = [
-    "ANOMALY_COLUMNS", "X_FIELDS", "Classified", "Lookups", "WindowInputs", "WindowResult",
-    "classify_window", "collect_lookups", "flag_consumption_order", "read_window_inputs",
-    "reconcile_frames", "reconcile_range", "reconcile_window", "restrict", "stage_stats", "summarise",
-    "summary_line", "typed_tiers", "typed_units", "write_outputs",
+    "ANOMALY_COLUMNS", "MAX_TOPICS_PER_PLAN", "X_FIELDS", "Classified", "Lookups", "Shape", "WindowInputs",
+    "WindowResult", "classify_batch", "classify_window", "collect_lookups", "flag_consumption_order", "read_window_inputs",
+    "reconcile_batch", "reconcile_frames", "reconcile_range", "reconcile_window", "restrict", "stage_stats", "summarise",
+    "sink_rows", "summary_line", "typed_tiers", "typed_units", "write_outputs",
 ]
 
 
@@ -172,18 +184,36 @@ def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig,
 
 def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
                     as_of: datetime) -> Classified:
-    """Classify one window. The only actions are on small things: watermarks and group offsets
-    (collected for the lookup maps), the quarantine count, and the persisted summary."""
-    run_id = run_id_for(tc.name, ws, as_of)
-    vis = restrict(inputs, tc, ws)
-    wm_rows = [r.asDict() for r in vis.watermarks.where(F.col("topic") == tc.name).collect()] \
-        if vis.watermarks is not None else []
-    go_rows = [r.asDict() for r in vis.group_offsets.where(F.col("topic") == tc.name).collect()] \
-        if vis.group_offsets is not None else []
-    lk = collect_lookups(wm_rows, go_rows, tc.groups)
-    quarantined = vis.ledger.where(~ledger_is_valid()).count()
-    ledger = vis.ledger.where(ledger_is_valid())
-    params = window_params(spark, tc, ws, as_of, lk)
+    """Classify one topic's window (a batch of one)."""
+    return classify_batch(spark, inputs, Shape((tc,)), ws, as_of)[tc.name]
+
+
+# At most this many topics share one plan: a window's Spark jobs are a handful per batch, whatever
+# its topic count, and one plan's size (its union branches, the literal lookup maps) stays bounded.
+MAX_TOPICS_PER_PLAN = 64
+
+
+def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: datetime,
+                   as_of: datetime) -> dict[str, Classified]:
+    """Classify one window of every topic of `shape` in one plan (the topics share their read
+    ranges: `inputs.batches`): every row carries its topic, so the Spark jobs -- the actions below
+    and the materialised steps -- are the same few for one topic or for many. The only actions are
+    on small things: watermarks and group offsets (collected for the lookup maps), the persisted
+    summary (its per-code counts and quarantine counts, the per-stage sums, the latencies at the
+    wanted ranks)."""
+    vis = restrict(inputs, shape, ws)
+    wm_rows = [r.asDict() for r in vis.watermarks.collect()] if vis.watermarks is not None else []
+    go_rows = [r.asDict() for r in vis.group_offsets.collect()] if vis.group_offsets is not None else []
+    commit_rows = [r.asDict() for r in vis.commits.groupBy("topic", "group", "partition")
+                   .agg(F.max("offset").alias("offset")).collect()] if vis.commits is not None else []
+    lookups = {tc.name: collect_lookups([r for r in wm_rows if r["topic"] == tc.name],
+                                        [r for r in go_rows if r["topic"] == tc.name], tc.groups,
+                                        [r for r in commit_rows if r["topic"] == tc.name])
+               for tc in shape.topics}
+    valid = ledger_is_valid()
+    ledger = vis.ledger.where(valid)
+    params = batch_params(spark, shape, ws, as_of, lookups)
+    sinks = sink_rows(vis)
     cached: list[DataFrame] = []
 
     def keep(df: DataFrame) -> DataFrame:
@@ -194,40 +224,65 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     # over the consumption rows alone, and only its flagged rows come back.
     flagged = keep(reordered_processings(vis.consumed)) if vis.consumed is not None else None
     # Typed path: every unit's tiers as fixed-width aggregates; ordinary messages end here.
-    typed = typed_units(typed_tiers(ledger, vis.log, vis.consumed, vis.sinks, tc), tc)
+    typed = typed_units(typed_tiers(ledger, vis.log, vis.consumed, sinks, shape), shape, params)
     if flagged is not None:
-        marks = flagged.select("ktype", "k1", "k2").distinct().withColumn("_reordered", F.lit(True))
-        typed = (typed.join(F.broadcast(marks), ["ktype", "k1", "k2"], "left")
+        marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
+        typed = (typed.join(F.broadcast(marks), KEY, "left")
                  .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
     typed = keep(typed)
     # General path: only the other units' rows are gathered into arrays (a broadcast semi-join on
     # their key hashes before their shuffle, so the ordinary majority never reaches it).
-    keys = typed.where("NOT simple").select("ktype", "k1", "k2")
+    keys = typed.where("NOT simple").select(*KEY)
     consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
-    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, vis.sinks), keys), params))
+    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     narrow = narrow_units(typed, units, params)
-    facts = simple_facts(typed, params, tc).unionByName(classify(units, tc))
-    if (mirrored := mirror_x(ledger, vis.log, vis.mirror_log, vis.mirror_watermarks, tc, ws, as_of)) is not None:
-        facts = facts.unionByName(mirrored)  # stage mirror:<m>, its own module
-    x = facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
+    facts = simple_facts(typed, params, shape).unionByName(classify(units, shape))
+    for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
+        one = F.col("topic") == tc.name
+        mirrored = mirror_x(ledger.where(one), vis.log.where(one), vis.mirror_log, vis.mirror_watermarks, tc, ws, as_of)
+        if mirrored is not None:
+            facts = facts.unionByName(mirrored)
+    # malformed ledger rows travel as X rows of kind 'Q': counted by the summary, no job of their own
+    nulls = {n: F.lit(None).cast(t) for n, t in X_FIELDS}
+    quarantine = vis.ledger.where(~valid).select(
+        *[F.col("topic") if n == "topic" else F.lit("Q").alias("kind") if n == "kind" else nulls[n].alias(n)
+          for n, _ in X_FIELDS])
+    x = (facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
+         .unionByName(quarantine))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
     stats = stage_stats(spark, summary, facts)  # reads the checkpoints once more: before `release`
-    codes: dict[tuple[str, int], dict[str, int]] = {}
-    for r in (summary.where("kind = 'A'").groupBy("stage", "partition", "anomaly")
+    codes: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
+    quarantined: dict[str, int] = {}
+    for r in (summary.where("kind IN ('A', 'Q')").groupBy("topic", "kind", "stage", "partition", "anomaly")
               .agg(F.sum("n").alias("n")).collect()):
-        codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])
+        if r["kind"] == "Q":
+            quarantined[r["topic"]] = quarantined.get(r["topic"], 0) + int(r["n"])
+        else:
+            codes.setdefault(r["topic"], {}).setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])
     for df in cached:  # the summary is materialised now; these are only needed to recompute it
         release(df)
-    report = assemble_report(tc, ws, as_of, lk.partitions, stats, codes)
-    anomalies = (summary.where("kind = 'A'")
-                 .withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("n").cast("int"))))
-                 .select(F.lit(ws).alias("window_start"), F.lit(tc.name).alias("topic"), "partition", "stage",
-                         "anomaly", "pid", "seq", "offset", "detail", F.lit(run_id).alias("run_id"),
-                         F.lit(as_of).alias("computed_at")))
-    empty = not any(s.get("expected") for s in stats.values()) and not codes
-    count = sum(n for c in codes.values() for n in c.values())
-    return Classified(report, anomalies, count, quarantined, empty, summary)
+    out: dict[str, Classified] = {}
+    for tc in shape.topics:
+        run_id = run_id_for(tc.name, ws, as_of)
+        t_stats, t_codes = stats.get(tc.name, {}), codes.get(tc.name, {})
+        report = assemble_report(tc, ws, as_of, lookups[tc.name].partitions, t_stats, t_codes)
+        anomalies = anomaly_rows(summary.where(F.col("topic") == tc.name), ws, {tc.name: run_id}, as_of)
+        empty = not any(s.get("expected") for s in t_stats.values()) and not t_codes
+        count = sum(n for c in t_codes.values() for n in c.values())
+        out[tc.name] = Classified(report, anomalies, count, quarantined.get(tc.name, 0), empty, summary)
+    return out
+
+
+def anomaly_rows(summary: DataFrame, ws: datetime, run_ids: Mapping[str, str], as_of: datetime) -> DataFrame:
+    """The anomaly rows (audit_anomalies columns) of a summary's topics."""
+    run_id = F.lit(next(iter(run_ids.values()))) if len(run_ids) == 1 else F.expr(
+        "try_element_at(map(" + ", ".join(f"{_q(t)}, {_q(r)}" for t, r in sorted(run_ids.items())) + "), topic)")
+    return (summary.where("kind = 'A'")
+            .withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("n").cast("int"))))
+            .select(F.lit(ws).alias("window_start"), "topic", "partition", "stage",
+                    "anomaly", "pid", "seq", "offset", "detail", run_id.alias("run_id"),
+                    F.lit(as_of).alias("computed_at")))
 
 
 def reconcile_window(spark: SparkSession, cfg: Config, topic: str, ws: datetime, as_of: datetime,
@@ -241,30 +296,55 @@ def reconcile_window(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
                         w.quarantined, w.empty, [w.summary])
 
 
+def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime, as_of: datetime,
+                    publish: bool = True,
+                    tables: dict[str, tuple[DataFrame, bool]] | None = None) -> list[WindowResult]:
+    """One window of every topic of `shape`, in one plan; published with one commit per output table
+    for the whole batch. The results share one cached summary: `release()` of any frees it."""
+    inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
+    classified = classify_batch(spark, inputs, shape, ws, as_of)
+    run_ids = {t: run_id_for(t, ws, as_of) for t in shape.names}
+    summary = next(iter(classified.values())).summary
+    if publish:
+        write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()},
+                             anomaly_rows(summary, ws, run_ids, as_of))
+    return [WindowResult(t, ws, as_of, run_ids[t], c.report, c.anomalies, c.anomaly_count, c.quarantined,
+                         c.empty, [summary]) for t, c in classified.items()]
+
+
 def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: datetime, as_of: datetime,
                     topics: Sequence[str] | None = None, progress: bool = False) -> list[WindowResult]:
-    """Every (topic, window) overlapping [start, end), as of `as_of` (spark-submit / Airflow entry)."""
+    """Every (topic, window) overlapping [start, end), as of `as_of` (spark-submit / Airflow entry).
+    All topics of a window start are classified together, in batches of topics with the same read
+    ranges (`inputs.batches`, at most MAX_TOPICS_PER_PLAN each); each input table's Delta log is read
+    once for the run."""
     names = list(topics) if topics else sorted(cfg.topics)
     if not names:
         raise InputError(f"{cfg.source}: no topics configured; add one under `topics:`")
+    tables: dict[str, tuple[DataFrame, bool]] = {}  # each table opened once for the run
     for t in names:  # every input and sink table's columns, before the first window's Spark job
-        check_window_inputs(spark, cfg, cfg.topic(t))
-    jobs = [(t, ws) for t in names for ws, _ in windows(start, end, cfg.topic(t).window)]
-    results = []
+        check_window_inputs(spark, cfg, cfg.topic(t), tables)
+    by_start: dict[datetime, list[TopicConfig]] = {}
+    for t in names:
+        for ws, _ in windows(start, end, cfg.topic(t).window):
+            by_start.setdefault(ws, []).append(cfg.topic(t))
+    jobs = [(ws, shape) for ws in sorted(by_start) for shape in batches(by_start[ws], ws, MAX_TOPICS_PER_PLAN)]
+    results: dict[tuple[str, datetime], WindowResult] = {}
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(jobs), desc="reconcile", unit="window")
-    for t, ws in jobs:
-        r = reconcile_window(spark, cfg, t, ws, as_of)
-        r.release()
-        results.append(r)
+        bar = tqdm(total=sum(len(s.topics) for _, s in jobs), desc="reconcile", unit="window")
+    for ws, shape in jobs:
+        batch = reconcile_batch(spark, cfg, shape, ws, as_of, tables=tables)
+        for r in batch:
+            r.release()
+            results[(r.topic, ws)] = r
         if bar is not None:
-            bar.update(1)
+            bar.update(len(shape.topics))
     if bar is not None:
         bar.close()
-    return results
+    return [results[(t, ws)] for t in names for ws, _ in windows(start, end, cfg.topic(t).window)]
 
 
 def summary_line(r: WindowResult) -> str:

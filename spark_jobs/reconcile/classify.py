@@ -29,32 +29,38 @@ from audit.core.vocabulary import (
     group_stage,
     sink_stage,
 )
+from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import _MIN, EMPTY_X, _a, _f, _opt, _q, anomaly_sql, code_sql, detail_sql
 
 DUE = "(asof_us >= pt_us + grace_us)"
 LOG_SQL = _q(LOG)
 
 
-def simple_facts(typed: DataFrame, params: DataFrame, tc: TopicConfig) -> DataFrame:
-    """X rows (facts only: an ordinary delivered message has no anomaly of its own) of the simple units."""
+def simple_facts(typed: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
+    """X rows (facts only: an ordinary delivered message has no anomaly of its own) of the simple
+    units. A topic's groups and sinks are the first `n_groups`/`n_sinks` of the typed columns; their stage
+    names come from its row of `params` (`gst`, `sst`)."""
     stages = [_f(LOG_SQL, "lp", "1", "1", "0", "(lack - lpt) / 1000D")]
-    stages += [_f(_q(group_stage(g)), "rp", "1", "1", "0", f"(c{i}_ts - lpt) / 1000D")
-               for i, g in enumerate(tc.groups)]
-    stages += [_f(_q(sink_stage(s.name)), "rp", "1", "1", "0", f"(s{i}_ts - lpt) / 1000D")
-               for i, s in enumerate(tc.sinks)]
-    return (typed.where("simple").crossJoin(F.broadcast(params))
+    stages += [f"CASE WHEN {i} < n_groups THEN " + _f(f"try_element_at(gst, {i + 1})", "rp", "1", "1", "0", f"(c{i}_ts - lpt) / 1000D") + " END"
+               for i in range(shape.max_groups)]
+    stages += [f"CASE WHEN {i} < n_sinks THEN " + _f(f"try_element_at(sst, {i + 1})", "rp", "1", "1", "0", f"(s{i}_ts - lpt) / 1000D") + " END"
+               for i in range(shape.max_sinks)]
+    return (typed.where("simple").join(F.broadcast(params), "topic")
             .where("lpt >= ws_us AND lpt < we_us")
-            .select(F.explode(F.expr(f"array({', '.join(stages)})")).alias("x")).select("x.*"))
+            .select(F.explode(F.expr(f"filter(array({', '.join(stages)}), x -> x IS NOT NULL)")).alias("x"))
+            .select("x.*"))
 
 
 def _case(kind: str, branches: Sequence[tuple[str | None, str, dict[str, str]]]) -> tuple[str, str]:
     """(code SQL, detail SQL) choosing among codes of one stage kind: [(condition, code, detail
-    expressions)], the last one's condition None (ELSE)."""
+    expressions)], the last one's condition None (ELSE). A `variant` key in the expressions picks
+    that variant of the code's detail template."""
     code, det = "CASE", "CASE"
     for cond, name, exprs in branches:
         head = " ELSE " if cond is None else f" WHEN {cond} THEN "
         code += head + code_sql(kind, name)
-        det += head + detail_sql(kind, name, **exprs)
+        fields = {k: v for k, v in exprs.items() if k != "variant"}
+        det += head + detail_sql(kind, name, exprs.get("variant"), **fields)
     return code + " END", det + " END"
 
 
@@ -111,6 +117,9 @@ def classification_sql(tc: TopicConfig) -> tuple[dict[str, str], str]:
         unprocessed_code, unprocessed_detail = _case(GROUP, [
             ("x.dead", "dead_lettered", {}),
             (f"NOT {DUE}", "pending", {}),
+            ("size(x.fail) > 0 AND element_at(x.fail, -1).error IS NOT NULL", "retry_overdue",
+             {"variant": "error", "attempt": "element_at(x.fail, -1).attempt",
+              "consumer": "element_at(x.fail, -1).consumer", "error": "element_at(x.fail, -1).error"}),
             ("size(x.fail) > 0", "retry_overdue", {"attempt": "element_at(x.fail, -1).attempt",
                                                    "consumer": "element_at(x.fail, -1).consumer"}),
             ("x.r.offset < coalesce(try_element_at(lso, x.r.partition), -1)", "expired_unconsumed", {}),
@@ -170,13 +179,25 @@ def classification_sql(tc: TopicConfig) -> tuple[dict[str, str], str]:
     return per_stage, f"concat({', '.join(log_anoms + facts)})"
 
 
-def classify(units: DataFrame, tc: TopicConfig) -> DataFrame:
-    """Described units -> X rows: kind 'A' (one anomaly row) or 'F' (one unit's facts at a stage)."""
-    per_stage, rows = classification_sql(tc)
+def classify(units: DataFrame, shape: Shape) -> DataFrame:
+    """Described units -> X rows: kind 'A' (one anomaly row) or 'F' (one unit's facts at a stage).
+    The rules name a topic's groups and sinks, so topics whose rules read the same
+    (`classification_sql`) share one expression; each other set is one more narrow branch over the
+    same gathered units (no new shuffle)."""
     u = units.where("in_w")
     for name in ("acked_missing", "covered"):
         u = u.withColumn(name, F.expr(UNIT_FLAGS[name]))
     u = u.withColumns({name: F.expr(UNIT_FLAGS[name]) for name in ("lost", "unverif")})
-    if per_stage:
-        u = u.withColumns({name: F.expr(sql) for name, sql in per_stage.items()})
-    return u.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
+    by_sql: dict[tuple[tuple[tuple[str, str], ...], str], list[str]] = {}
+    for tc in shape.topics:
+        per_stage, rows = classification_sql(tc)
+        by_sql.setdefault((tuple(per_stage.items()), rows), []).append(tc.name)
+    out = None
+    for (per_stage_items, rows), names in by_sql.items():
+        v = u if len(by_sql) == 1 else u.where(F.col("topic").isin(names))
+        if per_stage_items:
+            v = v.withColumns({name: F.expr(sql) for name, sql in per_stage_items})
+        x = v.select(F.explode(F.expr(rows)).alias("x")).select("x.*")
+        out = x if out is None else out.unionByName(x)
+    assert out is not None, "a shape has at least one topic"
+    return out

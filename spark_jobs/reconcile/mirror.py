@@ -113,6 +113,7 @@ def mirror_x(ledger: DataFrame, log: DataFrame, mirror_log: DataFrame | None, mi
     if not tc.mirrors:
         return None
     units = source_units(ledger, log)
+    topic = F.lit(tc.name)  # X rows carry their topic (a window's topics share one plan)
     ws_us, we_us = to_micros(ws), to_micros(ws + tc.window)
     in_w = (F.col("pt_us") >= ws_us) & (F.col("pt_us") < we_us)
     out: list[DataFrame] = []
@@ -134,18 +135,18 @@ def mirror_x(ledger: DataFrame, log: DataFrame, mirror_log: DataFrame | None, mi
                     .withColumns({"as_of_us": F.lit(to_micros(as_of)), "grace_us": F.lit(int(tc.grace / _US))})
                     .withColumn("covered", F.coalesce(F.col("cap_us") >= F.col("pt_us") + F.col("grace_us"),
                                                       F.lit(False))))
-        out.append(per_unit.select(F.explode(F.expr(sql["UNIT_X"])).alias("x")).select("x.*"))
+        out.append(per_unit.withColumn("topic", topic).select(F.explode(F.expr(sql["UNIT_X"])).alias("x")).select("x.*"))
         dups = (copies.where("k > 1").join(units.where(in_w).select("pid", "seq"), ["pid", "seq"], "left_semi")
                 .select("*", F.col("first.partition").alias("first_partition"),
                         F.col("first.offset").alias("first_offset")))
-        out.append(dups.select(F.expr(sql["DUPLICATE_X"]).alias("x")).select("x.*"))
+        out.append(dups.withColumn("topic", topic).select(F.expr(sql["DUPLICATE_X"]).alias("x")).select("x.*"))
         # order: per target partition, first copies of messages of the same source partition, by target offset
         by_target = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
         firsts_o = (copies.where("k = 1").join(units, ["pid", "seq"])
                     .where(F.col("op") == F.col("partition"))
                     .withColumn("high", F.max("oo").over(by_target)))
         late = firsts_o.where((F.col("oo") < F.col("high")) & in_w)
-        out.append(late.select(F.expr(sql["REORDERED_X"]).alias("x")).select("x.*"))
+        out.append(late.withColumn("topic", topic).select(F.expr(sql["REORDERED_X"]).alias("x")).select("x.*"))
     result = out[0]
     for df in out[1:]:
         result = result.unionByName(df)

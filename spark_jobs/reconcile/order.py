@@ -22,11 +22,11 @@ def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame) -> DataF
     read -- key, produce time, the original copy's position, presence, the fingerprint's hashes."""
     fph, fph2 = _fp_hash(F.col("orig.fingerprint"))
     general = units.select(
-        "ktype", "k1", "k2", "pid", "seq", "pt_us", F.col("orig.partition").alias("o_part"),
+        "topic", "ktype", "k1", "k2", "pid", "seq", "pt_us", F.col("orig.partition").alias("o_part"),
         F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
         ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"), fph, fph2)
     return (typed.where("simple").select(*unit_keys(typed)).unionByName(general)
-            .crossJoin(F.broadcast(params.select("ws_us", "we_us")))
+            .join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
             .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
             .drop("ws_us", "we_us"))
 
@@ -55,9 +55,9 @@ CONTENT_DUPLICATE_SQL = anomaly_sql(_LOG, LOG, "content_duplicate", "p", "k1", "
 def order_checks(narrow: DataFrame) -> DataFrame:
     """`reordered_in_log` and `seq_gap` X rows: the order-dependent checks, as window functions over
     the narrow units (`narrow_units`), so the two sorts they need move a few columns per unit."""
-    by_pid_part = (Window.partitionBy("ktype", "k1", "o_part").orderBy("o_off")
+    by_pid_part = (Window.partitionBy("topic", "ktype", "k1", "o_part").orderBy("o_off")
                    .rowsBetween(Window.unboundedPreceding, -1))
-    by_pid = Window.partitionBy("ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
+    by_pid = Window.partitionBy("topic", "ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
     # hashed by pid once: both windows' partitions are unions of these (one exchange, two sorts)
     u = (narrow.repartition("k1").withColumns({
              "rl_high": F.max(F.when((F.col("ktype") == 0) & F.col("has_orig"), F.col("k2"))).over(by_pid_part),
@@ -69,9 +69,9 @@ def order_checks(narrow: DataFrame) -> DataFrame:
 
 def content_duplicates(narrow: DataFrame) -> DataFrame:
     """`content_duplicate` X rows: one shuffle of the narrow units by their fingerprint's 96-bit hash."""
-    w = Window.partitionBy("fph", "fph2").orderBy("pt_us", "k1", "k2")
+    w = Window.partitionBy("topic", "fph", "fph2").orderBy("pt_us", "k1", "k2")
     narrow = (narrow.where("ktype = 0 AND has_orig AND fph IS NOT NULL")
-              .select("fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
+              .select("topic", "fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
                       F.col("o_off").alias("o")))
     ranked = (narrow.withColumn("rn", F.row_number().over(w))
               .withColumn("first", F.first(F.struct("k1", "k2")).over(

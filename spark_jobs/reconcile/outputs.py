@@ -24,17 +24,29 @@ def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
                   report: Sequence[Mapping[str, Any]], anomalies: DataFrame) -> list[dict[str, Any]]:
-    """Replace the window's rows in both Delta tables and the report store; returns anomaly rows.
-    The two Delta commits run side by side (each is mostly the driver waiting on the table's log),
-    while this thread collects the anomalies and writes the report store."""
+    """Replace one topic's window rows in both Delta tables and the report store; returns anomaly rows."""
+    return write_window_outputs(spark, cfg, ws, {topic: report}, anomalies)
+
+
+def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
+                         reports: Mapping[str, Sequence[Mapping[str, Any]]],
+                         anomalies: DataFrame) -> list[dict[str, Any]]:
+    """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
+    table for all of them) and the report store; returns the anomaly rows. `anomalies` holds the
+    rows of those topics only. The two Delta commits run side by side (each is mostly the driver
+    waiting on the table's log), while this thread collects the anomalies and writes the report
+    store."""
     from concurrent.futures import ThreadPoolExecutor
 
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.io.lake import write_table
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
-    where = f"topic = {_q(topic)} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
-    report_df = _to_df(spark, report, AUDIT_PARTITION_REPORT)
+    topics = sorted(reports)
+    which = (f"topic = {_q(topics[0])}" if len(topics) == 1
+             else f"topic IN ({', '.join(_q(t) for t in topics)})")
+    where = f"{which} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
+    report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
         delta = [pool.submit(write_table, df, cfg, name, mode="overwrite", partition_by=["topic"],
@@ -42,8 +54,9 @@ def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
                  for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
         anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
         with ReportStore(cfg.report_store) as store:
-            store.replace_window(PARTITION_REPORT, topic, ws, report)
-            store.replace_window(ANOMALIES, topic, ws, anomaly_rows)
+            for t in topics:
+                store.replace_window(PARTITION_REPORT, t, ws, reports[t])
+                store.replace_window(ANOMALIES, t, ws, [r for r in anomaly_rows if r["topic"] == t])
         for f in delta:
             f.result()  # a failed commit raises here
     return anomaly_rows

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import TopicConfig
+from spark_jobs.reconcile.sql import _q
 
 
 @dataclass
@@ -34,8 +35,10 @@ def _micros(t: datetime) -> int:
 
 
 def collect_lookups(watermarks: Sequence[Mapping[str, Any]], group_offsets: Sequence[Mapping[str, Any]],
-                    groups: Sequence[str]) -> Lookups:
-    """Same semantics as the oracle: coverage by any capture, highest log start, latest commit."""
+                    groups: Sequence[str], commits: Sequence[Mapping[str, Any]] = ()) -> Lookups:
+    """Same semantics as the oracle: coverage by any capture, highest log start, latest commit
+    (raised to the highest offset of the consumer interceptor's `committed` rows, `commits`:
+    group, partition, offset)."""
     raw: dict[int, list[tuple[int, int]]] = {}
     max_lso: dict[int, int] = {}
     for w in watermarks:
@@ -62,6 +65,10 @@ def collect_lookups(watermarks: Sequence[Mapping[str, Any]], group_offsets: Sequ
         if go["group"] in committed:
             co = go["committed_offset"]
             committed[go["group"]][int(go["partition"])] = None if co is None else int(co)
+    for c in commits:
+        if c["group"] in committed:
+            prev = committed[c["group"]].get(int(c["partition"]))
+            committed[c["group"]][int(c["partition"])] = int(c["offset"]) if prev is None else max(prev, int(c["offset"]))
     return Lookups(coverage, max_lso, committed, set(max_lso))
 
 
@@ -72,19 +79,77 @@ def _map_sql(entries: Mapping[int, str], value_type: str) -> str:
 
 
 def window_params(spark: SparkSession, tc: TopicConfig, ws: datetime, as_of: datetime, lk: Lookups) -> DataFrame:
-    """One row of the window's constants (times in micros, the lookup maps). Joined to the units
-    instead of inlined as literals, so the generated code is the same for every window of a topic
-    and Spark's codegen cache serves later windows without recompiling."""
-    # typed even when a partition has no interval (an empty capture): array() alone would be array<void>
-    cov = _map_sql({p: "cast(array(" + ", ".join(f"named_struct('lo', {lo}L, 'hi', {hi}L)" for lo, hi in ivs)
-                    + ") as array<struct<lo:bigint,hi:bigint>>)" for p, ivs in lk.coverage.items()},
-                   "array<struct<lo:bigint,hi:bigint>>")
-    lso = _map_sql({p: f"{v}L" for p, v in lk.max_lso.items()}, "bigint")
-    cols = [F.lit(_micros(ws)).alias("ws_us"), F.lit(_micros(ws + tc.window)).alias("we_us"),
-            F.lit(_micros(as_of)).alias("asof_us"), F.lit(tc.grace // timedelta(microseconds=1)).alias("grace_us"),
-            F.expr(cov).alias("cov"), F.expr(lso).alias("lso")]
-    for gi, g in enumerate(tc.groups):
-        co = _map_sql({p: ("cast(null as bigint)" if v is None else f"{v}L")
-                       for p, v in lk.committed.get(g, {}).items()}, "bigint")
-        cols.append(F.expr(co).alias(f"co{gi}"))
-    return spark.range(1).select(*cols)
+    """The constants of one topic's window (`batch_params` for a batch of one)."""
+    return batch_params(spark, Shape((tc,)), ws, as_of, {tc.name: lk})
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The topics one plan classifies together (docs/design.md §5 per topic; one plan for all):
+    each row of every tier carries its `topic`, and what differs between topics -- which groups
+    and sinks a topic has, their stage names, its constants -- is looked up per row (literal maps
+    keyed by topic, or the per-topic rows of `batch_params`), never compiled into the plan, so one
+    plan (and one set of Spark jobs) serves any number of topics."""
+
+    topics: tuple[TopicConfig, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.topics]
+
+    @property
+    def max_groups(self) -> int:
+        return max((len(t.groups) for t in self.topics), default=0)
+
+    @property
+    def max_sinks(self) -> int:
+        return max((len(t.sinks) for t in self.topics), default=0)
+
+    def _index_sql(self, pairs: Mapping[tuple[str, str], int], col: str) -> Any:
+        if not pairs:
+            return F.lit(None).cast("int")
+        entries = ", ".join(f"{_q(f'{t}{SEP}{n}')}, {i}" for (t, n), i in sorted(pairs.items()))
+        return F.expr(f"try_element_at(map({entries}), concat(topic, {_q(SEP)}, {col}))")
+
+    def group_index(self) -> Any:
+        """The row's group's position in its topic's `groups` (null: not a group of the topic)."""
+        return self._index_sql({(t.name, g): i for t in self.topics for i, g in enumerate(t.groups)}, "`group`")
+
+    def sink_index(self) -> Any:
+        """The row's sink's position in its topic's `sinks` (a `sink` column: the sink's name)."""
+        return self._index_sql({(t.name, s.name): i for t in self.topics for i, s in enumerate(t.sinks)}, "sink")
+
+
+SEP = "/"  # never in a Kafka topic name ([a-zA-Z0-9._-])
+
+
+def batch_params(spark: SparkSession, shape: Shape, ws: datetime, as_of: datetime,
+                 lookups: Mapping[str, Lookups]) -> DataFrame:
+    """One row per topic of the window's constants (times in micros, the lookup maps, how many
+    groups and sinks the topic has and their stage names), as a local table (its broadcast runs
+    no Spark job). Joined to the units by topic instead of inlined as literals, so the generated
+    code is the same for every window and every topic and Spark's codegen cache serves them."""
+    from audit.core.vocabulary import group_stage, sink_stage
+
+    ng = shape.max_groups
+    rows = []
+    for tc in shape.topics:
+        lk = lookups[tc.name]
+        # typed even when a partition has no interval (an empty capture): array() alone would be array<void>
+        cov = _map_sql({p: "cast(array(" + ", ".join(f"named_struct('lo', {lo}L, 'hi', {hi}L)" for lo, hi in ivs)
+                        + ") as array<struct<lo:bigint,hi:bigint>>)" for p, ivs in lk.coverage.items()},
+                       "array<struct<lo:bigint,hi:bigint>>")
+        lso = _map_sql({p: f"{v}L" for p, v in lk.max_lso.items()}, "bigint")
+        vals = [_q(tc.name), f"{_micros(ws)}L", f"{_micros(ws + tc.window)}L", f"{_micros(as_of)}L",
+                f"{tc.grace // timedelta(microseconds=1)}L", cov, lso]
+        for gi in range(ng):
+            g = tc.groups[gi] if gi < len(tc.groups) else None
+            co = {} if g is None else lk.committed.get(g, {})
+            vals.append(f"cast({_map_sql({p: ('cast(null as bigint)' if v is None else f'{v}L') for p, v in co.items()}, 'bigint')} as map<int,bigint>)")
+        vals += [str(len(tc.groups)), str(len(tc.sinks)),
+                 "cast(array(" + ", ".join(_q(group_stage(g)) for g in tc.groups) + ") as array<string>)",
+                 "cast(array(" + ", ".join(_q(sink_stage(s.name)) for s in tc.sinks) + ") as array<string>)"]
+        rows.append("(" + ", ".join(vals) + ")")
+    names = ["topic", "ws_us", "we_us", "asof_us", "grace_us", "cov", "lso", *[f"co{i}" for i in range(ng)],
+             "n_groups", "n_sinks", "gst", "sst"]
+    return spark.sql(f"SELECT * FROM VALUES {', '.join(rows)} AS params({', '.join(names)})")

@@ -1,7 +1,8 @@
 """SQL text helpers of the Spark classifier: the X row (one anomaly row, kind 'A', or one unit's
 facts at a stage, kind 'F') every rule produces, string literals, and anomaly codes and detail
 texts taken from the vocabulary (`audit.core.vocabulary`): `detail_sql` turns a code's detail
-template into the SQL expression that renders the same text, so each text is written once.
+template into the SQL expression that renders the same text, so each text is written once. An X
+row carries the `topic` column of the row it is built from, so one plan classifies many topics.
 
 Pure string building: no DataFrames, no SparkSession, no I/O.
 """
@@ -14,7 +15,8 @@ from audit.core.vocabulary import anomaly
 
 _MIN = -(2**62)
 
-X_FIELDS = (("kind", "string"), ("stage", "string"), ("anomaly", "string"), ("partition", "int"),
+X_FIELDS = (("topic", "string"), ("kind", "string"), ("stage", "string"), ("anomaly", "string"),
+            ("partition", "int"),
             ("pid", "string"), ("seq", "bigint"), ("offset", "bigint"), ("detail", "string"),
             ("expected", "int"), ("delivered", "int"), ("pending", "int"), ("latency", "double"))
 X_TYPE = "struct<" + ",".join(f"{n}:{t}" for n, t in X_FIELDS) + ">"
@@ -65,7 +67,8 @@ def detail_sql(kind: str, name: str, variant: str | None = None, **exprs: str) -
 
 
 def _a(stage: str, code: str, part: str, pid: str, seq: str, off: str, detail: str) -> str:
-    return (f"named_struct('kind', 'A', 'stage', {stage}, 'anomaly', {code}, 'partition', cast({part} as int), "
+    return (f"named_struct('topic', topic, 'kind', 'A', 'stage', {stage}, 'anomaly', {code}, "
+            f"'partition', cast({part} as int), "
             f"'pid', cast({pid} as string), 'seq', cast({seq} as bigint), 'offset', cast({off} as bigint), "
             f"'detail', cast({detail} as string), 'expected', 0, 'delivered', 0, 'pending', 0, "
             f"'latency', cast(null as double))")
@@ -78,7 +81,7 @@ def anomaly_sql(stage: str, kind: str, name: str, part: str, pid: str, seq: str,
 
 
 def _f(stage: str, part: str, expected: str, delivered: str, pending: str, latency: str) -> str:
-    return (f"named_struct('kind', 'F', 'stage', {stage}, 'anomaly', cast(null as string), "
+    return (f"named_struct('topic', topic, 'kind', 'F', 'stage', {stage}, 'anomaly', cast(null as string), "
             f"'partition', cast({part} as int), 'pid', cast(null as string), 'seq', cast(null as bigint), "
             f"'offset', cast(null as bigint), 'detail', cast(null as string), "
             f"'expected', cast({expected} as int), 'delivered', cast({delivered} as int), "

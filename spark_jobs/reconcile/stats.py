@@ -31,7 +31,7 @@ def summarise(x: DataFrame) -> DataFrame:
     from these counts and one more look at the facts (`latency_at_ranks`), not from Spark's
     `percentile`, which holds every distinct latency of a (stage, partition) in a hash map outside
     Spark's memory manager (one entry per message at a stage: millions per window)."""
-    keys = ["kind", "stage", "partition", "anomaly", "pid", "seq", "offset", "detail"]
+    keys = ["topic", "kind", "stage", "partition", "anomaly", "pid", "seq", "offset", "detail"]
     return x.withColumn("bucket", latency_bucket(F.col("latency"))).groupBy(*keys, "bucket").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
@@ -40,11 +40,11 @@ def summarise(x: DataFrame) -> DataFrame:
 
 
 def latency_at_ranks(summary: DataFrame, facts: DataFrame, ranks: DataFrame) -> DataFrame:
-    """(stage, partition, rank) -> (stage, partition, rank, latency): the latency at that 0-based rank
-    of the (stage, partition)'s sorted latencies. The summary's bucket counts, added up in bucket
+    """(topic, stage, partition, rank) -> (topic, stage, partition, rank, latency): the latency at that
+    0-based rank of the (topic, stage, partition)'s sorted latencies. The summary's bucket counts, added up in bucket
     order, say which bucket holds each rank and at which place inside it; only the facts of those
     few buckets are sorted."""
-    grp = ["stage", "partition"]
+    grp = ["topic", "stage", "partition"]
     upto = Window.partitionBy(*grp).orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
     wanted = (summary.where("kind = 'F' AND bucket IS NOT NULL").groupBy(*grp, "bucket")
               .agg(F.sum("n_lat").alias("c")).withColumn("end", F.sum("c").over(upto))
@@ -58,29 +58,31 @@ def latency_at_ranks(summary: DataFrame, facts: DataFrame, ranks: DataFrame) -> 
             .join(F.broadcast(wanted), [*grp, "bucket", "off"]).select(*grp, "rank", "latency"))
 
 
-def stage_stats(spark: SparkSession, summary: DataFrame, facts: DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (stage, partition): expected/delivered/pending sums and exact latency percentiles (Spark's
-    `percentile`: linear interpolation between closest ranks) and maximum."""
-    sums = (summary.where("kind = 'F'").groupBy("stage", "partition")
+def stage_stats(spark: SparkSession, summary: DataFrame,
+                facts: DataFrame) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
+    """Per topic, per (stage, partition): expected/delivered/pending sums and exact latency
+    percentiles (Spark's `percentile`: linear interpolation between closest ranks) and maximum."""
+    sums = (summary.where("kind = 'F'").groupBy("topic", "stage", "partition")
             .agg(F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
                  F.sum("pending").alias("pending"), F.sum("n_lat").alias("n_lat"),
                  F.max("latency_max_ms").alias("latency_max_ms")).collect())
-    ranks = sorted({(r["stage"], r["partition"], rank) for r in sums if r["n_lat"]
+    ranks = sorted({(r["topic"], r["stage"], r["partition"], rank) for r in sums if r["n_lat"]
                     for p in PERCENTILES for rank in percentile_position(r["n_lat"], p)[1:]})
-    values: dict[tuple[str, int, int], float] = {}
+    values: dict[tuple[str, str, int, int], float] = {}
     if ranks:
-        rdf = spark.createDataFrame(ranks, "stage string, partition int, rank bigint")
-        values = {(r["stage"], r["partition"], r["rank"]): r["latency"]
+        rdf = spark.createDataFrame(ranks, "topic string, stage string, partition int, rank bigint")
+        values = {(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
                   for r in latency_at_ranks(summary, facts, rdf).collect()}
-    stats: dict[tuple[str, int], dict[str, Any]] = {}
+    stats: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
     for r in sums:
-        key = (r["stage"], r["partition"])
+        key = (r["topic"], r["stage"], r["partition"])
         pct: list[float | None] = [None] * len(PERCENTILES)
         if r["n_lat"]:
             for i, p in enumerate(PERCENTILES):
                 position, lower, higher = percentile_position(r["n_lat"], p)
                 pct[i] = interpolate(position, lower, higher, values[(*key, lower)], values[(*key, higher)])
-        stats[key] = {"expected": r["expected"], "delivered": r["delivered"], "pending": r["pending"],
-                      "latency_p50_ms": pct[0], "latency_p95_ms": pct[1], "latency_p99_ms": pct[2],
-                      "latency_max_ms": r["latency_max_ms"]}
+        stats.setdefault(r["topic"], {})[key[1:]] = {
+            "expected": r["expected"], "delivered": r["delivered"], "pending": r["pending"],
+            "latency_p50_ms": pct[0], "latency_p95_ms": pct[1], "latency_p99_ms": pct[2],
+            "latency_max_ms": r["latency_max_ms"]}
     return stats

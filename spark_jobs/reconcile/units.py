@@ -13,14 +13,13 @@ must not read or write tables, and holds no rule deciding an anomaly code (`clas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from audit.core.config import TopicConfig
 from audit.core.vocabulary import ABORTED, ACKED, LEDGER_STATUS_PRECEDENCE, PROCESSED
+from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import _q
 
 
@@ -29,8 +28,8 @@ def flag_consumption_order(consumed: DataFrame) -> DataFrame:
     in that partition, in (consume_ts, consume_seq, consumer) order."""
     order = ["consume_ts", "consume_seq", "consumer"]
     is_proc = F.col("outcome") == PROCESSED
-    w = Window.partitionBy("group", "partition").orderBy(*order)
-    first = Window.partitionBy("group", "partition", "offset", "_proc").orderBy(*order)
+    w = Window.partitionBy("topic", "group", "partition").orderBy(*order)
+    first = Window.partitionBy("topic", "group", "partition", "offset", "_proc").orderBy(*order)
     return (consumed.withColumn("_proc", is_proc)
             .withColumn("_high", F.max(F.when(is_proc, F.col("offset"))).over(
                 w.rowsBetween(Window.unboundedPreceding, -1)))
@@ -40,7 +39,7 @@ def flag_consumption_order(consumed: DataFrame) -> DataFrame:
             .drop("_proc", "_high", "_rn"))
 
 
-ORDER_COLUMNS = ("group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
+ORDER_COLUMNS = ("topic", "group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
 
 
 def reordered_processings(consumed: DataFrame) -> DataFrame:
@@ -67,22 +66,25 @@ def _key(pid: str, seq: str, partition: str, offset: str) -> list[Any]:
             F.when(audited, F.col(seq)).otherwise(F.col(offset)).cast("bigint").alias("k2")]
 
 
+KEY = ["topic", "ktype", "k1", "k2"]  # a unit: its topic, then docs/design.md §5.1's key
+
 TIER_TYPES = {
     "L": "struct<partition:int,offset:bigint,status:string,produce_ts:timestamp,ack_ts:timestamp>",
     "R": "struct<partition:int,offset:bigint,committed:boolean,pid:string,seq:bigint,produce_ts:timestamp,"
          "kafka_ts:timestamp,fingerprint:string,header_error:string,captured_at:timestamp>",
     "C": "struct<consume_ts:timestamp,consume_seq:bigint,consumer:string,group:string,partition:int,"
-         "offset:bigint,outcome:string,reorder:boolean,attempt:int>",
+         "offset:bigint,outcome:string,reorder:boolean,attempt:int,error:string>",
     "S": "struct<sink:string,sink_ts:timestamp,offset:bigint,partition:int,pid:string,seq:bigint>",
 }
 
 
 def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
-               sinks: Mapping[str, DataFrame]) -> DataFrame:
-    """Every tier's rows as (ktype, k1, k2, L|R|C|S struct), ready to be gathered per unit."""
+               sinks: DataFrame | None) -> DataFrame:
+    """Every tier's rows as (topic, ktype, k1, k2, L|R|C|S struct), ready to be gathered per unit.
+    `sinks`: every sink's rows with their sink's name in `sink` (`sink_rows`)."""
 
     def shape(df: DataFrame, key: list[Any], tier: str, struct: Any) -> DataFrame:
-        return df.select(*key, *[(struct if c == tier else F.lit(None)).cast(t).alias(c)
+        return df.select("topic", *key, *[(struct if c == tier else F.lit(None)).cast(t).alias(c)
                                  for c, t in TIER_TYPES.items()])
 
     parts = [
@@ -97,9 +99,9 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     if consumed is not None:
         parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), "C",
                            F.struct("consume_ts", "consume_seq", "consumer", "group", "partition", "offset",
-                                    "outcome", "reorder", "attempt")))
-    for name, df in sinks.items():
-        parts.append(shape(df.withColumn("sink", F.lit(name)), _key("pid", "seq", "partition", "offset"), "S",
+                                    "outcome", "reorder", "attempt", "error")))
+    if sinks is not None:
+        parts.append(shape(sinks, _key("pid", "seq", "partition", "offset"), "S",
                            F.struct("sink", "sink_ts", "offset", "partition", "pid", "seq")))
     out = parts[0]
     for p in parts[1:]:
@@ -109,7 +111,7 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
 
 def unit_hash() -> Any:
     """A unit key's 64-bit hash: what the shuffles by unit hash by and sort by first."""
-    return F.xxhash64("ktype", "k1", "k2")
+    return F.xxhash64("topic", "ktype", "k1", "k2")
 
 
 # Up to this many non-ordinary units, their key hashes are broadcast to filter the tiers (8 bytes
@@ -119,7 +121,7 @@ BROADCAST_KEYS_MAX = 2_000_000
 
 
 def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
-    """The general path's shuffle, for the units in `keys` (ktype, k1, k2; one row each) only: the
+    """The general path's shuffle, for the units in `keys` (topic, ktype, k1, k2; one row each) only: the
     tiers' rows whose unit hash is one of the keys' pass a semi-join on those hashes (a broadcast
     of one long per unit, unless there are more than `BROADCAST_KEYS_MAX`), are hashed by k1 (the
     pid) and gathered per unit and tier; a unit that only shares a hash with one of `keys` is then
@@ -132,10 +134,10 @@ def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
     units = (tiers.withColumn("kh", unit_hash())
              .join(hashes, "kh", "left_semi")
              .repartition("k1")
-             .groupBy("kh", "ktype", "k1", "k2")
+             .groupBy("kh", *KEY)
              .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
              .drop("kh"))
-    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in ("ktype", "k1", "k2")], "left_semi")
+    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in KEY], "left_semi")
 
 
 def _fp_hash(fp: Any) -> list[Any]:
@@ -145,54 +147,55 @@ def _fp_hash(fp: Any) -> list[Any]:
 
 
 def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
-                sinks: Mapping[str, DataFrame], tc: TopicConfig) -> DataFrame:
+                sinks: DataFrame | None, shape: Shape) -> DataFrame:
     """Every tier's rows as narrow fixed-width columns keyed like `unit_tiers`: what `typed_units`
-    needs to recognise an ordinary delivered message and compute its facts without arrays."""
+    needs to recognise an ordinary delivered message and compute its facts without arrays. A
+    consumption row's `gi` is its group's position in its topic's groups, a sink row's its sink's
+    position in its topic's sinks (`Shape`: looked up per row, so topics share the plan)."""
     us = F.unix_micros
     none_l, none_i = F.lit(None).cast("bigint"), F.lit(None).cast("int")
     cols = ("t", "st", "part", "off", "ts1", "ts2", "ok", "gi", "fph", "fph2")
 
-    def shape(df: DataFrame, key: list[Any], **c: Any) -> DataFrame:
+    def shape_(df: DataFrame, key: list[Any], **c: Any) -> DataFrame:
         defaults = {"st": none_i, "part": none_i, "off": none_l, "ts1": none_l, "ts2": none_l,
                     "ok": F.lit(None).cast("boolean"), "gi": none_i, "fph": none_l, "fph2": none_i}
         defaults.update(c)
-        return df.select(*key, *[defaults[n].alias(n) if n != "t" else F.lit(c["t"]).alias("t") for n in cols])
+        return df.select("topic", *key,
+                         *[defaults[n].alias(n) if n != "t" else F.lit(c["t"]).alias("t") for n in cols])
 
     st = (F.when(F.col("status") == ACKED, 1).when(F.col("status") == ABORTED, 3)
           .otherwise(2).cast("int"))
-    parts = [shape(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
-                   t=0, st=st, part=F.col("partition"), off=F.col("offset"), ts1=us("produce_ts"), ts2=us("ack_ts"))]
+    parts = [shape_(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
+                    t=0, st=st, part=F.col("partition"), off=F.col("offset"), ts1=us("produce_ts"), ts2=us("ack_ts"))]
     valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
     log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
     fph, fph2 = _fp_hash(F.col("fingerprint"))
-    parts.append(shape(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
-                       off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
-    if consumed is not None and tc.groups:
-        gi = F.lit(None).cast("int")
-        for i, g in enumerate(tc.groups):
-            gi = F.when(F.col("group") == g, i).otherwise(gi)
-        parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
-                           off=F.col("offset"), ts1=us("consume_ts"), ok=F.col("outcome") == PROCESSED, gi=gi))
-    names = [x.name for x in tc.sinks]
-    for name, df in sinks.items():
-        parts.append(shape(df, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
-                           gi=F.lit(names.index(name) if name in names else None).cast("int")))
+    parts.append(shape_(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
+                        off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
+    if consumed is not None and shape.max_groups:
+        parts.append(shape_(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
+                            off=F.col("offset"), ts1=us("consume_ts"), ok=F.col("outcome") == PROCESSED,
+                            gi=shape.group_index()))
+    if sinks is not None and shape.max_sinks:
+        parts.append(shape_(sinks, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
+                            gi=shape.sink_index()))
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
 
 
-def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
+def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     """The one wide shuffle of the typed path: per unit, counts and single values of every tier as
     fixed-width aggregates (a hash aggregation, compiled; no arrays). `simple` marks the ordinary
     delivered messages: one acked ledger row, its one committed log record at the acked offset,
-    processed once by each group at that position (and, as the caller adds, not out of order), one
-    row in each sink. Such a unit has no anomaly of its own (only the order/gap and content checks
-    can still flag it), so its facts come from the aggregates (`simple_facts`). Only the other units
-    are gathered into arrays, by the general path; the property test holds both paths to the oracle."""
+    processed once by each group of its topic at that position (and, as the caller adds, not out
+    of order), one row in each sink of its topic. Such a unit has no anomaly of its own (only the
+    order/gap and content checks can still flag it), so its facts come from the aggregates
+    (`simple_facts`). Only the other units are gathered into arrays, by the general path; the
+    property test holds both paths to the oracle. How many groups and sinks the unit's topic has
+    (`n_groups`, `n_sinks`) comes from its row of `params` (a broadcast of one row per topic)."""
     t = F.col("t")
-    sink_names = [x.name for x in tc.sinks]
 
     def n(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0))
@@ -209,34 +212,37 @@ def typed_units(tiers: DataFrame, tc: TopicConfig) -> DataFrame:
             n(t == 2).alias("nC"), F.min(F.when(t == 2, F.col("part"))).alias("cp_lo"),
             one(t == 2, "part").alias("cp_hi"), F.min(F.when(t == 2, F.col("off"))).alias("co_lo"),
             one(t == 2, "off").alias("co_hi"), n(t == 3).alias("nS")]
-    for i in range(len(tc.groups)):
+    for i in range(shape.max_groups):
         c = (t == 2) & (F.col("gi") == i)
         aggs += [n(c & F.col("ok")).alias(f"c{i}_ok"), one(c, "ts1").alias(f"c{i}_ts")]
-    for i in range(len(sink_names)):
+    for i in range(shape.max_sinks):
         c = (t == 3) & (F.col("gi") == i)
         aggs += [n(c).alias(f"s{i}_n"), one(c, "ts1").alias(f"s{i}_ts")]
+    ng, ns = F.col("n_groups"), F.col("n_sinks")
     simple = ((F.col("ktype") == 0) & (F.col("nL") == 1) & (F.col("nLa") == 1) & (F.col("nR") == 1)
               & (F.col("nRc") == 1) & (F.col("rp") == F.col("lp")) & (F.col("ro") == F.col("lo"))
-              & (F.col("nC") == len(tc.groups)) & (F.col("nS") == len(sink_names)))
-    if tc.groups:
-        simple = (simple & (F.col("cp_lo") == F.col("rp")) & (F.col("cp_hi") == F.col("rp"))
-                  & (F.col("co_lo") == F.col("ro")) & (F.col("co_hi") == F.col("ro")))
-        for i in range(len(tc.groups)):
-            simple = simple & (F.col(f"c{i}_ok") == 1)
-    for i in range(len(sink_names)):
-        simple = simple & (F.col(f"s{i}_n") == 1)
+              & (F.col("nC") == ng) & (F.col("nS") == ns))
+    if shape.max_groups:
+        simple = simple & ((ng == 0) | ((F.col("cp_lo") == F.col("rp")) & (F.col("cp_hi") == F.col("rp"))
+                                        & (F.col("co_lo") == F.col("ro")) & (F.col("co_hi") == F.col("ro"))))
+        for i in range(shape.max_groups):
+            simple = simple & ((ng <= i) | (F.col(f"c{i}_ok") == 1))
+    for i in range(shape.max_sinks):
+        simple = simple & ((ns <= i) | (F.col(f"s{i}_n") == 1))
     # Hashed by kh, the unit key's hash, before the aggregation: units spread evenly (hashing by pid
     # leaves some tasks idle), and no map-side partial aggregation runs -- it has nothing to
     # combine (a unit's tiers come from different tables) and measured slower than none.
     return (tiers.withColumn("kh", unit_hash()).repartition("kh")
-            .groupBy("kh", "ktype", "k1", "k2").agg(*aggs)
+            .groupBy("kh", *KEY).agg(*aggs)
             .drop("kh")
-            .withColumn("simple", F.coalesce(simple, F.lit(False))))
+            .join(F.broadcast(params.select("topic", "n_groups", "n_sinks")), "topic")
+            .withColumn("simple", F.coalesce(simple, F.lit(False)))
+            .drop("n_groups", "n_sinks"))
 
 
 def unit_keys(units: DataFrame) -> list[Any]:
     """Narrow per-unit columns the order and content checks read, from a typed (simple) unit."""
-    return [F.col("ktype"), F.col("k1"), F.col("k2"), F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+    return [F.col("topic"), F.col("ktype"), F.col("k1"), F.col("k2"), F.col("k1").alias("pid"), F.col("k2").alias("seq"),
             F.col("lpt").alias("pt_us"), F.col("rp").alias("o_part"), F.col("ro").alias("o_off"),
             F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2"]
 
@@ -245,11 +251,17 @@ def unit_keys(units: DataFrame) -> list[Any]:
 STATUS_SQL = ("CASE " + " ".join(f"WHEN exists(L, x -> x.status = {_q(st)}) THEN {_q(st)}"
                                  for st in LEDGER_STATUS_PRECEDENCE[:-1])
               + f" WHEN size(L) > 0 THEN {_q(LEDGER_STATUS_PRECEDENCE[-1])} END")
+# ... except that an acked message whose own record at the acked (partition, offset) is in the log
+# uncommitted was aborted with its transaction (clients that cannot see the abort, §5.1).
+_ACK_SQL = f"array_min(filter(L, x -> x.status = {_q(ACKED)}))"
+UNIT_STATUS_SQL = (f"CASE WHEN ({STATUS_SQL}) = {_q(ACKED)} AND exists(R, r -> NOT r.committed AND "
+                   f"r.partition = {_ACK_SQL}.partition AND r.offset = {_ACK_SQL}.offset) THEN {_q(ABORTED)} "
+                   f"ELSE ({STATUS_SQL}) END")
 
 
 def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
     """Unit-level facts every stage uses: produce time, ledger status, committed copies, original."""
-    return (units.crossJoin(F.broadcast(params))
+    return (units.join(F.broadcast(params), "topic")
             .withColumns({
                 "R2": F.expr(
                     "array_sort(array_distinct(transform(R, x -> named_struct('partition', x.partition, "
@@ -261,8 +273,8 @@ def describe_units(units: DataFrame, params: DataFrame) -> DataFrame:
                     "array_min(transform(R, x -> x.produce_ts)), array_min(transform(R, x -> x.kafka_ts)), "
                     "array_min(transform(R, x -> x.captured_at)), array_min(transform(C, x -> x.consume_ts)), "
                     "array_min(transform(S, x -> x.sink_ts))))"),
-                "status": F.expr(STATUS_SQL),
-                "ack": F.expr(f"array_min(filter(L, x -> x.status = {_q(ACKED)}))"),
+                "status": F.expr(UNIT_STATUS_SQL),
+                "ack": F.expr(_ACK_SQL),
             })
             .withColumns({
                 "in_w": F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"),

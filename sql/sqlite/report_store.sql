@@ -63,6 +63,16 @@ CREATE TABLE audit_partition_report (
 	PRIMARY KEY (window_start, topic, partition, stage)
 );
 
+CREATE TABLE doctor_risks (
+	checked_at DATETIME NOT NULL,
+	topic TEXT NOT NULL,
+	subject TEXT NOT NULL,
+	risk TEXT NOT NULL,
+	severity TEXT NOT NULL,
+	detail TEXT NOT NULL,
+	PRIMARY KEY (checked_at, topic, subject, risk)
+);
+
 CREATE TABLE sla_results (
 	window_start DATETIME NOT NULL,
 	topic TEXT NOT NULL,

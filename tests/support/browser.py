@@ -90,6 +90,22 @@ class Browser:
             time.sleep(0.05)
         raise AssertionError(f"{url}: charts not drawn within {timeout}s")
 
+    def click(self, selector: str, timeout: float = 60) -> str:
+        """Click the first element matching `selector` (a link to another page) and wait until that
+        page's charts are drawn; returns its URL (with the fragment)."""
+        before = self.evaluate("location.href.split('#')[0]")
+        self.requests = []
+        self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate("location.href.split('#')[0] !== " + json.dumps(before) + " && document.readyState "
+                                  "=== 'complete' && document.body.getAttribute('data-rendered-ms') !== null "
+                                  "? location.href : null")
+            if value is not None:
+                return str(value)
+            time.sleep(0.05)
+        raise AssertionError(f"{selector}: the linked page did not load within {timeout}s")
+
     def screenshot(self, path: Path, full_height: int | None = None) -> None:
         params: dict[str, Any] = {"format": "png"}
         if full_height:

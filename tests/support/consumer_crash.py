@@ -13,6 +13,7 @@ so nothing is flushed or closed on the way out: exactly what a SIGKILL leaves be
 --hold-until FILE: once records of two partitions were handled, write "held" to --progress and
 wait in the handler until FILE exists (so a second member can join mid-stream, deterministically).
 --ready FILE is written just before the loop starts (the member is about to join its group).
+--skip-every K: messages whose n is a multiple of K are processed without a sink row (a filter).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sink-table")
     p.add_argument("--sink-mode", default="insert")
     p.add_argument("--output-topic")
+    p.add_argument("--ledger-topic", help="ship the ledger there (exactly_once_kafka: inside the transaction)")
     p.add_argument("--batch-size", type=int, default=5)
     p.add_argument("--idle-s", type=float, default=2.0)
     p.add_argument("--sleep-ms", type=float, default=0.0)
@@ -51,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hold-until")
     p.add_argument("--ready")
     p.add_argument("--max-partition-fetch-bytes", type=int)
+    p.add_argument("--skip-every", type=int, default=0,
+                   help="the handler writes no sink row for messages whose n is a multiple of this")
     args = p.parse_args(argv)
 
     kill_at = os.environ.get("MSGAUDIT_KILL_AT")
@@ -77,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
          **({"max.partition.fetch.bytes": args.max_partition_fetch_bytes} if args.max_partition_fetch_bytes else {})},
         topics=args.topic, group=args.group, name=args.name, semantics=args.semantics, sink=sink,
         retry=retry, ledger_dir=args.ledger_dir, batch_size=args.batch_size, poll_timeout_s=0.2,
-        on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000},
+        on_stage=on_stage, producer_config={"transaction.timeout.ms": 10000}, ledger_topic=args.ledger_topic,
     )
 
     seen_partitions: set[int] = set()
@@ -100,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.output_topic:
             assert consumer.producer is not None
             consumer.producer.produce(args.output_topic, rec.value, rec.key)
-        return {"n": body["n"], "body": (rec.value or b"").decode()} if sink is not None else None
+        if sink is None or (args.skip_every and body["n"] % args.skip_every == 0):
+            return None  # processed, nothing to write: only the consumption rows show it
+        return {"n": body["n"], "body": (rec.value or b"").decode()}
 
     with consumer:
         if args.ready:

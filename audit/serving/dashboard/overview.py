@@ -6,8 +6,10 @@ Its size grows with topics x windows only: every number on it is an SQL aggregat
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
+from audit.core.vocabulary import ERROR, FAIL, WARN
 from audit.serving.dashboard.data import STATUS_LEVELS, Overview, TopicSummary
 from audit.serving.dashboard.page import STATUS_COLOURS, cards, esc, js_json, num, table, ts
 
@@ -89,12 +91,26 @@ def _cards(ov: Overview) -> str:
                   (cls("SLA failures (warn)", "warn"), t["SLA failures (warn)"], "failed rules (warn)")])
 
 
-def overview_page(ov: Overview, *, title: str, subtitle_html: str, href: Callable[[str], str]
-                  ) -> tuple[list[str], list[tuple[str, dict[str, Any]]], str]:
-    """(body sections, figures, extra js) of index.html."""
+def risks_section(checked_at: datetime | None, risks: list[dict[str, Any]]) -> str:
+    """The latest `msgaudit doctor` run's risks (from the report store), errors first."""
+    if checked_at is None:
+        return ('<section id="risks-section"><h2>Loss risks</h2><p class="note">No <code>msgaudit doctor</code> '
+                "run stored yet.</p></section>")
+    rows = [(FAIL if r["severity"] == ERROR else WARN,
+             [("sev", esc(r["severity"])), ("", esc(r["topic"])), ("mono", esc(r["subject"])), ("", esc(r["risk"])),
+              ("", esc(r["detail"]))]) for r in risks]
+    note = (f'<p class="note">From the latest <code>msgaudit doctor</code> run, {ts(checked_at)} UTC: '
+            f"{len(risks) or 'no'} risk(s).</p>")
+    return ('<section id="risks-section"><h2>Loss risks</h2>' + note
+            + (table(["severity", "topic", "subject", "risk", "detail"], rows, "risks") if rows else "") + "</section>")
+
+
+def overview_page(ov: Overview, *, title: str, subtitle_html: str, href: Callable[[str], str],
+                  risks: str = "") -> tuple[list[str], list[tuple[str, dict[str, Any]]], str]:
+    """(body sections, figures, extra js) of index.html; `risks`: the loss-risk section's HTML."""
     if not ov.topics:
         return ([_cards(ov), '<section><p class="note" id="empty">No report rows in this range: run '
-                 "<code>msgaudit reconcile</code> first.</p></section>"], [], "")
+                 "<code>msgaudit reconcile</code> first.</p></section>", risks], [], "")
     legend = " ".join(f'<span class="dot s-{s}"></span>{s}' for s in STATUS_LEVELS)
     body = [
         _cards(ov),
@@ -106,6 +122,8 @@ def overview_page(ov: Overview, *, title: str, subtitle_html: str, href: Callabl
         '<p class="note">Order: fail, warn, then lost, duplicated, reordered, failed rules, bad windows. '
         "Click a column header to sort by it.</p>" + _ranking(ov, href) + "</section>",
     ]
+    if risks:
+        body.insert(1, risks)
     links = [href(t.topic) for t in ov.topics]
     extra = ("var links=" + js_json(links) + ";document.addEventListener('dashboard-rendered',function(){"
              "var gd=document.getElementById('matrix');gd.on('plotly_click',function(ev){"

@@ -4,13 +4,15 @@ vocabulary), and the anomaly rows.
 
 Charts fit the data: with one window the trend and latency charts are bars, not a line through
 one point. Every anomaly row has an id and data-topic / data-partition / data-offset / data-pid /
-data-seq attributes, so another page (a message timeline) can link to it or from it.
+data-seq attributes, and links to its message's timeline (`timeline.py`) -- or, when the
+dashboard was built without the lake, shows the `msgaudit trace` command that prints it.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +32,10 @@ from audit.core.vocabulary import (
 from audit.serving.dashboard.data import MAX_SLA_FAILURE_ROWS, STATUS_LEVELS, TopicData
 from audit.serving.dashboard.overview import status_colourscale
 from audit.serving.dashboard.page import cards, esc, num, table, ts
+from audit.serving.dashboard.timeline import MessageRef
+
+# an anomaly row -> the href of its message's timeline (None: no timeline page for it)
+TimelineHref = Callable[[dict[str, Any]], str | None]
 
 TREND_METRICS = (LOST, DUPLICATED, REORDERED)
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
@@ -197,7 +203,16 @@ def anomaly_row_id(row: dict[str, Any]) -> str:
     return f"m-p{row['partition']}-o{off}-s{seq}-{pid_digest}"
 
 
-def _anomaly_table(d: TopicData) -> str:
+def _timeline_cell(d: TopicData, row: dict[str, Any], timeline_href: TimelineHref | None) -> tuple[str, str]:
+    """A link to the message's timeline page, or (no lake access) the trace command that prints it."""
+    href = timeline_href(row) if timeline_href else None
+    if href is not None:
+        return ("", f'<a class="timeline" href="{esc(href)}">timeline</a>')
+    ref = MessageRef.of(d.topic, row)
+    return ("mono", "" if ref is None else f'<code title="prints the timeline of this message">{esc(ref.command())}</code>')
+
+
+def _anomaly_table(d: TopicData, timeline_href: TimelineHref | None = None) -> str:
     rows = []
     attrs = []
     used: dict[str, int] = {}
@@ -207,17 +222,18 @@ def _anomaly_table(d: TopicData) -> str:
         rid = base if used[base] == 1 else f"{base}-{used[base]}"
         rows.append(("anomaly", [("", ts(r["window_start"])), num(r["partition"]), ("mono", esc(r["stage"])),
                                  ("", esc(r["anomaly"])), ("mono", esc(r["pid"])), num(r["seq"]), num(r["offset"]),
-                                 ("mono", esc(r["detail"])), ("", f'<a href="#{rid}" title="link to this row">#</a>')]))
+                                 ("mono", esc(r["detail"])), ("", f'<a href="#{rid}" title="link to this row">#</a>'),
+                                 _timeline_cell(d, r, timeline_href)]))
         attrs.append(f'id="{rid}" data-topic="{esc(d.topic)}" data-partition="{r["partition"]}" '
                      f'data-offset="{esc(r["offset"])}" data-pid="{esc(r["pid"])}" data-seq="{esc(r["seq"])}"')
     shown = len(d.anomalies)
     note = f'<p class="note">{d.anomaly_total} anomaly rows' + (
         f", showing the newest {shown}" if shown < d.anomaly_total else "") + "</p>"
-    return note + table(["window", "partition", "stage", "anomaly", "pid", "seq", "offset", "detail", "link"],
+    return note + table(["window", "partition", "stage", "anomaly", "pid", "seq", "offset", "detail", "link", "timeline"],
                         rows, "anomalies", attrs)
 
 
-def topic_page(d: TopicData) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
+def topic_page(d: TopicData, timeline_href: TimelineHref | None = None) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
     """(body sections, figures) of one topic's page."""
     rep = d.report
     lost, dup, reord = (sum(int(r[m] or 0) for r in rep) for m in TREND_METRICS)
@@ -235,6 +251,6 @@ def topic_page(d: TopicData) -> tuple[list[str], list[tuple[str, dict[str, Any]]
             '<section class="grid"><div id="fig-trend"></div><div id="fig-latency"></div></section>',
             f'<section id="sla"><h2>SLA results</h2>{_sla_tables(d)}</section>',
             f'<section id="code-section"><h2>Anomalies per code</h2>{_codes_table(d)}</section>',
-            f'<section id="anomaly-section"><h2>Anomaly rows</h2>{_anomaly_table(d)}</section>']
+            f'<section id="anomaly-section"><h2>Anomaly rows</h2>{_anomaly_table(d, timeline_href)}</section>']
     figures = [("fig-heatmap", heatmap_figure(d)), ("fig-trend", trend_figure(d)), ("fig-latency", latency_figure(d))]
     return body, figures

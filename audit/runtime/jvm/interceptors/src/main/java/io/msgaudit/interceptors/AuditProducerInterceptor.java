@@ -14,6 +14,7 @@ import org.apache.kafka.clients.producer.ProducerInterceptor;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.config.ConfigException;
+import org.apache.kafka.common.errors.TransactionAbortedException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.Headers;
 
@@ -33,14 +34,17 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     static final String PID = "audit.pid";
     static final String SEQ = "audit.seq";
     static final String TS = "audit.ts";
+    static final String ID = "audit.id"; // the packed form: <pid>/<seq>/<ts>
     static final int MAX_PID_CHARS = 64;
     private static final String[] KEYS = {"msgaudit.ledger.dir", "msgaudit.producer.name", "msgaudit.pid",
         "msgaudit.segment.max.bytes", "msgaudit.segment.max.age.ms", "msgaudit.flush.interval.ms",
-        "msgaudit.buffer.max.rows"};
+        "msgaudit.buffer.max.rows", "msgaudit.header.form"};
 
     private String pid;
     private byte[] pidBytes;
+    private boolean packed = true; // msgaudit.header.form: packed (one audit.id header) or three
     private String head;
+    private String txnJson = "null"; // the transactional.id as JSON, for the txn_id column
     private LedgerSpool spool;
     private final ConcurrentHashMap<String, AtomicLong> seqs = new ConcurrentHashMap<>();
     private final AtomicLong stamped = new AtomicLong();
@@ -83,6 +87,15 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             throw new ConfigException("msgaudit.pid must be 1 to " + MAX_PID_CHARS + " characters");
         }
         pidBytes = pid.getBytes(StandardCharsets.UTF_8);
+        String form = string(configs, "msgaudit.header.form", "packed");
+        if (!form.equals("packed") && !form.equals("three")) {
+            throw new ConfigException("msgaudit.header.form: expected packed or three, got \"" + form + "\"");
+        }
+        packed = form.equals("packed");
+        Object txn = configs.get("transactional.id");
+        if (txn != null && !txn.toString().isEmpty()) {
+            txnJson = Json.quote(txn.toString());
+        }
         head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
         spool = new LedgerSpool(dir, "producer",
                 positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
@@ -91,12 +104,12 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000)));
     }
 
-    private static String string(Map<String, ?> configs, String key, String dflt) {
+    static String string(Map<String, ?> configs, String key, String dflt) {
         Object v = configs.get(key);
         return v == null ? dflt : v.toString();
     }
 
-    private static long positive(Map<String, ?> configs, String key, long dflt) {
+    static long positive(Map<String, ?> configs, String key, long dflt) {
         Object v = configs.get(key);
         if (v == null) {
             return dflt;
@@ -131,14 +144,23 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     public ProducerRecord<K, V> onSend(ProducerRecord<K, V> record) {
         try {
             Headers headers = record.headers();
-            if (headers.lastHeader(PID) != null || headers.lastHeader(SEQ) != null || headers.lastHeader(TS) != null) {
+            if (headers.lastHeader(ID) != null || headers.lastHeader(PID) != null || headers.lastHeader(SEQ) != null
+                    || headers.lastHeader(TS) != null) {
                 passed.incrementAndGet(); // already stamped (a copy keeping its identity): left alone
                 return record;
             }
             long seq = seqs.computeIfAbsent(record.topic(), t -> new AtomicLong()).getAndIncrement();
-            headers.add(PID, pidBytes);
-            headers.add(SEQ, Long.toString(seq).getBytes(StandardCharsets.US_ASCII));
-            headers.add(TS, Long.toString(System.currentTimeMillis()).getBytes(StandardCharsets.US_ASCII));
+            long now = System.currentTimeMillis();
+            if (packed) {
+                byte[] tail = ("/" + seq + "/" + now).getBytes(StandardCharsets.US_ASCII);
+                byte[] v = java.util.Arrays.copyOf(pidBytes, pidBytes.length + tail.length);
+                System.arraycopy(tail, 0, v, pidBytes.length, tail.length);
+                headers.add(ID, v);
+            } else {
+                headers.add(PID, pidBytes);
+                headers.add(SEQ, Long.toString(seq).getBytes(StandardCharsets.US_ASCII));
+                headers.add(TS, Long.toString(now).getBytes(StandardCharsets.US_ASCII));
+            }
             stamped.incrementAndGet();
         } catch (RuntimeException e) {
             // read-only headers or anything unexpected: the record goes out unaudited, never fails
@@ -158,30 +180,53 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             unmatched.incrementAndGet();
             return;
         }
-        Header p = headers.lastHeader(PID);
-        Header s = headers.lastHeader(SEQ);
-        Header t = headers.lastHeader(TS);
-        if (p == null || s == null || t == null || !java.util.Arrays.equals(p.value(), pidBytes)) {
-            return; // not stamped by this instance
+        String seq;
+        String ts;
+        Header id = headers.lastHeader(ID);
+        if (id != null) {
+            byte[] v = id.value();
+            int n = pidBytes.length;
+            if (v == null || v.length < n + 4 || v[n] != '/'
+                    || !java.util.Arrays.equals(v, 0, n, pidBytes, 0, n)) {
+                return; // not stamped by this instance
+            }
+            String rest = new String(v, n + 1, v.length - n - 1, StandardCharsets.US_ASCII);
+            int slash = rest.indexOf('/');
+            if (slash < 0) {
+                return;
+            }
+            seq = rest.substring(0, slash);
+            ts = rest.substring(slash + 1);
+        } else {
+            Header p = headers.lastHeader(PID);
+            Header s = headers.lastHeader(SEQ);
+            Header t = headers.lastHeader(TS);
+            if (p == null || s == null || t == null || !java.util.Arrays.equals(p.value(), pidBytes)) {
+                return; // not stamped by this instance
+            }
+            seq = new String(s.value(), StandardCharsets.US_ASCII);
+            ts = new String(t.value(), StandardCharsets.US_ASCII);
         }
         String topic = metadata != null ? metadata.topic() : null;
         if (topic == null) {
             unmatched.incrementAndGet();
             return;
         }
-        String seq = new String(s.value(), StandardCharsets.US_ASCII);
-        String ts = new String(t.value(), StandardCharsets.US_ASCII);
         StringBuilder row = new StringBuilder(256).append(head).append(seq).append(",\"topic\":")
                 .append(Json.quote(topic)).append(",\"partition\":");
         if (exception == null) {
             row.append(metadata.partition()).append(",\"offset\":").append(metadata.offset())
-                    .append(",\"status\":\"acked\",\"error\":null,\"txn_id\":null,\"produce_ts\":").append(ts)
+                    .append(",\"status\":\"acked\",\"error\":null,\"txn_id\":").append(txnJson)
+                    .append(",\"produce_ts\":").append(ts)
                     .append(",\"ack_ts\":").append(System.currentTimeMillis()).append('}');
         } else {
             int partition = metadata.partition() < 0 ? -1 : metadata.partition();
-            row.append(partition).append(",\"offset\":null,\"status\":\"failed\",\"error\":")
+            // records still unsent when the application aborted its transaction
+            String status = exception instanceof TransactionAbortedException ? "aborted" : "failed";
+            row.append(partition).append(",\"offset\":null,\"status\":\"").append(status).append("\",\"error\":")
                     .append(Json.quote(exception.getClass().getSimpleName()))
-                    .append(",\"txn_id\":null,\"produce_ts\":").append(ts).append(",\"ack_ts\":null}");
+                    .append(",\"txn_id\":").append(txnJson).append(",\"produce_ts\":").append(ts)
+                    .append(",\"ack_ts\":null}");
         }
         spool.append(row.toString());
     }

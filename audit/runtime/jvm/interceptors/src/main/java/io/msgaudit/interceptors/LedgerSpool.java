@@ -43,6 +43,9 @@ final class LedgerSpool implements AutoCloseable {
     private final Thread thread;
     private final AtomicLong written = new AtomicLong();
     private final AtomicLong dropped = new AtomicLong();
+    private final Object doneLock = new Object();
+    private long accepted; // rows queued through enqueue (guarded by this spool's monitor)
+    private long done; // rows taken from the queue and written or dropped (guarded by doneLock)
     private volatile boolean closing;
     private boolean reportedError;
 
@@ -72,6 +75,47 @@ final class LedgerSpool implements AutoCloseable {
         }
     }
 
+    /**
+     * Queue rows (never blocks) and return a ticket for {@link #awaitWritten}; rows that do not
+     * fit are dropped and counted. Callers are serialised, so the writer having taken "ticket"
+     * rows from the queue means these have left it. A spool is used either through this method
+     * (the consumer interceptor) or through {@link #append} (the producer), never both.
+     */
+    synchronized long enqueue(List<String> rows) {
+        for (String row : rows) {
+            if (closing || !queue.offer(row)) {
+                dropped.incrementAndGet();
+            } else {
+                accepted++;
+            }
+        }
+        return accepted;
+    }
+
+    /**
+     * Wait, at most {@code maxWaitMs}, until the writer thread has handed every row up to
+     * {@code ticket} to the operating system (written, not fsynced: they then survive a kill of
+     * this process). False when the wait timed out (the rows stay queued).
+     */
+    boolean awaitWritten(long ticket, long maxWaitMs) {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(maxWaitMs);
+        synchronized (doneLock) {
+            while (done < ticket) {
+                long left = deadline - System.nanoTime();
+                if (left <= 0) {
+                    return false;
+                }
+                try {
+                    TimeUnit.NANOSECONDS.timedWait(doneLock, left);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
     long written() { return written.get(); }
 
     long dropped() { return dropped.get(); }
@@ -93,6 +137,10 @@ final class LedgerSpool implements AutoCloseable {
             }
             if (!batch.isEmpty()) {
                 write(batch);
+                synchronized (doneLock) {
+                    done += batch.size();
+                    doneLock.notifyAll();
+                }
                 batch.clear();
             }
             if (channel != null && (segmentBytes >= maxBytes || System.currentTimeMillis() - segmentOpened >= maxAgeMs)) {

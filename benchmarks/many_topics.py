@@ -1,0 +1,175 @@
+"""Fixed cost of `msgaudit reconcile`: one small topic vs many small topics in one window.
+
+Generates K topics (default 50) of M messages each (default 1,000) in one 1-hour window, over the
+four tiers (producer ledger, log, one consumer group, one Delta sink table shared by all topics,
+as a deployment's sink often is), with one injected `missed` per topic. In one Spark session it
+then times, interleaved:
+
+- `one`: `reconcile_range` over the window for ONE topic (publishing both outputs and the report
+  store), i.e. the per-(topic, window) cost;
+- `all`: `reconcile_range` over the same window for all K topics in one call;
+
+and prints both, their ratio (target: K topics <= 5x one topic) and whether every injected
+anomaly was found exactly (one `missed` per topic, nothing else).
+
+    .venv/bin/python benchmarks/many_topics.py --topics 50 --messages 1000
+
+This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from audit.core import config as config_mod  # noqa: E402
+from audit.core.config import Config  # noqa: E402
+
+WINDOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+GROUP = "loader"
+PARTITIONS = 2
+MISSED_AT = 7  # the message number (inside its topic) that its group skips
+
+
+def topic_name(k: int) -> str:
+    return f"small{k:03d}"
+
+
+def generate(spark: Any, cfg: Config, sink_dir: Path, topics: int, m: int) -> None:
+    """Every tier of `topics` topics x `m` messages in the window, one `missed` per topic."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.io.lake import table_path
+
+    base = (spark.range(0, topics * m, numPartitions=2).withColumnRenamed("id", "g")
+            .withColumn("tk", (F.col("g") / m).cast("int"))
+            .withColumn("i", F.col("g") % m)
+            .withColumn("topic", F.concat(F.lit("small"), F.lpad(F.col("tk").cast("string"), 3, "0")))
+            .withColumn("partition", (F.col("i") % PARTITIONS).cast("int"))
+            .withColumn("pid", F.concat(F.lit("p"), F.col("tk").cast("string"), F.lit("-"),
+                                        F.col("partition").cast("string")))
+            .withColumn("seq", (F.col("i") / PARTITIONS).cast("long"))
+            .withColumn("offset", F.col("seq"))
+            .withColumn("pt", F.lit(WINDOW).cast("timestamp")
+                        + F.make_dt_interval(secs=(F.col("i") * 3000.0 / m).cast("decimal(18,6)")))
+            .withColumn("part_hour", F.date_format("pt", "yyyy-MM-dd'T'HH")))
+    ledger = base.select(F.lit("bench").alias("producer"), "pid", "seq", "topic", "partition", "offset",
+                         F.lit("acked").alias("status"), F.lit(None).cast("string").alias("error"),
+                         F.lit(None).cast("string").alias("txn_id"), F.col("pt").alias("produce_ts"),
+                         (F.col("pt") + F.expr("INTERVAL 3 MILLISECONDS")).alias("ack_ts"), "part_hour")
+    captured = F.lit(WINDOW + 2 * HOUR).cast("timestamp")
+    log = base.select("topic", "partition", "offset", (F.col("pt") + F.expr("INTERVAL 1 MILLISECOND"))
+                      .alias("kafka_ts"), "pid", "seq", F.col("pt").alias("produce_ts"),
+                      F.concat(F.lit("fp"), F.col("g").cast("string")).alias("fingerprint"),
+                      F.lit(True).alias("committed"), F.lit(None).cast("string").alias("header_error"),
+                      captured.alias("captured_at"), "part_hour")
+    consumed = (base.where(F.col("i") != MISSED_AT)
+                .select(F.lit(GROUP).alias("group"), F.lit("c1").alias("consumer"),
+                        F.col("i").alias("consume_seq"), "topic", "partition", "offset", "pid", "seq",
+                        F.lit("processed").alias("outcome"), F.lit(1).alias("attempt"),
+                        (F.col("pt") + F.expr("INTERVAL 1 SECOND")).alias("consume_ts"))
+                .withColumn("part_hour", F.date_format("consume_ts", "yyyy-MM-dd'T'HH")))
+    sink = (base.where(F.col("i") != MISSED_AT)
+            .select(F.col("topic").alias("audit_topic"), F.col("partition").alias("audit_partition"),
+                    F.col("offset").alias("audit_offset"), F.col("pid").alias("audit_pid"),
+                    F.col("seq").alias("audit_seq"), (F.col("pt") + F.expr("INTERVAL 2 SECONDS"))
+                    .alias("audit_sink_ts"), F.lit(1.5).alias("amount")))
+    for df, name in ((ledger, "producer_ledger"), (log, "log_records"), (consumed, "consumed_records")):
+        df.write.format("delta").mode("overwrite").partitionBy("topic", "part_hour").save(table_path(cfg, name))
+    sink.write.format("delta").mode("overwrite").save(str(sink_dir))
+    hw = m // PARTITIONS
+    at = WINDOW + 2 * HOUR
+    hour = at.strftime("%Y-%m-%dT%H")
+    wm = [(topic_name(k), p, 0, hw, at, hour) for k in range(topics) for p in range(PARTITIONS)]
+    spark.createDataFrame(wm, "topic string, partition int, log_start_offset long, high_watermark long, "
+                              "captured_at timestamp, part_hour string") \
+        .write.format("delta").mode("overwrite").partitionBy("topic", "part_hour") \
+        .save(table_path(cfg, "partition_watermarks"))
+    go = [(GROUP, topic_name(k), p, hw, at, hour) for k in range(topics) for p in range(PARTITIONS)]
+    spark.createDataFrame(go, "group string, topic string, partition int, committed_offset long, "
+                              "captured_at timestamp, part_hour string") \
+        .write.format("delta").mode("overwrite").partitionBy("topic", "part_hour") \
+        .save(table_path(cfg, "group_offsets"))
+
+
+def run(spark: Any, cfg: Config, topics: list[str], as_of: datetime) -> tuple[float, dict[str, int]]:
+    from spark_jobs.pipeline.steps import StepRange, run_step
+
+    t = time.perf_counter()
+    results = run_step(spark, cfg, "reconcile", StepRange(WINDOW, WINDOW + HOUR, tuple(topics), as_of))
+    elapsed = time.perf_counter() - t
+    found: dict[str, int] = {}
+    for r in results:
+        for row in r.report:
+            found["lost"] = found.get("lost", 0) + int(row["lost"])
+        found["anomalies"] = found.get("anomalies", 0) + r.anomaly_count
+    return elapsed, found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topics", type=int, default=50, help="small topics in the window (default 50)")
+    ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved (one, all) pairs; medians are printed")
+    ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark setting, repeatable")
+    args = ap.parse_args(argv)
+    if args.messages % PARTITIONS or args.messages <= MISSED_AT:
+        ap.error(f"--messages must be even and above {MISSED_AT}")
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-many-"))
+    names = [topic_name(k) for k in range(args.topics)]
+    sink = {"name": "table", "format": "delta", "location": str(work / "sink"), "group": GROUP}
+    cfg = config_mod.from_dict({
+        "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
+        "spark": {"master": "local[2]", **dict(c.split("=", 1) for c in args.conf)},
+        "topics": {t: {"window": "1h", "grace": "15m", "groups": [GROUP], "sinks": [sink]} for t in names}},
+        source="<benchmark>", base=work)
+    from spark_jobs.io.session import build_spark
+
+    t0 = time.perf_counter()
+    spark = build_spark(cfg, app_name="msgaudit-many-topics")
+    print(f"{args.topics} topics x {args.messages:,} messages in one window, local[2]; session up in "
+          f"{time.perf_counter() - t0:.1f}s, work dir {work}")
+    t = time.perf_counter()
+    generate(spark, cfg, work / "sink", args.topics, args.messages)
+    print(f"generated in {time.perf_counter() - t:.1f}s")
+    as_of = WINDOW + HOUR + timedelta(minutes=15)
+    run(spark, cfg, names[:1], as_of)  # warm-up: compiles the plans once
+    ones, alls = [], []
+    found_one: dict[str, int] = {}
+    found_all: dict[str, int] = {}
+    for _ in range(args.reps):
+        s, found_one = run(spark, cfg, names[:1], as_of)
+        ones.append(s)
+        s, found_all = run(spark, cfg, names, as_of)
+        alls.append(s)
+    one, every = statistics.median(ones), statistics.median(alls)
+    # per topic: one `missed` in the group stage (lost there); the sink does not expect what its group
+    # never processed, so nothing else
+    ok = (found_one == {"lost": 1, "anomalies": 1}
+          and found_all == {"lost": args.topics, "anomalies": args.topics})
+    print(f"one topic   : {one:.2f}s  (runs: {', '.join(f'{x:.2f}' for x in ones)})")
+    print(f"{args.topics} topics   : {every:.2f}s  (runs: {', '.join(f'{x:.2f}' for x in alls)}); "
+          f"{every / args.topics:.2f}s per topic")
+    print(f"injected anomalies found exactly: {'yes' if ok else 'NO'} (one topic {found_one}, all {found_all})")
+    spark.stop()
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"ratio {args.topics} topics / one topic: {every / one:.2f}  (target <= 5; one small window "
+          f"{one:.2f}s, target <= 4 s)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

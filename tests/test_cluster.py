@@ -1,0 +1,215 @@
+"""The pipeline on a Spark standalone cluster gives the rows of `local[2]`, row for row.
+
+A lab scenario makes a history (a real broker, killed consumers, SQL sinks, ledgers) and the
+lab audits it as always, on the shared `local[2]` session: that is the reference. Then the same
+four steps with the same arguments run through `spark-submit --master spark://127.0.0.1:<port>`
+on a local standalone cluster (`audit.runtime.local_spark`: a master and two workers, each its
+own JVM, from pyspark's launcher) into a second lake and report store: the jars from the cache on
+`--jars`, the project's Python as a zip on `--py-files`, the venv's Python for the executors.
+Every row of audit_partition_report and audit_anomalies (Delta and report store) and of
+sla_results must be equal -- all columns: run_id and computed_at/checked_at derive from as_of,
+which both runs share, so no field legitimately differs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from audit.core import config as config_mod
+from audit.core.config import Config
+from audit.lab.env import ProxiedBroker
+from audit.lab.runner import LabResult, run_scenarios
+from audit.runtime.local_kafka import free_port
+from audit.runtime.local_spark import ClusterState, LocalSparkCluster
+from spark_jobs.pipeline.submit import cluster_submit
+
+SCENARIOS = ["at_least_once"]
+REPORT_TABLES = ("audit_partition_report", "audit_anomalies")
+
+
+def config_data(cfg: Config, work: Path) -> dict[str, Any]:
+    """`cfg` as a config file's content, with its own lake, home and report store under `work`."""
+    def topic(t: Any) -> dict[str, Any]:
+        return {"window": f"{int(t.window.total_seconds())}s", "grace": f"{int(t.grace.total_seconds())}s",
+                "groups": list(t.groups),
+                "sla": {r.rule: {"threshold": r.threshold, "severity": r.severity} for r in t.sla},
+                "sinks": [{k: v for k, v in (("name", s.name), ("format", s.format), ("group", s.group),
+                                             ("location", s.location), ("url", s.url), ("table", s.table),
+                                             ("columns", dict(s.columns) or None)) if v is not None}
+                          for s in t.sinks]}
+
+    return {"home": str(work / "home"), "lake": str(work / "lake"), "ledger_dir": str(cfg.ledger_dir),
+            "kafka": dict(cfg.kafka), "topics": {n: topic(t) for n, t in cfg.topics.items()}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSparkCluster, ClusterState]]:
+    c = LocalSparkCluster(tmp_path_factory.mktemp("spark-cluster"), port=free_port(), workers=2, cores=1,
+                          memory="1g")
+    try:
+        yield c, c.launch()  # its JVMs start while the lab runs; the test waits for them
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, spark: Any,
+        cluster: tuple[LocalSparkCluster, ClusterState]) -> Iterator[tuple[LabResult, Path]]:
+    work = tmp_path_factory.mktemp("cluster-lab")
+    cfg = config_mod.from_dict({"home": str(work / ".msgaudit")}, source="<cluster test>", base=work)
+    with ProxiedBroker(work / "kafka") as broker:
+        result = run_scenarios(SCENARIOS, broker, cfg, work, lambda: spark, say=lambda _line: None)
+        yield result, work  # the broker stays up: the cluster's capture reads the same log
+
+
+def _rows(spark: Any, cfg: Config, table: str) -> list[dict[str, Any]]:
+    from spark_jobs.io.lake import read_table
+
+    return sorted((r.asDict() for r in read_table(spark, cfg, table).collect()),
+                  key=lambda r: tuple(str(v) for v in r.values()))
+
+
+def _store_rows(cfg: Config, table: str) -> list[dict[str, Any]]:
+    from audit.serving.report_store import ReportStore
+
+    with ReportStore(cfg.report_store) as store:
+        return store.read(table)
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_pipeline_on_a_standalone_cluster_equals_local(cluster: tuple[LocalSparkCluster, ClusterState],
+                                                       lab: tuple[LabResult, Path], spark: Any) -> None:
+    result, work = lab
+    for run in result.runs:
+        assert run.error is None, f"{run.name}: {run.error}"
+        assert all(result.comparisons[t].exact for t in run.topics), run.name
+    assert result.start is not None and result.end is not None and result.as_of is not None
+    c, state = cluster
+    c.wait_ready(state)
+
+    conf_path = work / "cluster" / "msgaudit.yaml"
+    conf_path.parent.mkdir()
+    conf_path.write_text(yaml.safe_dump(config_data(result.cfg, work / "cluster")))
+    ccfg = config_mod.load(conf_path)
+    # The lab's own audit, step for step (audit.lab.runner._audit): one spark-submit per step, as the DAGs do.
+    rng = ["--start", result.start.isoformat(), "--end", result.end.isoformat()]
+    as_of = ["--as-of", result.as_of.isoformat()]
+    steps = [["ingest"], ["capture", *rng]]
+    for run in result.runs:
+        assert run.first is not None and run.last is not None
+        steps.append(["reconcile", "--start", run.first.isoformat(), "--end", run.last.isoformat(),
+                      *(a for t in run.topics for a in ("--topic", t)), *as_of])
+    steps.append(["sla", *rng, *as_of])
+    outputs = []
+    for step in steps:
+        argv, env = cluster_submit(ccfg, state, [step[0], "--config", str(conf_path), *step[1:]])
+        assert argv[1:3] == ["--master", state.master_url]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=work / "cluster", timeout=600)
+        # sla exits 3: the lab's designed duplicates break max_duplicate_ratio (an error-severity rule)
+        # (spark-submit merges the Python driver's stderr, a traceback, into its stdout)
+        assert out.returncode == (3 if step[0] == "sla" else 0), out.stdout[-3000:] + out.stderr[-2000:]
+        assert " INFO " not in out.stderr, out.stderr[-2000:]  # Spark's own log lines go to the log file
+        outputs.append(out.stdout)
+    assert "landed" in outputs[0] or "rows" in outputs[0], outputs[0]
+
+    # Both workers ran executors, and each executor fetched the project's code as a zip.
+    for i in (1, 2):
+        apps = list((Path(state.dir) / f"work-{i}").glob("app-*/*"))
+        assert apps, f"worker {i} ran no executor"
+        assert all(list(a.glob("msgaudit-py-*.zip")) for a in apps), [list(a.iterdir()) for a in apps]
+    assert (state.logs / "driver.log").stat().st_size > 0
+
+    for table in REPORT_TABLES:
+        local, remote = _rows(spark, result.cfg, table), _rows(spark, ccfg, table)
+        assert local, table
+        assert remote == local, table
+    for table in (*REPORT_TABLES, "sla_results"):
+        local, remote = _store_rows(result.cfg, table), _store_rows(ccfg, table)
+        assert local, table
+        assert remote == local, table
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_cluster_status_and_stop(tmp_path: Path, cluster: tuple[LocalSparkCluster, ClusterState]) -> None:
+    """`status` finds the cluster from its folder in another object; `stop` ends every daemon."""
+    c, state = cluster
+    again = LocalSparkCluster(Path(state.dir))
+    seen = again.state()
+    assert seen is not None and seen.master_url == state.master_url
+    assert again.alive_workers(seen) == 2
+    assert again.stop() == 3
+    assert again.state() is None and c.state() is None
+    assert LocalSparkCluster(tmp_path / "none").state() is None
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# unit: the code zip, the spark-submit command, the CLI without a cluster
+
+
+@pytest.mark.unit
+def test_python_bundle_holds_both_packages_and_is_named_by_its_content(tmp_path: Path) -> None:
+    import zipfile
+
+    from audit.runtime.bundle import package_dir, python_bundle
+
+    first = python_bundle(tmp_path)
+    assert python_bundle(tmp_path) == first  # unchanged sources: the same file, not a new one
+    assert first.name.startswith("msgaudit-py-") and first.suffix == ".zip"
+    with zipfile.ZipFile(first) as zf:
+        names = set(zf.namelist())
+        assert zf.read("spark_jobs/pipeline/plan.py") == (package_dir("spark_jobs") / "pipeline" / "plan.py").read_bytes()
+    assert {"audit/__init__.py", "audit/core/config.py", "spark_jobs/__init__.py",
+            "spark_jobs/reconcile/__init__.py", "audit/runtime/jvm/spark-deps/pom.xml"} <= names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if not n.startswith(("audit/", "spark_jobs/"))]
+
+
+@pytest.mark.unit
+def test_submit_command_names_the_master_jars_code_python_and_log_file(tmp_path: Path) -> None:
+    import sys
+
+    from audit.runtime.local_spark import submit_command
+
+    state = ClusterState("spark://127.0.0.1:7177", 1, 8080, [2, 3], dir=str(tmp_path), python="/venv/bin/python")
+    argv, env = submit_command(state, "/app/submit.py", ["ingest", "--config", "c.yaml"], jars=["/j/a.jar", "/j/b.jar"],
+                               py_files=["/b/code.zip"], conf={"spark.driver.memory": "4g",
+                                                               "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"})
+    assert argv[0].endswith("/bin/spark-submit")
+    assert argv[1:5] == ["--master", "spark://127.0.0.1:7177", "--deploy-mode", "client"]
+    assert argv[argv.index("--jars") + 1] == "/j/a.jar,/j/b.jar"
+    assert argv[argv.index("--py-files") + 1] == "/b/code.zip"
+    confs = [argv[i + 1] for i, a in enumerate(argv) if a == "--conf"]
+    assert "spark.driver.memory=4g" in confs and "spark.driver.host=127.0.0.1" in confs
+    assert (f"spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dlog4j2.configurationFile="
+            f"file:{tmp_path}/conf/log4j2-driver.properties") in confs
+    assert argv[-4:] == ["/app/submit.py", "ingest", "--config", "c.yaml"]
+    assert env["PYSPARK_PYTHON"] == "/venv/bin/python" and env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+@pytest.mark.unit
+def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from audit.cli import main
+
+    d = str(tmp_path / "c")
+    assert main(["cluster", "status", "--dir", d]) == 1
+    assert capsys.readouterr().out == "cluster: not running\n"
+    assert main(["cluster", "submit", "ingest", "--dir", d]) == 2
+    assert capsys.readouterr().err == (f"msgaudit cluster: error: no Spark cluster is running from {d}; "
+                                       "run `msgaudit cluster start` first\n")
+    assert main(["cluster", "submit", "--dir", d]) == 2
+    assert "needs a step: one of ingest, capture, reconcile, sla" in capsys.readouterr().err
+    assert main(["cluster", "stop", "--dir", d]) == 0
+    assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"
