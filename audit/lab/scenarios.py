@@ -46,6 +46,7 @@ from typing import Any, cast
 
 from audit.core.config import Config, MirrorConfig, SinkConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError, InputError
+from audit.core.headers import parse as parse_audit_headers
 from audit.lab.env import Lab
 from audit.lab.proxy import ProduceExchange
 from audit.lab.truth import Truth
@@ -929,9 +930,10 @@ def _read_copies(bootstrap: str, topic: str, expect: int) -> list[tuple[int, int
             msg = c.poll(0.5)
             if msg is None or msg.error() is not None:
                 continue
-            h: dict[str, Any] = dict(msg.headers() or [])
-            out.append((int(msg.partition() or 0), int(msg.offset() or 0), bytes(h["audit.pid"]).decode(),
-                        int(bytes(h["audit.seq"]).decode())))
+            h = parse_audit_headers(msg.headers())
+            if h.pid is None or h.seq is None:
+                raise BrokerError(f"lab: a copy on {topic} at offset {msg.offset()} has no audit identity: {h.error}")
+            out.append((int(msg.partition() or 0), int(msg.offset() or 0), h.pid, h.seq))
     finally:
         c.close()
     if len(out) < expect:
