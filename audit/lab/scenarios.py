@@ -925,7 +925,8 @@ def _read_copies(bootstrap: str, topic: str, expect: int) -> list[tuple[int, int
             msg = c.poll(0.5)
             if msg is None or msg.error() is not None:
                 continue
-            h = parse_audit_headers(msg.headers())
+            # librdkafka hands out a consumed record's headers as (str, bytes | None) tuples
+            h = parse_audit_headers(cast(list[tuple[str, bytes | None]], list(msg.headers() or [])))
             if h.pid is None or h.seq is None:
                 raise BrokerError(f"lab: a copy on {topic} at offset {msg.offset()} has no audit identity: {h.error}")
             out.append((int(msg.partition() or 0), int(msg.offset() or 0), h.pid, h.seq))
