@@ -126,6 +126,7 @@ from audit.core.vocabulary import (
     PROCESSING_OUTCOMES,
     detail,
     group_stage,
+    mirror_stage,
     sink_stage,
     stage_kind,
 )
@@ -217,6 +218,39 @@ class SinkRow:
     topic: str = "t"
 
 
+@dataclass(frozen=True)
+class MirrorRecord:
+    """A record of the topic's copy on a mirror's target cluster (`mirror_records`): `topic` is the
+    audited (source) topic, partition and offset are the target's."""
+
+    mirror: str
+    partition: int
+    offset: int
+    pid: str | None
+    seq: int | None
+    produce_ts: datetime | None
+    kafka_ts: datetime | None
+    captured_at: datetime
+    fingerprint: str | None = None
+    committed: bool = True
+    header_error: str | None = None
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
+class MirrorWatermark:
+    """A capture's snapshot of a target partition of a mirror (`mirror_watermarks`)."""
+
+    mirror: str
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    captured_at: datetime
+    topic: str = "t"
+    captured_from: int | None = None
+    captured_to: int | None = None
+
+
 @dataclass
 class Inputs:
     ledger: Sequence[LedgerRow] = ()
@@ -225,6 +259,8 @@ class Inputs:
     group_offsets: Sequence[GroupOffset] = ()
     watermarks: Sequence[Watermark] = ()
     sinks: Mapping[str, Sequence[SinkRow]] = field(default_factory=dict)
+    mirror_log: Sequence[MirrorRecord] = ()
+    mirror_watermarks: Sequence[MirrorWatermark] = ()
 
 
 @dataclass
@@ -239,11 +275,11 @@ def _ms(later: datetime, earlier: datetime) -> float:
     return (later - earlier) / _MS
 
 
-def _log_time(r: LogRecord) -> datetime:
+def _log_time(r: LogRecord | MirrorRecord) -> datetime:
     return r.produce_ts or r.kafka_ts or r.captured_at
 
 
-def _valid(r: LogRecord) -> bool:
+def _valid(r: LogRecord | MirrorRecord) -> bool:
     return r.header_error is None and r.pid is not None and r.seq is not None
 
 
@@ -590,6 +626,58 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     emit(stage, "pending", p, pid, seq, sorig.offset)
                 else:
                     emit(stage, "missing_in_sink", p, pid, seq, sorig.offset)
+
+    # --- stage mirror:<m>
+    for m in tc.mirrors:
+        stage = mirror_stage(m.name)
+        mirror_seen: dict[MirrorRecord, MirrorRecord] = {}
+        for mr in inputs.mirror_log:
+            if (mr.mirror == m.name and mr.topic == topic and mr.committed and _valid(mr)
+                    and rr.message_lo <= _log_time(mr) < rr.message_hi):
+                mirror_seen.setdefault(replace(mr, captured_at=EPOCH), mr)
+        mcopies: dict[tuple[Any, Any], list[MirrorRecord]] = defaultdict(list)
+        for mr in sorted(mirror_seen.values(), key=lambda r: (r.partition, r.offset)):
+            mcopies[(mr.pid, mr.seq)].append(mr)
+        last_capture: dict[int, datetime] = {}
+        for mw in inputs.mirror_watermarks:
+            if mw.mirror == m.name and mw.topic == topic:
+                last_capture[mw.partition] = max(last_capture.get(mw.partition, mw.captured_at), mw.captured_at)
+        for u in window_units:
+            morig = u.original
+            if u.key[0] != "m" or morig is None:
+                continue  # only audited messages committed at the source are expected in the copy
+            pt = u.produce_time
+            assert pt is not None
+            pid, seq, p = u.key[1], u.key[2], morig.partition
+            mcs = mcopies.get((pid, seq), [])
+            mcnt = counts[(stage, p)]
+            mcnt["expected"] += 1
+            if mcs:
+                mcnt["delivered"] += 1
+                if mcs[0].kafka_ts is not None:
+                    latencies[(stage, p)].append(_ms(mcs[0].kafka_ts, pt))
+                for mx in mcs[1:]:
+                    emit(stage, "duplicate_in_mirror", mx.partition, pid, seq, mx.offset,
+                         orig_partition=mcs[0].partition, orig_offset=mcs[0].offset, mirror_topic=m.topic)
+            elif as_of < pt + grace or not (p in last_capture and last_capture[p] >= pt + grace):
+                emit(stage, "pending", p, pid, seq, morig.offset, mirror_topic=m.topic)
+            else:
+                emit(stage, "lost_in_mirror", p, pid, seq, morig.offset, mirror_topic=m.topic)
+        # reordered_in_mirror: per target partition, first mcopies (of messages from the same source
+        # partition) in target offset order; a source offset below the highest one before it
+        firsts: dict[int, list[tuple[MirrorRecord, _Unit, LogRecord]]] = defaultdict(list)
+        for u in messages:
+            uorig = u.original
+            mcs = mcopies.get((u.key[1], u.key[2]), [])
+            if uorig is not None and mcs and mcs[0].partition == uorig.partition:
+                firsts[mcs[0].partition].append((mcs[0], u, uorig))
+        for tp, mrows in firsts.items():
+            mhigh: int | None = None
+            for mc, u, uorig in sorted(mrows, key=lambda t: t[0].offset):
+                if mhigh is not None and uorig.offset < mhigh and in_window(u):
+                    emit(stage, "reordered_in_mirror", tp, u.key[1], u.key[2], mc.offset,
+                         late_offset=uorig.offset, high_offset=mhigh)
+                mhigh = uorig.offset if mhigh is None else max(mhigh, uorig.offset)
 
     stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
     report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import reduce
 from typing import Any
@@ -46,12 +46,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core import headers as H
-from audit.core.config import Config, TopicConfig
+from audit.core.config import Config, MirrorConfig, TopicConfig
 from audit.core.errors import BrokerError, ConfigError, InputError
 from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
     GROUP_OFFSETS,
     LOG_RECORDS,
+    MIRROR_RECORDS,
+    MIRROR_WATERMARKS,
     PART_HOUR,
     PART_HOUR_FORMAT,
     PARTITION_WATERMARKS,
@@ -702,6 +704,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     ensure_log_table(spark, cfg)  # an empty capture still leaves a readable (empty) table
     results: dict[str, TopicCapture] = {}
     snapshots = _Snapshots()
+    mirror_marks: list[tuple[Any, ...]] = []
     with tqdm(names, desc="capture", unit="topic", disable=not progress) as bar:
         for name in bar:
             bar.set_postfix_str(name)
@@ -709,5 +712,71 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
             results[name] = r
             bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
                       f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
+            for m in cfg.topic(name).mirrors:  # stage mirror:<m>: the copy on the mirror's target cluster
+                bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks))
     snapshots.write(spark, cfg)
+    _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, mirror_marks)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
+
+
+# --------------------------------------------------------------------------------------------
+# Mirrors (docs/design.md §5.5): the topic's copy on a MirrorMaker 2 target cluster
+
+
+MIRROR_TABLE = "mirror_records"
+MIRROR_WATERMARKS_TABLE = "mirror_watermarks"
+
+
+def mirror_config(cfg: Config, tc: TopicConfig, m: MirrorConfig) -> Config:
+    """`cfg` as seen from the mirror's target cluster: its Kafka settings, and the copy's name as the
+    one topic (with the source topic's window, grace and lookback), so the log capture's planning
+    and reading apply unchanged."""
+    return replace(cfg, source=f"{cfg.source}: topics.{tc.name}.mirrors[{m.name}]", kafka=dict(m.kafka),
+                   topics={m.topic: replace(tc, name=m.topic, mirrors=())})
+
+
+def capture_mirror(spark: SparkSession, cfg: Config, tc: TopicConfig, m: MirrorConfig, start: datetime,
+                   end: datetime, captured_at: datetime, marks: list[tuple[Any, ...]]) -> str:
+    """Read the copy of `tc` on mirror `m`'s target cluster like the log (same time range, both
+    isolation levels, same header parsing) and MERGE it into `mirror_records` keyed on (mirror,
+    topic, partition, offset), `topic` being the source topic; append its watermarks to `marks`.
+    Returns the progress line."""
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_jobs.io.lake import table_path
+
+    mcfg = mirror_config(cfg, tc, m)
+    admin = _admin(mcfg)
+    ranges = plan_topic(admin, mcfg, m.topic, _partitions(admin, mcfg, m.topic), start, end)
+    marks += [(m.name, tc.name, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
+              for r in ranges]
+    schema = StructType([*MIRROR_RECORDS.fields, StructField(PART_HOUR, StringType(), False)])
+    (DeltaTable.createIfNotExists(spark).location(table_path(cfg, MIRROR_TABLE)).addColumns(schema)
+     .partitionedBy("topic", PART_HOUR).execute())
+    to_read = [r for r in ranges if r.offsets > 0]
+    records = 0
+    if to_read:
+        everything = _read_kafka(spark, mcfg, m.topic, to_read, "read_uncommitted")
+        committed = _read_kafka(spark, mcfg, m.topic, to_read, "read_committed").select("topic", "partition", "offset")
+        tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
+        rows = (to_log_records(everything, committed, captured_at, tz)
+                .withColumns({"topic": F.lit(tc.name), "mirror": F.lit(m.name)})
+                .select(*schema.fieldNames())).persist()
+        try:
+            records = rows.count()
+            if records:
+                t, s = "t", "s"
+                key = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
+                                                  for c in ("mirror", "topic", "partition", "offset")])
+                key = key & (F.col(f"{t}.topic") == F.lit(tc.name)) & (F.col(f"{t}.mirror") == F.lit(m.name))
+                same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
+                                                   for c in (*DATA_COLUMNS, PART_HOUR)])
+                (DeltaTable.forPath(spark, table_path(cfg, MIRROR_TABLE)).alias(t).merge(rows.alias(s), key)
+                 .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in schema.fieldNames()})
+                 .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in schema.fieldNames()})
+                 .execute())
+        finally:
+            rows.unpersist()
+    return (f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): "
+            f"{records} records, {sum(r.offsets for r in ranges)} offsets")

@@ -9,13 +9,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from audit.core.config import SinkConfig, TopicConfig
+from audit.core.config import MirrorConfig, SinkConfig, TopicConfig
 from audit.oracle import (
     ConsumedRow,
     GroupOffset,
     Inputs,
     LedgerRow,
     LogRecord,
+    MirrorRecord,
+    MirrorWatermark,
     SinkRow,
     Watermark,
 )
@@ -48,11 +50,25 @@ class History:
     group_offsets: list[GroupOffset] = field(default_factory=list)
     watermarks: list[Watermark] = field(default_factory=list)
     sinks: dict[str, list[SinkRow]] = field(default_factory=dict)
+    mirror_log: list[MirrorRecord] = field(default_factory=list)
+    mirror_watermarks: list[MirrorWatermark] = field(default_factory=list)
     _cseq: int = 0
 
     def inputs(self) -> Inputs:
         return Inputs(self.ledger, self.log, self.consumed, self.group_offsets, self.watermarks,
-                      {k: list(v) for k, v in self.sinks.items()})
+                      {k: list(v) for k, v in self.sinks.items()}, list(self.mirror_log), list(self.mirror_watermarks))
+
+    def mirrored(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
+                 copied_ms: int = 3000, mirror: str = "dr", committed: bool = True,
+                 header_error: str | None = None) -> None:
+        """A copy on the mirror's target at (partition, offset), appended `copied_ms` after t."""
+        self.mirror_log.append(MirrorRecord(mirror, partition, offset, pid, seq, t if header_error is None else None,
+                                            t + timedelta(milliseconds=copied_ms), t + timedelta(minutes=1),
+                                            f"fp-{pid}-{seq}", committed, header_error))
+
+    def mirror_captured(self, partition: int, lso: int, hw: int, t: datetime, mirror: str = "dr") -> None:
+        self.mirror_watermarks.append(MirrorWatermark(mirror, partition, lso, hw, t, captured_from=lso,
+                                                      captured_to=hw))
 
     def produce(self, pid: str, seq: int, partition: int, offset: int | None, t: datetime,
                 status: str = "acked", ack_ms: int = 5) -> None:
@@ -107,6 +123,10 @@ def table_rows(inputs: Inputs) -> dict[str, list[dict[str, Any]]]:
     out["consumed_records"] = [{**asdict(r), "part_hour": _hour(r.consume_ts)} for r in inputs.consumed]
     out["group_offsets"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.group_offsets]
     out["partition_watermarks"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.watermarks]
+    if inputs.mirror_log or inputs.mirror_watermarks:
+        out["mirror_records"] = [{**asdict(r), "part_hour": _hour(r.produce_ts or r.kafka_ts or r.captured_at)}
+                                 for r in inputs.mirror_log]
+        out["mirror_watermarks"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.mirror_watermarks]
     return out
 
 
@@ -146,6 +166,8 @@ def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
         group_offsets=frame(spark, "group_offsets", t["group_offsets"]),
         watermarks=frame(spark, "partition_watermarks", t["partition_watermarks"]),
         sinks={s.name: sink_frame(spark, inputs.sinks.get(s.name, [])) for s in tc.sinks},
+        mirror_log=frame(spark, "mirror_records", t["mirror_records"]) if "mirror_records" in t else None,
+        mirror_watermarks=frame(spark, "mirror_watermarks", t["mirror_watermarks"]) if "mirror_records" in t else None,
     )
 
 
@@ -390,3 +412,77 @@ def report_row(stage: str, partition: int, as_of: datetime = AS_OF_FINAL, /, **v
         row[code] = 0 if code in own else None
     row.update(values)
     return row
+
+
+# ---------------------------------------------------------------------------- the mirror stage
+MIRROR = "dr"
+M = f"mirror:{MIRROR}"
+
+
+def mirror_topic_config(grace: timedelta = timedelta(minutes=15)) -> TopicConfig:
+    """Topic t with no group or sink, copied by MM2 to a target cluster as `dc1.t` (stage mirror:dr)."""
+    return TopicConfig(name=TOPIC, window=timedelta(hours=1), grace=grace,
+                       mirrors=(MirrorConfig(MIRROR, {"bootstrap.servers": "127.0.0.1:1"}, f"dc1.{TOPIC}", "dc1"),))
+
+
+def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
+    """One case per partition, judged as of AS_OF_FINAL; a capture of the target at 11:10 covers
+    every partition except p4 (captured only at 10:10)."""
+    h = History()
+    exp: dict[str, list[tuple[Any, ...]]] = {}
+    for p in range(7):
+        h.captured(p, 0, 100, at(70))
+        if p != 4:
+            h.mirror_captured(p, 0, 100, at(70))
+    h.mirror_captured(4, 0, 100, at(10))
+
+    # p0: three messages, each copied once, in order (mirror latency 3 s, 4 s, 5 s)
+    for i in range(3):
+        h.produce("mclean", i, 0, i, at(1 + i))
+        h.record("mclean", i, 0, i, at(1 + i))
+        h.mirrored("mclean", i, 0, i, at(1 + i), copied_ms=3000 + 1000 * i)
+    exp["mirror_clean"] = []
+
+    # p1: committed at the source, never copied, and a target capture ran after grace
+    h.produce("mlost", 0, 1, 0, at(5))
+    h.record("mlost", 0, 1, 0, at(5))
+    h.mirrored("mlost", 0, 1, 0, at(5))
+    h.produce("mlost", 1, 1, 1, at(6))
+    h.record("mlost", 1, 1, 1, at(6))
+    exp["lost_in_mirror"] = [(M, "lost_in_mirror", 1, "mlost", 1, 1)]
+
+    # p2: MM2 restarted before flushing its source offsets and copied offsets 0-1 again (target 2, 3)
+    for i in range(2):
+        h.produce("mdup", i, 2, i, at(5 + i))
+        h.record("mdup", i, 2, i, at(5 + i))
+        h.mirrored("mdup", i, 2, i, at(5 + i))
+        h.mirrored("mdup", i, 2, 2 + i, at(5 + i), copied_ms=9000)
+    exp["duplicate_in_mirror"] = [(M, "duplicate_in_mirror", 2, "mdup", 0, 2), (M, "duplicate_in_mirror", 2, "mdup", 1, 3)]
+
+    # p3: source offsets 0, 1 landed on the target as 1, 0
+    for i in range(2):
+        h.produce("mreo", i, 3, i, at(5 + i))
+        h.record("mreo", i, 3, i, at(5 + i))
+        h.mirrored("mreo", i, 3, 1 - i, at(5 + i))
+    exp["reordered_in_mirror"] = [(M, "reordered_in_mirror", 3, "mreo", 0, 1)]
+
+    # p4: never copied, but the last capture of the target partition ran before produce time + grace
+    h.produce("mnocap", 0, 4, 0, at(5))
+    h.record("mnocap", 0, 4, 0, at(5))
+    exp["mirror_pending_uncovered"] = [(M, "pending", 4, "mnocap", 0, 0)]
+
+    # p5: an unaudited record (not expected in the copy: no identity across clusters) and an
+    # aborted record (never expected downstream); only the log stage reports them
+    h.record("mbad", None, 5, 0, at(5), header_error="audit.seq: not an integer")
+    h.produce("mab", 0, 5, 1, at(5), status="aborted")
+    h.record("mab", 0, 5, 1, at(5), committed=False)
+    exp["mirror_not_expected"] = [("log", "unaudited", 5, "mbad", None, 0), ("log", "aborted", 5, "mab", 0, 1)]
+
+    # p6: beside a delivered message, a copy on the target of a message the source log does not hold
+    # (written to the target by something else): the mirror stage judges source messages only
+    h.produce("mok", 0, 6, 0, at(5))
+    h.record("mok", 0, 6, 0, at(5))
+    h.mirrored("mok", 0, 6, 0, at(5))
+    h.mirrored("stranger", 0, 6, 1, at(5))
+    exp["mirror_copy_without_source"] = []
+    return h, exp

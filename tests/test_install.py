@@ -78,6 +78,7 @@ def test_wheel_installs_into_a_clean_venv_and_sets_up_without_a_checkout(tmp_pat
     assert setup.stdout.splitlines() == [
         f"spark-deps: {len(list((home / 'spark-deps').glob('*.jar')))} jars in {home / 'spark-deps'}",
         f"kafka-broker: {len(list((home / 'kafka-broker').glob('*.jar')))} jars in {home / 'kafka-broker'}",
+        f"kafka-mirror: {len(list((home / 'kafka-mirror').glob('*.jar')))} jars in {home / 'kafka-mirror'}",
         # the C plugin's source ships with the repository, not the wheel; the Java interceptor's does
         "libmsgaudit: no plugin source in this installation (build native/libmsgaudit from the repository "
         "and point $MSGAUDIT_PLUGIN at it); AuditedProducer uses its pure-Python path",

@@ -7,7 +7,8 @@ fault really happened and the equality below cannot pass vacuously), (2) the aud
 scenario's topics == that ground truth, as multisets of (stage, anomaly, partition, pid, seq, offset).
 
 All single-broker scenarios share one broker behind the fault proxy and one audit run (the JVMs
-are the expensive part); `lost_acked` runs on its own local 3-node cluster.
+are the expensive part), the MirrorMaker 2 ones too (with a second local cluster as the mirror's
+target); `lost_acked` runs on its own local 3-node cluster.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ DESIGNED: dict[str, dict[str, int]] = {
     "poison": {"dead_lettered": 1},
     "unaudited": {"unaudited": 5},
     "lost_acked": {"lost_acked": 10},  # acked while the follower was frozen
+    "mirror_kill": {"duplicate_in_mirror": 10},  # the 10 copied before the SIGKILL, copied again
+    "mirror_retention": {"lost_in_mirror": 10},  # produced during MM2's outage, deleted by retention
 }
 
 
@@ -212,3 +215,24 @@ def test_exactly_once_killed_just_after_the_commit_is_delivered_by_rows_committe
     group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
     assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (messages, messages)
     assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0
+
+
+# -- MirrorMaker 2: on the shared broker, a second local cluster as the target -------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_mirror_stage_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
+    """The mirror stage is in the report like the others: 20 messages expected per topic, the
+    re-copied ones duplicated, the ones deleted during MM2's outage lost, a latency for what arrived."""
+    runs = {r.name: r for r in proxied_result.runs}
+    (kill_topic,) = runs["mirror_kill"].topics
+    (ret_topic,) = runs["mirror_retention"].topics
+    mirror_rows = [r for r in proxied_result.report if r["stage"] == "mirror:dr"]
+    keys = ("expected", "delivered", "lost", "duplicated", "reordered")
+    totals = {t: [sum(int(r[k]) for r in mirror_rows if r["topic"] == t) for k in keys] for t in (kill_topic, ret_topic)}
+    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0]}
+    assert {r["topic"] for r in mirror_rows} == {kill_topic, ret_topic}
+    assert all(r["latency_p50_ms"] is not None and r["latency_p50_ms"] > 0 for r in mirror_rows if r["delivered"])

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from audit.core import vocabulary as v
-from tests.reconcile_cases import AS_OF_FINAL, T0, at, build_cases, topic_config
+from tests.reconcile_cases import (
+    AS_OF_FINAL,
+    T0,
+    at,
+    build_cases,
+    build_mirror_cases,
+    mirror_topic_config,
+    topic_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB_KEYS = {(a.stage_kind, a.name) for a in v.ANOMALIES}
@@ -39,7 +47,8 @@ def _oracle_emitted_keys() -> set[tuple[str, str]]:
             assert isinstance(code, ast.Constant), ast.unparse(node)
             kind = {"LOG": "log"}.get(ast.unparse(stage))
             if kind is None:  # `stage` inside the group or sink loop
-                kind = "group" if "group" in _enclosing_loop(tree, node) else "sink"
+                loop = _enclosing_loop(tree, node)
+                kind = "group" if "group" in loop else "mirror" if "mirror" in loop else "sink"
             keys.add((kind, str(code.value)))
     return keys
 
@@ -66,8 +75,10 @@ def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None
     history, _ = build_cases()
     tc = topic_config()
     rows: list[dict[str, Any]] = []
+    mirrored, _ = build_mirror_cases()
     for as_of in (AS_OF_FINAL, at(30)):
         rows += reconcile_window(tc, T0, as_of, history.inputs()).anomalies
+        rows += reconcile_window(mirror_topic_config(), T0, as_of, mirrored.inputs()).anomalies
     seen = set()
     for a in rows:
         key = (v.stage_kind(a["stage"]), a["anomaly"])
@@ -85,8 +96,12 @@ def _classifier_sql() -> str:
     from spark_jobs.reconcile.order import CONTENT_DUPLICATE_SQL, ORDER_CHECK_SQL
 
     tc = topic_config(groups=("g1", "g2"), sinks=(("s1", "g1"), ("s2", None)))
+    from spark_jobs.reconcile.mirror import mirror_sql
+
     per_stage, rows = classification_sql(tc)
-    return "\n".join([*UNIT_FLAGS.values(), *per_stage.values(), rows, ORDER_CHECK_SQL, CONTENT_DUPLICATE_SQL])
+    mirror = mirror_sql(mirror_topic_config().mirrors[0])
+    return "\n".join([*UNIT_FLAGS.values(), *per_stage.values(), rows, ORDER_CHECK_SQL, CONTENT_DUPLICATE_SQL,
+                      *mirror.values()])
 
 
 def _sql_codes(sql: str) -> set[tuple[str, str]]:

@@ -69,6 +69,18 @@ class SinkConfig:
 
 
 @dataclass(frozen=True)
+class MirrorConfig:
+    """A copy of the topic on another Kafka cluster made by MirrorMaker 2 (stage `mirror:<name>`):
+    `kafka` = the target cluster's librdkafka settings, `topic` = the copy's name there (default
+    `<source_alias>.<topic>`, MM2's default replication policy)."""
+
+    name: str
+    kafka: Mapping[str, str]
+    topic: str
+    source_alias: str = "source"
+
+
+@dataclass(frozen=True)
 class TopicConfig:
     name: str
     window: timedelta = timedelta(hours=1)
@@ -77,6 +89,7 @@ class TopicConfig:
     sla: tuple[SlaRule, ...] = ()
     groups: tuple[str, ...] = ()
     sinks: tuple[SinkConfig, ...] = ()
+    mirrors: tuple[MirrorConfig, ...] = ()
 
     @property
     def lookback_or_window(self) -> timedelta:
@@ -233,9 +246,25 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     )
 
 
+def _parse_mirror(topic: str, raw: Any, where: str) -> MirrorConfig:
+    data = _mapping(raw, where)
+    _check_keys(data, ("name", "kafka", "topic", "source_alias"), where)
+    for req in ("name", "kafka"):
+        if req not in data:
+            raise ConfigError(f"{where}: missing key {req!r}")
+    kafka = {str(k): str(v) for k, v in _mapping(data["kafka"], f"{where}.kafka").items()}
+    if not kafka.get("bootstrap.servers"):
+        raise ConfigError(f"{where}.kafka: missing key 'bootstrap.servers' (the target cluster of the mirror)")
+    alias = str(data.get("source_alias", "source"))
+    if not alias:
+        raise ConfigError(f"{where}.source_alias: must not be empty")
+    return MirrorConfig(name=str(data["name"]), kafka=kafka, topic=str(data.get("topic") or f"{alias}.{topic}"),
+                        source_alias=alias)
+
+
 def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     data = _mapping(raw, where)
-    _check_keys(data, ("window", "grace", "lookback", "sla", "groups", "sinks"), where)
+    _check_keys(data, ("window", "grace", "lookback", "sla", "groups", "sinks", "mirrors"), where)
     groups = data.get("groups") or []
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise ConfigError(f"{where}.groups: expected a list of group names")
@@ -249,6 +278,12 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     for s in sinks:
         if s.group is not None and s.group not in groups:
             raise ConfigError(f"{where}.sinks: sink {s.name!r} is fed by group {s.group!r}, which is not in groups")
+    mirrors_raw = data.get("mirrors") or []
+    if not isinstance(mirrors_raw, list):
+        raise ConfigError(f"{where}.mirrors: expected a list")
+    mirrors = tuple(_parse_mirror(name, m, f"{where}.mirrors[{i}]") for i, m in enumerate(mirrors_raw))
+    if len({m.name for m in mirrors}) != len(mirrors):
+        raise ConfigError(f"{where}.mirrors: mirror names must be unique, got {[m.name for m in mirrors]}")
     topic = TopicConfig(
         name=name,
         window=parse_duration(data.get("window", "1h"), f"{where}.window"),
@@ -257,6 +292,7 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
         sla=_parse_sla(data.get("sla"), f"{where}.sla"),
         groups=tuple(groups),
         sinks=sinks,
+        mirrors=mirrors,
     )
     if topic.window <= timedelta(0) or timedelta(days=1) % topic.window:
         raise ConfigError(f"{where}.window: must divide a day evenly (e.g. 5m, 15m, 1h), got {data.get('window')!r}")

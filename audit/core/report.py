@@ -31,8 +31,8 @@ from audit.core.windows import is_final, run_id_for
 
 
 def stages_of(tc: TopicConfig) -> list[str]:
-    """The topic's stages in report order: log, each group, each sink."""
-    return stage_names(tc.groups, [s.name for s in tc.sinks])
+    """The topic's stages in report order: log, each group, each sink, each mirror."""
+    return stage_names(tc.groups, [s.name for s in tc.sinks], [m.name for m in tc.mirrors])
 
 
 def code_counts(anomalies: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, int]]:

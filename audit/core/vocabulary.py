@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 # ---------------------------------------------------------------------------- stages
-LOG, GROUP, SINK = "log", "group", "sink"
-STAGE_KINDS: tuple[str, ...] = (LOG, GROUP, SINK)
+LOG, GROUP, SINK, MIRROR = "log", "group", "sink", "mirror"
+STAGE_KINDS: tuple[str, ...] = (LOG, GROUP, SINK, MIRROR)
 
 
 def stage_kind(stage: str) -> str:
-    """'log' | 'group:<g>' | 'sink:<s>' -> 'log' | 'group' | 'sink'."""
+    """'log' | 'group:<g>' | 'sink:<s>' | 'mirror:<m>' -> 'log' | 'group' | 'sink' | 'mirror'."""
     return stage.split(":", 1)[0]
 
 
@@ -35,9 +35,15 @@ def sink_stage(sink: str) -> str:
     return f"{SINK}:{sink}"
 
 
-def stage_names(groups: tuple[str, ...] | list[str], sinks: tuple[str, ...] | list[str]) -> list[str]:
-    """A topic's stages in report order: log, then each group, then each sink."""
-    return [LOG, *(group_stage(g) for g in groups), *(sink_stage(s) for s in sinks)]
+def mirror_stage(mirror: str) -> str:
+    return f"{MIRROR}:{mirror}"
+
+
+def stage_names(groups: tuple[str, ...] | list[str], sinks: tuple[str, ...] | list[str],
+                mirrors: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """A topic's stages in report order: log, then each group, then each sink, then each mirror."""
+    return [LOG, *(group_stage(g) for g in groups), *(sink_stage(s) for s in sinks),
+            *(mirror_stage(m) for m in mirrors)]
 
 
 # ---------------------------------------------------------------------------- anomaly codes
@@ -117,13 +123,21 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("duplicate_in_sink", SINK, "copy {k} of {n}", (DUPLICATED,)),
     _code("unexpected_in_sink", SINK, "no committed log record"),
     _code("pending", SINK, "not in the sink yet, within grace", (PENDING,), column=False),
+    # stage mirror:<m>
+    _code("lost_in_mirror", MIRROR, "committed in the source log, not in {mirror_topic} after grace", (LOST,)),
+    _code("duplicate_in_mirror", MIRROR, "extra copy of {orig_partition}:{orig_offset} in {mirror_topic}",
+          (DUPLICATED,)),
+    _code("reordered_in_mirror", MIRROR, "source offset {late_offset} copied after source offset {high_offset}",
+          (REORDERED,)),
+    _code("pending", MIRROR, "not in {mirror_topic} yet, within grace or not yet captured there", (PENDING,),
+          column=False),
 )
 
 _BY_KEY: dict[tuple[str, str], AnomalyCode] = {(a.stage_kind, a.name): a for a in ANOMALIES}
 
 
 def anomaly(kind: str, name: str) -> AnomalyCode:
-    """The entry of code `name` at stage kind `kind` ('log' | 'group' | 'sink')."""
+    """The entry of code `name` at stage kind `kind` ('log' | 'group' | 'sink' | 'mirror')."""
     try:
         return _BY_KEY[(kind, name)]
     except KeyError:
@@ -246,6 +260,23 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
     (SINK, "pending"): Explanation(
         "the sink has not received the record yet (within grace)",
         "none yet; if it turns missing, check the sink writer"),
+    (MIRROR, "lost_in_mirror"): Explanation(
+        "MirrorMaker 2 never copied the record: the source deleted it (retention) while MM2 was down or "
+        "lagging, or the copy was deleted from the target (retention, topic reset) before a capture read it",
+        "keep the source's retention.ms above MM2's worst outage and alert on MM2's replication lag; capture "
+        "the target more often than its retention"),
+    (MIRROR, "duplicate_in_mirror"): Explanation(
+        "MirrorMaker 2 restarted (crash, kill, rebalance) after copying records whose source offsets it had "
+        "not flushed yet, and copied them again: at least once",
+        "exactly.once.source.support=enabled on the target cluster (MM2's exactly-once mode, Kafka 3.5+), "
+        "or deduplicate downstream by pid:seq"),
+    (MIRROR, "reordered_in_mirror"): Explanation(
+        "the target partition holds the records in another order than the source partition: a mirror that "
+        "does not keep the partition mapping, or several replication flows writing one topic",
+        "keep MM2's default partition mapping and one flow per target topic"),
+    (MIRROR, "pending"): Explanation(
+        "MirrorMaker 2 has not copied the record yet, or no capture of the target has run since (within grace)",
+        "none yet; if it turns lost, check MM2's status and replication lag"),
 }
 
 
@@ -319,7 +350,7 @@ SLA_RULE_SPECS: tuple[SlaRuleSpec, ...] = (
     SlaRuleSpec("max_lost", LOST, "max", STAGE_KINDS, "lost messages (report column `lost`)"),
     SlaRuleSpec("max_duplicate_ratio", "duplicate_ratio", "max", STAGE_KINDS,
                 "duplicated / max(expected, 1)"),
-    SlaRuleSpec("max_reordered", REORDERED, "max", (LOG, GROUP), "reordered messages (a sink has no order)"),
+    SlaRuleSpec("max_reordered", REORDERED, "max", (LOG, GROUP, MIRROR), "reordered messages (a sink has no order)"),
     SlaRuleSpec("max_p99_latency_ms", "latency_p99_ms", "max", STAGE_KINDS,
                 "p99 latency from produce time, ms; null (nothing delivered) passes"),
     SlaRuleSpec("min_completeness", "completeness", "min", STAGE_KINDS,

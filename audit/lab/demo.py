@@ -51,7 +51,7 @@ def _selection(name: str) -> list[str]:
 def list_scenarios() -> str:
     width = max(len(n) for n in SCENARIOS)
     lines = ["scenarios (msgaudit demo --scenario NAME):", f"  {'mixed':<{width}}  {', '.join(MIXED)} (default)",
-             f"  {'all':<{width}}  every single-broker scenario"]
+             f"  {'all':<{width}}  every scenario on one broker behind the proxy (the mirror ones add a second cluster)"]
     lines += [f"  {n:<{width}}  {desc}" for n, (_, desc) in SCENARIOS.items()]
     return "\n".join(lines)
 

@@ -122,12 +122,16 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     cfg = cfg.with_topics(audited)
     result.cfg = cfg
     result.ledger_topics = list(ctx.ledger_topics)
-    if not audited:
-        return result
-    start = floor_window(min(r.first for r in result.runs if r.first), window)
-    end = floor_window(_now(), window) + window
-    result.start, result.end = start, end
-    _audit(result, spark_factory, start, end, window, wait_final=wait_final, say=say, progress=progress)
+    try:
+        if not audited:
+            return result
+        start = floor_window(min(r.first for r in result.runs if r.first), window)
+        end = floor_window(_now(), window) + window
+        result.start, result.end = start, end
+        _audit(result, spark_factory, start, end, window, wait_final=wait_final, say=say, progress=progress)
+    finally:
+        for stop in reversed(ctx.cleanups):  # e.g. the mirror scenarios' MM2 and target cluster
+            stop()
     return result
 
 

@@ -44,8 +44,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from audit.core.config import Config, SinkConfig, SlaRule, TopicConfig
+from audit.core.config import Config, MirrorConfig, SinkConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError, InputError
+from audit.core.headers import parse as parse_audit_headers
 from audit.lab.env import Lab
 from audit.lab.proxy import ProduceExchange
 from audit.lab.truth import Truth
@@ -68,6 +69,10 @@ class Context:
     say: Callable[[str], None] = print
     capture_now: Callable[[str], None] | None = None
     topics: dict[str, TopicConfig] = field(default_factory=dict)
+    # what scenarios share (e.g. the mirror scenarios' target cluster), and how to stop it once the
+    # audit has read it (the runner calls `cleanups` last)
+    resources: dict[str, Any] = field(default_factory=dict)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
     # SQLAlchemy URL of the exactly_once_sink scenario's database (e.g. PostgreSQL); default: a
     # SQLite file in `work`.
     sink_url: str | None = None
@@ -75,9 +80,10 @@ class Context:
     # each of them besides the ledger files.
     ledger_topics: list[str] = field(default_factory=list)
 
-    def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = ()) -> None:
+    def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = (),
+                    mirrors: tuple[MirrorConfig, ...] = ()) -> None:
         self.topics[name] = TopicConfig(name=name, window=self.window, grace=self.grace, groups=groups, sinks=sinks,
-                                        sla=LAB_SLA)
+                                        sla=LAB_SLA, mirrors=mirrors)
 
     @property
     def ledger_dir(self) -> Path:
@@ -862,10 +868,206 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "lost_acked": (lost_acked, "3-node cluster, acks=1, leader killed before the follower fetched, unclean election"),
 }
 
-# Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection).
-PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n != "lost_acked")
-CLUSTER_SCENARIOS = ("lost_acked",)
 
 
 def with_bootstrap(cfg: Config, bootstrap: str) -> Config:
     return replace(cfg, kafka={**cfg.kafka, "bootstrap.servers": bootstrap})
+
+
+# ------------------------------------------------------------------------------------------
+# 12. MirrorMaker 2 (stage mirror:<m>): a second local cluster, MM2 run from its own jars
+#
+# Truth: the scenario's own delivery reports (source offsets), the batches it produced while MM2
+# was down, and a plain consumer's read-back of the copy on the target after MM2 has caught up
+# (which copies exist, at which target offsets).
+
+MIRROR_NAME, MIRROR_ALIAS = "dr", "source"
+
+
+def _target_cluster(ctx: Context) -> Any:
+    """The mirror scenarios' target cluster: a second single-node KRaft cluster under the lab's
+    work folder, started once, stopped after the audit has captured it."""
+    from audit.runtime.local_kafka import LocalKafka, free_port_block
+
+    if "mirror_target" not in ctx.resources:
+        target = LocalKafka(ctx.work / "kafka-mirror-target", port=free_port_block(2), nodes=1)
+        target.wipe()
+        target.start(120)
+        ctx.resources["mirror_target"] = target
+        ctx.cleanups.append(target.stop)
+    return ctx.resources["mirror_target"]
+
+
+def _mirror_setup(ctx: Context, prefix: str, flush_ms: int) -> tuple[str, Any, Any]:
+    """A source topic, its copy pre-created on the target with LogAppendTime (so the copy's Kafka
+    timestamp is MM2's append time: the mirror latency), the topic audited with its mirror, and an
+    MM2 for that one flow (not started)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
+
+    target = _target_cluster(ctx)
+    topic = ctx.lab.create_topic(prefix)
+    copy = mirrored_topic(MIRROR_ALIAS, topic)
+    admin = AdminClient({"bootstrap.servers": target.bootstrap_servers, "log_level": 0})
+    admin.create_topics([NewTopic(copy, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[copy].result(30)
+    ctx.audit_topic(topic, mirrors=(MirrorConfig(MIRROR_NAME, {"bootstrap.servers": target.bootstrap_servers},
+                                                 copy, MIRROR_ALIAS),))
+    mm2 = LocalMirrorMaker(ctx.work / f"mm2-{topic}", ctx.lab.bootstrap, target.bootstrap_servers, [topic],
+                           source_alias=MIRROR_ALIAS, offset_flush_ms=flush_ms)
+    ctx.cleanups.append(mm2.stop)
+    return topic, target, mm2
+
+
+def _produce_batch(p: Any, topic: str, acks: Acks, seqs: range) -> None:
+    for i in seqs:
+        _produce(p, topic, acks, i, _value(i))
+    _flush(p)
+
+
+def _read_copies(bootstrap: str, topic: str, expect: int) -> list[tuple[int, int, str, int]]:
+    """(partition, offset, pid, seq) of every record of the copy, read back with a plain consumer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lab-readback-{topic}", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "log_level": 0})
+    out: list[tuple[int, int, str, int]] = []
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, lo)])
+        deadline = time.monotonic() + 60
+        while len(out) < hi - lo and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            # librdkafka hands out a consumed record's headers as (str, bytes | None) tuples
+            h = parse_audit_headers(cast(list[tuple[str, bytes | None]], list(msg.headers() or [])))
+            if h.pid is None or h.seq is None:
+                raise BrokerError(f"lab: a copy on {topic} at offset {msg.offset()} has no audit identity: {h.error}")
+            out.append((int(msg.partition() or 0), int(msg.offset() or 0), h.pid, h.seq))
+    finally:
+        c.close()
+    if len(out) < expect:
+        raise BrokerError(f"lab: read back {len(out)} of {expect} records of {topic}")
+    return out
+
+
+def _expect_duplicates(truth: Truth, topic: str, copies: list[tuple[int, int, str, int]]) -> int:
+    """Every copy after the first of a (pid, seq) on the target: duplicate_in_mirror at its target offset."""
+    seen: set[tuple[str, int]] = set()
+    extra = 0
+    for part, off, pid, seq in sorted(copies):
+        if (pid, seq) in seen:
+            truth.expect(topic, f"mirror:{MIRROR_NAME}", "duplicate_in_mirror", part, pid, seq, off)
+            extra += 1
+        seen.add((pid, seq))
+    return extra
+
+
+def mirror_kill(ctx: Context) -> Truth:
+    """MM2 copies 10 messages, is SIGKILLed before it flushed their source offsets (flush every
+    10 minutes), 10 more are produced while it is down, and the restarted MM2 copies from the last
+    flushed offset: the first 10 land on the target twice."""
+    truth = Truth("mirror_kill")
+    topic, target, mm2 = _mirror_setup(ctx, "lab-mirror-kill", flush_ms=600_000)
+    truth.topic(topic)
+    p = ctx.producer("lab-mirror-kill", **{"linger.ms": 5})
+    acks = Acks()
+    try:
+        _produce_batch(p, topic, acks, range(0, 10))
+        mm2.start()
+        mm2.wait_records(topic, 10, timeout=180)
+        mm2.kill()  # SIGKILL: no flush of the source offsets it copied
+        _produce_batch(p, topic, acks, range(10, 20))
+        mm2.start()
+        mm2.wait_records(topic, 30, timeout=180)
+        time.sleep(2)  # anything MM2 would copy beyond the 30 (it must not)
+        mm2.stop()
+    finally:
+        p.close()
+    copies = _read_copies(target.bootstrap_servers, mm2.target_topic(topic), 30)
+    extra = _expect_duplicates(truth, topic, copies)
+    truth.facts.update(messages=20, copies=len(copies), duplicate_in_mirror=extra)
+    ctx.say(f"mirror_kill: 20 messages, MM2 SIGKILLed after copying 10 and restarted: {len(copies)} copies "
+            f"on the target, {extra} extra")
+    return truth
+
+
+def mirror_retention(ctx: Context) -> Truth:
+    """MM2 copies 5 messages and stops; 10 more are produced during its outage and the source's
+    retention (cut to 1s, shorter than the outage) deletes them before MM2 is back; the restarted
+    MM2 resumes at the new log start and copies 5 later messages: the 10 are lost in the mirror."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    truth = Truth("mirror_retention")
+    if ctx.capture_now is None:
+        raise InputError("scenario 'mirror_retention' needs a capture before Kafka deletes the records")
+    topic, target, mm2 = _mirror_setup(ctx, "lab-mirror-retention", flush_ms=1000)
+    truth.topic(topic)
+    p = ctx.producer("lab-mirror-retention", **{"linger.ms": 5})
+    acks = Acks()
+
+    def retention(ms: str) -> None:
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry("retention.ms", ms, incremental_operation=AlterConfigOpType.SET)])
+        admin = ctx.lab.admin()  # keep the handle alive until the futures resolve
+        for fut in admin.incremental_alter_configs([resource]).values():
+            fut.result(30)
+
+    try:
+        _produce_batch(p, topic, acks, range(0, 5))
+        mm2.start()
+        mm2.wait_records(topic, 5, timeout=180)
+        mm2.stop()  # clean stop: its source offsets are flushed, nothing is copied twice
+        _produce_batch(p, topic, acks, range(5, 15))
+        ctx.capture_now(topic)  # the audit's regular capture sees the outage's records at the source
+        retention("1000")
+        probe = Consumer({"bootstrap.servers": ctx.lab.bootstrap, "group.id": f"{topic}-probe", "log_level": 0})
+        deadline, start = time.monotonic() + 90, 0
+        try:
+            while time.monotonic() < deadline:
+                start, _ = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)
+                if start >= 15:
+                    break
+                time.sleep(0.5)
+        finally:
+            probe.close()
+        if start < 15:
+            raise BrokerError(f"mirror_retention: Kafka did not delete the outage's records within 90s (log start {start})")
+        retention("604800000")
+        _produce_batch(p, topic, acks, range(15, 20))
+        mm2.start()
+        mm2.wait_records(topic, 10, timeout=180)
+        time.sleep(2)
+        mm2.stop()
+    finally:
+        p.close()
+    copies = _read_copies(target.bootstrap_servers, mm2.target_topic(topic), 10)
+    copied = {(pid, seq) for _, _, pid, seq in copies}
+    pid = p.pid
+    outage = range(5, 15)
+    if any((pid, seq) in copied for seq in outage):
+        raise BrokerError("mirror_retention: MM2 copied a record of its outage; the fault did not happen")
+    for seq in outage:
+        part, off = acks.acked[seq]
+        truth.expect(topic, f"mirror:{MIRROR_NAME}", "lost_in_mirror", part, pid, seq, off)
+    extra = _expect_duplicates(truth, topic, copies)
+    truth.facts.update(messages=20, lost_in_mirror=len(outage), copies=len(copies), duplicate_in_mirror=extra,
+                       source_log_start_after=start)
+    ctx.say(f"mirror_retention: MM2 down while 10 messages came and the source's retention (1s) deleted them; "
+            f"{len(copies)} copies on the target")
+    return truth
+
+
+SCENARIOS.update({
+    "mirror_kill": (mirror_kill, "MirrorMaker 2 SIGKILLed mid-stream and restarted: records copied twice"),
+    "mirror_retention": (mirror_retention, "the source's retention is shorter than MirrorMaker 2's outage"),
+})
+
+# Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
+# MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).
+MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention")
+CLUSTER_SCENARIOS = ("lost_acked",)
+PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n not in CLUSTER_SCENARIOS)
+

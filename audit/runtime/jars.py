@@ -2,7 +2,8 @@
 
 Two manifests (Maven poms, shipped inside the package as `audit/runtime/jvm/<manifest>/pom.xml`)
 name what is needed: `spark-deps` (Delta, Spark's Kafka source, JDBC drivers, the S3A connector)
-and `kafka-broker` (the Kafka broker and its runtime dependencies). One `msgaudit setup` copies
+`kafka-broker` (the Kafka broker and its runtime dependencies) and `kafka-mirror` (MirrorMaker 2:
+connect-mirror and its Connect runtime, for the lab's cross-cluster scenarios). One `msgaudit setup` copies
 them into `<jars home>/<manifest>/`; a stamp file holding the pom's hash makes every later run
 skip Maven entirely, so nothing at run time touches the network.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from audit.core.errors import SetupError
 
-MANIFESTS = ("spark-deps", "kafka-broker")
+MANIFESTS = ("spark-deps", "kafka-broker", "kafka-mirror")
 _STAMP = ".manifest-sha256"
 
 

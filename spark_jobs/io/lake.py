@@ -146,6 +146,8 @@ PRODUCED_BY = {
     "log_records": "`msgaudit capture`",
     "group_offsets": "`msgaudit capture`",
     "partition_watermarks": "`msgaudit capture`",
+    "mirror_records": "`msgaudit capture` (topics with `mirrors:`)",
+    "mirror_watermarks": "`msgaudit capture` (topics with `mirrors:`)",
     "audit_partition_report": "`msgaudit reconcile`",
     "audit_anomalies": "`msgaudit reconcile`",
 }
@@ -248,4 +250,4 @@ def read_input_table(spark: SparkSession, cfg: Config, name: str) -> tuple[DataF
 
 
 # The input tables partitioned by (topic, part_hour) (docs/design.md §4.1).
-PARTITIONED_BY_HOUR = ("producer_ledger", "log_records", "consumed_records")
+PARTITIONED_BY_HOUR = ("producer_ledger", "log_records", "consumed_records", "mirror_records")

@@ -108,6 +108,12 @@ PARTITION_WATERMARKS = _s(
     ("captured_to", LongType(), True),
 )
 
+# The topic's copy on a mirror's target cluster (stage mirror:<m>, docs/design.md §4.2): the columns
+# of log_records plus the mirror's name; `topic` is the audited (source) topic, partition and
+# offset are the target's.
+MIRROR_RECORDS = StructType([StructField("mirror", StringType(), False), *LOG_RECORDS.fields])
+MIRROR_WATERMARKS = StructType([StructField("mirror", StringType(), False), *PARTITION_WATERMARKS.fields])
+
 AUDIT_PARTITION_REPORT = _s(
     ("window_start", TimestampType(), False),
     ("window_end", TimestampType(), False),
@@ -173,6 +179,8 @@ TABLES: dict[str, StructType] = {
     "consumed_records": CONSUMED_RECORDS,
     "group_offsets": GROUP_OFFSETS,
     "partition_watermarks": PARTITION_WATERMARKS,
+    "mirror_records": MIRROR_RECORDS,
+    "mirror_watermarks": MIRROR_WATERMARKS,
     "audit_partition_report": AUDIT_PARTITION_REPORT,
     "audit_anomalies": AUDIT_ANOMALIES,
 }

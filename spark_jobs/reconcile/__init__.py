@@ -89,6 +89,7 @@ from spark_jobs.reconcile.inputs import (
     restrict,
     sink_rows,
 )
+from spark_jobs.reconcile.mirror import mirror_x
 from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
 from spark_jobs.reconcile.outputs import write_outputs, write_window_outputs
 from spark_jobs.reconcile.params import Lookups, Shape, batch_params, collect_lookups
@@ -236,6 +237,11 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     narrow = narrow_units(typed, units, params)
     facts = simple_facts(typed, params, shape).unionByName(classify(units, shape))
+    for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
+        one = F.col("topic") == tc.name
+        mirrored = mirror_x(ledger.where(one), vis.log.where(one), vis.mirror_log, vis.mirror_watermarks, tc, ws, as_of)
+        if mirrored is not None:
+            facts = facts.unionByName(mirrored)
     # malformed ledger rows travel as X rows of kind 'Q': counted by the summary, no job of their own
     nulls = {n: F.lit(None).cast(t) for n, t in X_FIELDS}
     quarantine = vis.ledger.where(~valid).select(

@@ -38,6 +38,8 @@ class WindowInputs:
     group_offsets: DataFrame | None
     watermarks: DataFrame | None
     sinks: Mapping[str, DataFrame] = field(default_factory=dict)
+    mirror_log: DataFrame | None = None  # mirror_records of the topic (stage mirror:<m>), visibility in mirror.py
+    mirror_watermarks: DataFrame | None = None
     # the consumer interceptor's `committed` rows (set by `restrict`; `consumed` then holds none)
     commits: DataFrame | None = None
     # every sink's rows in one DataFrame with the sink's name in `sink` (a batch's read, see `batches`)
@@ -94,7 +96,7 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     sinks = {name: df.where(topic & window) for name, df in inputs.sinks.items()}
     rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
     return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
-                        commits=commits, sink_rows=rows)
+                        inputs.mirror_log, inputs.mirror_watermarks, commits=commits, sink_rows=rows)
 
 
 def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int) -> list[Shape]:
@@ -166,6 +168,11 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
             cache["?group_offsets"] = (spark.range(0), table_exists(spark, cfg, "group_offsets"))
         if cache["?group_offsets"][1]:
             group_offsets = small("group_offsets")
+    mirror_log = mirror_watermarks = None
+    if any(tc.mirrors for tc in shape.topics):
+        mirror_log = pruned("mirror_records", m_lo, m_hi) if table_exists(spark, cfg, "mirror_records") else None
+        if table_exists(spark, cfg, "mirror_watermarks"):
+            mirror_watermarks = small("mirror_watermarks")
     if len(shape.topics) == 1:
         sinks = {}
         for s in tc0.sinks:
@@ -173,7 +180,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
             if key not in cache:
                 cache[key] = (read_sink(spark, s, None), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
-        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks)
+        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks)
     # one read per physical sink; a row goes to every sink (of its topic) that names that table
     users: dict[Any, list[tuple[str, Any]]] = {}
     for tc in shape.topics:
@@ -192,7 +199,8 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         part = (cache[key][0].where(F.col("topic").isin(sorted(by_topic)))
                 .withColumn("sink", F.explode(F.expr(f"try_element_at({lookup}, topic)"))))
         rows = part if rows is None else rows.unionByName(part)
-    return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, sink_rows=rows)
+    return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, mirror_log, mirror_watermarks,
+                        sink_rows=rows)
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:

@@ -57,6 +57,9 @@ CREATE TABLE audit_partition_report (
 	missing_in_sink BIGINT,
 	duplicate_in_sink BIGINT,
 	unexpected_in_sink BIGINT,
+	lost_in_mirror BIGINT,
+	duplicate_in_mirror BIGINT,
+	reordered_in_mirror BIGINT,
 	PRIMARY KEY (window_start, topic, partition, stage)
 );
 
