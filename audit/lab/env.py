@@ -10,6 +10,7 @@ This module must not import Spark.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,30 @@ class Lab:
             admin.create_topics([new])[name].result(30)
         except Exception as e:
             raise BrokerError(f"cannot create topic {name!r} on {self.bootstrap}: {e}") from e
+        _wait_for_leaders(admin, name, new.num_partitions)
         return name
+
+
+def _wait_for_leaders(admin: Any, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Return once every partition's leader answers ListOffsets. A created topic's metadata can name
+    a leader before that broker leads the partition, and a scenario's first write would then meet
+    NOT_LEADER_OR_FOLLOWER and a retry the scenario did not plan."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+        try:
+            for future in admin.list_offsets(request, request_timeout=5).values():
+                future.result(10)
+            return
+        except Exception as e:  # not led yet: ask again
+            last = e
+            time.sleep(0.1)
+    raise BrokerError(f"topic {topic!r}: no partition leader answered within {timeout:.0f} s ({last}); "
+                      f"is every broker of the cluster up?")
 
 
 class ProxiedBroker:
