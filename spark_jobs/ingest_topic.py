@@ -131,14 +131,18 @@ def checkpoint_dir(cfg: Config) -> str:
     return lake.lake_location(cfg, "_checkpoints", CHECKPOINT)
 
 
-def land_topic(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0) -> TopicIngestResult:
+def land_topic(spark: SparkSession, cfg: Config, *, wait_s: float = 0.0,
+               sink_evidence: bool = True) -> TopicIngestResult:
     """Land everything new in the ledger topic; running it again lands nothing new. Holds the
-    lake's writer lease like the file ingest."""
+    lake's writer lease like the file ingest. `sink_evidence=False` skips the exactly_once_sink
+    evidence pass, for a caller that has just run it (a second ledger topic in the same ingest)."""
     if cfg.ledger is None:
         raise ConfigError(f"{cfg.source}: no ledger topic configured (ledger: {{topic: ...}})")
     with lake.writer_lease(spark, cfg, "msgaudit ingest", wait_s=wait_s):
         result = _land(spark, cfg)
         # exactly_once_sink consumers keep their evidence in the sinks, whatever the transport.
+        if not sink_evidence:
+            return result
         evidence = ingest_sink_consumption(spark, cfg)
         if evidence.segments:
             result.tables[SINK_EVIDENCE] = evidence
