@@ -9,10 +9,12 @@ import java.util.Map;
 /**
  * The acknowledged rows of one producer, kept as raw fields until the spool's writer thread
  * formats them. {@link #add} runs on the producer's network thread for every acknowledged record:
- * it only stores references and numbers into a preallocated chunk under a short lock (no String,
- * no JSON, no per-record object); {@link #drainInto} (writer thread) turns every stored row into
- * one JSON line, in the row format of audit/clients/producer.py, copying the seq and produce_ts
- * digits from the audit header the record was stamped with.
+ * under a short lock it copies the seq and produce_ts digits of the record's audit header into the
+ * chunk's byte arena and stores the numbers (no String, no JSON, no per-record object, and no
+ * reference to the record's header: a held reference would keep it alive through young
+ * collections, which then copy it); {@link #drainInto} (writer thread) turns every stored row
+ * into one JSON line, in the row format of audit/clients/producer.py. Filling a chunk wakes the
+ * writer, so few rows are held at a time.
  *
  * <p>The rows held here are bounded ({@code maxRows}); beyond it, and after the spool closed,
  * {@link #add} refuses and the caller counts the row as dropped.
@@ -24,16 +26,25 @@ final class AckRows implements LedgerSpool.Source {
     private static final int FLUSH_BYTES = 64 << 10;
     private static final int MAX_FREE_CHUNKS = 64;
 
-    /** One chunk of rows: parallel arrays, reused once written. */
+    /** One chunk of rows: parallel arrays and a byte arena, reused once written. */
     static final class Chunk {
-        final byte[][] a = new byte[CHUNK][]; // packed: the audit.id value; three: audit.seq's value
-        final byte[][] b = new byte[CHUNK][]; // three: audit.ts's value; packed: null
-        final int[] split = new int[CHUNK];   // packed: index of the '/' before the ts digits
-        final String[] topic = new String[CHUNK];
+        byte[] arena = new byte[CHUNK * 40]; // per row: its seq digits, then its produce_ts digits
+        int used;
+        final int[] seqLen = new int[CHUNK];
+        final int[] tsLen = new int[CHUNK];
+        final String[] topic = new String[CHUNK]; // the producer's topic names: shared, long-lived
         final int[] partition = new int[CHUNK];
         final long[] offset = new long[CHUNK];
         final long[] ackTs = new long[CHUNK];
         int n;
+
+        void copy(byte[] src, int from, int len) {
+            if (used + len > arena.length) {
+                arena = java.util.Arrays.copyOf(arena, Math.max(arena.length * 2, used + len));
+            }
+            System.arraycopy(src, from, arena, used, len);
+            used += len;
+        }
     }
 
     private final byte[] head;      // {"producer":...,"pid":...,"seq":
@@ -46,6 +57,7 @@ final class AckRows implements LedgerSpool.Source {
     private final List<Chunk> free = new ArrayList<>();
     private int held;
     private boolean closed;
+    private Runnable wake = () -> { };
 
     // writer thread only
     private final Map<String, byte[]> topicJson = new HashMap<>();
@@ -58,26 +70,48 @@ final class AckRows implements LedgerSpool.Source {
         this.maxRows = maxRows;
     }
 
-    /** Hold one acknowledged row; false when it cannot be held (full, or the spool closed). */
-    synchronized boolean add(byte[] a, int split, byte[] b, String topic, int partition, long offset, long ackTs) {
-        if (closed || held >= maxRows) {
-            return false;
-        }
-        Chunk c = current;
-        if (c.n == CHUNK) {
-            full.add(c);
-            c = free.isEmpty() ? new Chunk() : free.remove(free.size() - 1);
-            current = c;
-        }
-        int i = c.n++;
-        c.a[i] = a;
-        c.b[i] = b;
-        c.split[i] = split;
-        c.topic[i] = topic;
+    /** Called (on the producer's network thread) whenever a chunk fills: wakes the writer. */
+    void onChunkFull(Runnable r) { wake = r; }
+
+    /**
+     * Hold one acknowledged row; false when it cannot be held (full, or the spool closed).
+     * Packed form ({@code b == null}): {@code a} is the audit.id value, {@code split} the index of
+     * the '/' before its ts digits. Three headers: {@code a} is audit.seq's value, {@code b} audit.ts's.
+     */
+    boolean add(byte[] a, int split, byte[] b, String topic, int partition, long offset, long ackTs) {
+        boolean filled;
+        synchronized (this) {
+            if (closed || held >= maxRows) {
+                return false;
+            }
+            Chunk c = current;
+            filled = c.n == CHUNK;
+            if (filled) {
+                full.add(c);
+                c = free.isEmpty() ? new Chunk() : free.remove(free.size() - 1);
+                current = c;
+            }
+            int i = c.n++;
+            if (b == null) {
+                c.copy(a, seqFrom, split - seqFrom);
+                c.copy(a, split + 1, a.length - split - 1);
+                c.seqLen[i] = split - seqFrom;
+                c.tsLen[i] = a.length - split - 1;
+            } else {
+                c.copy(a, 0, a.length);
+                c.copy(b, 0, b.length);
+                c.seqLen[i] = a.length;
+                c.tsLen[i] = b.length;
+            }
+            c.topic[i] = topic;
         c.partition[i] = partition;
         c.offset[i] = offset;
-        c.ackTs[i] = ackTs;
-        held++;
+            c.ackTs[i] = ackTs;
+            held++;
+        }
+        if (filled) {
+            wake.run();
+        }
         return true;
     }
 
@@ -115,21 +149,16 @@ final class AckRows implements LedgerSpool.Source {
         byte[] ackDigits = new byte[20];
         int ackLen = 0;
         for (Chunk c : chunks) {
+            int at = 0;
+            byte[] arena = c.arena;
             for (int i = 0; i < c.n; i++) {
-                byte[] a = c.a[i];
                 out.put(head);
-                if (c.b[i] == null) { // packed: <pid>/<seq>/<ts>
-                    int split = c.split[i];
-                    out.put(a, seqFrom, split - seqFrom);
-                    out.put(topicJson(c.topic[i]));
-                    out.putLong(c.partition[i]).put(OFFSET).putLong(c.offset[i]).put(middle);
-                    out.put(a, split + 1, a.length - split - 1);
-                } else {
-                    out.put(a);
-                    out.put(topicJson(c.topic[i]));
-                    out.putLong(c.partition[i]).put(OFFSET).putLong(c.offset[i]).put(middle);
-                    out.put(c.b[i]);
-                }
+                out.put(arena, at, c.seqLen[i]);
+                at += c.seqLen[i];
+                out.put(topicJson(c.topic[i]));
+                out.putLong(c.partition[i]).put(OFFSET).putLong(c.offset[i]).put(middle);
+                out.put(arena, at, c.tsLen[i]);
+                at += c.tsLen[i];
                 long ack = c.ackTs[i];
                 if (ack != lastAck) { // the rows of one batch share their ack time
                     ackLen = Digits.length(Math.max(0, ack));
@@ -137,8 +166,6 @@ final class AckRows implements LedgerSpool.Source {
                     lastAck = ack;
                 }
                 out.put(ACK).put(ackDigits, 0, ackLen).put(END);
-                c.a[i] = null;
-                c.b[i] = null;
                 c.topic[i] = null;
                 rows++;
                 if (out.len >= FLUSH_BYTES) {
@@ -148,6 +175,7 @@ final class AckRows implements LedgerSpool.Source {
             }
             int n = c.n;
             c.n = 0;
+            c.used = 0;
             recycle(c, n);
         }
         return rows;

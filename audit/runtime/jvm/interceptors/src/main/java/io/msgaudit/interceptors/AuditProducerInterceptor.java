@@ -126,6 +126,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 positive(configs, "msgaudit.flush.interval.ms", 200),
                 maxRows);
         spool.setSource(acks);
+        acks.onChunkFull(spool::wake);
         ProducerSettings.write(dir, configs, name, pid);
     }
 
@@ -196,7 +197,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 Digits.put(v, n + 1 + sl, seq);
                 v[n + 1 + sl] = '/';
                 System.arraycopy(stamp.digits, 0, v, n + 2 + sl, stamp.digits.length);
-                headers.add(ID, v);
+                headers.add(new Stamped(this, v, n + 1 + sl));
             } else {
                 headers.add(PID, pidBytes);
                 headers.add(SEQ, Long.toString(seq).getBytes(StandardCharsets.US_ASCII));
@@ -225,7 +226,10 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         byte[] a;
         byte[] b = null;
         int split = -1;
-        if (id != null) {
+        if (id instanceof Stamped && ((Stamped) id).owner == this) { // stamped here: no parsing
+            a = id.value();
+            split = ((Stamped) id).split;
+        } else if (id != null) {
             byte[] v = id.value();
             int n = pidBytes.length;
             if (v == null || v.length < n + 4 || v[n] != '/'
@@ -296,6 +300,32 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 System.err.println("msgaudit: producer " + pid + ": " + dropped + " ledger rows could not be recorded, "
                         + unmatched.get() + " acks without headers could not be matched");
             }
+        }
+    }
+
+    /** The packed audit.id header as this instance adds it: the ack finds its own stamp by
+     *  identity and the ts digits by {@code split}, without comparing or scanning bytes. On the
+     *  wire it is an ordinary header (key and value). */
+    static final class Stamped implements Header {
+        final Object owner;
+        final byte[] value;
+        final int split; // index of the '/' before the ts digits
+
+        Stamped(Object owner, byte[] value, int split) {
+            this.owner = owner;
+            this.value = value;
+            this.split = split;
+        }
+
+        @Override
+        public String key() { return ID; }
+
+        @Override
+        public byte[] value() { return value; }
+
+        @Override
+        public String toString() {
+            return "Stamped(key=" + ID + ", value=" + new String(value, StandardCharsets.UTF_8) + ")";
         }
     }
 

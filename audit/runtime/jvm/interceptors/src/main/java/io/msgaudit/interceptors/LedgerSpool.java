@@ -87,6 +87,11 @@ final class LedgerSpool implements AutoCloseable {
     /** Count rows that could not be recorded (e.g. refused by a full {@link Source}). */
     void countDropped(long rows) { dropped.addAndGet(rows); }
 
+    /** Make the writer thread take its turn now (e.g. a {@link Source} holds a full chunk); never blocks. */
+    void wake() {
+        queue.offer(WAKE); // a full queue is awake anyway
+    }
+
     /** Queue one row (a JSON object without newline); never blocks. */
     void append(String row) {
         if (closing || !queue.offer(row)) {
@@ -150,6 +155,7 @@ final class LedgerSpool implements AutoCloseable {
                 if (first != null) {
                     batch.add(first);
                     queue.drainTo(batch);
+                    batch.removeIf(r -> r == WAKE);
                 }
             } catch (InterruptedException e) {
                 stop = true;
@@ -185,6 +191,8 @@ final class LedgerSpool implements AutoCloseable {
     }
 
     private static final byte[] NEWLINE = {'\n'};
+    @SuppressWarnings("StringOperationCanBeSimplified")
+    private static final String WAKE = new String("wake"); // compared by identity: never a row
 
     private void writeOut(int rows) {
         write(out, rows);
