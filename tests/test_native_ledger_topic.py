@@ -1,0 +1,127 @@
+"""The unchanged native clients ship their ledgers to the ledger topic themselves
+(docs/design.md §4.2 "Ledger transport", §3.3, §3.4): the Java interceptors and the librdkafka
+plugin, configured with `msgaudit.ledger.topic`, put every spool line on the topic with the keys
+of audit/clients/ledger_ship.py and mark each segment `.shipped`; a ledger topic that is down at
+close leaves the segments unmarked for `msgaudit ship`, which ships them once. Real broker."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from audit.clients.ledger import sealed_segments
+from audit.clients.ledger_ship import is_shipped, row_key, ship_spool
+from tests.conftest import new_topic
+from tests.test_producer import consume_all
+
+PRODUCER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
+CONSUMER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditConsumerInterceptor"
+
+
+def dead_bootstrap() -> str:
+    """A 127.0.0.1 address where nothing listens (a ledger cluster that is down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def spool_records(folder: Path, kind: str) -> dict[bytes, bytes]:
+    """What the ledger topic must hold for a spool folder: key -> line, for every sealed line."""
+    want: dict[bytes, bytes] = {}
+    for seg in sealed_segments(folder):
+        for n, line in enumerate(seg.read_bytes().splitlines()):
+            want[row_key(kind, seg, n)] = line
+    return want
+
+
+def topic_records(bootstrap: str, topic: str, expected: int) -> list[tuple[bytes, bytes]]:
+    return [(m.key(), m.value()) for m in consume_all(bootstrap, topic, expected, timeout=60)]
+
+
+def run(cmd: list[str], *props: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*cmd, *props], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.kafka
+def test_java_clients_ship_every_ledger_row_once_and_mark_every_segment(
+        java_producer: list[str], java_consumer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    ledger_topic = new_topic(kafka_bootstrap, partitions=2, prefix="msgaudit.ledger")
+    spool = tmp_path / "ledger"
+    (spool / "producer").mkdir(parents=True)
+    (spool / "consumer").mkdir()
+    n = 400
+    p = run(java_producer, topic, str(n), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+            f"msgaudit.ledger.dir={spool / 'producer'}", "msgaudit.producer.name=java-app",
+            f"msgaudit.ledger.topic={ledger_topic}")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"SENT {n}" and "msgaudit:" not in p.stderr
+    c = run(java_consumer, topic, "-1", f"bootstrap.servers={kafka_bootstrap}", "group.id=g-ship",
+            CONSUMER_INTERCEPTOR, f"msgaudit.ledger.dir={spool / 'consumer'}", f"msgaudit.ledger.topic={ledger_topic}")
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.splitlines()[-1] == f"DONE {n}" and "msgaudit:" not in c.stderr
+
+    produced = sealed_segments(spool / "producer")
+    consumed = sealed_segments(spool / "consumer")
+    assert produced and consumed
+    assert all(is_shipped(s) for s in produced + consumed)
+    want = {**spool_records(spool / "producer", "producer"), **spool_records(spool / "consumer", "consumer")}
+    assert sum(1 for k in want if k.startswith(b"producer/")) == n
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want)  # one record per ledger row, none twice
+    assert dict(got) == want
+
+
+@pytest.mark.kafka
+def test_java_producer_with_the_ledger_topic_down_at_close_leaves_segments_for_msgaudit_ship(
+        java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    spool = tmp_path / "ledger"
+    (spool / "producer").mkdir(parents=True)
+    n = 50
+    started = time.monotonic()
+    p = run(java_producer, topic, str(n), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+            f"msgaudit.ledger.dir={spool / 'producer'}", f"msgaudit.ledger.topic={ledger_topic}",
+            f"msgaudit.ledger.bootstrap.servers={dead_bootstrap()}", "msgaudit.ledger.close.timeout.ms=2000")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"SENT {n}"
+    assert time.monotonic() - started < 60  # the close waited its bound, not the delivery timeout
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("msgaudit:")]
+    assert lines == [f"msgaudit: ledger topic {ledger_topic}: 1 producer segments not shipped; "
+                     f"`msgaudit ship` ships them from {spool / 'producer'}"]
+    segs = sealed_segments(spool / "producer")
+    assert len(segs) == 1 and not is_shipped(segs[0])
+
+    want = spool_records(spool / "producer", "producer")
+    assert len(want) == n
+    result = ship_spool(spool, {"bootstrap.servers": kafka_bootstrap}, ledger_topic)
+    # the producer's rows, and its settings row (only `msgaudit ship` ships those)
+    assert (result.segments, result.rows, result.failed) == (2, n + 1, 0)
+    assert is_shipped(segs[0])
+    assert ship_spool(spool, {"bootstrap.servers": kafka_bootstrap}, ledger_topic).segments == 0
+    got = dict(r for r in topic_records(kafka_bootstrap, ledger_topic, n + 1) if r[0].startswith(b"producer/"))
+    assert got == want
+
+
+@pytest.mark.kafka
+def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
+        java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap)
+    cases = [
+        (["msgaudit.ledger.topik=x"], 'unknown msgaudit property "msgaudit.ledger.topik" (known: '),
+        ([f"msgaudit.ledger.bootstrap.servers={kafka_bootstrap}"],
+         "msgaudit.ledger.bootstrap.servers is set but msgaudit.ledger.topic is not"),
+        (["msgaudit.ledger.topic=t", "msgaudit.ledger.close.timeout.ms=0"],
+         'msgaudit.ledger.close.timeout.ms: expected a positive integer, got "0"'),
+    ]
+    for props, message in cases:
+        r = run(java_producer, topic, "1", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+                f"msgaudit.ledger.dir={tmp_path}", *props)
+        assert r.returncode != 0 and "SENT" not in r.stdout
+        assert message in r.stderr
+    assert list(tmp_path.iterdir()) == []
