@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException, Producer
 
 from audit.clients.ledger import sealed_segments
 from audit.clients.ledger_ship import is_shipped, row_key, ship_spool
 from tests.conftest import new_topic
+from tests.test_plugin import kcat, plugin_conf
 from tests.test_producer import consume_all
 
 PRODUCER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
@@ -125,3 +127,111 @@ def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
         assert r.returncode != 0 and "SENT" not in r.stdout
         assert message in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the librdkafka plugin -----------------------------------------------------------------------
+
+@pytest.mark.kafka
+def test_plugin_clients_ship_every_ledger_row_once_and_mark_every_segment(
+        libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A plain confluent-kafka Producer and kcat, each with the plugin and the ledger topic."""
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    ledger_topic = new_topic(kafka_bootstrap, partitions=2, prefix="msgaudit.ledger")
+    spool = tmp_path / "ledger" / "producer"
+    spool.mkdir(parents=True)
+    p = Producer(plugin_conf(libmsgaudit, spool, **{"bootstrap.servers": kafka_bootstrap,
+                                                    "msgaudit.producer.name": "py-plain",
+                                                    "msgaudit.ledger.topic": ledger_topic,
+                                                    "msgaudit.segment.max.bytes": 6000, "linger.ms": 5}))
+    n_py = 300
+    for i in range(n_py):
+        p.produce(topic, b"py-%d" % i)
+        if i % 50 == 49:  # a few batches: segments are sealed and shipped while the producer runs
+            assert p.flush(30) == 0
+            time.sleep(0.3)  # > msgaudit.flush.interval.ms: the writer writes the batch
+    assert p.flush(30) == 0
+    del p
+    n_kcat = 120
+    r = kcat(libmsgaudit, "-X", f"msgaudit.ledger.dir={spool}", "-X", "msgaudit.producer.name=kcat-job",
+             "-X", f"msgaudit.ledger.topic={ledger_topic}", "-b", kafka_bootstrap, "-P", "-t", topic,
+             stdin="".join(f"kcat-{i}\n" for i in range(n_kcat)))
+    assert r.returncode == 0, r.stderr
+    assert "msgaudit" not in r.stderr
+
+    segs = sealed_segments(spool)
+    assert len(segs) >= 4 and all(is_shipped(s) for s in segs)
+    want = spool_records(spool, "producer")
+    assert len(want) == n_py + n_kcat
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want)  # one record per ledger row, none twice
+    assert dict(got) == want
+
+
+@pytest.mark.kafka
+def test_plugin_with_the_ledger_topic_down_at_close_leaves_segments_for_msgaudit_ship(
+        libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    spool = tmp_path / "ledger" / "producer"
+    spool.mkdir(parents=True)
+    n = 40
+    p = Producer(plugin_conf(libmsgaudit, spool, **{"bootstrap.servers": kafka_bootstrap,
+                                                    "msgaudit.ledger.topic": ledger_topic,
+                                                    "msgaudit.ledger.bootstrap.servers": dead_bootstrap(),
+                                                    "msgaudit.ledger.close.timeout.ms": 1500}))
+    for i in range(n):
+        p.produce(topic, b"v%d" % i)
+    assert p.flush(30) == 0
+    started = time.monotonic()
+    del p  # rd_kafka_destroy: the writer seals, the shipper gives up after its bound
+    assert time.monotonic() - started < 10
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("msgaudit:")]
+    assert lines == [f"msgaudit: ledger topic {ledger_topic}: 1 producer segments not shipped; "
+                     f"`msgaudit ship` ships them from {spool}"]
+    segs = sealed_segments(spool)
+    assert len(segs) == 1 and not is_shipped(segs[0])
+
+    want = spool_records(spool, "producer")
+    assert len(want) == n
+    result = ship_spool(spool.parent, {"bootstrap.servers": kafka_bootstrap}, ledger_topic)
+    assert (result.segments, result.rows, result.failed) == (2, n + 1, 0)  # with the settings row
+    assert is_shipped(segs[0])
+    assert ship_spool(spool.parent, {"bootstrap.servers": kafka_bootstrap}, ledger_topic).segments == 0
+    got = dict(r for r in topic_records(kafka_bootstrap, ledger_topic, n + 1) if r[0].startswith(b"producer/"))
+    assert got == want
+
+
+@pytest.mark.unit
+def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
+        libmsgaudit: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        ({"msgaudit.ledger.topik": "x"}, 'unknown msgaudit property "msgaudit.ledger.topik" (known: '),
+        ({"msgaudit.ledger.close.timeout.ms": "soon"}, 'msgaudit.ledger.close.timeout.ms: expected a positive '
+                                                       'integer, got "soon"'),
+    ]
+    for props, message in cases:
+        with pytest.raises(KafkaException) as err:
+            Producer({"plugin.library.paths": str(libmsgaudit), "msgaudit.ledger.dir": str(tmp_path), **props})
+        assert message in err.value.args[0].str()
+    assert list(tmp_path.iterdir()) == []
+    # Settings that conflict only with each other are seen when the client starts, where librdkafka
+    # cannot fail: one line says so, the client stays audited (spool only) for `msgaudit ship`.
+    capfd.readouterr()
+    cases = [
+        ({"msgaudit.ledger.bootstrap.servers": "127.0.0.1:1"},
+         f"msgaudit: msgaudit.ledger.bootstrap.servers is set but msgaudit.ledger.topic is not; ledger rows "
+         f"stay in {tmp_path}"),
+        ({"msgaudit.ledger.topic": "ledger"},
+         "msgaudit: msgaudit.ledger.topic: no bootstrap.servers for the ledger topic (set "
+         f"msgaudit.ledger.bootstrap.servers); ledger rows stay in {tmp_path} for `msgaudit ship`"),
+    ]
+    for props, message in cases:
+        p = Producer({"plugin.library.paths": str(libmsgaudit), "msgaudit.ledger.dir": str(tmp_path),
+                      "msgaudit.settings.row": "false", "message.timeout.ms": 200, **props})
+        p.produce("t", b"x")
+        assert p.flush(10) == 0  # no broker: the message times out, the plugin ledgers it failed
+        del p
+        lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("msgaudit:")]
+        assert lines == [message]
+    rows = [line for seg in sealed_segments(tmp_path) for line in seg.read_text().splitlines()]
+    assert len(rows) == 2 and all('"status":"failed"' in r for r in rows)  # audited: one row each
