@@ -235,3 +235,56 @@ def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         assert lines == [message]
     rows = [line for seg in sealed_segments(tmp_path) for line in seg.read_text().splitlines()]
     assert len(rows) == 2 and all('"status":"failed"' in r for r in rows)  # audited: one row each
+
+
+# -- the lake: the ledger topic lands what the spool would ---------------------------------------
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.e2e
+def test_ingest_from_the_native_clients_ledger_topic_equals_ingest_from_their_spool(
+        libmsgaudit: Path, java_producer: list[str], java_consumer: list[str], kafka_bootstrap: str, spark: Any,
+        tmp_path: Path, make_config: Any) -> None:
+    """A Java producer (interceptor), a plain confluent-kafka Producer (plugin) and a Java consumer
+    group member (interceptor) ship to one ledger topic; `msgaudit ingest` from that topic lands the
+    same producer_ledger and consumed_records as `msgaudit ingest` from their spool folders."""
+    from spark_jobs.io import lake
+    from spark_jobs.pipeline.steps import StepRange, run_step
+
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    ledger_topic = new_topic(kafka_bootstrap, partitions=2, prefix="msgaudit.ledger")
+    spool = tmp_path / "spool"
+    (spool / "producer").mkdir(parents=True)
+    (spool / "consumer").mkdir()
+    ship = f"msgaudit.ledger.topic={ledger_topic}"
+    n_java, n_py = 60, 90
+    j = run(java_producer, topic, str(n_java), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+            f"msgaudit.ledger.dir={spool / 'producer'}", "msgaudit.producer.name=java-app", ship)
+    assert j.returncode == 0, j.stderr
+    p = Producer(plugin_conf(libmsgaudit, spool / "producer", **{
+        "bootstrap.servers": kafka_bootstrap, "msgaudit.producer.name": "py-plain",
+        "msgaudit.ledger.topic": ledger_topic}))
+    for i in range(n_py):
+        p.produce(topic, b"py-%d" % i)
+    assert p.flush(30) == 0
+    del p
+    c = run(java_consumer, topic, "-1", f"bootstrap.servers={kafka_bootstrap}", "group.id=g-lake",
+            CONSUMER_INTERCEPTOR, f"msgaudit.ledger.dir={spool / 'consumer'}", ship)
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.splitlines()[-1] == f"DONE {n_java + n_py}"
+    segs = sealed_segments(spool / "producer") + sealed_segments(spool / "consumer")
+    assert all(is_shipped(s) for s in segs)
+
+    topics = {topic: {"window": "1h", "grace": "1m", "groups": ["g-lake"]}}
+    from_spool = make_config(tmp_path / "a", topics=topics, ledger_dir=str(spool))
+    from_topic = make_config(tmp_path / "b", topics=topics, ledger_dir=str(tmp_path / "b" / "no-local-ledgers"),
+                             ledger={"topic": ledger_topic, "kafka": {"bootstrap.servers": kafka_bootstrap}})
+    landed = {}
+    for name, cfg in (("spool", from_spool), ("topic", from_topic)):
+        run_step(spark, cfg, "ingest", StepRange())
+        landed[name] = {t: sorted(tuple(r) for r in lake.read_table(spark, cfg, t).drop("ingested_at").collect())
+                        for t in ("producer_ledger", "consumed_records")}
+    produced = landed["spool"]["producer_ledger"]
+    assert len(produced) == n_java + n_py
+    assert len(landed["spool"]["consumed_records"]) >= n_java + n_py  # handed + committed rows
+    assert landed["topic"] == landed["spool"]
