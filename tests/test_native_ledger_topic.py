@@ -202,6 +202,30 @@ def test_plugin_with_the_ledger_topic_down_at_close_leaves_segments_for_msgaudit
     assert got == want
 
 
+@pytest.mark.kafka
+def test_the_next_plugin_client_on_the_folder_ships_what_an_outage_left(
+        libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    for ledger_servers, n in ((dead_bootstrap(), 30), (kafka_bootstrap, 10)):
+        p = Producer(plugin_conf(libmsgaudit, spool, **{"bootstrap.servers": kafka_bootstrap,
+                                                        "msgaudit.ledger.topic": ledger_topic,
+                                                        "msgaudit.ledger.bootstrap.servers": ledger_servers,
+                                                        "msgaudit.ledger.close.timeout.ms": 1500}))
+        for i in range(n):
+            p.produce(topic, b"v%d" % i)
+        assert p.flush(30) == 0
+        del p
+    segs = sealed_segments(spool)
+    assert len(segs) == 2 and all(is_shipped(s) for s in segs)
+    want = spool_records(spool, "producer")
+    assert len(want) == 40
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want) and dict(got) == want
+
+
 @pytest.mark.unit
 def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         libmsgaudit: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
