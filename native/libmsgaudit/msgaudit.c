@@ -1262,7 +1262,12 @@ static int ship_segment(struct shipper *sh, const char *path) {
     struct stat st;
     char *data = NULL;
     size_t len = 0;
-    if (fstat(fd, &st) == 0 && st.st_size > 0 && (data = malloc((size_t)st.st_size))) {
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        ship_report_once(sh, "cannot read a segment", strerror(errno));
+        return 0;
+    }
+    if (st.st_size > 0 && (data = malloc((size_t)st.st_size))) {
         while (len < (size_t)st.st_size) {
             ssize_t r = read(fd, data + len, (size_t)st.st_size - len);
             if (r < 0 && errno == EINTR)
