@@ -30,6 +30,7 @@
  *    client must export its symbols (link it with -rdynamic).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -76,7 +78,17 @@
     X(rd_kafka_type)                                 \
     X(rd_kafka_topic_name)                           \
     X(rd_kafka_conf_get)                             \
-    X(rd_kafka_err2name)
+    X(rd_kafka_err2name)                             \
+    X(rd_kafka_err2str)                              \
+    X(rd_kafka_conf_new)                             \
+    X(rd_kafka_conf_set)                             \
+    X(rd_kafka_conf_destroy)                         \
+    X(rd_kafka_conf_set_dr_msg_cb)                   \
+    X(rd_kafka_new)                                  \
+    X(rd_kafka_producev)                             \
+    X(rd_kafka_poll)                                 \
+    X(rd_kafka_purge)                                \
+    X(rd_kafka_destroy)
 
 #define DECL(f) static __typeof__(f) *p_##f;
 RK_FUNCS(DECL)
@@ -220,12 +232,18 @@ struct settings {
     long long buffer_max_bytes;   /* msgaudit.buffer.max.bytes */
     int header_three;             /* msgaudit.header.form=three: audit.pid/seq/ts, not one audit.id */
     int no_settings_row;          /* msgaudit.settings.row=false: a wrapper records the settings itself */
+    char *ledger_topic;           /* msgaudit.ledger.topic: ship sealed segments there (off when unset) */
+    char *ledger_bootstrap;       /* msgaudit.ledger.bootstrap.servers: default the client's */
+    long long ledger_close_timeout_ms;    /* msgaudit.ledger.close.timeout.ms */
+    long long ledger_retry_ms;            /* msgaudit.ledger.retry.ms */
+    long long ledger_delivery_timeout_ms; /* msgaudit.ledger.delivery.timeout.ms */
 };
 
 static const char *KNOWN_KEYS =
     "msgaudit.ledger.dir, msgaudit.producer.name, msgaudit.pid, msgaudit.segment.max.bytes, "
     "msgaudit.segment.max.age.ms, msgaudit.flush.interval.ms, msgaudit.buffer.max.bytes, msgaudit.header.form, "
-    "msgaudit.settings.row";
+    "msgaudit.settings.row, msgaudit.ledger.topic, msgaudit.ledger.bootstrap.servers, "
+    "msgaudit.ledger.close.timeout.ms, msgaudit.ledger.retry.ms, msgaudit.ledger.delivery.timeout.ms";
 
 #define DEFAULT_LEDGER_DIR ".msgaudit/ledger/producer"
 
@@ -235,6 +253,9 @@ static void settings_defaults(struct settings *s) {
     s->segment_max_age_ms = 60000;
     s->flush_interval_ms = 200;
     s->buffer_max_bytes = 64LL << 20;
+    s->ledger_close_timeout_ms = 15000;
+    s->ledger_retry_ms = 5000;
+    s->ledger_delivery_timeout_ms = 120000;
 }
 
 static void settings_copy(struct settings *dst, const struct settings *src) {
@@ -242,12 +263,16 @@ static void settings_copy(struct settings *dst, const struct settings *src) {
     dst->ledger_dir = xstrdup(src->ledger_dir);
     dst->producer_name = xstrdup(src->producer_name);
     dst->pid = xstrdup(src->pid);
+    dst->ledger_topic = xstrdup(src->ledger_topic);
+    dst->ledger_bootstrap = xstrdup(src->ledger_bootstrap);
 }
 
 static void settings_free(struct settings *s) {
     free(s->ledger_dir);
     free(s->producer_name);
     free(s->pid);
+    free(s->ledger_topic);
+    free(s->ledger_bootstrap);
 }
 
 /* A folder the spool can use: exists, is a folder, and a file can be created in it. */
@@ -339,6 +364,25 @@ static rd_kafka_conf_res_t on_conf_set(rd_kafka_conf_t *conf, const char *name, 
             snprintf(errstr, errstr_size, "msgaudit.settings.row: expected true or false, got \"%s\"", val);
             return RD_KAFKA_CONF_INVALID;
         }
+    } else if (!strcmp(name, "msgaudit.ledger.topic")) {
+        if (val && !*val) {
+            snprintf(errstr, errstr_size, "msgaudit.ledger.topic must not be empty");
+            return RD_KAFKA_CONF_INVALID;
+        }
+        free(s->ledger_topic);
+        s->ledger_topic = xstrdup(val);
+    } else if (!strcmp(name, "msgaudit.ledger.bootstrap.servers")) {
+        free(s->ledger_bootstrap);
+        s->ledger_bootstrap = val && *val ? xstrdup(val) : NULL;
+    } else if (!strcmp(name, "msgaudit.ledger.close.timeout.ms")) {
+        if (!val) s->ledger_close_timeout_ms = d.ledger_close_timeout_ms;
+        else if (!parse_positive(name, val, &s->ledger_close_timeout_ms, errstr, errstr_size)) return RD_KAFKA_CONF_INVALID;
+    } else if (!strcmp(name, "msgaudit.ledger.retry.ms")) {
+        if (!val) s->ledger_retry_ms = d.ledger_retry_ms;
+        else if (!parse_positive(name, val, &s->ledger_retry_ms, errstr, errstr_size)) return RD_KAFKA_CONF_INVALID;
+    } else if (!strcmp(name, "msgaudit.ledger.delivery.timeout.ms")) {
+        if (!val) s->ledger_delivery_timeout_ms = d.ledger_delivery_timeout_ms;
+        else if (!parse_positive(name, val, &s->ledger_delivery_timeout_ms, errstr, errstr_size)) return RD_KAFKA_CONF_INVALID;
     } else {
         snprintf(errstr, errstr_size, "unknown msgaudit property \"%s\" (known: %s)", name, KNOWN_KEYS);
         return RD_KAFKA_CONF_INVALID;
@@ -348,6 +392,10 @@ static rd_kafka_conf_res_t on_conf_set(rd_kafka_conf_t *conf, const char *name, 
 
 /* ---------------------------------------------------------------------------------------- */
 /* one audited client instance                                                               */
+
+struct shipper; /* the ledger topic shipper, below */
+static void ship_enqueue(struct shipper *sh, const char *path);
+static void shipper_close(struct shipper *sh);
 
 struct topic_seq {
     char *name;
@@ -364,6 +412,7 @@ struct instance {
     size_t txn_json_len;
     int transactional;
     struct instance *next_instance;
+    struct shipper *ship; /* msgaudit.ledger.topic set: hands sealed segments to it */
 
     /* per-topic seq, on the produce path: the table only grows, under seq_mu; each entry is
      * allocated once and never moves, so a thread's cached entry stays valid */
@@ -456,9 +505,11 @@ static void segment_seal(struct instance *in) {
         unlink(in->open_path); /* nothing written: leave no empty segment */
     } else {
         fsync(in->fd);
-        if (rename(in->open_path, in->sealed_path) == 0)
+        if (rename(in->open_path, in->sealed_path) == 0) {
             fsync_dir(in->cfg.ledger_dir);
-        else
+            if (in->ship)
+                ship_enqueue(in->ship, in->sealed_path);
+        } else
             report("cannot seal ledger segment %s: %s (ingest will seal it)", in->open_path, strerror(errno));
     }
     close(in->fd); /* releases the lock only after the rename */
@@ -973,6 +1024,8 @@ static rd_kafka_resp_err_t on_destroy(rd_kafka_t *rk, void *ic_opaque) {
     else
         pthread_detach(in->thread);
     in->thread_started = 0;
+    if (in->ship) /* the writer handed over its last segment when it sealed it */
+        shipper_close(in->ship);
     uint64_t dropped = __atomic_load_n(&in->dropped, __ATOMIC_RELAXED);
     if (dropped)
         report("producer %s: %" PRIu64 " ledger rows could not be recorded in %s", in->pid, dropped,
@@ -1066,6 +1119,407 @@ static void write_settings_row(struct instance *in, const rd_kafka_conf_t *conf,
     }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* the ledger topic shipper (docs/design.md §4.2 "Ledger transport")                        */
+/*
+ * With msgaudit.ledger.topic set, every segment the writer seals is handed (its path only) to a
+ * shipper thread with its own rd_kafka_t, made from a fresh configuration through the functions
+ * resolved from the host's librdkafka (no plugin.library.paths: it does not load this plugin).
+ * It ships every line of the segment with the keys of audit/clients/ledger_ship.py,
+ * <kind>/<segment stem>:<line from 0>, the value the line unchanged, and writes <stem>.shipped
+ * once the topic acknowledged all of them. A segment that was not fully acknowledged stays
+ * unmarked: tried again every msgaudit.ledger.retry.ms (doubling while the topic stays down,
+ * up to 2 min), by `msgaudit ship`, or by the next client started on the same folder (it ships
+ * the folder's sealed unmarked segments first). on_destroy waits at most
+ * msgaudit.ledger.close.timeout.ms, then abandons what is in flight (counted and reported).
+ */
+
+struct seg_item {
+    char *path;
+    struct seg_item *next;
+};
+
+struct ship_ctx { /* one segment's deliveries; shipper thread only (delivery reports come from poll) */
+    uint64_t remaining, errors;
+    rd_kafka_resp_err_t first_err;
+};
+
+struct shipper {
+    char *topic, *dir, *owner;
+    char **kv; /* the shipper producer's properties, name/value pairs */
+    size_t nkv;
+    long long retry_ms, close_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    struct seg_item *todo, *todo_tail; /* under mu */
+    int closing, done;                  /* under mu */
+    double deadline;                    /* monotonic seconds, set with closing */
+    uint64_t unshipped;                 /* atomic: segments handed over and not marked */
+    pthread_t thread;
+    /* shipper thread only */
+    struct seg_item *failed;
+    rd_kafka_t *rk;
+    int reported;
+};
+
+static void ship_report_once(struct shipper *sh, const char *what, const char *detail) {
+    int closing;
+    pthread_mutex_lock(&sh->mu);
+    closing = sh->closing;
+    pthread_mutex_unlock(&sh->mu);
+    if (sh->reported || closing) /* at close, on_destroy reports what is left */
+        return;
+    sh->reported = 1;
+    report("ledger topic %s: %s (%s); unshipped segments stay in %s for `msgaudit ship` (or the next client on "
+           "this folder)", sh->topic, what, detail, sh->dir);
+}
+
+static void ship_enqueue(struct shipper *sh, const char *path) {
+    struct seg_item *it = calloc(1, sizeof(*it));
+    if (!it || !(it->path = strdup(path))) {
+        free(it);
+        return; /* out of memory: the segment stays unmarked for `msgaudit ship` */
+    }
+    __atomic_add_fetch(&sh->unshipped, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&sh->mu);
+    if (sh->todo_tail)
+        sh->todo_tail->next = it;
+    else
+        sh->todo = it;
+    sh->todo_tail = it;
+    pthread_cond_broadcast(&sh->cond);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+static void ship_dr(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+    struct ship_ctx *ctx = msg->_private;
+    (void)rk;
+    (void)opaque;
+    if (!ctx)
+        return;
+    if (msg->err) {
+        if (!ctx->errors)
+            ctx->first_err = msg->err;
+        ctx->errors++;
+    }
+    ctx->remaining--;
+}
+
+static int ship_past_deadline(struct shipper *sh) {
+    int past;
+    pthread_mutex_lock(&sh->mu);
+    past = sh->closing && mono_s() > sh->deadline;
+    pthread_mutex_unlock(&sh->mu);
+    return past;
+}
+
+static rd_kafka_t *ship_producer(struct shipper *sh) {
+    char err[512];
+    if (sh->rk)
+        return sh->rk;
+    rd_kafka_conf_t *conf = p_rd_kafka_conf_new();
+    if (!conf)
+        return NULL;
+    for (size_t i = 0; i + 1 < sh->nkv; i += 2) {
+        if (p_rd_kafka_conf_set(conf, sh->kv[i], sh->kv[i + 1], err, sizeof(err)) != RD_KAFKA_CONF_OK) {
+            ship_report_once(sh, "cannot configure the shipper", err);
+            p_rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    p_rd_kafka_conf_set_dr_msg_cb(conf, ship_dr);
+    sh->rk = p_rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+    if (!sh->rk) {
+        p_rd_kafka_conf_destroy(conf);
+        ship_report_once(sh, "cannot start the shipper", err);
+    }
+    return sh->rk;
+}
+
+static int has_marker(const char *path, char *marker, size_t cap) {
+    size_t n = strlen(path);
+    struct stat st;
+    if (n < 6 || strcmp(path + n - 6, ".jsonl") != 0 || n - 6 + sizeof(".shipped") > cap)
+        return -1;
+    memcpy(marker, path, n - 6);
+    memcpy(marker + n - 6, ".shipped", sizeof(".shipped"));
+    return stat(marker, &st) == 0;
+}
+
+/* Ship one sealed segment; 1 when every line is acknowledged and the marker written. */
+static int ship_segment(struct shipper *sh, const char *path) {
+    char marker[4300], key[4400];
+    int m = has_marker(path, marker, sizeof(marker));
+    if (m != 0)
+        return 1; /* already shipped (or not a segment name: nothing to ship) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 1; /* removed meanwhile: nothing left to ship */
+        ship_report_once(sh, "cannot read a segment", strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    char *data = NULL;
+    size_t len = 0;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        ship_report_once(sh, "cannot read a segment", strerror(errno));
+        return 0;
+    }
+    if (st.st_size > 0 && (data = malloc((size_t)st.st_size))) {
+        while (len < (size_t)st.st_size) {
+            ssize_t r = read(fd, data + len, (size_t)st.st_size - len);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            len += (size_t)r;
+        }
+    }
+    close(fd);
+    rd_kafka_t *rk = ship_producer(sh);
+    if (!rk || (st.st_size > 0 && (!data || len != (size_t)st.st_size))) {
+        free(data);
+        return 0;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    int stem_len = (int)(strlen(base) - 6);
+    struct ship_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) {
+        free(data);
+        return 0;
+    }
+    uint64_t line_no = 0;
+    int ok = 1;
+    for (size_t at = 0; at < len && ok;) {
+        const char *nl = memchr(data + at, '\n', len - at);
+        size_t end = nl ? (size_t)(nl - data) : len;
+        int klen = snprintf(key, sizeof(key), "%s/%.*s:%" PRIu64, "producer", stem_len, base, line_no);
+        for (;;) {
+            rd_kafka_resp_err_t err = p_rd_kafka_producev(
+                rk, RD_KAFKA_V_TOPIC(sh->topic), RD_KAFKA_V_KEY(key, (size_t)klen),
+                RD_KAFKA_V_VALUE(data + at, end - at), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                RD_KAFKA_V_OPAQUE(ctx), RD_KAFKA_V_END);
+            if (!err) {
+                ctx->remaining++;
+                break;
+            }
+            if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL || ship_past_deadline(sh)) {
+                ship_report_once(sh, "the shipper could not queue a row", p_rd_kafka_err2str(err));
+                ok = 0;
+                break;
+            }
+            p_rd_kafka_poll(rk, 100);
+        }
+        line_no++;
+        at = end + 1;
+    }
+    free(data);
+    /* wait for every acknowledgement (message.timeout.ms bounds it; at close, the close bound) */
+    while (ctx->remaining > 0) {
+        p_rd_kafka_poll(rk, 100);
+        if (ctx->remaining > 0 && ship_past_deadline(sh)) {
+            p_rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+            double until = mono_s() + 2.0;
+            while (ctx->remaining > 0 && mono_s() < until)
+                p_rd_kafka_poll(rk, 100);
+            if (ctx->remaining > 0)
+                return 0; /* ctx stays allocated: a late delivery report may still use it */
+            ok = 0;
+        }
+    }
+    if (ctx->errors) {
+        char what[128];
+        snprintf(what, sizeof(what), "%" PRIu64 " rows not acknowledged", ctx->errors);
+        ship_report_once(sh, what, p_rd_kafka_err2str(ctx->first_err));
+        ok = 0;
+    }
+    free(ctx);
+    if (!ok)
+        return 0;
+    fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        ship_report_once(sh, "cannot write a marker", strerror(errno));
+        return 0;
+    }
+    close(fd);
+    return 1;
+}
+
+/* Sealed segments of the folder without a marker (left by earlier clients), into the queue. */
+static void ship_scan(struct shipper *sh) {
+    DIR *d = opendir(sh->dir);
+    struct dirent *e;
+    char path[4300], marker[4400];
+    if (!d)
+        return;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, "producer-", 9) != 0 || n < 7 || strcmp(e->d_name + n - 6, ".jsonl") != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", sh->dir, e->d_name);
+        if (has_marker(path, marker, sizeof(marker)) == 0)
+            ship_enqueue(sh, path);
+    }
+    closedir(d);
+}
+
+static void *shipper_main(void *arg) {
+    struct shipper *sh = arg;
+    double backoff = (double)sh->retry_ms / 1000.0, next_retry = 0;
+    int retried_at_close = 0;
+    ship_scan(sh);
+    for (;;) {
+        pthread_mutex_lock(&sh->mu);
+        while (!sh->todo && !sh->closing && (!sh->failed || mono_s() < next_retry)) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&sh->cond, &sh->mu, &until);
+        }
+        if (!sh->todo && sh->failed && (sh->closing ? !retried_at_close : mono_s() >= next_retry)) {
+            sh->todo = sh->failed; /* try again (at close: once, within the close bound) */
+            sh->todo_tail = sh->failed;
+            while (sh->todo_tail->next)
+                sh->todo_tail = sh->todo_tail->next;
+            sh->failed = NULL;
+            retried_at_close = sh->closing;
+        }
+        struct seg_item *it = sh->todo;
+        if (it) {
+            sh->todo = it->next;
+            if (!sh->todo)
+                sh->todo_tail = NULL;
+            it->next = NULL;
+        }
+        int closing = sh->closing;
+        pthread_mutex_unlock(&sh->mu);
+        if (!it) {
+            if (closing)
+                break;
+            continue;
+        }
+        if (sh->rk)
+            p_rd_kafka_poll(sh->rk, 0);
+        if (!ship_past_deadline(sh) && ship_segment(sh, it->path)) {
+            __atomic_sub_fetch(&sh->unshipped, 1, __ATOMIC_RELAXED);
+            free(it->path);
+            free(it);
+            backoff = (double)sh->retry_ms / 1000.0;
+            sh->reported = 0;
+            continue;
+        }
+        /* the topic is not taking rows: this and the rest wait for the next try */
+        pthread_mutex_lock(&sh->mu);
+        if (sh->todo) {
+            sh->todo_tail->next = sh->failed;
+            it->next = sh->todo;
+        } else {
+            it->next = sh->failed;
+        }
+        sh->failed = it;
+        sh->todo = sh->todo_tail = NULL;
+        pthread_mutex_unlock(&sh->mu);
+        next_retry = mono_s() + backoff;
+        backoff = backoff * 2 > 120 ? 120 : backoff * 2;
+    }
+    if (sh->rk) {
+        p_rd_kafka_purge(sh->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        p_rd_kafka_poll(sh->rk, 0);
+        p_rd_kafka_destroy(sh->rk);
+        sh->rk = NULL;
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->done = 1;
+    pthread_cond_broadcast(&sh->cond);
+    pthread_mutex_unlock(&sh->mu);
+    return NULL;
+}
+
+static void kv_add(struct shipper *sh, const char *name, const char *value) {
+    char **kv = realloc(sh->kv, (sh->nkv + 2) * sizeof(*kv));
+    if (!kv)
+        return;
+    sh->kv = kv;
+    sh->kv[sh->nkv++] = strdup(name);
+    sh->kv[sh->nkv++] = strdup(value);
+}
+
+/* The connection settings a host client passes on when the ledger topic is on its own cluster. */
+static const char *PASSED_SETTINGS[] = {"security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password",
+                                        "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+                                        "ssl.key.password", "client.dns.lookup", NULL};
+
+/* A shipper for an instance (not started), or NULL with errstr set; only with a ledger topic. */
+static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *conf, char *errstr,
+                                   size_t errstr_size) {
+    char bootstrap[2048], v[1024], num[32];
+    struct shipper *sh;
+    if (in->cfg.ledger_bootstrap)
+        snprintf(bootstrap, sizeof(bootstrap), "%s", in->cfg.ledger_bootstrap);
+    else
+        conf_text(conf, "bootstrap.servers", bootstrap, sizeof(bootstrap));
+    if (!bootstrap[0]) {
+        snprintf(errstr, errstr_size, "msgaudit.ledger.topic: no bootstrap.servers for the ledger topic (set "
+                                      "msgaudit.ledger.bootstrap.servers)");
+        return NULL;
+    }
+    if (!(sh = calloc(1, sizeof(*sh)))) {
+        snprintf(errstr, errstr_size, "msgaudit: out of memory");
+        return NULL;
+    }
+    sh->topic = strdup(in->cfg.ledger_topic);
+    sh->dir = strdup(in->cfg.ledger_dir);
+    sh->retry_ms = in->cfg.ledger_retry_ms;
+    sh->close_ms = in->cfg.ledger_close_timeout_ms;
+    if (!in->cfg.ledger_bootstrap && strcasecmp(conf_text(conf, "security.protocol", v, sizeof(v)), "plaintext")) {
+        for (const char **k = PASSED_SETTINGS; *k; k++) /* not for plaintext: defaults only draw warnings */
+            if (conf_text(conf, *k, v, sizeof(v))[0])
+                kv_add(sh, *k, v);
+    }
+    kv_add(sh, "bootstrap.servers", bootstrap);
+    kv_add(sh, "acks", "all");
+    kv_add(sh, "enable.idempotence", "false");
+    kv_add(sh, "linger.ms", "20");
+    kv_add(sh, "compression.type", "lz4");
+    snprintf(num, sizeof(num), "%lld", in->cfg.ledger_delivery_timeout_ms);
+    kv_add(sh, "message.timeout.ms", num);
+    snprintf(v, sizeof(v), "msgaudit-ledger-%s", in->pid);
+    kv_add(sh, "client.id", v);
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_cond_init(&sh->cond, NULL);
+    return sh;
+}
+
+/* After the writer sealed its last segment: ship what is left within the close bound. */
+static void shipper_close(struct shipper *sh) {
+    struct timespec until;
+    int done;
+    pthread_mutex_lock(&sh->mu);
+    sh->closing = 1;
+    sh->deadline = mono_s() + (double)sh->close_ms / 1000.0;
+    pthread_cond_broadcast(&sh->cond);
+    clock_gettime(CLOCK_REALTIME, &until);
+    long long ns = until.tv_nsec + (sh->close_ms + 3000) * 1000000LL; /* + purge and destroy */
+    until.tv_sec += ns / 1000000000LL;
+    until.tv_nsec = ns % 1000000000LL;
+    while (!sh->done)
+        if (pthread_cond_timedwait(&sh->cond, &sh->mu, &until) == ETIMEDOUT)
+            break;
+    done = sh->done;
+    pthread_mutex_unlock(&sh->mu);
+    if (done)
+        pthread_join(sh->thread, NULL);
+    else
+        pthread_detach(sh->thread); /* the library is never unloaded (RTLD_NODELETE): it may finish */
+    uint64_t left = __atomic_load_n(&sh->unshipped, __ATOMIC_RELAXED);
+    if (left)
+        report("ledger topic %s: %" PRIu64 " producer segments not shipped; `msgaudit ship` ships them from %s",
+               sh->topic, left, sh->dir);
+}
+
 static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, void *ic_opaque, char *errstr,
                                   size_t errstr_size) {
     struct settings *s = ic_opaque;
@@ -1115,6 +1569,23 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
     pthread_mutex_init(&in->seq_mu, NULL);
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cond, NULL);
+    /* Settings that only conflict with each other are known here, where librdkafka only logs a
+     * failure (the client would run unaudited): the spool keeps every row and shipping is off,
+     * said in one line, so `msgaudit ship` ships the segments. */
+    if (in->cfg.ledger_bootstrap && !in->cfg.ledger_topic) {
+        report("msgaudit.ledger.bootstrap.servers is set but msgaudit.ledger.topic is not; ledger rows stay in %s",
+               in->cfg.ledger_dir);
+    } else if (in->cfg.ledger_topic && p_rd_kafka_type(rk) == RD_KAFKA_PRODUCER) {
+        char why[512];
+        in->ship = shipper_new(in, conf, why, sizeof(why));
+        if (!in->ship) {
+            report("%s; ledger rows stay in %s for `msgaudit ship`", why, in->cfg.ledger_dir);
+        } else if (pthread_create(&in->ship->thread, NULL, shipper_main, in->ship) != 0) {
+            report("cannot start the ledger shipper thread; ledger rows stay in %s for `msgaudit ship`",
+                   in->cfg.ledger_dir);
+            in->ship = NULL;
+        }
+    }
     char why[512];
     if (!check_dir(in->cfg.ledger_dir, why, sizeof(why)))
         report("%s; this client's ledger rows will be dropped (counted)", why);
@@ -1176,6 +1647,13 @@ EXPORT rd_kafka_resp_err_t conf_init(rd_kafka_conf_t *conf, void **plug_opaquep,
     (void)plug_opaquep;
     if (!resolve_rdkafka(__builtin_return_address(0), errstr, errstr_size))
         return RD_KAFKA_RESP_ERR__FAIL;
+    {
+        /* Never unloaded: librdkafka closes a plugin with its configuration, and a writer or
+         * shipper thread that outlived its close bound must still find its code. */
+        Dl_info self;
+        if (dladdr((void *)conf_init, &self) && self.dli_fname)
+            dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    }
     struct settings *s = calloc(1, sizeof(*s));
     if (!s) {
         snprintf(errstr, errstr_size, "msgaudit: out of memory");

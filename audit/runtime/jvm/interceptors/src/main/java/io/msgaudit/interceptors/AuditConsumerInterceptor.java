@@ -41,12 +41,15 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
     static final String COMMITTED = "committed";
     private static final String[] KEYS = {"msgaudit.ledger.dir", "msgaudit.consumer.name",
         "msgaudit.segment.max.bytes", "msgaudit.segment.max.age.ms", "msgaudit.flush.interval.ms",
-        "msgaudit.buffer.max.rows", "msgaudit.handover.wait.ms"};
+        "msgaudit.buffer.max.rows", "msgaudit.handover.wait.ms", "msgaudit.ledger.topic",
+        "msgaudit.ledger.bootstrap.servers", "msgaudit.ledger.close.timeout.ms", "msgaudit.ledger.retry.ms",
+        "msgaudit.ledger.delivery.timeout.ms"};
 
     private String instance;
     private String head;
     private long waitMs;
     private LedgerSpool spool;
+    private LedgerShipper shipper; // null: no ledger topic
     private final AtomicLong consumeSeq = new AtomicLong();
     private final ConcurrentHashMap<TopicPartition, Long> lastCommitted = new ConcurrentHashMap<>();
     private final AtomicLong late = new AtomicLong();
@@ -90,12 +93,16 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         head = "{\"group\":" + AuditProducerInterceptor.Json.quote(group.toString()) + ",\"consumer\":"
                 + AuditProducerInterceptor.Json.quote(instance) + ",\"consume_seq\":";
         waitMs = AuditProducerInterceptor.positive(configs, "msgaudit.handover.wait.ms", 5_000);
+        shipper = LedgerShipper.fromConfig(configs, "consumer", dir, instance); // may refuse the settings
         spool = new LedgerSpool(dir, "consumer",
                 AuditProducerInterceptor.positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
                 AuditProducerInterceptor.positive(configs, "msgaudit.segment.max.age.ms", 60_000),
                 AuditProducerInterceptor.positive(configs, "msgaudit.flush.interval.ms", 200),
                 (int) Math.min(Integer.MAX_VALUE,
                         AuditProducerInterceptor.positive(configs, "msgaudit.buffer.max.rows", 1_000_000)));
+        if (shipper != null) {
+            spool.onSealed(shipper::sealed);
+        }
     }
 
     private static String hostname() {
@@ -186,6 +193,9 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
                         + " ledger rows could not be recorded, " + late.get() + " polls returned before their rows"
                         + " were written, " + errors.get() + " unexpected errors");
             }
+        }
+        if (shipper != null) {
+            shipper.close();
         }
     }
 }

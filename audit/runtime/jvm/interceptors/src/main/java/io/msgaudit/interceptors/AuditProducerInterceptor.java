@@ -38,7 +38,9 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     static final int MAX_PID_CHARS = 64;
     private static final String[] KEYS = {"msgaudit.ledger.dir", "msgaudit.producer.name", "msgaudit.pid",
         "msgaudit.segment.max.bytes", "msgaudit.segment.max.age.ms", "msgaudit.flush.interval.ms",
-        "msgaudit.buffer.max.rows", "msgaudit.header.form"};
+        "msgaudit.buffer.max.rows", "msgaudit.header.form", "msgaudit.ledger.topic",
+        "msgaudit.ledger.bootstrap.servers", "msgaudit.ledger.close.timeout.ms", "msgaudit.ledger.retry.ms",
+        "msgaudit.ledger.delivery.timeout.ms"};
 
     private String pid;
     private byte[] pidBytes;
@@ -47,6 +49,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     private String txnJson = "null"; // the transactional.id as JSON, for the txn_id column
     private LedgerSpool spool;
     private AckRows acks;
+    private LedgerShipper shipper; // null: no ledger topic
     private final ConcurrentHashMap<String, AtomicLong> seqs = new ConcurrentHashMap<>();
     /** The topic of the last stamped record and its counter (one immutable pair, so a racing
      *  thread sees either the old or the new pair, never half of each). */
@@ -119,6 +122,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         }
         head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
         int maxRows = (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000));
+        shipper = LedgerShipper.fromConfig(configs, "producer", dir, pid); // before the spool: may refuse the settings
         acks = new AckRows(head, pidBytes.length, txnJson, maxRows);
         spool = new LedgerSpool(dir, "producer",
                 positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
@@ -127,6 +131,9 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 maxRows);
         spool.setSource(acks);
         acks.onChunkFull(spool::wake);
+        if (shipper != null) {
+            spool.onSealed(shipper::sealed);
+        }
         ProducerSettings.write(dir, configs, name, pid);
     }
 
@@ -300,6 +307,9 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 System.err.println("msgaudit: producer " + pid + ": " + dropped + " ledger rows could not be recorded, "
                         + unmatched.get() + " acks without headers could not be matched");
             }
+        }
+        if (shipper != null) {
+            shipper.close(); // the spool handed over its last segment when it sealed it
         }
     }
 

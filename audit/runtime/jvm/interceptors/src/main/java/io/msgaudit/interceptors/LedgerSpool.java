@@ -60,6 +60,7 @@ final class LedgerSpool implements AutoCloseable {
     private volatile boolean closing;
     private boolean reportedError;
     private volatile Source source;
+    private volatile java.util.function.Consumer<Path> sealHook; // the ledger shipper, if any
     private final AckRows.Bytes out = new AckRows.Bytes(1 << 16); // writer thread only
 
     private FileChannel channel;
@@ -83,6 +84,9 @@ final class LedgerSpool implements AutoCloseable {
 
     /** Drain {@code s} too (set before the first row is added to it). */
     void setSource(Source s) { source = s; }
+
+    /** Hand every segment sealed from now on to {@code hook} (set before the first row). */
+    void onSealed(java.util.function.Consumer<Path> hook) { sealHook = hook; }
 
     /** Count rows that could not be recorded (e.g. refused by a full {@link Source}). */
     void countDropped(long rows) { dropped.addAndGet(rows); }
@@ -263,6 +267,10 @@ final class LedgerSpool implements AutoCloseable {
                 Files.move(openPath, sealedPath, StandardCopyOption.ATOMIC_MOVE);
                 try (FileChannel d = FileChannel.open(dir, StandardOpenOption.READ)) {
                     d.force(true);
+                }
+                java.util.function.Consumer<Path> hook = sealHook;
+                if (hook != null) {
+                    hook.accept(sealedPath);
                 }
             }
         } catch (IOException e) {
