@@ -108,9 +108,13 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("content_duplicate", LOG, "same content as {first_pid}:{first_seq}"),
     _code("aborted", LOG, "record of an aborted transaction"),
     # stage group:<g>
-    _code("missed", GROUP, "never processed, below committed offset {committed_offset}", (LOST,)),
+    _code("missed", GROUP, "never processed, below committed offset {committed_offset}", (LOST,),
+          variants=(("failover", "never processed, skipped by the failover to mirror {mirror} at {failover_at}: "
+                                 "resumed at target offset {resume_offset}"),)),
     _code("expired_unconsumed", GROUP, "never processed, now below log_start_offset", (LOST,)),
-    _code("redelivered", GROUP, "processing {k} of {n} by {consumer}", (DUPLICATED,)),
+    _code("redelivered", GROUP, "processing {k} of {n} by {consumer}", (DUPLICATED,),
+          variants=(("failover", "processing {k} of {n} by {consumer} on mirror {mirror} after the failover "
+                                 "at {failover_at}"),)),
     _code("reordered_in_consumption", GROUP, "first processed after a higher offset", (REORDERED,)),
     _code("dead_lettered", GROUP, "dead-lettered"),
     _code("aborted_read", GROUP, "processed a record of an aborted transaction"),

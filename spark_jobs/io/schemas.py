@@ -86,6 +86,8 @@ CONSUMED_RECORDS = _s(
     ("attempt", IntegerType(), False),
     ("consume_ts", TimestampType(), False),
     ("error", StringType(), True),
+    # the mirror (docs/design.md §5.5) whose target copy the row was consumed from; null: the audited cluster
+    ("cluster", StringType(), True),
 )
 
 GROUP_OFFSETS = _s(

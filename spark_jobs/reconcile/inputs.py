@@ -84,6 +84,9 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     if inputs.consumed is not None and shape.max_groups:
         consumed = inputs.consumed.where(topic & shape.group_index().isNotNull()
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
+        # rows consumed on a mirror's target copy are judged by the failover rule (failover.py), not
+        # as the source records at their (target) partition and offset
+        consumed = consumed.where(F.col("cluster").isNull())
     commits = None
     if consumed is not None:
         # The consumer interceptor's rows (§5.3): `committed` rows only give g's committed offset;
