@@ -26,10 +26,10 @@ def _topic_config(failover: bool = True) -> Any:
 
 
 def _inputs(source_processed: range, target_processed: range, committed: int,
-            target_committed: int | None = None) -> Any:
+            target_committed: int | None = None, p: int = 0) -> Any:
     """Ten messages (seq = offset 0..9) in partition 0, copied by MM2 to target partition 0 at the
     offsets 100 + seq. g processes `source_processed` on the source (committing `committed`), then
-    the copies of `target_processed` on the target from 10:30."""
+    the copies of `target_processed` on the target from 10:30. `p`: the partition (and pid) to use."""
     from audit.oracle import (
         ConsumedRow,
         GroupOffset,
@@ -41,17 +41,18 @@ def _inputs(source_processed: range, target_processed: range, committed: int,
         Watermark,
     )
 
-    ledger = [LedgerRow(PID, s, 0, s, "acked", at(s), at(s) + timedelta(milliseconds=5)) for s in range(10)]
-    log = [LogRecord(0, s, PID, s, at(s), at(s), at(20)) for s in range(10)]
-    copies = [MirrorRecord("dr", 0, 100 + s, PID, s, at(s), at(s) + timedelta(seconds=1), at(40)) for s in range(10)]
-    consumed = [ConsumedRow(GROUP, "c:src", i, 0, s, PID, s, "processed", at(12) + timedelta(seconds=i))
+    pid = PID[:-1] + str(p + 1)
+    ledger = [LedgerRow(pid, s, p, s, "acked", at(s), at(s) + timedelta(milliseconds=5)) for s in range(10)]
+    log = [LogRecord(p, s, pid, s, at(s), at(s), at(20)) for s in range(10)]
+    copies = [MirrorRecord("dr", p, 100 + s, pid, s, at(s), at(s) + timedelta(seconds=1), at(40)) for s in range(10)]
+    consumed = [ConsumedRow(GROUP, "c:src", 100 * p + i, p, s, pid, s, "processed", at(12) + timedelta(seconds=i))
                 for i, s in enumerate(source_processed)]
-    consumed += [ConsumedRow(GROUP, "c:dst", i, 0, 100 + s, PID, s, "processed", at(30) + timedelta(seconds=i),
-                             cluster="dr") for i, s in enumerate(target_processed)]
-    mgo = [] if target_committed is None else [MirrorGroupOffset("dr", GROUP, 0, target_committed, at(45))]
+    consumed += [ConsumedRow(GROUP, "c:dst", 100 * p + i, p, 100 + s, pid, s, "processed",
+                             at(30) + timedelta(seconds=i), cluster="dr") for i, s in enumerate(target_processed)]
+    mgo = [] if target_committed is None else [MirrorGroupOffset("dr", GROUP, p, target_committed, at(45))]
     return Inputs(ledger=ledger, log=log, consumed=consumed,
-                  group_offsets=[GroupOffset(GROUP, 0, committed, at(20))],
-                  watermarks=[Watermark(0, 0, 10, at(20))], mirror_log=copies,
+                  group_offsets=[GroupOffset(GROUP, p, committed, at(20))],
+                  watermarks=[Watermark(p, 0, 10, at(20))], mirror_log=copies,
                   mirror_watermarks=[], mirror_group_offsets=mgo)
 
 
@@ -121,3 +122,33 @@ def test_failover_groups_must_be_groups_of_the_topic(tmp_path: Path) -> None:
         from_dict({"topics": {"orders": {"mirrors": [mirror]}}})
     with pytest.raises(ConfigError, match=r"mirrors\[0\].failover_groups: expected a list of group names"):
         from_dict({"topics": {"orders": {"groups": ["g1"], "mirrors": [{**mirror, "failover_groups": "g1"}]}}})
+
+
+@pytest.mark.spark
+def test_the_spark_rule_equals_the_oracle_on_the_same_histories(spark: Any) -> None:
+    from dataclasses import asdict, replace
+
+    from audit.oracle import Inputs, reconcile_window
+    from spark_jobs.reconcile import reconcile_frames
+    from tests.reconcile_cases import norm_rows, sorted_anomalies, window_inputs
+
+    # one history: partition 0 went back, 1 went forward, 2 went forward with the target's snapshot
+    parts = [_inputs(range(0, 6), range(4, 10), 6), _inputs(range(0, 6), range(8, 10), 6, p=1),
+             _inputs(range(0, 6), range(8, 10), 6, target_committed=107, p=2)]
+    def merged(name: str) -> list[Any]:
+        return [r for i in parts for r in getattr(i, name)]
+
+    inputs = Inputs(ledger=merged("ledger"), log=merged("log"), consumed=merged("consumed"),
+                    group_offsets=merged("group_offsets"), watermarks=merged("watermarks"),
+                    mirror_log=merged("mirror_log"), mirror_group_offsets=merged("mirror_group_offsets"))
+    tc = _topic_config()
+    want = reconcile_window(tc, T0, AS_OF_FINAL, inputs)
+    assert sorted((a["anomaly"], a["partition"]) for a in want.anomalies if a["stage"] == STAGE) == [
+        ("missed", 1), ("missed", 1), ("missed", 2), ("overdue", 2), ("redelivered", 0), ("redelivered", 0)]
+    wi = replace(window_inputs(spark, inputs, tc), mirror_group_offsets=spark.createDataFrame(
+        [asdict(r) for r in inputs.mirror_group_offsets],
+        "mirror string, group string, partition int, committed_offset bigint, captured_at timestamp, topic string"))
+    report, anomalies, _, _ = reconcile_frames(spark, wi, tc, T0, AS_OF_FINAL)
+    assert sorted_anomalies(r.asDict() for r in anomalies.collect()) == sorted_anomalies(want.anomalies)
+    key = lambda r: (r["stage"], r["partition"])  # noqa: E731
+    assert sorted(norm_rows(report), key=key) == sorted(norm_rows(want.report), key=key)
