@@ -81,6 +81,14 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
   records only.
 - `aborted_read`: one row per uncommitted record that g processed.
 - produce-to-consume latency = first processing's consume_ts - produce time.
+- Failover (docs/design.md §5.5): rows with a `cluster` count only for a group in that mirror's
+  `failover_groups`; such a row with (pid, seq) of a message with a committed source copy counts as
+  a row of the original (no order check); a later processing on the target is `redelivered` with
+  the failover detail (mirror, F = the first visible target row). Resume offset per target
+  partition = min(lowest target offset processed, latest target committed offset); failover
+  position = 1 + the highest source offset whose first copy (same partition) is below it; a
+  record never processed, below it, and not caught by the checks above `overdue`, is `missed`
+  with the failover detail.
 
 Stage `sink:<s>` (unit: message, or unaudited record; fed by group g, or by the committed log
 when the sink has no group; report partition: the original copy's)

@@ -120,6 +120,8 @@ def test_failover_groups_must_be_groups_of_the_topic(tmp_path: Path) -> None:
     assert cfg.topic("orders").mirrors[0].failover_groups == ("g1",)
     with pytest.raises(ConfigError, match=r"topics.orders.mirrors\[0\].failover_groups: group 'g1' is not in the topic's groups"):
         from_dict({"topics": {"orders": {"mirrors": [mirror]}}})
+    with pytest.raises(ConfigError, match=r"mirrors\[1\].failover_groups: group 'g1' already fails over to another"):
+        from_dict({"topics": {"orders": {"groups": ["g1"], "mirrors": [mirror, {**mirror, "name": "eu"}]}}})
     with pytest.raises(ConfigError, match=r"mirrors\[0\].failover_groups: expected a list of group names"):
         from_dict({"topics": {"orders": {"groups": ["g1"], "mirrors": [{**mirror, "failover_groups": "g1"}]}}})
 

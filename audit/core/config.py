@@ -293,6 +293,9 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
         for g in m.failover_groups:
             if g not in groups:
                 raise ConfigError(f"{where}.mirrors[{i}].failover_groups: group {g!r} is not in the topic's groups")
+            if any(g in other.failover_groups for other in mirrors[:i]):
+                raise ConfigError(f"{where}.mirrors[{i}].failover_groups: group {g!r} already fails over to "
+                                  "another mirror of the topic (one at most)")
     topic = TopicConfig(
         name=name,
         window=parse_duration(data.get("window", "1h"), f"{where}.window"),
