@@ -148,6 +148,7 @@ PRODUCED_BY = {
     "partition_watermarks": "`msgaudit capture`",
     "mirror_records": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_watermarks": "`msgaudit capture` (topics with `mirrors:`)",
+    "mirror_group_offsets": "`msgaudit capture` (mirrors with `failover_groups`)",
     "audit_partition_report": "`msgaudit reconcile`",
     "audit_anomalies": "`msgaudit reconcile`",
 }

@@ -186,6 +186,10 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         mirror_log = pruned("mirror_records", m_lo, m_hi) if table_exists(spark, cfg, "mirror_records") else None
         if table_exists(spark, cfg, "mirror_watermarks"):
             mirror_watermarks = small("mirror_watermarks")
+    mirror_groups = None
+    if any(m.failover_groups for tc in shape.topics for m in tc.mirrors) and table_exists(
+            spark, cfg, "mirror_group_offsets"):
+        mirror_groups = small("mirror_group_offsets")
     if len(shape.topics) == 1:
         sinks = {}
         for s in tc0.sinks:
@@ -193,7 +197,8 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
             if key not in cache:
                 cache[key] = (read_sink(spark, s, None), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
-        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks)
+        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks,
+                            mirror_group_offsets=mirror_groups)
     # one read per physical sink; a row goes to every sink (of its topic) that names that table
     users: dict[Any, list[tuple[str, Any]]] = {}
     for tc in shape.topics:
@@ -213,7 +218,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
                 .withColumn("sink", F.explode(F.expr(f"try_element_at({lookup}, topic)"))))
         rows = part if rows is None else rows.unionByName(part)
     return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, mirror_log, mirror_watermarks,
-                        sink_rows=rows)
+                        sink_rows=rows, mirror_group_offsets=mirror_groups)
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:
