@@ -37,7 +37,8 @@ EXAMPLES: dict[str, str] = {
     "trace": "msgaudit trace --topic orders --pid 7f3a-p1 --seq 42    # or --partition 0 --offset 1234, --json\n"
              "  msgaudit trace --topic orders --key customer-1042   # every message with this Kafka key, in produce order",
     "demo": "msgaudit demo --out dashboard   # broker + faults + reconcile + SLA + dashboard, on embedded defaults\n"
-            "  msgaudit demo --scenario mirror_kill   # MirrorMaker 2 between two local clusters (stage mirror:dr)",
+            "  msgaudit demo --scenario mirror_kill   # MirrorMaker 2 between two local clusters (stage mirror:dr)\n"
+            "  msgaudit demo --scenario mirror_failover   # a group fails over to the MM2 copy (group stage)",
 }
 
 

@@ -81,6 +81,14 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
   records only.
 - `aborted_read`: one row per uncommitted record that g processed.
 - produce-to-consume latency = first processing's consume_ts - produce time.
+- Failover (docs/design.md §5.5): rows with a `cluster` count only for a group in that mirror's
+  `failover_groups`; such a row with (pid, seq) of a message with a committed source copy counts as
+  a row of the original (no order check); a later processing on the target is `redelivered` with
+  the failover detail (mirror, F = the first visible target row). Resume offset per target
+  partition = min(lowest target offset processed, latest target committed offset); failover
+  position = 1 + the highest source offset whose first copy (same partition) is below it; a
+  record never processed, below it, and not caught by the checks above `overdue`, is `missed`
+  with the failover detail.
 
 Stage `sink:<s>` (unit: message, or unaudited record; fed by group g, or by the committed log
 when the sink has no group; report partition: the original copy's)
@@ -180,6 +188,7 @@ class ConsumedRow:
     attempt: int = 1
     topic: str = "t"
     error: str | None = None  # the handler's error of a failed / dead_lettered outcome
+    cluster: str | None = None  # the mirror whose target copy it was consumed from; None: the audited cluster
 
 
 @dataclass(frozen=True)
@@ -251,6 +260,19 @@ class MirrorWatermark:
     captured_to: int | None = None
 
 
+@dataclass(frozen=True)
+class MirrorGroupOffset:
+    """A capture's snapshot of a group's committed offset on a mirror's target cluster
+    (`mirror_group_offsets`): `topic` is the audited topic, `partition` the target's."""
+
+    mirror: str
+    group: str
+    partition: int
+    committed_offset: int | None
+    captured_at: datetime
+    topic: str = "t"
+
+
 @dataclass
 class Inputs:
     ledger: Sequence[LedgerRow] = ()
@@ -261,6 +283,7 @@ class Inputs:
     sinks: Mapping[str, Sequence[SinkRow]] = field(default_factory=dict)
     mirror_log: Sequence[MirrorRecord] = ()
     mirror_watermarks: Sequence[MirrorWatermark] = ()
+    mirror_group_offsets: Sequence[MirrorGroupOffset] = ()
 
 
 @dataclass
@@ -379,6 +402,12 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 log_seen[k] = r
     consumed = [c for c in inputs.consumed if c.topic == topic and c.group in tc.groups
                 and rr.event_lo <= c.consume_ts < rr.event_hi]
+    # rows consumed from a mirror's target copy count only for a group declared to fail over to it
+    # (mirrors[].failover_groups); their partition/offset are the target's, so they are matched to
+    # the source record by the message's identity below, and take no part in the order check.
+    failover_to = {(m.name, g) for m in tc.mirrors for g in m.failover_groups}
+    target_rows = [c for c in consumed if c.cluster is not None and (c.cluster, c.group) in failover_to]
+    consumed = [c for c in consumed if c.cluster is None]
     sink_rows = {s.name: [r for r in inputs.sinks.get(s.name, ()) if r.topic == topic
                           and (r.sink_ts is None or rr.event_lo <= r.sink_ts < rr.event_hi)] for s in tc.sinks}
     watermarks = [w for w in inputs.watermarks if w.topic == topic]
@@ -432,6 +461,15 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     for name, srows in sink_rows.items():
         for s in srows:
             unit(_key(s.pid, s.seq, s.partition, s.offset)).sinks[name].append(s)
+    failover = _failover(tc, inputs, rr, target_rows, units)
+    for c in target_rows:
+        if c.outcome == COMMITTED or c.pid is None or c.seq is None:
+            continue
+        tu = units.get(("m", c.pid, c.seq))
+        if tu is None or tu.original is None:
+            continue  # no committed source copy visible: no identity to follow across clusters
+        torig = tu.original
+        tu.consumed.append((replace(c, partition=torig.partition, offset=torig.offset), False))
 
     def in_window(u: _Unit) -> bool:
         pt = u.produce_time
@@ -564,8 +602,13 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     latencies[(stage, r.partition)].append(_ms(processed[0][0].consume_ts, pt))
                     n = len(processed)
                     for i, (c, _) in enumerate(processed[1:], start=2):
-                        emit(stage, "redelivered", r.partition, rpid, rseq, r.offset, k=i, n=n,
-                             consumer=c.consumer)
+                        if c.cluster is None:
+                            emit(stage, "redelivered", r.partition, rpid, rseq, r.offset, k=i, n=n,
+                                 consumer=c.consumer)
+                        else:
+                            emit(stage, "redelivered", r.partition, rpid, rseq, r.offset, "failover", k=i, n=n,
+                                 consumer=c.consumer, mirror=c.cluster,
+                                 failover_at=failover_instant(failover[(g, c.cluster)].at))
                     if any(f for _, f in processed):
                         emit(stage, "reordered_in_consumption", r.partition, rpid, rseq, r.offset)
                 elif any(c.outcome == DEAD_LETTERED for c, _ in outs):
@@ -584,6 +627,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                     emit(stage, "expired_unconsumed", r.partition, rpid, rseq, r.offset)
                 elif (co := committed_offset.get((g, r.partition))) is not None and r.offset < co:
                     emit(stage, "missed", r.partition, rpid, rseq, r.offset, committed_offset=co)
+                elif skip := next((f for (fg, _), f in sorted(failover.items())
+                                   if fg == g and r.offset < f.position.get(r.partition, -1)), None):
+                    emit(stage, "missed", r.partition, rpid, rseq, r.offset, "failover", mirror=skip.mirror,
+                         failover_at=failover_instant(skip.at), resume_offset=skip.resume[r.partition])
                 else:
                     emit(stage, "overdue", r.partition, rpid, rseq, r.offset)
 
@@ -682,6 +729,66 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
     report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))
     return OracleResult(report, anomalies, quarantined)
+
+
+@dataclass(frozen=True)
+class _Failover:
+    """Group g's failover to mirror m as the window sees it (docs/design.md §5.5)."""
+
+    mirror: str
+    at: datetime  # F: the first visible consumption row of g on the target copy
+    resume: dict[int, int]  # per target partition: the offset g resumed from on the target
+    position: dict[int, int]  # per source partition: one past the highest source offset copied below it
+
+
+def failover_instant(at: datetime) -> str:
+    """The failover instant as the detail texts write it (UTC, microseconds)."""
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _failover(tc: TopicConfig, inputs: Inputs, rr: Any, target_rows: Sequence[ConsumedRow],
+              units: Mapping[Key, _Unit]) -> dict[tuple[str, str], _Failover]:
+    """Per (group, mirror) with consumption rows on the target copy: F, where g resumed on the
+    target in each partition -- the lowest target offset it processed there, or the group's latest
+    captured committed offset on the target (`mirror_group_offsets`) if lower or if it processed
+    nothing there -- and the failover position in the source partition: one past the highest
+    source offset (of the same partition) whose first copy lies below the resume offset. A record
+    below it that g never processed on either cluster was skipped by the translation."""
+    out: dict[tuple[str, str], _Failover] = {}
+    for m in tc.mirrors:
+        for g in m.failover_groups:
+            rows = [c for c in target_rows if c.cluster == m.name and c.group == g]
+            if not rows:
+                continue
+            resume: dict[int, int] = {}
+            for c in rows:
+                if c.outcome in PROCESSING_OUTCOMES:
+                    resume[c.partition] = min(resume.get(c.partition, c.offset), c.offset)
+            latest: dict[int, MirrorGroupOffset] = {}
+            for mg in inputs.mirror_group_offsets:
+                if mg.mirror == m.name and mg.group == g and mg.topic == tc.name and (
+                        mg.partition not in latest or mg.captured_at >= latest[mg.partition].captured_at):
+                    latest[mg.partition] = mg
+            for p, mg in latest.items():
+                if mg.committed_offset is not None:
+                    resume[p] = min(resume.get(p, mg.committed_offset), mg.committed_offset)
+            first_copy: dict[tuple[str, int], MirrorRecord] = {}
+            for mr in inputs.mirror_log:
+                if (mr.mirror == m.name and mr.topic == tc.name and mr.committed and _valid(mr)
+                        and rr.message_lo <= _log_time(mr) < rr.message_hi):
+                    assert mr.pid is not None and mr.seq is not None
+                    k = (mr.pid, mr.seq)
+                    if k not in first_copy or (mr.partition, mr.offset) < (first_copy[k].partition, first_copy[k].offset):
+                        first_copy[k] = mr
+            position: dict[int, int] = {}
+            for (pid, seq), mc in first_copy.items():
+                u = units.get(("m", pid, seq))
+                orig = u.original if u is not None else None
+                if orig is not None and orig.partition == mc.partition and mc.partition in resume \
+                        and mc.offset < resume[mc.partition]:
+                    position[orig.partition] = max(position.get(orig.partition, 0), orig.offset + 1)
+            out[(g, m.name)] = _Failover(m.name, min(c.consume_ts for c in rows), resume, position)
+    return out
 
 
 def _ts_key(t: datetime | None) -> tuple[int, datetime]:

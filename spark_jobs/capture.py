@@ -52,6 +52,7 @@ from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
     GROUP_OFFSETS,
     LOG_RECORDS,
+    MIRROR_GROUP_OFFSETS,
     MIRROR_RECORDS,
     MIRROR_WATERMARKS,
     PART_HOUR,
@@ -705,6 +706,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     results: dict[str, TopicCapture] = {}
     snapshots = _Snapshots()
     mirror_marks: list[tuple[Any, ...]] = []
+    mirror_groups: list[tuple[Any, ...]] = []
     with tqdm(names, desc="capture", unit="topic", disable=not progress) as bar:
         for name in bar:
             bar.set_postfix_str(name)
@@ -713,9 +715,11 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
             bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
                       f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
             for m in cfg.topic(name).mirrors:  # stage mirror:<m>: the copy on the mirror's target cluster
-                bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks))
+                bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks,
+                                         mirror_groups))
     snapshots.write(spark, cfg)
     _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, mirror_marks)
+    _append_snapshot(spark, cfg, MIRROR_GROUP_OFFSETS_TABLE, MIRROR_GROUP_OFFSETS, mirror_groups)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
 
 
@@ -725,6 +729,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
 
 MIRROR_TABLE = "mirror_records"
 MIRROR_WATERMARKS_TABLE = "mirror_watermarks"
+MIRROR_GROUP_OFFSETS_TABLE = "mirror_group_offsets"
 
 
 def mirror_config(cfg: Config, tc: TopicConfig, m: MirrorConfig) -> Config:
@@ -736,11 +741,13 @@ def mirror_config(cfg: Config, tc: TopicConfig, m: MirrorConfig) -> Config:
 
 
 def capture_mirror(spark: SparkSession, cfg: Config, tc: TopicConfig, m: MirrorConfig, start: datetime,
-                   end: datetime, captured_at: datetime, marks: list[tuple[Any, ...]]) -> str:
+                   end: datetime, captured_at: datetime, marks: list[tuple[Any, ...]],
+                   groups: list[tuple[Any, ...]] | None = None) -> str:
     """Read the copy of `tc` on mirror `m`'s target cluster like the log (same time range, both
     isolation levels, same header parsing) and MERGE it into `mirror_records` keyed on (mirror,
-    topic, partition, offset), `topic` being the source topic; append its watermarks to `marks`.
-    Returns the progress line."""
+    topic, partition, offset), `topic` being the source topic; append its watermarks to `marks` and
+    the committed offsets of its `failover_groups` on the target to `groups` (§5.5). Returns the
+    progress line."""
     from delta.tables import DeltaTable
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -748,7 +755,12 @@ def capture_mirror(spark: SparkSession, cfg: Config, tc: TopicConfig, m: MirrorC
 
     mcfg = mirror_config(cfg, tc, m)
     admin = _admin(mcfg)
-    ranges = plan_topic(admin, mcfg, m.topic, _partitions(admin, mcfg, m.topic), start, end)
+    target_partitions = _partitions(admin, mcfg, m.topic)
+    if m.failover_groups and groups is not None:  # before the read, as for the source groups
+        gcfg = replace(mcfg, topics={m.topic: replace(mcfg.topic(m.topic), groups=m.failover_groups)})
+        groups += [(m.name, g, tc.name, p, off, captured_at)
+                   for g, p, off in group_offsets(gcfg, m.topic, target_partitions)]
+    ranges = plan_topic(admin, mcfg, m.topic, target_partitions, start, end)
     marks += [(m.name, tc.name, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
               for r in ranges]
     schema = StructType([*MIRROR_RECORDS.fields, StructField(PART_HOUR, StringType(), False)])

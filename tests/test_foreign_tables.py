@@ -108,3 +108,20 @@ def test_a_table_missing_a_contract_column_is_one_line_naming_table_column_and_w
         f"table {table!r} at {Path(cfg.lake) / table} has no column {column!r} ({dtype}, docs/design.md §4.2); "
         f"it is written by {writer} -- a table written by another tool must have the contract's columns")
     assert "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+@pytest.mark.spark
+def test_consumed_records_without_the_optional_cluster_column_read_as_the_audited_clusters_rows(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    """A consumption table of an older version (no `cluster`, docs/design.md §4.2) is read with it
+    null: every row is the audited cluster's, and the report is the oracle's."""
+    from spark_jobs.reconcile import reconcile_range
+
+    cfg = _config(make_config, tmp_path)
+    h = _history()
+    _write_foreign_lake(spark, cfg, h, drop=("consumed_records", "cluster"))
+    write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
+    [result] = reconcile_range(spark, cfg, T0, at(60), AS_OF_FINAL)
+    oracle = oracle_reconcile(cfg.topic(TOPIC), T0, AS_OF_FINAL, h.inputs())
+    assert norm_rows(result.report) == norm_rows(oracle.report)
+    assert [r for r in oracle.report if r["stage"] == f"group:{GROUP}" and r["delivered"]]

@@ -46,6 +46,9 @@ DESIGNED: dict[str, dict[str, int]] = {
     "lost_acked": {"lost_acked": 10},  # acked while the follower was frozen
     "mirror_kill": {"duplicate_in_mirror": 10},  # the 10 copied before the SIGKILL, copied again
     "mirror_retention": {"lost_in_mirror": 10},  # produced during MM2's outage, deleted by retention
+    # 10 processed on the source; MM2 (offset.lag.max=100: one offset sync, at offset 0) translated
+    # the committed 10 to 1 on the target, where the group processed 1..9 again
+    "mirror_failover": {"redelivered": 9},
 }
 
 
@@ -230,9 +233,14 @@ def test_mirror_stage_report_counts_follow_the_faults(proxied_result: LabResult)
     runs = {r.name: r for r in proxied_result.runs}
     (kill_topic,) = runs["mirror_kill"].topics
     (ret_topic,) = runs["mirror_retention"].topics
+    (fo_topic,) = runs["mirror_failover"].topics
     mirror_rows = [r for r in proxied_result.report if r["stage"] == "mirror:dr"]
     keys = ("expected", "delivered", "lost", "duplicated", "reordered")
-    totals = {t: [sum(int(r[k]) for r in mirror_rows if r["topic"] == t) for k in keys] for t in (kill_topic, ret_topic)}
-    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0]}
-    assert {r["topic"] for r in mirror_rows} == {kill_topic, ret_topic}
+    topics = (kill_topic, ret_topic, fo_topic)
+    totals = {t: [sum(int(r[k]) for r in mirror_rows if r["topic"] == t) for k in keys] for t in topics}
+    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0], fo_topic: [20, 20, 0, 0, 0]}
+    assert {r["topic"] for r in mirror_rows} == set(topics)
     assert all(r["latency_p50_ms"] is not None and r["latency_p50_ms"] > 0 for r in mirror_rows if r["delivered"])
+    # the failed-over group: every record delivered (10 on the source, the rest on the target), 9 twice
+    fo_group = [r for r in proxied_result.report if r["topic"] == fo_topic and r["stage"].startswith("group:")]
+    assert [sum(int(r[k]) for r in fo_group) for k in keys] == [20, 20, 0, 9, 0]

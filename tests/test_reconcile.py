@@ -409,8 +409,11 @@ def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: 
     })
     per_topic = {"t": _retopic(base, "t", {"s1": "s1"}), "u": _retopic(base, "u", {"s1": "s1"}),
                  "v": _retopic(base, "v", {"s1": "s1", "s2": "s1"})}
-    everything = Inputs(*[[r for i in per_topic.values() for r in getattr(i, f)]
-                          for f in ("ledger", "log", "consumed", "group_offsets", "watermarks")], {})
+    def merged(f: str) -> list[Any]:
+        return [r for i in per_topic.values() for r in getattr(i, f)]
+
+    everything = Inputs(ledger=merged("ledger"), log=merged("log"), consumed=merged("consumed"),
+                        group_offsets=merged("group_offsets"), watermarks=merged("watermarks"))
     write_lake(spark, cfg.lake, everything)
     write_delta_sink(spark, Path(loc), [r for t in ("t", "u", "v") for r in per_topic[t].sinks["s1"]])
     results = reconcile_range(spark, cfg, T0, T0 + (at(60) - T0), AS_OF_FINAL)

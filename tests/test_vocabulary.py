@@ -217,7 +217,8 @@ def test_sql_details_render_the_same_text_as_python(spark: Any) -> None:
                               "first": 11, "last": 1510, "first_pid": "p-1", "first_seq": 0,
                               "committed_offset": 17, "attempt": 4, "k": 2, "n": 3, "consumer": "c'1", "header_error": None,
                               "error": "ValueError: it's bad", "mirror_topic": "dc1.orders", "late_offset": 5,
-                              "high_offset": 8}
+                              "high_offset": 8, "mirror": "dr", "failover_at": "2026-11-21T10:30:00.000000Z",
+                              "resume_offset": 108}
     cases = [(a, variant) for a in v.ANOMALIES for variant in (None, *(n for n, _ in a.variants))]
     exprs = []
     for a, variant in cases:

@@ -253,6 +253,12 @@ class AuditedConsumer:
         consumer's own cluster, a batch's consumption rows go to the topic inside its transaction.
       batch_size, poll_timeout_s: records per poll and the poll wait.
       on_stage: called as on_stage(stage, records) at each point of STAGES (metrics, tests).
+      cluster: the mirror's name (config `mirrors[].name`, docs/design.md §5.5) when this consumer
+        reads a MirrorMaker 2 copy on the mirror's target cluster (a failed-over group); None (the
+        default): the audited cluster. Written in every ledger row's `cluster`; the rows then carry
+        the audited (source) topic and the target's partition and offset.
+      source_topics: copy name -> audited topic, for `cluster`; default: the copy's name after its
+        first '.' (MM2's default replication policy, `<source_alias>.<topic>`).
 
     The handler gets a ConsumedRecord and returns None, a mapping (one sink row) or a sequence of
     mappings (rows for `sink`). In exactly_once_kafka it produces through `self.producer`.
@@ -277,6 +283,8 @@ class AuditedConsumer:
         ledger: LedgerWriter | None = None,
         ledger_topic: str | None = None,
         ledger_kafka: Mapping[str, Any] | None = None,
+        cluster: str | None = None,
+        source_topics: Mapping[str, str] | None = None,
     ) -> None:
         if semantics not in SEMANTICS:
             raise ConfigError(f"AuditedConsumer semantics: expected one of {', '.join(SEMANTICS)}, got {semantics!r}")
@@ -293,6 +301,10 @@ class AuditedConsumer:
             raise ConfigError("AuditedConsumer: give group= (or 'group.id' in the config)")
         if "bootstrap.servers" not in base:
             raise ConfigError("AuditedConsumer: no 'bootstrap.servers' (pass config= or cfg=)")
+        if cluster is not None and not (isinstance(cluster, str) and cluster):
+            raise ConfigError(f"AuditedConsumer cluster: expected a mirror name, got {cluster!r}")
+        self.cluster = cluster
+        self._source_topics = dict(source_topics or {})
         self.group = str(group)
         self.topics = tuple(topics)
         self.semantics = semantics
@@ -580,6 +592,9 @@ class AuditedConsumer:
                 log.warning("consumer %s: retry copy %s[%s]@%s has no source headers; audited as itself",
                             self.instance, topic, partition, offset)
             attempt = _int_header(headers, ATTEMPT) or 2
+        elif self.cluster is not None:
+            # a mirror's copy: recorded against the audited topic, at the target's partition/offset
+            topic = self._source_topics.get(topic) or topic.split(".", 1)[-1]
         ts_type, ts = m.timestamp()
         return ConsumedRecord(topic, partition, offset, m.key(), m.value(), headers,
                               ts if ts_type else None, audit_headers.parse(headers), attempt, m)
@@ -826,12 +841,15 @@ class AuditedConsumer:
 
     def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, error: str | None,
                      consume_seq: int) -> dict[str, Any]:
-        return {
+        row = {
             "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
             "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
             "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
             "consume_ts": ts, "error": error,
         }
+        if self.cluster is not None:  # optional: a row without it is from the audited cluster
+            row["cluster"] = self.cluster
+        return row
 
     def _count(self, outcome: str) -> None:
         if outcome == "processed":

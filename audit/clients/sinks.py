@@ -368,7 +368,7 @@ class SqlSink:
                     self._consumption.create(conn, checkfirst=True)
                     self._consumption_ready = True
                 written = int(sink_ts.timestamp() * 1000)
-                conn.execute(self._consumption.insert(), [{**r, "written_ts": written} for r in evidence])
+                conn.execute(self._consumption.insert(), [{**{c: r.get(c) for c in CONSUMPTION_COLUMNS}, "written_ts": written} for r in evidence])
             if before_commit is not None:
                 before_commit()
 

@@ -72,12 +72,14 @@ class SinkConfig:
 class MirrorConfig:
     """A copy of the topic on another Kafka cluster made by MirrorMaker 2 (stage `mirror:<name>`):
     `kafka` = the target cluster's librdkafka settings, `topic` = the copy's name there (default
-    `<source_alias>.<topic>`, MM2's default replication policy)."""
+    `<source_alias>.<topic>`, MM2's default replication policy). `failover_groups`: groups of the
+    topic that may fail over to this copy (consumption rows with `cluster` = `name`, §5.5)."""
 
     name: str
     kafka: Mapping[str, str]
     topic: str
     source_alias: str = "source"
+    failover_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
 
 def _parse_mirror(topic: str, raw: Any, where: str) -> MirrorConfig:
     data = _mapping(raw, where)
-    _check_keys(data, ("name", "kafka", "topic", "source_alias"), where)
+    _check_keys(data, ("name", "kafka", "topic", "source_alias", "failover_groups"), where)
     for req in ("name", "kafka"):
         if req not in data:
             raise ConfigError(f"{where}: missing key {req!r}")
@@ -258,8 +260,11 @@ def _parse_mirror(topic: str, raw: Any, where: str) -> MirrorConfig:
     alias = str(data.get("source_alias", "source"))
     if not alias:
         raise ConfigError(f"{where}.source_alias: must not be empty")
+    failover = data.get("failover_groups") or []
+    if not isinstance(failover, list) or not all(isinstance(g, str) and g for g in failover):
+        raise ConfigError(f"{where}.failover_groups: expected a list of group names, got {failover!r}")
     return MirrorConfig(name=str(data["name"]), kafka=kafka, topic=str(data.get("topic") or f"{alias}.{topic}"),
-                        source_alias=alias)
+                        source_alias=alias, failover_groups=tuple(failover))
 
 
 def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
@@ -284,6 +289,13 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     mirrors = tuple(_parse_mirror(name, m, f"{where}.mirrors[{i}]") for i, m in enumerate(mirrors_raw))
     if len({m.name for m in mirrors}) != len(mirrors):
         raise ConfigError(f"{where}.mirrors: mirror names must be unique, got {[m.name for m in mirrors]}")
+    for i, m in enumerate(mirrors):
+        for g in m.failover_groups:
+            if g not in groups:
+                raise ConfigError(f"{where}.mirrors[{i}].failover_groups: group {g!r} is not in the topic's groups")
+            if any(g in other.failover_groups for other in mirrors[:i]):
+                raise ConfigError(f"{where}.mirrors[{i}].failover_groups: group {g!r} already fails over to "
+                                  "another mirror of the topic (one at most)")
     topic = TopicConfig(
         name=name,
         window=parse_duration(data.get("window", "1h"), f"{where}.window"),

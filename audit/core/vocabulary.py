@@ -108,9 +108,13 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("content_duplicate", LOG, "same content as {first_pid}:{first_seq}"),
     _code("aborted", LOG, "record of an aborted transaction"),
     # stage group:<g>
-    _code("missed", GROUP, "never processed, below committed offset {committed_offset}", (LOST,)),
+    _code("missed", GROUP, "never processed, below committed offset {committed_offset}", (LOST,),
+          variants=(("failover", "never processed, skipped by the failover to mirror {mirror} at {failover_at}: "
+                                 "resumed at target offset {resume_offset}"),)),
     _code("expired_unconsumed", GROUP, "never processed, now below log_start_offset", (LOST,)),
-    _code("redelivered", GROUP, "processing {k} of {n} by {consumer}", (DUPLICATED,)),
+    _code("redelivered", GROUP, "processing {k} of {n} by {consumer}", (DUPLICATED,),
+          variants=(("failover", "processing {k} of {n} by {consumer} on mirror {mirror} after the failover "
+                                 "at {failover_at}"),)),
     _code("reordered_in_consumption", GROUP, "first processed after a higher offset", (REORDERED,)),
     _code("dead_lettered", GROUP, "dead-lettered"),
     _code("aborted_read", GROUP, "processed a record of an aborted transaction"),
@@ -215,14 +219,17 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "nothing to fix if every consumer reads with isolation.level=read_committed; find why the transaction aborted"),
     (GROUP, "missed"): Explanation(
         "the consumer committed the offset before processing the record (auto-commit, or commit then "
-        "process) and crashed or rebalanced in between: at most once",
-        "enable.auto.commit=false and commit offsets after processing (at least once)"),
+        "process) and crashed or rebalanced in between: at most once; or (detail names a mirror) the group "
+        "failed over to a MirrorMaker 2 copy at a translated offset past the record",
+        "enable.auto.commit=false and commit offsets after processing (at least once); after a failover, "
+        "reset the group on the target to the offset the detail's skipped records start at"),
     (GROUP, "expired_unconsumed"): Explanation(
         "retention is shorter than the group's lag: the segment was deleted before the group read it",
         "raise retention.ms above the worst lag, or add consumers; `msgaudit doctor` warns before it happens"),
     (GROUP, "redelivered"): Explanation(
         "the group processed the record again after a crash, rebalance or retry before its offset was "
-        "committed: at least once",
+        "committed: at least once; or (detail names a mirror) after a failover to a MirrorMaker 2 copy, "
+        "whose offset translation lands at its last offset sync (offset.lag.max), before the committed offset",
         "make processing idempotent (deduplicate by pid:seq), or commit offsets in the same transaction "
         "as the output"),
     (GROUP, "reordered_in_consumption"): Explanation(

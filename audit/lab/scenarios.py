@@ -898,10 +898,12 @@ def _target_cluster(ctx: Context) -> Any:
     return ctx.resources["mirror_target"]
 
 
-def _mirror_setup(ctx: Context, prefix: str, flush_ms: int) -> tuple[str, Any, Any]:
+def _mirror_setup(ctx: Context, prefix: str, flush_ms: int, group: str | None = None,
+                  extra: dict[str, str] | None = None) -> tuple[str, Any, Any]:
     """A source topic, its copy pre-created on the target with LogAppendTime (so the copy's Kafka
     timestamp is MM2's append time: the mirror latency), the topic audited with its mirror, and an
-    MM2 for that one flow (not started)."""
+    MM2 for that one flow (not started). `group`: a group audited on the topic that fails over to
+    the mirror (MM2 checkpoints it and syncs its offsets to the target)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
@@ -911,10 +913,11 @@ def _mirror_setup(ctx: Context, prefix: str, flush_ms: int) -> tuple[str, Any, A
     copy = mirrored_topic(MIRROR_ALIAS, topic)
     admin = AdminClient({"bootstrap.servers": target.bootstrap_servers, "log_level": 0})
     admin.create_topics([NewTopic(copy, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[copy].result(30)
-    ctx.audit_topic(topic, mirrors=(MirrorConfig(MIRROR_NAME, {"bootstrap.servers": target.bootstrap_servers},
-                                                 copy, MIRROR_ALIAS),))
+    groups = (group,) if group else ()
+    ctx.audit_topic(topic, groups=groups, mirrors=(MirrorConfig(
+        MIRROR_NAME, {"bootstrap.servers": target.bootstrap_servers}, copy, MIRROR_ALIAS, failover_groups=groups),))
     mm2 = LocalMirrorMaker(ctx.work / f"mm2-{topic}", ctx.lab.bootstrap, target.bootstrap_servers, [topic],
-                           source_alias=MIRROR_ALIAS, offset_flush_ms=flush_ms)
+                           source_alias=MIRROR_ALIAS, offset_flush_ms=flush_ms, groups=groups, extra=extra)
     ctx.cleanups.append(mm2.stop)
     return topic, target, mm2
 
@@ -1060,14 +1063,106 @@ def mirror_retention(ctx: Context) -> Truth:
     return truth
 
 
+def _committed_on(bootstrap: str, group: str, topic: str, timeout: float) -> int:
+    """The group's committed offset of `topic` partition 0 on that cluster, once it has one."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            (tp,) = c.committed([TopicPartition(topic, 0)], timeout=10)
+            if tp.error is None and tp.offset >= 0:
+                return int(tp.offset)
+            time.sleep(0.5)
+    finally:
+        c.close()
+    raise BrokerError(f"lab: group {group!r} has no committed offset on {topic} at {bootstrap} after {timeout:.0f}s")
+
+
+def mirror_failover(ctx: Context) -> Truth:
+    """An AuditedConsumer group processes 10 of 20 messages on the source and stops; MM2 (checkpoints,
+    `sync.group.offsets.enabled=true`, offset syncs only every 100 records: `offset.lag.max=100`)
+    translates its committed offset to the target, where the group resumes on the copy. MM2
+    translates at its last offset-sync point, so the translated offset lies before the source's:
+    the records in between are processed again (`redelivered`); had it lain after, the records
+    skipped would be `missed`. Truth: what the group's handler actually processed on each cluster."""
+    from audit.clients.consumer import AuditedConsumer, ConsumedRecord
+
+    truth = Truth("mirror_failover")
+    group = "lab-failover-g"
+    topic, target, mm2 = _mirror_setup(ctx, "lab-mirror-failover", flush_ms=1000, group=group,
+                                       extra={"offset.lag.max": "100"})
+    group = f"{topic}-g"  # one group per run of the scenario (MM2 syncs it by name)
+    topic_cfg = ctx.topics[topic]
+    mirror = replace(topic_cfg.mirrors[0], failover_groups=(group,))
+    ctx.topics[topic] = replace(topic_cfg, groups=(group,), mirrors=(mirror,))
+    mm2.groups = (group,)
+    truth.topic(topic)
+    p = ctx.producer("lab-mirror-failover", **{"linger.ms": 5})
+    acks = Acks()
+    try:
+        _produce_batch(p, topic, acks, range(0, 20))
+    finally:
+        p.close()
+    pid = p.pid
+    processed: dict[str, list[int]] = {"source": [], "target": []}
+
+    def consume(where: str, bootstrap: str, topics: list[str], **kw: Any) -> None:
+        conf = {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500, "log_level": 0}
+
+        def handle(rec: ConsumedRecord) -> None:
+            if rec.audit.seq is not None and rec.audit.pid == pid:
+                processed[where].append(rec.audit.seq)
+
+        consumer = AuditedConsumer(conf, topics=topics, group=group, name=f"lab-failover-{where}",
+                                   ledger_dir=ctx.ledger_dir, batch_size=5, poll_timeout_s=0.2, **kw)
+        with consumer:
+            if where == "source":
+                consumer.run(handle, max_messages=10)
+            else:
+                consumer.run(handle, idle_timeout_s=5)
+
+    consume("source", ctx.lab.bootstrap, [topic])  # processes and commits the first 10, then leaves
+    source_committed = _committed_on(ctx.lab.bootstrap, group, topic, 30)
+    copy = mm2.target_topic(topic)
+    try:
+        mm2.start()
+        mm2.wait_records(topic, 20, timeout=180)
+        translated = _committed_on(target.bootstrap_servers, group, copy, 120)
+    finally:
+        mm2.stop()  # before the group resumes there: MM2 must not sync offsets under an active group
+    consume("target", target.bootstrap_servers, [copy], cluster=MIRROR_NAME)
+    src, dst = set(processed["source"]), processed["target"]
+    stage = f"group:{group}"
+    redelivered = sorted(seq for seq in dst if seq in src)
+    missed = sorted(seq for seq in range(20) if seq not in src and seq not in dst)
+    for seq in redelivered:
+        part, off = acks.acked[seq]
+        truth.expect(topic, stage, "redelivered", part, pid, seq, off)
+    for seq in missed:
+        part, off = acks.acked[seq]
+        truth.expect(topic, stage, "missed", part, pid, seq, off)
+    truth.facts.update(messages=20, processed_on_source=len(src), source_committed=source_committed,
+                       translated_offset=translated, processed_on_target=len(dst), redelivered=len(redelivered),
+                       missed=len(missed))
+    ctx.say(f"mirror_failover: group processed {len(src)} on the source (committed {source_committed}); MM2 "
+            f"translated it to {translated} on the target, where it processed {len(dst)}: "
+            f"{len(redelivered)} processed twice, {len(missed)} skipped")
+    return truth
+
+
 SCENARIOS.update({
     "mirror_kill": (mirror_kill, "MirrorMaker 2 SIGKILLed mid-stream and restarted: records copied twice"),
     "mirror_retention": (mirror_retention, "the source's retention is shorter than MirrorMaker 2's outage"),
+    "mirror_failover": (mirror_failover, "a consumer group fails over to the MirrorMaker 2 copy at the translated "
+                                         "offset: records processed twice or skipped"),
 })
 
 # Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
 # MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).
-MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention")
+MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention", "mirror_failover")
 CLUSTER_SCENARIOS = ("lost_acked",)
 PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n not in CLUSTER_SCENARIOS)
 

@@ -86,6 +86,8 @@ CONSUMED_RECORDS = _s(
     ("attempt", IntegerType(), False),
     ("consume_ts", TimestampType(), False),
     ("error", StringType(), True),
+    # the mirror (docs/design.md §5.5) whose target copy the row was consumed from; null: the audited cluster
+    ("cluster", StringType(), True),
 )
 
 GROUP_OFFSETS = _s(
@@ -113,6 +115,8 @@ PARTITION_WATERMARKS = _s(
 # offset are the target's.
 MIRROR_RECORDS = StructType([StructField("mirror", StringType(), False), *LOG_RECORDS.fields])
 MIRROR_WATERMARKS = StructType([StructField("mirror", StringType(), False), *PARTITION_WATERMARKS.fields])
+# the failover groups' committed offsets on a mirror's target cluster (§5.5): topic = the source topic
+MIRROR_GROUP_OFFSETS = StructType([StructField("mirror", StringType(), False), *GROUP_OFFSETS.fields])
 
 AUDIT_PARTITION_REPORT = _s(
     ("window_start", TimestampType(), False),
@@ -181,6 +185,7 @@ TABLES: dict[str, StructType] = {
     "partition_watermarks": PARTITION_WATERMARKS,
     "mirror_records": MIRROR_RECORDS,
     "mirror_watermarks": MIRROR_WATERMARKS,
+    "mirror_group_offsets": MIRROR_GROUP_OFFSETS,
     "audit_partition_report": AUDIT_PARTITION_REPORT,
     "audit_anomalies": AUDIT_ANOMALIES,
 }

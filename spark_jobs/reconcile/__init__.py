@@ -79,6 +79,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
+from spark_jobs.reconcile.failover import failover_lookups, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
     batches,
@@ -212,6 +213,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                for tc in shape.topics}
     valid = ledger_is_valid()
     ledger = vis.ledger.where(valid)
+    all_consumed = vis.consumed
+    if vis.failover is not None and vis.consumed is not None:  # §5.5: groups that failed over to a mirror
+        for t, per_group in failover_lookups(vis.failover, ledger, vis.log, vis.mirror_log, vis.mirror_group_offsets,
+                                             shape, ws).items():
+            lookups[t].failover = per_group
+        all_consumed = vis.consumed.unionByName(translate(vis.failover, ledger, vis.log, shape, vis.consumed.columns))
     params = batch_params(spark, shape, ws, as_of, lookups)
     sinks = sink_rows(vis)
     cached: list[DataFrame] = []
@@ -224,7 +231,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # over the consumption rows alone, and only its flagged rows come back.
     flagged = keep(reordered_processings(vis.consumed)) if vis.consumed is not None else None
     # Typed path: every unit's tiers as fixed-width aggregates; ordinary messages end here.
-    typed = typed_units(typed_tiers(ledger, vis.log, vis.consumed, sinks, shape), shape, params)
+    typed = typed_units(typed_tiers(ledger, vis.log, all_consumed, sinks, shape), shape, params)
     if flagged is not None:
         marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
         typed = (typed.join(F.broadcast(marks), KEY, "left")
@@ -233,7 +240,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # General path: only the other units' rows are gathered into arrays (a broadcast semi-join on
     # their key hashes before their shuffle, so the ordinary majority never reaches it).
     keys = typed.where("NOT simple").select(*KEY)
-    consumed = with_reorder(vis.consumed, flagged) if vis.consumed is not None and flagged is not None else None
+    consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     narrow = narrow_units(typed, units, params)
     facts = simple_facts(typed, params, shape).unionByName(classify(units, shape))

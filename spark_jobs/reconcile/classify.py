@@ -124,15 +124,22 @@ def classification_sql(tc: TopicConfig) -> tuple[dict[str, str], str]:
                                                    "consumer": "element_at(x.fail, -1).consumer"}),
             ("x.r.offset < coalesce(try_element_at(lso, x.r.partition), -1)", "expired_unconsumed", {}),
             (f"x.r.offset < {committed}", "missed", {"committed_offset": committed}),
+            (f"x.r.offset < coalesce(try_element_at(fo{gi}, x.r.partition), -1)", "missed",
+             {"variant": "failover", "mirror": f"fm{gi}", "failover_at": f"fa{gi}",
+              "resume_offset": f"try_element_at(fr{gi}, x.r.partition)"}),
             (None, "overdue", {}),
         ])
         per_record = ", ".join([
             _opt(f"NOT x.r.committed AND {n} > 0", anomaly_sql(stage, GROUP, "aborted_read", "x.r.partition",
                                                              "x.r.pid", "x.r.seq", "x.r.offset")),
             f"CASE WHEN x.r.committed AND {n} > 1 THEN transform(slice(x.proc, 2, {n} - 1), (c, i) -> "
+            + "CASE WHEN c.cluster IS NULL THEN "
             + anomaly_sql(stage, GROUP, "redelivered", "x.r.partition", "x.r.pid", "x.r.seq", "x.r.offset",
                           k="i + 2", n=n, consumer="c.consumer")
-            + f") ELSE {EMPTY_X} END",
+            + " ELSE " + anomaly_sql(stage, GROUP, "redelivered", "x.r.partition", "x.r.pid", "x.r.seq", "x.r.offset",
+                                     "failover", k="i + 2", n=n, consumer="c.consumer", mirror="c.cluster",
+                                     failover_at=f"fa{gi}")
+            + f" END) ELSE {EMPTY_X} END",
             _opt("x.r.committed AND exists(x.proc, c -> c.reorder)",
                  anomaly_sql(stage, GROUP, "reordered_in_consumption", "x.r.partition", "x.r.pid", "x.r.seq",
                              "x.r.offset")),

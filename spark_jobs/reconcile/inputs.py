@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from audit.core.config import Config, TopicConfig
 from audit.core.vocabulary import ACKED, COMMITTED, HANDED, LEDGER_STATUSES, PROCESSED
 from audit.core.windows import read_ranges
+from spark_jobs.reconcile.failover import target_rows
 from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import _q
 
@@ -44,6 +45,10 @@ class WindowInputs:
     commits: DataFrame | None = None
     # every sink's rows in one DataFrame with the sink's name in `sink` (a batch's read, see `batches`)
     sink_rows: DataFrame | None = None
+    # consumption rows of failover groups on their mirrors' target copies (set by `restrict`, failover.py)
+    failover: DataFrame | None = None
+    # the groups' committed offsets on the mirrors' target clusters (§5.5), when captured
+    mirror_group_offsets: DataFrame | None = None
 
 
 def sink_rows(inputs: WindowInputs) -> DataFrame | None:
@@ -80,10 +85,17 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     ledger = inputs.ledger.where(topic & between(F.col("produce_ts"), rr.message_lo, rr.message_hi))
     natural = F.coalesce("produce_ts", "kafka_ts", "captured_at")
     log = inputs.log.where(topic & between(natural, rr.message_lo, rr.message_hi))
-    consumed = None
+    consumed = failover = None
     if inputs.consumed is not None and shape.max_groups:
         consumed = inputs.consumed.where(topic & shape.group_index().isNotNull()
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
+        # rows consumed on a mirror's target copy are judged by the failover rule (failover.py), not
+        # as the source records at their (target) partition and offset
+        failover = target_rows(consumed, shape)
+        if failover is not None:
+            failover = failover.withColumn("outcome", F.when(F.col("outcome") == HANDED, F.lit(PROCESSED))
+                                           .otherwise(F.col("outcome")))
+        consumed = consumed.where(F.col("cluster").isNull())
     commits = None
     if consumed is not None:
         # The consumer interceptor's rows (§5.3): `committed` rows only give g's committed offset;
@@ -96,7 +108,8 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     sinks = {name: df.where(topic & window) for name, df in inputs.sinks.items()}
     rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
     return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
-                        inputs.mirror_log, inputs.mirror_watermarks, commits=commits, sink_rows=rows)
+                        inputs.mirror_log, inputs.mirror_watermarks, commits=commits, sink_rows=rows,
+                        failover=failover, mirror_group_offsets=inputs.mirror_group_offsets)
 
 
 def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int) -> list[Shape]:
@@ -173,6 +186,10 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         mirror_log = pruned("mirror_records", m_lo, m_hi) if table_exists(spark, cfg, "mirror_records") else None
         if table_exists(spark, cfg, "mirror_watermarks"):
             mirror_watermarks = small("mirror_watermarks")
+    mirror_groups = None
+    if any(m.failover_groups for tc in shape.topics for m in tc.mirrors) and table_exists(
+            spark, cfg, "mirror_group_offsets"):
+        mirror_groups = small("mirror_group_offsets")
     if len(shape.topics) == 1:
         sinks = {}
         for s in tc0.sinks:
@@ -180,7 +197,8 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
             if key not in cache:
                 cache[key] = (read_sink(spark, s, None), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
-        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks)
+        return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks,
+                            mirror_group_offsets=mirror_groups)
     # one read per physical sink; a row goes to every sink (of its topic) that names that table
     users: dict[Any, list[tuple[str, Any]]] = {}
     for tc in shape.topics:
@@ -200,7 +218,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
                 .withColumn("sink", F.explode(F.expr(f"try_element_at({lookup}, topic)"))))
         rows = part if rows is None else rows.unionByName(part)
     return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, mirror_log, mirror_watermarks,
-                        sink_rows=rows)
+                        sink_rows=rows, mirror_group_offsets=mirror_groups)
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:

@@ -9,7 +9,7 @@ DataFrame; it must not read tables or hold any rule deciding an anomaly code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +28,8 @@ class Lookups:
     max_lso: dict[int, int]
     committed: dict[str, dict[int, int | None]]  # group -> partition -> latest committed offset
     partitions: set[int]
+    # group -> its failover to a mirror (failover.Failover: mirror, at, resume, position)
+    failover: dict[str, Any] = field(default_factory=dict)
 
 
 def _micros(t: datetime) -> int:
@@ -146,10 +148,15 @@ def batch_params(spark: SparkSession, shape: Shape, ws: datetime, as_of: datetim
             g = tc.groups[gi] if gi < len(tc.groups) else None
             co = {} if g is None else lk.committed.get(g, {})
             vals.append(f"cast({_map_sql({p: ('cast(null as bigint)' if v is None else f'{v}L') for p, v in co.items()}, 'bigint')} as map<int,bigint>)")
+            fo = None if g is None else lk.failover.get(g)
+            for m in ((fo.position, fo.resume) if fo is not None else ({}, {})):
+                vals.append(f"cast({_map_sql({p: f'{v}L' for p, v in m.items()}, 'bigint')} as map<int,bigint>)")
+            vals += [f"cast({_q(fo.mirror) if fo else 'null'} as string)", f"cast({_q(fo.at) if fo else 'null'} as string)"]
         vals += [str(len(tc.groups)), str(len(tc.sinks)),
                  "cast(array(" + ", ".join(_q(group_stage(g)) for g in tc.groups) + ") as array<string>)",
                  "cast(array(" + ", ".join(_q(sink_stage(s.name)) for s in tc.sinks) + ") as array<string>)"]
         rows.append("(" + ", ".join(vals) + ")")
-    names = ["topic", "ws_us", "we_us", "asof_us", "grace_us", "cov", "lso", *[f"co{i}" for i in range(ng)],
+    names = ["topic", "ws_us", "we_us", "asof_us", "grace_us", "cov", "lso",
+             *[n for i in range(ng) for n in (f"co{i}", f"fo{i}", f"fr{i}", f"fm{i}", f"fa{i}")],
              "n_groups", "n_sinks", "gst", "sst"]
     return spark.sql(f"SELECT * FROM VALUES {', '.join(rows)} AS params({', '.join(names)})")

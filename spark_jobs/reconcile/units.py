@@ -73,7 +73,7 @@ TIER_TYPES = {
     "R": "struct<partition:int,offset:bigint,committed:boolean,pid:string,seq:bigint,produce_ts:timestamp,"
          "kafka_ts:timestamp,fingerprint:string,header_error:string,captured_at:timestamp>",
     "C": "struct<consume_ts:timestamp,consume_seq:bigint,consumer:string,group:string,partition:int,"
-         "offset:bigint,outcome:string,reorder:boolean,attempt:int,error:string>",
+         "offset:bigint,outcome:string,reorder:boolean,attempt:int,error:string,cluster:string>",
     "S": "struct<sink:string,sink_ts:timestamp,offset:bigint,partition:int,pid:string,seq:bigint>",
 }
 
@@ -99,7 +99,7 @@ def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     if consumed is not None:
         parts.append(shape(consumed, _key("pid", "seq", "partition", "offset"), "C",
                            F.struct("consume_ts", "consume_seq", "consumer", "group", "partition", "offset",
-                                    "outcome", "reorder", "attempt", "error")))
+                                    "outcome", "reorder", "attempt", "error", "cluster")))
     if sinks is not None:
         parts.append(shape(sinks, _key("pid", "seq", "partition", "offset"), "S",
                            F.struct("sink", "sink_ts", "offset", "partition", "pid", "seq")))
@@ -174,7 +174,9 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
                         off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
     if consumed is not None and shape.max_groups:
         parts.append(shape_(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
-                            off=F.col("offset"), ts1=us("consume_ts"), ok=F.col("outcome") == PROCESSED,
+                            off=F.col("offset"), ts1=us("consume_ts"),
+                            # a processing on a mirror's target copy (failover) is never ordinary
+                            ok=(F.col("outcome") == PROCESSED) & F.col("cluster").isNull(),
                             gi=shape.group_index()))
     if sinks is not None and shape.max_sinks:
         parts.append(shape_(sinks, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
