@@ -228,36 +228,18 @@ class SinkRow:
 
 
 @dataclass(frozen=True)
-class MirrorRecord:
+class MirrorRecord(LogRecord):
     """A record of the topic's copy on a mirror's target cluster (`mirror_records`): `topic` is the
     audited (source) topic, partition and offset are the target's."""
 
-    mirror: str
-    partition: int
-    offset: int
-    pid: str | None
-    seq: int | None
-    produce_ts: datetime | None
-    kafka_ts: datetime | None
-    captured_at: datetime
-    fingerprint: str | None = None
-    committed: bool = True
-    header_error: str | None = None
-    topic: str = "t"
+    mirror: str = field(kw_only=True)
 
 
 @dataclass(frozen=True)
-class MirrorWatermark:
+class MirrorWatermark(Watermark):
     """A capture's snapshot of a target partition of a mirror (`mirror_watermarks`)."""
 
-    mirror: str
-    partition: int
-    log_start_offset: int
-    high_watermark: int
-    captured_at: datetime
-    topic: str = "t"
-    captured_from: int | None = None
-    captured_to: int | None = None
+    mirror: str = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -298,11 +280,11 @@ def _ms(later: datetime, earlier: datetime) -> float:
     return (later - earlier) / _MS
 
 
-def _log_time(r: LogRecord | MirrorRecord) -> datetime:
+def _log_time(r: LogRecord) -> datetime:
     return r.produce_ts or r.kafka_ts or r.captured_at
 
 
-def _valid(r: LogRecord | MirrorRecord) -> bool:
+def _valid(r: LogRecord) -> bool:
     return r.header_error is None and r.pid is not None and r.seq is not None
 
 

@@ -62,13 +62,13 @@ class History:
                  copied_ms: int = 3000, mirror: str = "dr", committed: bool = True,
                  header_error: str | None = None) -> None:
         """A copy on the mirror's target at (partition, offset), appended `copied_ms` after t."""
-        self.mirror_log.append(MirrorRecord(mirror, partition, offset, pid, seq, t if header_error is None else None,
+        self.mirror_log.append(MirrorRecord(partition, offset, pid, seq, t if header_error is None else None,
                                             t + timedelta(milliseconds=copied_ms), t + timedelta(minutes=1),
-                                            f"fp-{pid}-{seq}", committed, header_error))
+                                            f"fp-{pid}-{seq}", committed, header_error, mirror=mirror))
 
     def mirror_captured(self, partition: int, lso: int, hw: int, t: datetime, mirror: str = "dr") -> None:
-        self.mirror_watermarks.append(MirrorWatermark(mirror, partition, lso, hw, t, captured_from=lso,
-                                                      captured_to=hw))
+        self.mirror_watermarks.append(MirrorWatermark(partition, lso, hw, t, captured_from=lso,
+                                                      captured_to=hw, mirror=mirror))
 
     def produce(self, pid: str, seq: int, partition: int, offset: int | None, t: datetime,
                 status: str = "acked", ack_ms: int = 5) -> None:

@@ -44,7 +44,7 @@ def _inputs(source_processed: range, target_processed: range, committed: int,
     pid = PID[:-1] + str(p + 1)
     ledger = [LedgerRow(pid, s, p, s, "acked", at(s), at(s) + timedelta(milliseconds=5)) for s in range(10)]
     log = [LogRecord(p, s, pid, s, at(s), at(s), at(20)) for s in range(10)]
-    copies = [MirrorRecord("dr", p, 100 + s, pid, s, at(s), at(s) + timedelta(seconds=1), at(40)) for s in range(10)]
+    copies = [MirrorRecord(p, 100 + s, pid, s, at(s), at(s) + timedelta(seconds=1), at(40), mirror="dr") for s in range(10)]
     consumed = [ConsumedRow(GROUP, "c:src", 100 * p + i, p, s, pid, s, "processed", at(12) + timedelta(seconds=i))
                 for i, s in enumerate(source_processed)]
     consumed += [ConsumedRow(GROUP, "c:dst", 100 * p + i, p, 100 + s, pid, s, "processed",

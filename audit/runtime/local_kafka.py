@@ -29,19 +29,19 @@ from audit.runtime import jars
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 
-_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
-<Configuration status="WARN">
-  <Appenders>
-    <File name="file" fileName="${sys:kafka.logs.dir}/server.log"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
-  </Appenders>
-  <Loggers>
-    <Root level="INFO"><AppenderRef ref="file"/></Root>
-    <Logger name="org.apache.kafka" level="INFO"/>
-    <Logger name="kafka" level="INFO"/>
-    <Logger name="state.change.logger" level="WARN"/>
-  </Loggers>
-</Configuration>
-"""
+def log4j2_file_config(file_name: str, levels: dict[str, str]) -> str:
+    """A log4j2 XML configuration that writes every INFO line to one file (`file_name` may name a
+    system property, e.g. `${sys:kafka.logs.dir}/server.log`), with `levels` per logger name: a
+    JVM started from here never writes its log to the user's terminal."""
+    loggers = "".join(f'    <Logger name="{name}" level="{level}"/>\n' for name, level in levels.items())
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<Configuration status="WARN">\n  <Appenders>\n'
+            f'    <File name="file" fileName="{file_name}"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>\n'
+            '  </Appenders>\n  <Loggers>\n    <Root level="INFO"><AppenderRef ref="file"/></Root>\n'
+            f"{loggers}  </Loggers>\n</Configuration>\n")
+
+
+_LOG4J2 = log4j2_file_config("${sys:kafka.logs.dir}/server.log",
+                             {"org.apache.kafka": "INFO", "kafka": "INFO", "state.change.logger": "WARN"})
 
 
 @dataclass(frozen=True)

@@ -24,24 +24,14 @@ from typing import Any
 
 from audit.core.errors import BrokerError
 from audit.runtime import jars
-from audit.runtime.local_kafka import _java, _pid_alive, _wait_dead
+from audit.runtime.local_kafka import _java, _pid_alive, _wait_dead, log4j2_file_config
 
 MIRROR_MAKER_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
 MANIFEST = "kafka-mirror"
 
-_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
-<Configuration status="WARN">
-  <Appenders>
-    <File name="file" fileName="${sys:mm2.log.file}"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
-  </Appenders>
-  <Loggers>
-    <Root level="INFO"><AppenderRef ref="file"/></Root>
-    <Logger name="org.apache.kafka.clients" level="WARN"/>
-    <Logger name="org.apache.kafka.common.utils.AppInfoParser" level="WARN"/>
-    <Logger name="org.reflections" level="ERROR"/>
-  </Loggers>
-</Configuration>
-"""
+_LOG4J2 = log4j2_file_config("${sys:mm2.log.file}", {"org.apache.kafka.clients": "WARN",
+                                                   "org.apache.kafka.common.utils.AppInfoParser": "WARN",
+                                                   "org.reflections": "ERROR"})
 
 
 def mirrored_topic(source_alias: str, topic: str) -> str:
