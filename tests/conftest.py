@@ -104,22 +104,12 @@ def libmsgaudit() -> Path:
 def java_producer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """`java -cp ... PlainProducer` (tests/support/java) with kafka-clients and the
     msgaudit-interceptors jar on the class path; the jar is built once (stamped by its sources)."""
-    import subprocess
-
-    from audit.runtime.jars import interceptors_jar, jars
-
-    out = tmp_path_factory.mktemp("java-producer")
-    clients = [j for j in jars("kafka-broker") if j.name.startswith(("kafka-clients-", "slf4j-api-", "lz4-",
-                                                                      "snappy-", "zstd-"))]
-    cp = ":".join(str(j) for j in [*clients, interceptors_jar(build=True)])
-    src = Path(__file__).parent / "support" / "java" / "PlainProducer.java"
-    subprocess.run(["javac", "-cp", cp, "-d", str(out), str(src)], check=True, capture_output=True)
-    return ["java", "-cp", f"{cp}:{out}", "PlainProducer"]
-
+    return _java_program(tmp_path_factory, "PlainProducer")
 
 
 def _java_program(tmp_path_factory: pytest.TempPathFactory, name: str) -> list[str]:
-    """`java -cp ... <name>` for tests/support/java/<name>.java, class path as `java_producer`'s."""
+    """`java -cp ... <name>` for tests/support/java/<name>.java with kafka-clients and the
+    msgaudit-interceptors jar on the class path."""
     import subprocess
 
     from audit.runtime.jars import interceptors_jar, jars

@@ -45,6 +45,12 @@ def test_bad_configuration_stops_the_consumer_at_start(java_consumer: list[str],
          'unknown msgaudit property "msgaudit.consumer.nam" (known: msgaudit.ledger.dir, '),
         ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.handover.wait.ms=-1"],
          'msgaudit.handover.wait.ms: expected a positive integer, got "-1"'),
+        ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.cluster="],
+         "msgaudit.cluster must not be empty (the mirror's name, mirrors[].name)"),
+        ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.source.topics=a=b"],
+         "msgaudit.source.topics needs msgaudit.cluster (it names a mirror's copies)"),
+        ([f"msgaudit.ledger.dir={tmp_path}", "msgaudit.cluster=dr", "msgaudit.source.topics=orders"],
+         'msgaudit.source.topics: expected copy=topic[,copy=topic...], got "orders" (e.g. src.orders=orders)'),
     ]
     for props, message in cases:
         r = subprocess.run([*java_consumer, topic, "-1", f"bootstrap.servers={kafka_bootstrap}", "group.id=g-bad",
@@ -52,6 +58,35 @@ def test_bad_configuration_stops_the_consumer_at_start(java_consumer: list[str],
         assert r.returncode != 0 and "GOT" not in r.stdout and "DONE" not in r.stdout
         assert message in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.kafka
+def test_a_member_reading_a_mirror_copy_writes_the_audited_topic_and_the_mirror(
+        java_producer: list[str], java_consumer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A failed-over group member reads MM2's copy `src.<topic>` (here a topic of that name on one
+    broker, its records stamped by the producer interceptor): with `msgaudit.cluster=dr` each row
+    names the audited topic (the copy's name after its first '.', or `msgaudit.source.topics`), the
+    copy's partition and offset, and `cluster` = dr (docs/design.md §5.5)."""
+    copy = new_topic(kafka_bootstrap, prefix="src.orders")
+    audited = copy.split(".", 1)[1]
+    pspool = tmp_path / "producer"
+    pspool.mkdir()
+    j = subprocess.run([*java_producer, copy, "4", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+                        f"msgaudit.ledger.dir={pspool}"], capture_output=True, text=True, timeout=120)
+    assert j.returncode == 0, j.stderr
+    for name, extra, want in [("default", [], audited), ("mapped", [f"msgaudit.source.topics={copy}=orders"], "orders")]:
+        spool = tmp_path / name
+        spool.mkdir()
+        r = subprocess.run([*java_consumer, copy, "-1", f"bootstrap.servers={kafka_bootstrap}",
+                            f"group.id=g-{name}-{uuid.uuid4().hex[:6]}", CONSUMER_INTERCEPTOR,
+                            f"msgaudit.ledger.dir={spool}", "msgaudit.cluster=dr", *extra],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert got(r.stdout) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+        rows = rows_of(spool)
+        assert [(r["topic"], r["partition"], r["offset"], r["seq"], r["outcome"], r["cluster"]) for r in rows] == [
+            *((want, 0, o, o, "handed", "dr") for o in range(4)), (want, 0, 4, None, "committed", "dr")]
+        assert len({r["pid"] for r in rows[:4]}) == 1 and rows[4]["pid"] is None
 
 
 @pytest.mark.spark

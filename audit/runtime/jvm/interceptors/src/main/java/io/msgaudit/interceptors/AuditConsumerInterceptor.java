@@ -24,7 +24,9 @@ import org.apache.kafka.common.config.ConfigException;
  * Audits an unchanged JVM consumer group (docs/design.md §3.4, §5.3):
  * {@code interceptor.classes=io.msgaudit.interceptors.AuditConsumerInterceptor} plus
  * {@code msgaudit.ledger.dir} (the consumer/ folder ingest reads) and optionally
- * {@code msgaudit.consumer.name}.
+ * {@code msgaudit.consumer.name}. A group member that reads a MirrorMaker 2 copy after failing
+ * over sets {@code msgaudit.cluster} to the mirror's name: its rows carry it in {@code cluster} and
+ * name the audited topic ({@code msgaudit.source.topics}, else the copy's name after its first '.').
  *
  * <p>Writes consumption-ledger rows in the row format of audit/clients/consumer.py: one
  * {@code handed} row per record {@code poll()} hands to the application (from onConsume), and one
@@ -43,9 +45,11 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         "msgaudit.segment.max.bytes", "msgaudit.segment.max.age.ms", "msgaudit.flush.interval.ms",
         "msgaudit.buffer.max.rows", "msgaudit.handover.wait.ms", "msgaudit.ledger.topic",
         "msgaudit.ledger.bootstrap.servers", "msgaudit.ledger.close.timeout.ms", "msgaudit.ledger.retry.ms",
-        "msgaudit.ledger.delivery.timeout.ms"};
+        "msgaudit.ledger.delivery.timeout.ms", "msgaudit.cluster", "msgaudit.source.topics"};
 
     private String instance;
+    private String clusterJson; // null: the audited cluster; else the mirror's name as JSON (column cluster)
+    private final Map<String, String> sourceTopics = new ConcurrentHashMap<>(); // copy name -> audited topic
     private String head;
     private long waitMs;
     private LedgerSpool spool;
@@ -93,6 +97,27 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         head = "{\"group\":" + AuditProducerInterceptor.Json.quote(group.toString()) + ",\"consumer\":"
                 + AuditProducerInterceptor.Json.quote(instance) + ",\"consume_seq\":";
         waitMs = AuditProducerInterceptor.positive(configs, "msgaudit.handover.wait.ms", 5_000);
+        String cluster = AuditProducerInterceptor.string(configs, "msgaudit.cluster", null);
+        if (cluster != null) {
+            if (cluster.isEmpty()) {
+                throw new ConfigException("msgaudit.cluster must not be empty (the mirror's name, mirrors[].name)");
+            }
+            clusterJson = AuditProducerInterceptor.Json.quote(cluster);
+        }
+        String mapping = AuditProducerInterceptor.string(configs, "msgaudit.source.topics", null);
+        if (mapping != null) {
+            if (cluster == null) {
+                throw new ConfigException("msgaudit.source.topics needs msgaudit.cluster (it names a mirror's copies)");
+            }
+            for (String pair : mapping.split(",")) {
+                int eq = pair.indexOf('=');
+                if (eq <= 0 || eq == pair.length() - 1) {
+                    throw new ConfigException("msgaudit.source.topics: expected copy=topic[,copy=topic...], got \""
+                            + mapping + "\" (e.g. src.orders=orders)");
+                }
+                sourceTopics.put(pair.substring(0, eq).trim(), pair.substring(eq + 1).trim());
+            }
+        }
         shipper = LedgerShipper.fromConfig(configs, "consumer", dir, instance); // may refuse the settings
         spool = new LedgerSpool(dir, "consumer",
                 AuditProducerInterceptor.positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
@@ -118,7 +143,18 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         }
     }
 
-    private String row(String topic, int partition, long offset, AuditId.Id id, String outcome, int attempt, long ts) {
+    /** The audited topic of a record read from `topic`: itself on the audited cluster; on a mirror's
+     *  target, from msgaudit.source.topics, else the copy's name after its first '.' (MM2's default
+     *  replication policy, {@code <source-alias>.<topic>}). */
+    String auditedTopic(String topic) {
+        if (clusterJson == null) {
+            return topic;
+        }
+        return sourceTopics.computeIfAbsent(topic, t -> t.substring(t.indexOf('.') + 1));
+    }
+
+    private String row(String copy, int partition, long offset, AuditId.Id id, String outcome, int attempt, long ts) {
+        String topic = auditedTopic(copy);
         StringBuilder b = new StringBuilder(256).append(head).append(consumeSeq.getAndIncrement())
                 .append(",\"topic\":").append(AuditProducerInterceptor.Json.quote(topic))
                 .append(",\"partition\":").append(partition).append(",\"offset\":").append(offset);
@@ -127,8 +163,12 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         } else {
             b.append(",\"pid\":").append(AuditProducerInterceptor.Json.quote(id.pid)).append(",\"seq\":").append(id.seq);
         }
-        return b.append(",\"outcome\":\"").append(outcome).append("\",\"attempt\":").append(attempt)
-                .append(",\"consume_ts\":").append(ts).append('}').toString();
+        b.append(",\"outcome\":\"").append(outcome).append("\",\"attempt\":").append(attempt)
+                .append(",\"consume_ts\":").append(ts);
+        if (clusterJson != null) { // optional: a row without it is from the audited cluster
+            b.append(",\"cluster\":").append(clusterJson);
+        }
+        return b.append('}').toString();
     }
 
     @Override
