@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
-    k.add_argument("--data-dir", default=None, help="broker data folder (default $MSGAUDIT_HOME/kafka or ~/.cache/msgaudit/kafka)")
+    k.add_argument("--data-dir", default=None, help="broker data folder (default <home>/kafka: the config's `home`, "
+                   "./.msgaudit without a config)")
     cl = add("cluster", "Run a local Spark standalone cluster (a master and workers, each its own JVM, bound to "
              "127.0.0.1) and submit pipeline steps to it with spark-submit (jars from the cache, this code "
              "as --py-files, the step's output on the terminal, Spark's logs in the cluster folder).")
