@@ -112,6 +112,32 @@ def test_part_hour_is_the_utc_hour_whatever_the_session_zone(spark: Any) -> None
 
 
 @pytest.mark.spark
+def test_timestamps_read_back_are_utc_when_the_driver_started_in_another_zone(spark: Any) -> None:
+    """pyspark converts TIMESTAMP values with the Python process's local zone: build_spark makes it
+    UTC, so a driver started with TZ=Asia/Tokyo still reads 00:00 UTC as 00:00 (not 09:00)."""
+    import os
+    import time
+    from datetime import datetime
+
+    from spark_jobs.io.session import utc_process_clock
+
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    try:
+        assert datetime.fromtimestamp(0).hour == 9  # the zone the driver started in
+        utc_process_clock()
+        [row] = spark.sql("SELECT TIMESTAMP '2026-11-19 00:00:00' AS t").collect()
+        assert row["t"] == datetime(2026, 11, 19, 0, 0)
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+@pytest.mark.spark
 def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, tmp_path: Path,
                                                                    make_config: Any) -> None:
     from delta.tables import DeltaTable

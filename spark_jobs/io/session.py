@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
@@ -22,6 +23,7 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
+    "spark.executorEnv.TZ": "UTC",  # the executors' Python workers convert timestamps too (see utc_process_clock)
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -42,8 +44,19 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def utc_process_clock() -> None:
+    """Make this process's local time zone UTC. pyspark turns TIMESTAMP values into naive datetimes,
+    and naive datetimes into TIMESTAMP values, in the Python process's local zone whatever
+    `spark.sql.session.timeZone` says; every time msgaudit reads back is UTC, so a driver started
+    with another TZ would shift them (failover instants, report windows) by its offset."""
+    if os.environ.get("TZ") != "UTC":
+        os.environ["TZ"] = "UTC"
+        time.tzset()
+
+
 def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str] | None = None) -> SparkSession:
     """A Delta- and Kafka-ready SparkSession (master from cfg.spark['master'], default local[2])."""
+    utc_process_clock()  # before the JVM starts: local Python workers inherit the environment
     # The Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
