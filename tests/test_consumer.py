@@ -188,6 +188,27 @@ def test_constructor_names_the_bad_argument(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_mirror_copy_is_recorded_against_its_audited_topic(tmp_path: Path) -> None:
+    """cluster=<mirror>: the copy's name maps to the audited topic through the config's mirrors
+    (a source alias with a dot, an identity policy), then source_topics=, then MM2's default."""
+    from audit.core.config import from_dict
+
+    cfg = from_dict({"topics": {
+        "orders": {"mirrors": [{"name": "dr", "kafka": {"bootstrap.servers": "127.0.0.1:1"},
+                                "source_alias": "us.east"}]},
+        "orders.v2": {"mirrors": [{"name": "dr", "kafka": {"bootstrap.servers": "127.0.0.1:1"},
+                                   "topic": "orders.v2"}]}}}, base=tmp_path)
+    c = AuditedConsumer({"bootstrap.servers": "127.0.0.1:1"}, topics=["us.east.orders", "orders.v2", "src.pay"],
+                        group="g", cfg=cfg, ledger_dir=tmp_path, cluster="dr", source_topics={"x.y": "z"})
+    try:
+        got = {t: c._record(Message(topic=t, partition=1, offset=9, value=b"v", headers=[])).topic
+               for t in ("us.east.orders", "orders.v2", "src.pay", "x.y")}
+        assert got == {"us.east.orders": "orders", "orders.v2": "orders.v2", "src.pay": "pay", "x.y": "z"}
+    finally:
+        c.close()
+
+
+@pytest.mark.unit
 def test_retry_copy_is_audited_by_its_original_coordinates(tmp_path: Path) -> None:
     c = AuditedConsumer({"bootstrap.servers": "127.0.0.1:1"}, topics=["orders"], group="g", name="w",
                         retry=RetryPolicy(), ledger_dir=tmp_path)

@@ -257,8 +257,9 @@ class AuditedConsumer:
         reads a MirrorMaker 2 copy on the mirror's target cluster (a failed-over group); None (the
         default): the audited cluster. Written in every ledger row's `cluster`; the rows then carry
         the audited (source) topic and the target's partition and offset.
-      source_topics: copy name -> audited topic, for `cluster`; default: the copy's name after its
-        first '.' (MM2's default replication policy, `<source_alias>.<topic>`).
+      source_topics: copy name -> audited topic, for `cluster`; default: the copies configured
+        for that mirror in `cfg` (`mirrors[].topic`), else the copy's name after its first '.' (MM2's
+        default replication policy, `<source_alias>.<topic>`).
 
     The handler gets a ConsumedRecord and returns None, a mapping (one sink row) or a sequence of
     mappings (rows for `sink`). In exactly_once_kafka it produces through `self.producer`.
@@ -304,7 +305,10 @@ class AuditedConsumer:
         if cluster is not None and not (isinstance(cluster, str) and cluster):
             raise ConfigError(f"AuditedConsumer cluster: expected a mirror name, got {cluster!r}")
         self.cluster = cluster
-        self._source_topics = dict(source_topics or {})
+        # copy name -> audited topic: from the config's mirrors of that name (cfg=), then the caller's
+        self._source_topics = {m.topic: tc.name for tc in (cfg.topics.values() if cfg and cluster else ())
+                               for m in tc.mirrors if m.name == cluster}
+        self._source_topics.update(source_topics or {})
         self.group = str(group)
         self.topics = tuple(topics)
         self.semantics = semantics
