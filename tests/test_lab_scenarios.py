@@ -46,6 +46,8 @@ DESIGNED: dict[str, dict[str, int]] = {
     "lost_acked": {"lost_acked": 10},  # acked while the follower was frozen
     "mirror_kill": {"duplicate_in_mirror": 10},  # the 10 copied before the SIGKILL, copied again
     "mirror_retention": {"lost_in_mirror": 10},  # produced during MM2's outage, deleted by retention
+    # produced during MM2's outage, copied with their old timestamps, deleted by the target's retention
+    "mirror_target_retention": {"lost_in_mirror": 10},
     # 10 processed on the source; MM2 (offset.lag.max=100: one offset sync, at offset 0) translated
     # the committed 10 to 1 on the target, where the group processed 1..9 again
     "mirror_failover": {"redelivered": 9},
@@ -229,18 +231,26 @@ def test_exactly_once_killed_just_after_the_commit_is_delivered_by_rows_committe
 @pytest.mark.postgres
 def test_mirror_stage_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
     """The mirror stage is in the report like the others: 20 messages expected per topic, the
-    re-copied ones duplicated, the ones deleted during MM2's outage lost, a latency for what arrived."""
+    re-copied ones duplicated, the ones deleted during MM2's outage (at the source, or on the target
+    by its retention) lost, a latency for what arrived."""
     runs = {r.name: r for r in proxied_result.runs}
     (kill_topic,) = runs["mirror_kill"].topics
     (ret_topic,) = runs["mirror_retention"].topics
+    (tret_topic,) = runs["mirror_target_retention"].topics
     (fo_topic,) = runs["mirror_failover"].topics
     mirror_rows = [r for r in proxied_result.report if r["stage"] == "mirror:dr"]
     keys = ("expected", "delivered", "lost", "duplicated", "reordered")
-    topics = (kill_topic, ret_topic, fo_topic)
+    topics = (kill_topic, ret_topic, tret_topic, fo_topic)
     totals = {t: [sum(int(r[k]) for r in mirror_rows if r["topic"] == t) for k in keys] for t in topics}
-    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0], fo_topic: [20, 20, 0, 0, 0]}
+    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0], tret_topic: [20, 10, 10, 0, 0],
+                      fo_topic: [20, 20, 0, 0, 0]}
     assert {r["topic"] for r in mirror_rows} == set(topics)
-    assert all(r["latency_p50_ms"] is not None and r["latency_p50_ms"] > 0 for r in mirror_rows if r["delivered"])
+    # LogAppendTime copies: the target's append time; the CreateTime copy of mirror_target_retention
+    # carries the source's timestamp, so its latency is only the producer's clock rounding (ms)
+    assert all(r["latency_p50_ms"] is not None and r["latency_p50_ms"] > 0
+               for r in mirror_rows if r["delivered"] and r["topic"] != tret_topic)
+    tret_rows = [r for r in mirror_rows if r["delivered"] and r["topic"] == tret_topic]
+    assert tret_rows and all(r["latency_p50_ms"] is not None and abs(r["latency_p50_ms"]) < 1000 for r in tret_rows)
     # the failed-over group: every record delivered (10 on the source, the rest on the target), 9 twice
     fo_group = [r for r in proxied_result.report if r["topic"] == fo_topic and r["stage"].startswith("group:")]
     assert [sum(int(r[k]) for r in fo_group) for k in keys] == [20, 20, 0, 9, 0]

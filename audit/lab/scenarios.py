@@ -899,11 +899,13 @@ def _target_cluster(ctx: Context) -> Any:
 
 
 def _mirror_setup(ctx: Context, prefix: str, flush_ms: int, group: str | None = None,
-                  extra: dict[str, str] | None = None) -> tuple[str, Any, Any]:
+                  extra: dict[str, str] | None = None,
+                  copy_config: dict[str, str] | None = None) -> tuple[str, Any, Any]:
     """A source topic, its copy pre-created on the target with LogAppendTime (so the copy's Kafka
     timestamp is MM2's append time: the mirror latency), the topic audited with its mirror, and an
     MM2 for that one flow (not started). `group`: a group audited on the topic that fails over to
-    the mirror (MM2 checkpoints it and syncs its offsets to the target)."""
+    the mirror (MM2 checkpoints it and syncs its offsets to the target). `copy_config`: the copy's
+    topic settings instead of LogAppendTime."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
@@ -912,7 +914,8 @@ def _mirror_setup(ctx: Context, prefix: str, flush_ms: int, group: str | None = 
     topic = ctx.lab.create_topic(prefix)
     copy = mirrored_topic(MIRROR_ALIAS, topic)
     admin = AdminClient({"bootstrap.servers": target.bootstrap_servers, "log_level": 0})
-    admin.create_topics([NewTopic(copy, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[copy].result(30)
+    config = copy_config if copy_config is not None else {"message.timestamp.type": "LogAppendTime"}
+    admin.create_topics([NewTopic(copy, 1, 1, config=config)])[copy].result(30)
     groups = (group,) if group else ()
     ctx.audit_topic(topic, groups=groups, mirrors=(MirrorConfig(
         MIRROR_NAME, {"bootstrap.servers": target.bootstrap_servers}, copy, MIRROR_ALIAS, failover_groups=groups),))
@@ -1063,6 +1066,131 @@ def mirror_retention(ctx: Context) -> Truth:
     return truth
 
 
+def _set_topic_config(bootstrap: str, topic: str, key: str, value: str, timeout: float = 30) -> None:
+    """Set one topic config on that cluster and wait until its broker reports the new value."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([resource]).values():
+        fut.result(timeout)
+    deadline, seen = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        (fut,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
+        entry = fut.result(timeout).get(key)
+        seen = None if entry is None else entry.value
+        if seen == value:
+            return
+        time.sleep(0.2)
+    raise BrokerError(f"lab: {topic} at {bootstrap} still has {key}={seen} {timeout:.0f}s after setting it to {value}")
+
+
+def _wait_watermarks(bootstrap: str, topic: str, low: int = 0, high: int = 0, timeout: float = 90,
+                     mm2: Any = None) -> tuple[int, int]:
+    """Poll partition 0 of `topic` until its log start offset is >= `low` and its high watermark
+    >= `high`; return (log start, high watermark), or raise BrokerError naming what was seen (at
+    once if `mm2`, the LocalMirrorMaker that should be writing there, exited)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lab-probe-{topic}", "log_level": 0})
+    deadline, lo, hi = time.monotonic() + timeout, -1, -1
+    try:
+        while time.monotonic() < deadline:
+            if mm2 is not None and mm2.pid is None:
+                raise BrokerError(f"MirrorMaker 2 exited; see {mm2.log_file}:\n{mm2.log_tail()}")
+            lo, hi = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)
+            if lo >= low and hi >= high:
+                return int(lo), int(hi)
+            time.sleep(0.2)
+    finally:
+        probe.close()
+    raise BrokerError(f"lab: {topic} at {bootstrap} has log start {lo}, high watermark {hi} after {timeout:.0f}s "
+                      f"(waited for >= {low}, >= {high})")
+
+
+TARGET_RETENTION_MS = 2000
+
+
+def mirror_target_retention(ctx: Context) -> Truth:
+    """The TARGET topic's retention is shorter than MM2's outage. The copy keeps the source's
+    timestamps (CreateTime, the default of a topic MM2 creates: MM2 copies each record's
+    timestamp). MM2 copies 5 messages and stops cleanly; a capture reads them on the target; the
+    copy's retention.ms is cut to 2 s; 10 messages are produced during the outage, which lasts
+    longer than that; the restarted MM2 copies them with their old timestamps and the target's
+    retention deletes them at once, before any capture reads them; the retention is restored and 5
+    later messages (fresh timestamps) are copied and kept: the 10 are lost in the mirror.
+
+    The 5 copied before the outage are older still, and retention deletes a log prefix, so they
+    go too; the capture before the outage read them (`mirror_records` keeps what a capture read),
+    as a regular audit capture would have. The lab's MM2 runs with
+    `sync.topic.configs.enabled=false` (audit.runtime.local_mirror), so it never overwrites the
+    copy's retention.ms with the source's; both lab clusters check retention every second
+    (`log.retention.check.interval.ms=1000`), and Kafka rolls the active segment once it breaches
+    retention, so no small segment.ms is needed."""
+    truth = Truth("mirror_target_retention")
+    if ctx.capture_now is None:
+        raise InputError("scenario 'mirror_target_retention' needs a capture of the mirror before the outage")
+    topic, target, mm2 = _mirror_setup(ctx, "lab-mirror-target-retention", flush_ms=1000,
+                                       copy_config={"message.timestamp.type": "CreateTime"})
+    truth.topic(topic)
+    copy = mm2.target_topic(topic)
+    p = ctx.producer("lab-mirror-target-retention", **{"linger.ms": 5})
+    acks = Acks()
+    try:
+        _produce_batch(p, topic, acks, range(0, 5))
+        mm2.start()
+        mm2.wait_records(topic, 5, timeout=180)
+        mm2.stop()  # clean stop: its source offsets are flushed, nothing is copied twice
+        first = _read_copies(target.bootstrap_servers, copy, 5)
+        ctx.capture_now(topic)  # the audit's regular capture reads the first copies on the target
+        _set_topic_config(target.bootstrap_servers, copy, "retention.ms", str(TARGET_RETENTION_MS))
+        _produce_batch(p, topic, acks, range(5, 15))
+        produced = time.monotonic()
+        # the outage outlasts the target's retention: the copies will arrive already expired
+        time.sleep(max(0.0, produced + TARGET_RETENTION_MS / 1000 + 0.5 - time.monotonic()))
+        mm2.start()
+        # the outage's copies reach the target (its log end passes them) ...
+        _, copied_to = _wait_watermarks(target.bootstrap_servers, copy, high=15, timeout=180, mm2=mm2)
+        try:  # ... and its retention deletes them (its log start passes them)
+            start, _ = _wait_watermarks(target.bootstrap_servers, copy, low=15, timeout=60)
+        except BrokerError as e:
+            raise BrokerError(f"mirror_target_retention: the target's retention did not delete the outage's "
+                              f"copies; the fault did not happen ({e})") from e
+        _set_topic_config(target.bootstrap_servers, copy, "retention.ms", "604800000")
+        _produce_batch(p, topic, acks, range(15, 20))
+        _, end = _wait_watermarks(target.bootstrap_servers, copy, high=20, timeout=180, mm2=mm2)
+        time.sleep(2)  # anything MM2 would copy beyond the 20 (it must not)
+        mm2.stop()
+    finally:
+        p.close()
+    later = _read_copies(target.bootstrap_servers, copy, 5)
+    pid = p.pid
+    outage = range(5, 15)
+    if [(c_pid, seq) for _, _, c_pid, seq in sorted(first)] != [(pid, s) for s in range(0, 5)]:
+        raise BrokerError(f"mirror_target_retention: the first copies on the target are not seqs 0-4: {first}")
+    if any(c_pid == pid and seq in outage for _, _, c_pid, seq in later):
+        raise BrokerError("mirror_target_retention: a copy of an outage record survived on the target; "
+                          "the fault did not happen")
+    for seq in outage:
+        part, off = acks.acked[seq]
+        truth.expect(topic, f"mirror:{MIRROR_NAME}", "lost_in_mirror", part, pid, seq, off)
+    extra = _expect_duplicates(truth, topic, first + later)
+    truth.facts.update(messages=20, lost_in_mirror=len(outage), copies_read=len(first) + len(later),
+                       duplicate_in_mirror=extra, target_copied_to=copied_to, target_log_start_after=start,
+                       target_end=end)
+    ctx.say(f"mirror_target_retention: MM2 down while 10 messages came; the copy's retention "
+            f"({TARGET_RETENTION_MS} ms) deleted them as MM2 copied them (target log start {start}); "
+            f"{len(first)} copies read before the outage, {len(later)} after")
+    return truth
+
+
 def _committed_on(bootstrap: str, group: str, topic: str, timeout: float) -> int:
     """The group's committed offset of `topic` partition 0 on that cluster, once it has one."""
     from confluent_kafka import Consumer, TopicPartition
@@ -1156,13 +1284,15 @@ def mirror_failover(ctx: Context) -> Truth:
 SCENARIOS.update({
     "mirror_kill": (mirror_kill, "MirrorMaker 2 SIGKILLed mid-stream and restarted: records copied twice"),
     "mirror_retention": (mirror_retention, "the source's retention is shorter than MirrorMaker 2's outage"),
+    "mirror_target_retention": (mirror_target_retention, "the mirror target topic's retention is shorter than "
+                                                         "MirrorMaker 2's outage: the late copies expire on arrival"),
     "mirror_failover": (mirror_failover, "a consumer group fails over to the MirrorMaker 2 copy at the translated "
                                          "offset: records processed twice or skipped"),
 })
 
 # Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
 # MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).
-MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention", "mirror_failover")
+MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention", "mirror_target_retention", "mirror_failover")
 CLUSTER_SCENARIOS = ("lost_acked",)
 PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n not in CLUSTER_SCENARIOS)
 
