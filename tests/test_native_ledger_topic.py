@@ -23,6 +23,8 @@ from tests.test_producer import consume_all
 
 PRODUCER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
 CONSUMER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditConsumerInterceptor"
+DELIVERY_TIMEOUT_20 = ("msgaudit.ledger.delivery.timeout.ms: expected 21..2147483647 (more than the shipper's "
+                       'linger.ms 20), got "20"')
 
 
 def dead_bootstrap() -> str:
@@ -115,6 +117,53 @@ def test_java_producer_with_the_ledger_topic_down_at_close_leaves_segments_for_m
 
 
 @pytest.mark.kafka
+def test_java_producer_and_consumer_on_one_folder_each_ship_only_their_own_segments(
+        java_producer: list[str], java_consumer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """One msgaudit.ledger.dir for a producer and a consumer interceptor: a client started on the
+    folder ships the unmarked segments left there of its own kind only (producer segments under
+    producer/ keys, consumer segments under consumer/ keys), never the other's. A delivery timeout under 30 s (the request timeout) ships."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    ship = [f"msgaudit.ledger.topic={ledger_topic}", "msgaudit.ledger.delivery.timeout.ms=5000"]
+    n1, n2 = 30, 20
+    # 1. a producer whose ledger topic is down at close: its segment stays unmarked
+    p1 = run(java_producer, topic, str(n1), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+             f"msgaudit.ledger.dir={folder}", *ship, f"msgaudit.ledger.bootstrap.servers={dead_bootstrap()}",
+             "msgaudit.ledger.close.timeout.ms=1500")
+    assert p1.returncode == 0, p1.stderr
+    first = [s for s in sealed_segments(folder) if s.name.startswith("producer-")]
+    assert len(first) == 1 and not is_shipped(first[0])
+    # 2. a consumer on the same folder ships its own segments, and leaves the producer's alone
+    c = run(java_consumer, topic, "-1", f"bootstrap.servers={kafka_bootstrap}", "group.id=g-shared",
+            CONSUMER_INTERCEPTOR, f"msgaudit.ledger.dir={folder}", *ship)
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.splitlines()[-1] == f"DONE {n1}" and "msgaudit:" not in c.stderr
+    consumed = [s for s in sealed_segments(folder) if s.name.startswith("consumer-")]
+    assert consumed and all(is_shipped(s) for s in consumed)
+    assert not is_shipped(first[0])
+    # 3. the next producer on the folder ships its own segment and the one left by the first
+    p2 = run(java_producer, topic, str(n2), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+             f"msgaudit.ledger.dir={folder}", *ship)
+    assert p2.returncode == 0, p2.stderr
+    assert "msgaudit:" not in p2.stderr
+    produced = [s for s in sealed_segments(folder) if s.name.startswith("producer-")]
+    assert len(produced) == 2 and all(is_shipped(s) for s in produced)
+    assert len(sealed_segments(folder)) == len(produced) + len(consumed)
+
+    want: dict[bytes, bytes] = {}
+    for kind, segs in (("producer", produced), ("consumer", consumed)):
+        for seg in segs:
+            for n, line in enumerate(seg.read_bytes().splitlines()):
+                want[row_key(kind, seg, n)] = line
+    assert sum(1 for k in want if k.startswith(b"producer/")) == n1 + n2
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want)  # each row once, under its own kind
+    assert dict(got) == want
+
+
+@pytest.mark.kafka
 def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
         java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap)
@@ -124,6 +173,8 @@ def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
          "msgaudit.ledger.bootstrap.servers is set but msgaudit.ledger.topic is not"),
         (["msgaudit.ledger.topic=t", "msgaudit.ledger.close.timeout.ms=0"],
          'msgaudit.ledger.close.timeout.ms: expected a positive integer, got "0"'),
+        # kafka-clients would refuse the shipper's producer later, on its own thread (shipping off)
+        (["msgaudit.ledger.topic=t", "msgaudit.ledger.delivery.timeout.ms=20"], DELIVERY_TIMEOUT_20),
     ]
     for props, message in cases:
         r = run(java_producer, topic, "1", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
@@ -236,6 +287,8 @@ def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         ({"msgaudit.ledger.topik": "x"}, 'unknown msgaudit property "msgaudit.ledger.topik" (known: '),
         ({"msgaudit.ledger.close.timeout.ms": "soon"}, 'msgaudit.ledger.close.timeout.ms: expected a positive '
                                                        'integer, got "soon"'),
+        # librdkafka would refuse the shipper's producer later, on its own thread (shipping off)
+        ({"msgaudit.ledger.delivery.timeout.ms": "20"}, DELIVERY_TIMEOUT_20),
     ]
     for props, message in cases:
         with pytest.raises(KafkaException) as err:
