@@ -280,6 +280,42 @@ def test_the_next_plugin_client_on_the_folder_ships_what_an_outage_left(
     assert len(got) == len(want) and dict(got) == want
 
 
+@pytest.mark.kafka
+def test_java_and_plugin_stream_a_left_segment_line_by_line_with_its_line_numbers(
+        libmsgaudit: Path, java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A segment left unmarked by an earlier client, with a line longer than the Java shipper's
+    64 KiB read buffer, an empty line and a last line without a newline, is shipped line by line
+    by the next Java and the next plugin client on the folder: keys :0, :1, :2, lines unchanged."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    long_line = b'{"row":"' + b"y" * 100_000 + b'"}'
+    lines = [long_line, b"", b'{"row":"last"}']
+    left: dict[str, Path] = {}
+    for client in ("java", "plugin"):
+        folder = tmp_path / client
+        folder.mkdir()
+        left[client] = folder / f"producer-20260101T000000000000Z-1-{client}.jsonl"
+        left[client].write_bytes(b"\n".join(lines))  # no newline after the last line
+    j = run(java_producer, topic, "5", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+            f"msgaudit.ledger.dir={tmp_path / 'java'}", f"msgaudit.ledger.topic={ledger_topic}")
+    assert j.returncode == 0, j.stderr
+    assert "msgaudit:" not in j.stderr
+    p = Producer(plugin_conf(libmsgaudit, tmp_path / "plugin", **{"bootstrap.servers": kafka_bootstrap,
+                                                                  "msgaudit.ledger.topic": ledger_topic}))
+    for i in range(5):
+        p.produce(topic, b"v%d" % i)
+    assert p.flush(30) == 0
+    del p
+    want: dict[bytes, bytes] = {}
+    for client in ("java", "plugin"):
+        assert all(is_shipped(s) for s in sealed_segments(tmp_path / client))
+        want.update(spool_records(tmp_path / client, "producer"))
+        assert [want[row_key("producer", left[client], n)] for n in range(3)] == lines
+    assert len(want) == 2 * (3 + 5)
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want) and dict(got) == want
+
+
 @pytest.mark.unit
 def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         libmsgaudit: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
