@@ -316,6 +316,46 @@ def test_java_and_plugin_stream_a_left_segment_line_by_line_with_its_line_number
     assert len(got) == len(want) and dict(got) == want
 
 
+@pytest.mark.kafka
+def test_plugin_shipper_reaches_the_clients_cluster_with_the_clients_connection_settings(
+        libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Without msgaudit.ledger.bootstrap.servers the plugin's shipper reaches the ledger topic the
+    way the client does, with its security./sasl./ssl./socket./broker./client.dns. settings: a
+    client held to IPv6 (broker.address.family=v6) cannot reach the broker on 127.0.0.1, and
+    neither can its shipper (the segment stays unmarked, reported); the next client on the folder,
+    without that setting, ships it."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    common = {"bootstrap.servers": kafka_bootstrap, "msgaudit.ledger.topic": ledger_topic,
+              "msgaudit.ledger.delivery.timeout.ms": 1500, "msgaudit.ledger.close.timeout.ms": 2500,
+              "msgaudit.settings.row": "false"}
+    capfd.readouterr()
+    p = Producer(plugin_conf(libmsgaudit, spool, **common, **{"broker.address.family": "v6",
+                                                              "message.timeout.ms": 1500}))
+    for i in range(3):
+        p.produce(topic, b"v%d" % i)
+    assert p.flush(20) == 0  # the client reaches no broker: its messages time out (ledgered failed)
+    del p
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("msgaudit:")]
+    assert lines == [f"msgaudit: ledger topic {ledger_topic}: 1 producer segments not shipped; "
+                     f"`msgaudit ship` ships them from {spool}"]
+    first = sealed_segments(spool)
+    assert len(first) == 1 and not is_shipped(first[0])
+    p = Producer(plugin_conf(libmsgaudit, spool, **common))
+    for i in range(4):
+        p.produce(topic, b"w%d" % i)
+    assert p.flush(30) == 0
+    del p
+    segs = sealed_segments(spool)
+    assert len(segs) == 2 and all(is_shipped(s) for s in segs)
+    want = spool_records(spool, "producer")
+    assert len(want) == 3 + 4
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want) and dict(got) == want
+
+
 @pytest.mark.unit
 def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         libmsgaudit: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -79,6 +79,8 @@
     X(rd_kafka_type)                                 \
     X(rd_kafka_topic_name)                           \
     X(rd_kafka_conf_get)                             \
+    X(rd_kafka_conf_dump)                            \
+    X(rd_kafka_conf_dump_free)                       \
     X(rd_kafka_err2name)                             \
     X(rd_kafka_err2str)                              \
     X(rd_kafka_conf_new)                             \
@@ -1451,10 +1453,46 @@ static void kv_add(struct shipper *sh, const char *name, const char *value) {
     sh->kv[sh->nkv++] = strdup(value);
 }
 
-/* The connection settings a host client passes on when the ledger topic is on its own cluster. */
-static const char *PASSED_SETTINGS[] = {"security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password",
-                                        "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
-                                        "ssl.key.password", "client.dns.lookup", NULL};
+/* The connection settings a host client passes on when the ledger topic is on its own cluster
+ * (as audit/clients/ledger_ship.py): every key with one of these prefixes whose value differs from
+ * a fresh configuration's (defaults only draw warnings), and that a fresh configuration takes (a
+ * callback or pointer setting does not travel as text). Values have no size limit (PEM keys). */
+static const char *PASSED_PREFIXES[] = {"security.", "sasl.", "ssl.", "socket.", "broker.", "client.dns.", NULL};
+
+static void pass_settings(struct shipper *sh, const rd_kafka_conf_t *conf) {
+    size_t n = 0, nd = 0;
+    char err[256];
+    rd_kafka_conf_t *fresh = p_rd_kafka_conf_new(), *probe = p_rd_kafka_conf_new();
+    const char **mine = conf ? p_rd_kafka_conf_dump((rd_kafka_conf_t *)conf, &n) : NULL;
+    const char **dflt = fresh ? p_rd_kafka_conf_dump(fresh, &nd) : NULL;
+    if (mine && dflt && probe) {
+        for (size_t i = 0; i + 1 < n; i += 2) {
+            const char *name = mine[i], *val = mine[i + 1];
+            int passed = 0;
+            for (const char **p = PASSED_PREFIXES; *p && !passed; p++)
+                passed = !strncmp(name, *p, strlen(*p));
+            if (!passed || !val)
+                continue;
+            const char *was = NULL;
+            for (size_t j = 0; j + 1 < nd && !was; j += 2)
+                if (!strcmp(dflt[j], name))
+                    was = dflt[j + 1] ? dflt[j + 1] : "";
+            if (was && !strcmp(was, val))
+                continue; /* the default */
+            if (p_rd_kafka_conf_set(probe, name, val, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+                continue;
+            kv_add(sh, name, val);
+        }
+    }
+    if (mine)
+        p_rd_kafka_conf_dump_free(mine, n);
+    if (dflt)
+        p_rd_kafka_conf_dump_free(dflt, nd);
+    if (fresh)
+        p_rd_kafka_conf_destroy(fresh);
+    if (probe)
+        p_rd_kafka_conf_destroy(probe);
+}
 
 /* A shipper for an instance (not started), or NULL with errstr set; only with a ledger topic. */
 static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *conf, char *errstr,
@@ -1478,11 +1516,8 @@ static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *c
     sh->dir = strdup(in->cfg.ledger_dir);
     sh->retry_ms = in->cfg.ledger_retry_ms;
     sh->close_ms = in->cfg.ledger_close_timeout_ms;
-    if (!in->cfg.ledger_bootstrap && strcasecmp(conf_text(conf, "security.protocol", v, sizeof(v)), "plaintext")) {
-        for (const char **k = PASSED_SETTINGS; *k; k++) /* not for plaintext: defaults only draw warnings */
-            if (conf_text(conf, *k, v, sizeof(v))[0])
-                kv_add(sh, *k, v);
-    }
+    if (!in->cfg.ledger_bootstrap)
+        pass_settings(sh, conf);
     kv_add(sh, "bootstrap.servers", bootstrap);
     kv_add(sh, "acks", "all");
     kv_add(sh, "enable.idempotence", "false");
