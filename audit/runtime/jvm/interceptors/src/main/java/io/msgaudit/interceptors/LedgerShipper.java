@@ -203,11 +203,12 @@ final class LedgerShipper implements AutoCloseable {
     private void run() {
         try {
             synchronized (lock) { // left by earlier clients on this folder (scanned here, not on the host's thread)
-                for (Path p : unmarked(dir, kind)) {
-                    if (!todo.contains(p)) {
-                        todo.addFirst(p);
+                List<Path> left = unmarked(dir, kind);
+                for (int i = left.size() - 1; i >= 0; i--) { // oldest first, before what was sealed since
+                    if (!todo.contains(left.get(i))) {
+                        todo.addFirst(left.get(i));
                     }
-                    unshipped.add(p);
+                    unshipped.add(left.get(i));
                 }
             }
             loop();
