@@ -23,6 +23,8 @@ from tests.test_producer import consume_all
 
 PRODUCER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
 CONSUMER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditConsumerInterceptor"
+DELIVERY_TIMEOUT_20 = ("msgaudit.ledger.delivery.timeout.ms: expected 21..2147483647 (more than the shipper's "
+                       'linger.ms 20), got "20"')
 
 
 def dead_bootstrap() -> str:
@@ -115,6 +117,53 @@ def test_java_producer_with_the_ledger_topic_down_at_close_leaves_segments_for_m
 
 
 @pytest.mark.kafka
+def test_java_producer_and_consumer_on_one_folder_each_ship_only_their_own_segments(
+        java_producer: list[str], java_consumer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """One msgaudit.ledger.dir for a producer and a consumer interceptor: a client started on the
+    folder ships the unmarked segments left there of its own kind only (producer segments under
+    producer/ keys, consumer segments under consumer/ keys), never the other's. A delivery timeout under 30 s (the request timeout) ships."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    ship = [f"msgaudit.ledger.topic={ledger_topic}", "msgaudit.ledger.delivery.timeout.ms=5000"]
+    n1, n2 = 30, 20
+    # 1. a producer whose ledger topic is down at close: its segment stays unmarked
+    p1 = run(java_producer, topic, str(n1), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+             f"msgaudit.ledger.dir={folder}", *ship, f"msgaudit.ledger.bootstrap.servers={dead_bootstrap()}",
+             "msgaudit.ledger.close.timeout.ms=1500")
+    assert p1.returncode == 0, p1.stderr
+    first = [s for s in sealed_segments(folder) if s.name.startswith("producer-")]
+    assert len(first) == 1 and not is_shipped(first[0])
+    # 2. a consumer on the same folder ships its own segments, and leaves the producer's alone
+    c = run(java_consumer, topic, "-1", f"bootstrap.servers={kafka_bootstrap}", "group.id=g-shared",
+            CONSUMER_INTERCEPTOR, f"msgaudit.ledger.dir={folder}", *ship)
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.splitlines()[-1] == f"DONE {n1}" and "msgaudit:" not in c.stderr
+    consumed = [s for s in sealed_segments(folder) if s.name.startswith("consumer-")]
+    assert consumed and all(is_shipped(s) for s in consumed)
+    assert not is_shipped(first[0])
+    # 3. the next producer on the folder ships its own segment and the one left by the first
+    p2 = run(java_producer, topic, str(n2), f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+             f"msgaudit.ledger.dir={folder}", *ship)
+    assert p2.returncode == 0, p2.stderr
+    assert "msgaudit:" not in p2.stderr
+    produced = [s for s in sealed_segments(folder) if s.name.startswith("producer-")]
+    assert len(produced) == 2 and all(is_shipped(s) for s in produced)
+    assert len(sealed_segments(folder)) == len(produced) + len(consumed)
+
+    want: dict[bytes, bytes] = {}
+    for kind, segs in (("producer", produced), ("consumer", consumed)):
+        for seg in segs:
+            for n, line in enumerate(seg.read_bytes().splitlines()):
+                want[row_key(kind, seg, n)] = line
+    assert sum(1 for k in want if k.startswith(b"producer/")) == n1 + n2
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want)  # each row once, under its own kind
+    assert dict(got) == want
+
+
+@pytest.mark.kafka
 def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
         java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = new_topic(kafka_bootstrap)
@@ -124,6 +173,8 @@ def test_java_bad_ledger_topic_settings_stop_the_client_at_start(
          "msgaudit.ledger.bootstrap.servers is set but msgaudit.ledger.topic is not"),
         (["msgaudit.ledger.topic=t", "msgaudit.ledger.close.timeout.ms=0"],
          'msgaudit.ledger.close.timeout.ms: expected a positive integer, got "0"'),
+        # kafka-clients would refuse the shipper's producer later, on its own thread (shipping off)
+        (["msgaudit.ledger.topic=t", "msgaudit.ledger.delivery.timeout.ms=20"], DELIVERY_TIMEOUT_20),
     ]
     for props, message in cases:
         r = run(java_producer, topic, "1", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
@@ -188,7 +239,10 @@ def test_plugin_with_the_ledger_topic_down_at_close_leaves_segments_for_msgaudit
     assert p.flush(30) == 0
     started = time.monotonic()
     del p  # rd_kafka_destroy: the writer seals, the shipper gives up after its bound
-    assert time.monotonic() - started < 10
+    closed_in = time.monotonic() - started
+    # msgaudit.ledger.close.timeout.ms bounds the shipper's whole close; the rest is the client's own
+    # destroy, its messages already flushed (the bound was 1.5 s + 3 s before)
+    assert closed_in < 1.5 + 1.0, closed_in
     lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("msgaudit:")]
     assert lines == [f"msgaudit: ledger topic {ledger_topic}: 1 producer segments not shipped; "
                      f"`msgaudit ship` ships them from {spool}"]
@@ -229,6 +283,82 @@ def test_the_next_plugin_client_on_the_folder_ships_what_an_outage_left(
     assert len(got) == len(want) and dict(got) == want
 
 
+@pytest.mark.kafka
+def test_java_and_plugin_stream_a_left_segment_line_by_line_with_its_line_numbers(
+        libmsgaudit: Path, java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A segment left unmarked by an earlier client, with a line longer than the Java shipper's
+    64 KiB read buffer, an empty line and a last line without a newline, is shipped line by line
+    by the next Java and the next plugin client on the folder: keys :0, :1, :2, lines unchanged."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    long_line = b'{"row":"' + b"y" * 100_000 + b'"}'
+    lines = [long_line, b"", b'{"row":"last"}']
+    left: dict[str, Path] = {}
+    for client in ("java", "plugin"):
+        folder = tmp_path / client
+        folder.mkdir()
+        left[client] = folder / f"producer-20260101T000000000000Z-1-{client}.jsonl"
+        left[client].write_bytes(b"\n".join(lines))  # no newline after the last line
+    j = run(java_producer, topic, "5", f"bootstrap.servers={kafka_bootstrap}", PRODUCER_INTERCEPTOR,
+            f"msgaudit.ledger.dir={tmp_path / 'java'}", f"msgaudit.ledger.topic={ledger_topic}")
+    assert j.returncode == 0, j.stderr
+    assert "msgaudit:" not in j.stderr
+    p = Producer(plugin_conf(libmsgaudit, tmp_path / "plugin", **{"bootstrap.servers": kafka_bootstrap,
+                                                                  "msgaudit.ledger.topic": ledger_topic}))
+    for i in range(5):
+        p.produce(topic, b"v%d" % i)
+    assert p.flush(30) == 0
+    del p
+    want: dict[bytes, bytes] = {}
+    for client in ("java", "plugin"):
+        assert all(is_shipped(s) for s in sealed_segments(tmp_path / client))
+        want.update(spool_records(tmp_path / client, "producer"))
+        assert [want[row_key("producer", left[client], n)] for n in range(3)] == lines
+    assert len(want) == 2 * (3 + 5)
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want) and dict(got) == want
+
+
+@pytest.mark.kafka
+def test_plugin_shipper_reaches_the_clients_cluster_with_the_clients_connection_settings(
+        libmsgaudit: Path, kafka_bootstrap: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Without msgaudit.ledger.bootstrap.servers the plugin's shipper reaches the ledger topic the
+    way the client does, with its security./sasl./ssl./socket./broker./client.dns. settings: a
+    client held to IPv6 (broker.address.family=v6) cannot reach the broker on 127.0.0.1, and
+    neither can its shipper (the segment stays unmarked, reported); the next client on the folder,
+    without that setting, ships it."""
+    topic = new_topic(kafka_bootstrap)
+    ledger_topic = new_topic(kafka_bootstrap, prefix="msgaudit.ledger")
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    common = {"bootstrap.servers": kafka_bootstrap, "msgaudit.ledger.topic": ledger_topic,
+              "msgaudit.ledger.delivery.timeout.ms": 1500, "msgaudit.ledger.close.timeout.ms": 2500,
+              "msgaudit.settings.row": "false"}
+    capfd.readouterr()
+    p = Producer(plugin_conf(libmsgaudit, spool, **common, **{"broker.address.family": "v6",
+                                                              "message.timeout.ms": 1500}))
+    for i in range(3):
+        p.produce(topic, b"v%d" % i)
+    assert p.flush(20) == 0  # the client reaches no broker: its messages time out (ledgered failed)
+    del p
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("msgaudit:")]
+    assert lines == [f"msgaudit: ledger topic {ledger_topic}: 1 producer segments not shipped; "
+                     f"`msgaudit ship` ships them from {spool}"]
+    first = sealed_segments(spool)
+    assert len(first) == 1 and not is_shipped(first[0])
+    p = Producer(plugin_conf(libmsgaudit, spool, **common))
+    for i in range(4):
+        p.produce(topic, b"w%d" % i)
+    assert p.flush(30) == 0
+    del p
+    segs = sealed_segments(spool)
+    assert len(segs) == 2 and all(is_shipped(s) for s in segs)
+    want = spool_records(spool, "producer")
+    assert len(want) == 3 + 4
+    got = topic_records(kafka_bootstrap, ledger_topic, len(want))
+    assert len(got) == len(want) and dict(got) == want
+
+
 @pytest.mark.unit
 def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         libmsgaudit: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -236,6 +366,8 @@ def test_plugin_bad_ledger_topic_settings_are_one_clear_error_at_client_start(
         ({"msgaudit.ledger.topik": "x"}, 'unknown msgaudit property "msgaudit.ledger.topik" (known: '),
         ({"msgaudit.ledger.close.timeout.ms": "soon"}, 'msgaudit.ledger.close.timeout.ms: expected a positive '
                                                        'integer, got "soon"'),
+        # librdkafka would refuse the shipper's producer later, on its own thread (shipping off)
+        ({"msgaudit.ledger.delivery.timeout.ms": "20"}, DELIVERY_TIMEOUT_20),
     ]
     for props, message in cases:
         with pytest.raises(KafkaException) as err:

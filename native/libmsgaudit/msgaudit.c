@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -78,6 +79,8 @@
     X(rd_kafka_type)                                 \
     X(rd_kafka_topic_name)                           \
     X(rd_kafka_conf_get)                             \
+    X(rd_kafka_conf_dump)                            \
+    X(rd_kafka_conf_dump_free)                       \
     X(rd_kafka_err2name)                             \
     X(rd_kafka_err2str)                              \
     X(rd_kafka_conf_new)                             \
@@ -299,6 +302,9 @@ static int check_dir(const char *dir, char *errstr, size_t errstr_size) {
     return 1;
 }
 
+/* the ledger shipper producer's linger.ms; msgaudit.ledger.delivery.timeout.ms must exceed it */
+#define SHIP_LINGER_MS 20
+
 static int parse_positive(const char *name, const char *val, long long *out, char *errstr, size_t errstr_size) {
     char *end = NULL;
     errno = 0;
@@ -383,6 +389,13 @@ static rd_kafka_conf_res_t on_conf_set(rd_kafka_conf_t *conf, const char *name, 
     } else if (!strcmp(name, "msgaudit.ledger.delivery.timeout.ms")) {
         if (!val) s->ledger_delivery_timeout_ms = d.ledger_delivery_timeout_ms;
         else if (!parse_positive(name, val, &s->ledger_delivery_timeout_ms, errstr, errstr_size)) return RD_KAFKA_CONF_INVALID;
+        else if (s->ledger_delivery_timeout_ms <= SHIP_LINGER_MS || s->ledger_delivery_timeout_ms > INT_MAX) {
+            /* librdkafka refuses message.timeout.ms <= linger.ms, and the shipper's producer is made
+             * later on its own thread: refused here, where the user sees it */
+            snprintf(errstr, errstr_size, "%s: expected %d..%d (more than the shipper's linger.ms %d), got \"%s\"",
+                     name, SHIP_LINGER_MS + 1, INT_MAX, SHIP_LINGER_MS, val);
+            return RD_KAFKA_CONF_INVALID;
+        }
     } else {
         snprintf(errstr, errstr_size, "unknown msgaudit property \"%s\" (known: %s)", name, KNOWN_KEYS);
         return RD_KAFKA_CONF_INVALID;
@@ -1153,7 +1166,8 @@ struct shipper {
     pthread_cond_t cond;
     struct seg_item *todo, *todo_tail; /* under mu */
     int closing, done;                  /* under mu */
-    double deadline;                    /* monotonic seconds, set with closing */
+    double deadline;                    /* monotonic seconds, set with closing: shipping stops */
+    double end;                         /* monotonic seconds: the close bound (close.timeout.ms) */
     uint64_t unshipped;                 /* atomic: segments handed over and not marked */
     pthread_t thread;
     /* shipper thread only */
@@ -1252,35 +1266,16 @@ static int ship_segment(struct shipper *sh, const char *path) {
     int m = has_marker(path, marker, sizeof(marker));
     if (m != 0)
         return 1; /* already shipped (or not a segment name: nothing to ship) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    FILE *f = fopen(path, "re");
+    if (!f) {
         if (errno == ENOENT)
             return 1; /* removed meanwhile: nothing left to ship */
         ship_report_once(sh, "cannot read a segment", strerror(errno));
         return 0;
     }
-    struct stat st;
-    char *data = NULL;
-    size_t len = 0;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        ship_report_once(sh, "cannot read a segment", strerror(errno));
-        return 0;
-    }
-    if (st.st_size > 0 && (data = malloc((size_t)st.st_size))) {
-        while (len < (size_t)st.st_size) {
-            ssize_t r = read(fd, data + len, (size_t)st.st_size - len);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            len += (size_t)r;
-        }
-    }
-    close(fd);
     rd_kafka_t *rk = ship_producer(sh);
-    if (!rk || (st.st_size > 0 && (!data || len != (size_t)st.st_size))) {
-        free(data);
+    if (!rk) {
+        fclose(f);
         return 0;
     }
     const char *base = strrchr(path, '/');
@@ -1288,41 +1283,52 @@ static int ship_segment(struct shipper *sh, const char *path) {
     int stem_len = (int)(strlen(base) - 6);
     struct ship_ctx *ctx = calloc(1, sizeof(*ctx));
     if (!ctx) {
-        free(data);
+        fclose(f);
         return 0;
     }
+    /* line by line (never the whole segment in the host's memory): a copy of each line is queued,
+     * at most queue.buffering.max.kbytes of them; a full queue is polled until it has room */
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
     uint64_t line_no = 0;
     int ok = 1;
-    for (size_t at = 0; at < len && ok;) {
-        const char *nl = memchr(data + at, '\n', len - at);
-        size_t end = nl ? (size_t)(nl - data) : len;
+    while (ok && (got = getline(&line, &cap, f)) >= 0) {
+        size_t vlen = (size_t)got;
+        if (vlen > 0 && line[vlen - 1] == '\n')
+            vlen--; /* a last line without a newline still counts */
         int klen = snprintf(key, sizeof(key), "%s/%.*s:%" PRIu64, "producer", stem_len, base, line_no);
         for (;;) {
             rd_kafka_resp_err_t err = p_rd_kafka_producev(
                 rk, RD_KAFKA_V_TOPIC(sh->topic), RD_KAFKA_V_KEY(key, (size_t)klen),
-                RD_KAFKA_V_VALUE(data + at, end - at), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                RD_KAFKA_V_VALUE(line, vlen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                 RD_KAFKA_V_OPAQUE(ctx), RD_KAFKA_V_END);
             if (!err) {
                 ctx->remaining++;
                 break;
             }
             if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL || ship_past_deadline(sh)) {
-                ship_report_once(sh, "the shipper could not queue a row", p_rd_kafka_err2str(err));
+                if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                    ship_report_once(sh, "the shipper could not queue a row", p_rd_kafka_err2str(err));
                 ok = 0;
                 break;
             }
             p_rd_kafka_poll(rk, 100);
         }
         line_no++;
-        at = end + 1;
     }
-    free(data);
+    if (ok && ferror(f)) {
+        ship_report_once(sh, "cannot read a segment", strerror(errno));
+        ok = 0;
+    }
+    free(line);
+    fclose(f);
     /* wait for every acknowledgement (message.timeout.ms bounds it; at close, the close bound) */
     while (ctx->remaining > 0) {
         p_rd_kafka_poll(rk, 100);
         if (ctx->remaining > 0 && ship_past_deadline(sh)) {
             p_rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-            double until = mono_s() + 2.0;
+            double until = sh->end; /* the purged rows' reports come at once: wait at most to the close bound */
             while (ctx->remaining > 0 && mono_s() < until)
                 p_rd_kafka_poll(rk, 100);
             if (ctx->remaining > 0)
@@ -1339,7 +1345,7 @@ static int ship_segment(struct shipper *sh, const char *path) {
     free(ctx);
     if (!ok)
         return 0;
-    fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
         ship_report_once(sh, "cannot write a marker", strerror(errno));
         return 0;
@@ -1447,10 +1453,46 @@ static void kv_add(struct shipper *sh, const char *name, const char *value) {
     sh->kv[sh->nkv++] = strdup(value);
 }
 
-/* The connection settings a host client passes on when the ledger topic is on its own cluster. */
-static const char *PASSED_SETTINGS[] = {"security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password",
-                                        "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
-                                        "ssl.key.password", "client.dns.lookup", NULL};
+/* The connection settings a host client passes on when the ledger topic is on its own cluster
+ * (as audit/clients/ledger_ship.py): every key with one of these prefixes whose value differs from
+ * a fresh configuration's (defaults only draw warnings), and that a fresh configuration takes (a
+ * callback or pointer setting does not travel as text). Values have no size limit (PEM keys). */
+static const char *PASSED_PREFIXES[] = {"security.", "sasl.", "ssl.", "socket.", "broker.", "client.dns.", NULL};
+
+static void pass_settings(struct shipper *sh, const rd_kafka_conf_t *conf) {
+    size_t n = 0, nd = 0;
+    char err[256];
+    rd_kafka_conf_t *fresh = p_rd_kafka_conf_new(), *probe = p_rd_kafka_conf_new();
+    const char **mine = conf ? p_rd_kafka_conf_dump((rd_kafka_conf_t *)conf, &n) : NULL;
+    const char **dflt = fresh ? p_rd_kafka_conf_dump(fresh, &nd) : NULL;
+    if (mine && dflt && probe) {
+        for (size_t i = 0; i + 1 < n; i += 2) {
+            const char *name = mine[i], *val = mine[i + 1];
+            int passed = 0;
+            for (const char **p = PASSED_PREFIXES; *p && !passed; p++)
+                passed = !strncmp(name, *p, strlen(*p));
+            if (!passed || !val)
+                continue;
+            const char *was = NULL;
+            for (size_t j = 0; j + 1 < nd && !was; j += 2)
+                if (!strcmp(dflt[j], name))
+                    was = dflt[j + 1] ? dflt[j + 1] : "";
+            if (was && !strcmp(was, val))
+                continue; /* the default */
+            if (p_rd_kafka_conf_set(probe, name, val, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+                continue;
+            kv_add(sh, name, val);
+        }
+    }
+    if (mine)
+        p_rd_kafka_conf_dump_free(mine, n);
+    if (dflt)
+        p_rd_kafka_conf_dump_free(dflt, nd);
+    if (fresh)
+        p_rd_kafka_conf_destroy(fresh);
+    if (probe)
+        p_rd_kafka_conf_destroy(probe);
+}
 
 /* A shipper for an instance (not started), or NULL with errstr set; only with a ledger topic. */
 static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *conf, char *errstr,
@@ -1474,15 +1516,14 @@ static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *c
     sh->dir = strdup(in->cfg.ledger_dir);
     sh->retry_ms = in->cfg.ledger_retry_ms;
     sh->close_ms = in->cfg.ledger_close_timeout_ms;
-    if (!in->cfg.ledger_bootstrap && strcasecmp(conf_text(conf, "security.protocol", v, sizeof(v)), "plaintext")) {
-        for (const char **k = PASSED_SETTINGS; *k; k++) /* not for plaintext: defaults only draw warnings */
-            if (conf_text(conf, *k, v, sizeof(v))[0])
-                kv_add(sh, *k, v);
-    }
+    if (!in->cfg.ledger_bootstrap)
+        pass_settings(sh, conf);
     kv_add(sh, "bootstrap.servers", bootstrap);
     kv_add(sh, "acks", "all");
     kv_add(sh, "enable.idempotence", "false");
-    kv_add(sh, "linger.ms", "20");
+    snprintf(num, sizeof(num), "%d", SHIP_LINGER_MS);
+    kv_add(sh, "linger.ms", num);
+    kv_add(sh, "queue.buffering.max.kbytes", "4096"); /* a segment is streamed: at most this queued */
     kv_add(sh, "compression.type", "lz4");
     snprintf(num, sizeof(num), "%lld", in->cfg.ledger_delivery_timeout_ms);
     kv_add(sh, "message.timeout.ms", num);
@@ -1493,16 +1534,49 @@ static struct shipper *shipper_new(struct instance *in, const rd_kafka_conf_t *c
     return sh;
 }
 
+/* Free a shipper whose thread is not running (never started, or joined). */
+static void shipper_free(struct shipper *sh) {
+    for (struct seg_item *lists[2] = {sh->todo, sh->failed}, **l = lists; l < lists + 2; l++)
+        for (struct seg_item *it = *l, *next; it; it = next) {
+            next = it->next;
+            free(it->path);
+            free(it);
+        }
+    for (size_t i = 0; i < sh->nkv; i++)
+        free(sh->kv[i]);
+    free(sh->kv);
+    free(sh->topic);
+    free(sh->dir);
+    pthread_mutex_destroy(&sh->mu);
+    pthread_cond_destroy(&sh->cond);
+    free(sh);
+}
+
+/* A started shipper whose client fails to start: stop it at once (nothing is shipped) and free it. */
+static void shipper_abort(struct shipper *sh) {
+    pthread_mutex_lock(&sh->mu);
+    sh->closing = 1;
+    sh->end = sh->deadline = mono_s();
+    pthread_cond_broadcast(&sh->cond);
+    pthread_mutex_unlock(&sh->mu);
+    pthread_join(sh->thread, NULL);
+    shipper_free(sh);
+}
+
 /* After the writer sealed its last segment: ship what is left within the close bound. */
 static void shipper_close(struct shipper *sh) {
     struct timespec until;
     int done;
     pthread_mutex_lock(&sh->mu);
     sh->closing = 1;
-    sh->deadline = mono_s() + (double)sh->close_ms / 1000.0;
+    /* on_destroy waits at most msgaudit.ledger.close.timeout.ms in total: shipping stops a little
+     * earlier, leaving the rest of the bound to purge and destroy the shipper's producer */
+    long long reserve_ms = sh->close_ms / 4 < 1000 ? sh->close_ms / 4 : 1000;
+    sh->end = mono_s() + (double)sh->close_ms / 1000.0;
+    sh->deadline = sh->end - (double)reserve_ms / 1000.0;
     pthread_cond_broadcast(&sh->cond);
     clock_gettime(CLOCK_REALTIME, &until);
-    long long ns = until.tv_nsec + (sh->close_ms + 3000) * 1000000LL; /* + purge and destroy */
+    long long ns = until.tv_nsec + sh->close_ms * 1000000LL;
     until.tv_sec += ns / 1000000000LL;
     until.tv_nsec = ns % 1000000000LL;
     while (!sh->done)
@@ -1583,6 +1657,7 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
         } else if (pthread_create(&in->ship->thread, NULL, shipper_main, in->ship) != 0) {
             report("cannot start the ledger shipper thread; ledger rows stay in %s for `msgaudit ship`",
                    in->cfg.ledger_dir);
+            shipper_free(in->ship);
             in->ship = NULL;
         }
     }
@@ -1592,6 +1667,10 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
     if (pthread_create(&in->thread, NULL, writer_main, in) != 0) {
         snprintf(errstr, errstr_size, "msgaudit: cannot start the ledger writer thread");
         report("%s", errstr);
+        if (in->ship) { /* the client does not start: its shipper must not outlive it */
+            shipper_abort(in->ship);
+            in->ship = NULL;
+        }
         return RD_KAFKA_RESP_ERR__CRIT_SYS_RESOURCE;
     }
     in->thread_started = 1;

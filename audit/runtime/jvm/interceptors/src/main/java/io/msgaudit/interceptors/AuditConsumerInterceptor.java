@@ -127,6 +127,7 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
                         AuditProducerInterceptor.positive(configs, "msgaudit.buffer.max.rows", 1_000_000)));
         if (shipper != null) {
             spool.onSealed(shipper::sealed);
+            shipper.start(); // last: a configure() that failed above leaves no shipper thread running
         }
     }
 

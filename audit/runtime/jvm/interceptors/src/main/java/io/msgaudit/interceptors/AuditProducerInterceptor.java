@@ -122,7 +122,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         }
         head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
         int maxRows = (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000));
-        shipper = LedgerShipper.fromConfig(configs, "producer", dir, pid); // before the spool: may refuse the settings
+        shipper = LedgerShipper.fromConfig(configs, "producer", dir, pid); // before the spool: may refuse the settings; started last
         acks = new AckRows(head, pidBytes.length, txnJson, maxRows);
         spool = new LedgerSpool(dir, "producer",
                 positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
@@ -135,6 +135,9 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             spool.onSealed(shipper::sealed);
         }
         ProducerSettings.write(dir, configs, name, pid);
+        if (shipper != null) {
+            shipper.start(); // last: a configure() that failed above leaves no shipper thread running
+        }
     }
 
     static String string(Map<String, ?> configs, String key, String dflt) {

@@ -1,6 +1,8 @@
 package io.msgaudit.interceptors;
 
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
@@ -12,9 +14,7 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
@@ -41,6 +41,12 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 final class LedgerShipper implements AutoCloseable {
     static final String SHIPPED_SUFFIX = ".shipped";
     static final String SEALED_SUFFIX = ".jsonl";
+    /** The shipper producer's linger.ms; msgaudit.ledger.delivery.timeout.ms must exceed it. */
+    static final long LINGER_MS = 20;
+    /** The shipper producer's buffer.memory: a segment is streamed line by line, and send()
+     *  waits (on the shipper thread) while this much is unacknowledged, so a shipped segment
+     *  never holds more than this in the host's heap. */
+    static final long BUFFER_MEMORY = 4L << 20;
     /** The connection settings a host client passes on to the shipper's producer. */
     private static final List<String> PASSED_PREFIXES = Arrays.asList("security.", "sasl.", "ssl.",
             "client.dns.lookup");
@@ -61,6 +67,7 @@ final class LedgerShipper implements AutoCloseable {
     private final AtomicLong rowsShipped = new AtomicLong();
     private final AtomicLong segmentsMarked = new AtomicLong();
     private volatile boolean closing;
+    private volatile boolean producerTaken; // close() took (and closed) the producer
     private volatile long deadlineNanos = Long.MAX_VALUE;
     private boolean reported; // shipper thread only: an outage is logged once
 
@@ -103,11 +110,19 @@ final class LedgerShipper implements AutoCloseable {
         p.put("bootstrap.servers", bootstrap);
         p.put("acks", "all");
         p.put("enable.idempotence", "false");
-        p.put("linger.ms", "20");
+        p.put("linger.ms", Long.toString(LINGER_MS));
+        p.put("buffer.memory", Long.toString(BUFFER_MEMORY));
         p.put("compression.type", lz4Available() ? "lz4" : "none");
         long deliveryMs = AuditProducerInterceptor.positive(configs, "msgaudit.ledger.delivery.timeout.ms", 120_000);
+        if (deliveryMs <= LINGER_MS || deliveryMs > Integer.MAX_VALUE) {
+            // kafka-clients refuses delivery.timeout.ms < linger.ms + request.timeout.ms, and the
+            // producer is built later on the shipper thread: refuse it here, where the user sees it
+            throw new ConfigException("msgaudit.ledger.delivery.timeout.ms: expected " + (LINGER_MS + 1) + ".."
+                    + Integer.MAX_VALUE + " (more than the shipper's linger.ms " + LINGER_MS + "), got \""
+                    + configs.get("msgaudit.ledger.delivery.timeout.ms") + "\"");
+        }
         p.put("delivery.timeout.ms", Long.toString(deliveryMs));
-        p.put("request.timeout.ms", Long.toString(Math.min(30_000, deliveryMs)));
+        p.put("request.timeout.ms", Long.toString(Math.min(30_000, deliveryMs - LINGER_MS)));
         p.put("max.block.ms", "10000"); // a metadata wait, on the shipper thread only
         p.put("client.id", "msgaudit-ledger-" + clientId);
         p.put("key.serializer", ByteArraySerializer.class.getName());
@@ -133,13 +148,14 @@ final class LedgerShipper implements AutoCloseable {
         this.props = props;
         this.retryMs = retryMs;
         this.closeMs = closeMs;
-        synchronized (lock) {
-            todo.addAll(unmarked(dir)); // left by earlier clients on this folder
-            unshipped.addAll(todo);
-        }
         this.thread = new Thread(this::run, "msgaudit-ledger-ship-" + kind);
         this.thread.setDaemon(true);
-        this.thread.start();
+    }
+
+    /** Start the shipper thread (once the interceptor's spool is set up: a configure() that
+     *  fails before this leaves no thread behind). */
+    void start() {
+        thread.start();
     }
 
     /** The spool's seal hook: a sealed segment to ship (any thread; never blocks). */
@@ -163,10 +179,11 @@ final class LedgerShipper implements AutoCloseable {
         return name.endsWith(SEALED_SUFFIX) ? name.substring(0, name.length() - SEALED_SUFFIX.length()) : name;
     }
 
-    /** Sealed segments of {@code dir} without a marker, oldest name first. */
-    static List<Path> unmarked(Path dir) {
+    /** Sealed {@code <kind>-*.jsonl} segments of {@code dir} without a marker, oldest name first
+     *  (a folder may be shared by a producer and a consumer interceptor: each ships its own). */
+    static List<Path> unmarked(Path dir, String kind) {
         List<Path> out = new ArrayList<>();
-        try (DirectoryStream<Path> ds = Files.newDirectoryStream(dir, "*" + SEALED_SUFFIX)) {
+        try (DirectoryStream<Path> ds = Files.newDirectoryStream(dir, kind + "-*" + SEALED_SUFFIX)) {
             for (Path p : ds) {
                 if (!Files.exists(marker(p))) {
                     out.add(p);
@@ -184,6 +201,29 @@ final class LedgerShipper implements AutoCloseable {
     long segmentsMarked() { return segmentsMarked.get(); }
 
     private void run() {
+        try {
+            synchronized (lock) { // left by earlier clients on this folder (scanned here, not on the host's thread)
+                List<Path> left = unmarked(dir, kind);
+                for (int i = left.size() - 1; i >= 0; i--) { // oldest first, before what was sealed since
+                    if (!todo.contains(left.get(i))) {
+                        todo.addFirst(left.get(i));
+                    }
+                    unshipped.add(left.get(i));
+                }
+            }
+            loop();
+        } catch (Throwable t) { // an Error too: said in one line, never a silent death of the thread
+            try {
+                System.err.println("msgaudit: ledger topic " + topic + ": the " + kind + " shipper stopped: " + t
+                        + "; unshipped segments stay in " + dir + " for `msgaudit ship` (or the next client on"
+                        + " this folder)");
+            } catch (Throwable ignored) {
+                // nothing left to do
+            }
+        }
+    }
+
+    private void loop() {
         long backoff = retryMs;
         long nextRetry = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(retryMs);
         boolean retriedAtClose = false;
@@ -221,7 +261,8 @@ final class LedgerShipper implements AutoCloseable {
                 ok = ship(seg);
             } catch (RuntimeException | LinkageError e) {
                 ok = false;
-                reportOnce("ledger topic " + topic + ": " + e);
+                Throwable cause = e.getCause() != null ? e.getCause() : e; // "Failed to construct..." says little
+                reportOnce("ledger topic " + topic + ": " + e + (cause != e ? " (" + cause + ")" : ""));
             }
             if (ok) {
                 backoff = retryMs;
@@ -253,6 +294,11 @@ final class LedgerShipper implements AutoCloseable {
                 Thread.currentThread().setContextClassLoader(saved);
             }
             producer.set(p);
+            if (producerTaken) { // close() gave up while this was being built: nobody else closes it
+                producer.set(null);
+                p.close(Duration.ZERO);
+                throw new IllegalStateException("closed");
+            }
         }
         return p;
     }
@@ -263,9 +309,55 @@ final class LedgerShipper implements AutoCloseable {
             unshipped.remove(seg);
             return true;
         }
-        byte[] data;
-        try {
-            data = Files.readAllBytes(seg);
+        if (!Files.exists(seg)) {
+            unshipped.remove(seg);
+            return true; // removed meanwhile (e.g. by retention): nothing left to ship
+        }
+        KafkaProducer<byte[], byte[]> p = producer();
+        String keyHead = kind + "/" + stem(seg) + ":";
+        Acks acks = new Acks();
+        long sent = 0;
+        try (InputStream in = Files.newInputStream(seg)) {
+            byte[] buf = new byte[1 << 16];
+            ByteArrayOutputStream line = new ByteArrayOutputStream(512);
+            int n;
+            while ((n = in.read(buf)) >= 0 || line.size() > 0) {
+                // n < 0 with a partial line held: a last line without a newline still counts
+                int from = 0;
+                for (int i = 0; i <= Math.max(n, 0); i++) {
+                    boolean eol = n < 0 ? i == 0 : i < n && buf[i] == '\n';
+                    if (!eol) {
+                        continue;
+                    }
+                    byte[] value;
+                    if (line.size() == 0) {
+                        value = Arrays.copyOfRange(buf, from, Math.max(from, i));
+                    } else {
+                        line.write(buf, from, Math.max(0, i - from));
+                        value = line.toByteArray();
+                        line.reset();
+                    }
+                    from = i + 1;
+                    byte[] key = (keyHead + sent).getBytes(StandardCharsets.UTF_8);
+                    try { // blocks (this thread only) while buffer.memory is taken: the memory bound
+                        p.send(new ProducerRecord<>(topic, key, value), acks);
+                    } catch (RuntimeException e) {
+                        reportOnce("ledger topic " + topic + " did not take the rows of " + seg.getFileName()
+                                + ": " + e);
+                        return false; // what was sent may land: the keys make a second shipping harmless
+                    }
+                    sent++;
+                    if (System.nanoTime() > deadlineNanos) {
+                        return false;
+                    }
+                }
+                if (n < 0) {
+                    break;
+                }
+                if (from < n) {
+                    line.write(buf, from, n - from);
+                }
+            }
         } catch (IOException e) {
             if (!Files.exists(seg)) {
                 unshipped.remove(seg);
@@ -274,52 +366,17 @@ final class LedgerShipper implements AutoCloseable {
             reportOnce("cannot read " + seg + ": " + e);
             return false;
         }
-        KafkaProducer<byte[], byte[]> p = producer();
-        List<int[]> lines = new ArrayList<>();
-        int start = 0;
-        for (int i = 0; i < data.length; i++) {
-            if (data[i] == '\n') {
-                lines.add(new int[] {start, i});
-                start = i + 1;
-            }
-        }
-        if (start < data.length) {
-            lines.add(new int[] {start, data.length});
-        }
-        String keyHead = kind + "/" + stem(seg) + ":";
-        CountDownLatch done = new CountDownLatch(lines.size());
-        AtomicInteger errors = new AtomicInteger();
-        AtomicReference<Exception> firstError = new AtomicReference<>();
-        for (int n = 0; n < lines.size(); n++) {
-            int[] l = lines.get(n);
-            byte[] value = Arrays.copyOfRange(data, l[0], l[1]);
-            byte[] key = (keyHead + n).getBytes(StandardCharsets.UTF_8);
-            try {
-                p.send(new ProducerRecord<>(topic, key, value), (md, e) -> {
-                    if (e != null) {
-                        errors.incrementAndGet();
-                        firstError.compareAndSet(null, e);
-                    }
-                    done.countDown();
-                });
-            } catch (RuntimeException e) {
-                reportOnce("ledger topic " + topic + " did not take the rows of " + seg.getFileName() + ": " + e);
-                return false; // what was sent may land: the keys make a second shipping harmless
-            }
-        }
         try {
-            while (!done.await(200, TimeUnit.MILLISECONDS)) {
-                if (System.nanoTime() > deadlineNanos) {
-                    return false;
-                }
+            if (!acks.await(sent, () -> System.nanoTime() > deadlineNanos)) {
+                return false;
             }
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             return false;
         }
-        if (errors.get() > 0) {
-            reportOnce("ledger topic " + topic + " did not take " + errors.get() + " rows of " + seg.getFileName()
-                    + " (" + firstError.get() + ")");
+        if (acks.errors > 0) {
+            reportOnce("ledger topic " + topic + " did not take " + acks.errors + " rows of " + seg.getFileName()
+                    + " (" + acks.firstError + ")");
             return false;
         }
         try {
@@ -329,9 +386,39 @@ final class LedgerShipper implements AutoCloseable {
             return false;
         }
         unshipped.remove(seg);
-        rowsShipped.addAndGet(lines.size());
+        rowsShipped.addAndGet(sent);
         segmentsMarked.incrementAndGet();
         return true;
+    }
+
+    /** The acknowledgements of one segment's sends (callbacks run on the producer's I/O thread). */
+    private static final class Acks implements org.apache.kafka.clients.producer.Callback {
+        private long done; // guarded by this
+        volatile long errors;
+        volatile Exception firstError;
+
+        @Override
+        public synchronized void onCompletion(org.apache.kafka.clients.producer.RecordMetadata md, Exception e) {
+            if (e != null) {
+                if (errors == 0) {
+                    firstError = e;
+                }
+                errors++;
+            }
+            done++;
+            notifyAll();
+        }
+
+        /** Wait until {@code n} sends completed; false when {@code giveUp} says so first. */
+        synchronized boolean await(long n, java.util.function.BooleanSupplier giveUp) throws InterruptedException {
+            while (done < n) {
+                if (giveUp.getAsBoolean()) {
+                    return false;
+                }
+                wait(100);
+            }
+            return true;
+        }
     }
 
     private void reportOnce(String what) {
@@ -348,20 +435,27 @@ final class LedgerShipper implements AutoCloseable {
      */
     @Override
     public void close() {
-        deadlineNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeMs);
+        long start = System.nanoTime();
+        long end = start + TimeUnit.MILLISECONDS.toNanos(closeMs); // the whole close: msgaudit.ledger.close.timeout.ms
+        // shipping stops a little earlier, leaving the rest of the bound to close the producer
+        deadlineNanos = end - TimeUnit.MILLISECONDS.toNanos(Math.min(1_000, closeMs / 4));
         synchronized (lock) {
             closing = true;
             lock.notifyAll();
         }
-        try {
-            thread.join(closeMs + 1_000);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
+        if (thread.getState() != Thread.State.NEW) {
+            try {
+                thread.join(Math.max(1, TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime())));
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
         }
+        producerTaken = true;
         KafkaProducer<byte[], byte[]> p = producer.getAndSet(null);
         if (p != null) {
-            try {
-                p.close(thread.isAlive() ? Duration.ZERO : Duration.ofMillis(1_000));
+            try { // ZERO: what is still in flight is abandoned (it stays unmarked), without waiting
+                long leftMs = TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime());
+                p.close(thread.isAlive() || leftMs <= 0 ? Duration.ZERO : Duration.ofMillis(leftMs));
             } catch (RuntimeException e) {
                 // nothing left to do
             }
