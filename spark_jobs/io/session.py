@@ -25,6 +25,10 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.executorEnv.TZ": "UTC",  # the executors' Python workers convert timestamps too (see utc_process_clock)
     "spark.sql.shuffle.partitions": "8",
+    # One window's reconcile generates a few hundred classes (whole-stage code, projections,
+    # predicates); with Spark's default cache of 100 every run evicted the previous one's and
+    # compiled them all again, most of a small window's executor time.
+    "spark.sql.codegen.cache.maxEntries": "2000",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
