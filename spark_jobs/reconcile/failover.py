@@ -13,7 +13,13 @@ oracle's (`audit/oracle.py`, `_failover` and the group stage), restated as DataF
   or its latest captured committed offset on the target, `mirror_group_offsets`, if lower) and
   the failover position of each source partition (one past the highest source offset whose first
   copy in the same partition lies below the resume offset); a record below it that the group never
-  processed on either cluster is `missed` (classify.py, failover variant).
+  processed on either cluster is `missed` (classify.py, failover variant);
+- `ignored_rows` / `ignored_x`: the other rows with a `cluster` (a group not declared for that
+  mirror, or a cluster naming no mirror of the topic) are not used, but counted: X rows of kind
+  'I' that the summary aggregation counts per (topic, group, cluster) for the run summary.
+
+What the oracle shares with this module (`Failover`, the instant's text, the run summary's line
+for ignored rows) lives in `audit/core/failover.py`.
 
 This module must not read or write tables or spell out a detail text; it collects only small
 per-partition aggregates to the driver (like the group offsets).
