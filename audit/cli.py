@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(auto: when the config's lake holds ledger or log tables; off: rows show the trace command)")
     doc = add("doctor", "Report the loss risks of the audited topics before they cause loss: unclean leader "
               "election, min.insync.replicas < 2, low replication factor, groups whose backlog expires soon, "
-              "producers running with acks != all or without idempotence (from the lake).")
+              "producers running with acks != all or without idempotence, consumption rows read on a mirror "
+              "by a group not in its failover_groups (from the lake).")
     doc.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="only this topic (repeatable)")
     doc.add_argument("--horizon-hours", type=float, default=24.0,
                      help="flag a group whose oldest unprocessed record expires within this many hours (default 24)")
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--producer-hours", type=float, default=24.0,
                      help="check the settings (acks, idempotence) of producer sessions started within this many "
                      "hours, from the lake's producer_settings (default 24; 0: skip, no Spark)")
+    doc.add_argument("--mirror-hours", type=float, default=24.0,
+                     help="flag consumption rows read on a mirror within this many hours (lake's consumed_records) "
+                     "that reconcile ignores: group not in the mirror's failover_groups (default 24; 0: skip)")
     tr = add("trace", "Show one message's journey from the lake: ledger rows, log copies, every processing, "
              "sink rows and the anomalies naming it, with their cause and remedy; with --key, the journey of "
              "every message whose captured log copy carries that Kafka key.")
@@ -255,30 +259,37 @@ def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def _doctor(args: argparse.Namespace, cfg: Any) -> int:
+    from datetime import UTC, datetime, timedelta
+
     from audit.clients.doctor import cli_doctor
 
-    producers = None
-    if args.producer_hours > 0:
+    producers = mirror_rows = None
+    if args.producer_hours > 0 or args.mirror_hours > 0:
         from spark_jobs.trace import lake_has_tables
 
-        if lake_has_tables(cfg, ("producer_settings",)):
-            from datetime import UTC, datetime, timedelta
-
+        def spark() -> Any:
             from spark_jobs.io.session import build_spark
+
+            return build_spark(cfg, app_name="msgaudit-doctor")
+
+        if args.producer_hours > 0 and lake_has_tables(cfg, ("producer_settings",)):
             from spark_jobs.trace import producer_sessions
 
-            since = datetime.now(UTC) - timedelta(hours=args.producer_hours)
-            producers = producer_sessions(build_spark(cfg, app_name="msgaudit-doctor"), cfg, since)
+            producers = producer_sessions(spark(), cfg, datetime.now(UTC) - timedelta(hours=args.producer_hours))
+        if args.mirror_hours > 0 and lake_has_tables(cfg, ("consumed_records",)):
+            from spark_jobs.trace import mirror_consumption
+
+            mirror_rows = mirror_consumption(spark(), cfg, datetime.now(UTC) - timedelta(hours=args.mirror_hours))
+
     def record(risks: list[Any]) -> None:
         from dataclasses import asdict
-        from datetime import UTC, datetime
 
         from audit.serving.report_store import ReportStore
 
         with ReportStore(cfg.report_store) as store:
             store.record_risks(datetime.now(UTC), [asdict(r) for r in risks])
 
-    return cli_doctor(args, cfg, producers, record)
+    return cli_doctor(args, cfg, producers, record, mirror_rows)
 
 
 def _trace(args: argparse.Namespace, cfg: Any) -> int:

@@ -88,7 +88,9 @@ Stage `group:<g>` (unit: each distinct log record of the window; report partitio
   partition = min(lowest target offset processed, latest target committed offset); failover
   position = 1 + the highest source offset whose first copy (same partition) is below it; a
   record never processed, below it, and not caught by the checks above `overdue`, is `missed`
-  with the failover detail.
+  with the failover detail. The other visible rows with a `cluster` (a group not declared for that
+  mirror, or a cluster naming no mirror of the topic) are not used, and are counted per (group,
+  cluster) in `ignored_mirror_rows` (every outcome, `committed` rows included) for the run summary.
 
 Stage `sink:<s>` (unit: message, or unaudited record; fed by group g, or by the committed log
 when the sink has no group; report partition: the original copy's)
@@ -118,6 +120,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from audit.core.config import TopicConfig
+from audit.core.failover import Failover, failover_instant, failover_pairs
 from audit.core.percentiles import latency_columns
 from audit.core.report import assemble_report, code_counts
 from audit.core.vocabulary import (
@@ -243,16 +246,11 @@ class MirrorWatermark(Watermark):
 
 
 @dataclass(frozen=True)
-class MirrorGroupOffset:
+class MirrorGroupOffset(GroupOffset):
     """A capture's snapshot of a group's committed offset on a mirror's target cluster
     (`mirror_group_offsets`): `topic` is the audited topic, `partition` the target's."""
 
-    mirror: str
-    group: str
-    partition: int
-    committed_offset: int | None
-    captured_at: datetime
-    topic: str = "t"
+    mirror: str = field(kw_only=True)
 
 
 @dataclass
@@ -273,6 +271,9 @@ class OracleResult:
     report: list[dict[str, Any]]
     anomalies: list[dict[str, Any]]
     quarantined_ledger_rows: int
+    # (group, cluster) -> visible consumption rows read on a mirror the group does not fail over to
+    # (or on a cluster that names no mirror of the topic): left out of the judgement, counted (§5.5)
+    ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -387,8 +388,12 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     # rows consumed from a mirror's target copy count only for a group declared to fail over to it
     # (mirrors[].failover_groups); their partition/offset are the target's, so they are matched to
     # the source record by the message's identity below, and take no part in the order check.
-    failover_to = {(m.name, g) for m in tc.mirrors for g in m.failover_groups}
+    failover_to = failover_pairs(tc)
     target_rows = [c for c in consumed if c.cluster is not None and (c.cluster, c.group) in failover_to]
+    ignored: dict[tuple[str, str], int] = defaultdict(int)  # the others: counted, said in the run summary
+    for c in consumed:
+        if c.cluster is not None and (c.cluster, c.group) not in failover_to:
+            ignored[(c.group, c.cluster)] += 1
     consumed = [c for c in consumed if c.cluster is None]
     sink_rows = {s.name: [r for r in inputs.sinks.get(s.name, ()) if r.topic == topic
                           and (r.sink_ts is None or rr.event_lo <= r.sink_ts < rr.event_hi)] for s in tc.sinks}
@@ -710,33 +715,18 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
 
     stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
     report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))
-    return OracleResult(report, anomalies, quarantined)
-
-
-@dataclass(frozen=True)
-class _Failover:
-    """Group g's failover to mirror m as the window sees it (docs/design.md §5.5)."""
-
-    mirror: str
-    at: datetime  # F: the first visible consumption row of g on the target copy
-    resume: dict[int, int]  # per target partition: the offset g resumed from on the target
-    position: dict[int, int]  # per source partition: one past the highest source offset copied below it
-
-
-def failover_instant(at: datetime) -> str:
-    """The failover instant as the detail texts write it (UTC, microseconds)."""
-    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return OracleResult(report, anomalies, quarantined, dict(ignored))
 
 
 def _failover(tc: TopicConfig, inputs: Inputs, rr: Any, target_rows: Sequence[ConsumedRow],
-              units: Mapping[Key, _Unit]) -> dict[tuple[str, str], _Failover]:
+              units: Mapping[Key, _Unit]) -> dict[tuple[str, str], Failover]:
     """Per (group, mirror) with consumption rows on the target copy: F, where g resumed on the
     target in each partition -- the lowest target offset it processed there, or the group's latest
     captured committed offset on the target (`mirror_group_offsets`) if lower or if it processed
     nothing there -- and the failover position in the source partition: one past the highest
     source offset (of the same partition) whose first copy lies below the resume offset. A record
     below it that g never processed on either cluster was skipped by the translation."""
-    out: dict[tuple[str, str], _Failover] = {}
+    out: dict[tuple[str, str], Failover] = {}
     for m in tc.mirrors:
         for g in m.failover_groups:
             rows = [c for c in target_rows if c.cluster == m.name and c.group == g]
@@ -769,7 +759,7 @@ def _failover(tc: TopicConfig, inputs: Inputs, rr: Any, target_rows: Sequence[Co
                 if orig is not None and orig.partition == mc.partition and mc.partition in resume \
                         and mc.offset < resume[mc.partition]:
                     position[orig.partition] = max(position.get(orig.partition, 0), orig.offset + 1)
-            out[(g, m.name)] = _Failover(m.name, min(c.consume_ts for c in rows), resume, position)
+            out[(g, m.name)] = Failover(m.name, min(c.consume_ts for c in rows), resume, position)
     return out
 
 

@@ -246,6 +246,22 @@ def producer_sessions(spark: SparkSession, cfg: Config, since: datetime
     return rows, {p: sorted(t) for p, t in topics_of.items()}
 
 
+def mirror_consumption(spark: SparkSession, cfg: Config, since: datetime) -> dict[tuple[str, str, str], int]:
+    """(topic, group, cluster) -> consumption rows read on a mirror (`cluster` set) since `since`, from
+    the lake's `consumed_records` (for `msgaudit doctor`: rows of a group that does not fail over
+    to that mirror are left out of the reconcile, docs/design.md §5.5). One small aggregation; the
+    part_hour bound prunes older partitions."""
+    from spark_jobs.io.lake import read_table, table_exists
+
+    if not table_exists(spark, cfg, "consumed_records"):
+        return {}
+    rows = (read_table(spark, cfg, "consumed_records")
+            .where((F.col("part_hour") >= since.strftime("%Y-%m-%dT%H")) & (F.col("consume_ts") >= since)
+                   & F.col("cluster").isNotNull())
+            .groupBy("topic", "group", "cluster").count().collect())
+    return {(r["topic"], r["group"], r["cluster"]): int(r["count"]) for r in rows}
+
+
 def lake_tracer(cfg: Config, spark: SparkSession | None = None) -> Callable[[Sequence[Any]], list[dict[str, Any]]]:
     """A dashboard tracer (`audit.serving.dashboard.Tracer`): the traces of the given messages
     (anything with topic, pid, seq, partition, offset) in one `trace_messages` pass. The Spark

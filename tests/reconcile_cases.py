@@ -213,10 +213,19 @@ def brief(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
 
 def spark_reconcile(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime,
                     inputs: Inputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    from spark_jobs.reconcile import reconcile_frames
+    report, anomalies, quarantined, _ = spark_classify(spark, tc, ws, as_of, inputs)
+    return report, anomalies, quarantined
 
-    report, anomalies, quarantined, _ = reconcile_frames(spark, window_inputs(spark, inputs, tc), tc, ws, as_of)
-    return norm_rows(report), sorted_anomalies(r.asDict() for r in anomalies.collect()), quarantined
+
+def spark_classify(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime, inputs: Inputs
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, dict[tuple[str, str], int]]:
+    """`spark_reconcile`, and the consumption rows read on a mirror that were ignored, per (group, cluster)."""
+    from spark_jobs.reconcile import classify_window
+
+    c = classify_window(spark, window_inputs(spark, inputs, tc), tc, ws, as_of)
+    out = (norm_rows(c.report), sorted_anomalies(r.asDict() for r in c.anomalies.collect()), c.quarantined, c.ignored)
+    c.summary.unpersist()
+    return out
 
 
 # ---------------------------------------------------------------------------- hand-written cases

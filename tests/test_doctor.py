@@ -129,3 +129,68 @@ def test_a_growing_dead_letter_topic_is_reported_and_the_run_stored(
         at, risks = store.latest_risks()
     assert at is not None and [(r["severity"], r["topic"], r["subject"], r["risk"]) for r in risks] == [
         ("warn", topic, f"group:{group}", "dlq_growing")]
+
+
+def _mirror_config(tmp_path: Path) -> Config:
+    from audit.core.config import from_dict
+
+    mirror = {"name": "dr", "kafka": {"bootstrap.servers": "127.0.0.1:1"}, "failover_groups": ["g1"]}
+    return from_dict({"home": str(tmp_path / ".msgaudit"), "lake": str(tmp_path / "lake"),
+                      "topics": {"t": {"groups": ["g1", "g2"], "mirrors": [mirror]}, "u": {"groups": ["g1"]}}},
+                     base=tmp_path)
+
+
+@pytest.mark.unit
+def test_doctor_warns_of_rows_read_on_a_mirror_that_reconcile_ignores(tmp_path: Path) -> None:
+    from audit.clients.doctor import mirror_risks
+
+    cfg = _mirror_config(tmp_path)
+    counts = {("t", "g1", "dr"): 5,  # a failover group on its mirror: used, no risk
+              ("t", "g2", "dr"): 3, ("t", "g1", "eu"): 1, ("u", "g1", "dr"): 2,
+              ("t", "g9", "dr"): 4,  # not a group of t: out of its judgement anyway
+              ("x", "g1", "dr"): 7}  # not a configured topic
+    risks = mirror_risks(cfg, counts)
+    assert [r.line() for r in risks] == [
+        "WARN   t  group:g1  mirror_rows_ignored: ignored 1 consumption row of group 'g1' read on cluster 'eu' "
+        "(no mirror of topic 't' has that name; its mirrors: 'dr'): name the mirror as configured under "
+        "topics.t.mirrors, with 'g1' in its failover_groups, or drop the cluster setting",
+        "WARN   t  group:g2  mirror_rows_ignored: ignored 3 consumption rows of group 'g2' read on mirror 'dr' "
+        "(not in its failover_groups): add 'g2' to mirrors[dr].failover_groups, or drop the cluster setting",
+        "WARN   u  group:g1  mirror_rows_ignored: ignored 2 consumption rows of group 'g1' read on cluster 'dr' "
+        "(no mirror of topic 'u' has that name; its mirrors: none): name the mirror as configured under "
+        "topics.u.mirrors, with 'g1' in its failover_groups, or drop the cluster setting"]
+    assert [r.topic for r in mirror_risks(cfg, counts, ["u"])] == ["u"]
+
+
+@pytest.mark.unit
+def test_the_doctor_command_prints_the_mirror_rows_it_was_given_after_the_broker_risks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from audit import cli
+    from audit.clients import doctor
+
+    monkeypatch.setattr(doctor, "diagnose", lambda *a, **k: [])  # the broker's part is tested above, with a broker
+    cfg = _mirror_config(tmp_path)
+    args = cli.build_parser().parse_args(["doctor", "--topic", "t"])
+    assert doctor.cli_doctor(args, cfg, None, None, {("t", "g2", "dr"): 3, ("u", "g1", "dr"): 2}) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "WARN   t  group:g2  mirror_rows_ignored: ignored 3 consumption rows of group 'g2' read on mirror 'dr' "
+        "(not in its failover_groups): add 'g2' to mirrors[dr].failover_groups, or drop the cluster setting",
+        "doctor: 1 risk(s), 0 error"]
+
+
+@pytest.mark.spark
+def test_doctor_counts_the_recent_rows_read_on_a_mirror_from_the_lake(spark: Any, tmp_path: Path) -> None:
+    from audit.oracle import ConsumedRow, Inputs
+    from spark_jobs.trace import mirror_consumption
+    from tests.reconcile_cases import T0, at, frame, table_rows
+
+    cfg = _mirror_config(tmp_path)
+    consumed = [ConsumedRow("g1", "c", i, 0, i, "p", i, "processed", at(10)) for i in range(4)]  # the source
+    consumed += [ConsumedRow("g2", "c", 10 + i, 0, 100 + i, "p", i, "processed", at(20), cluster="dr") for i in range(3)]
+    consumed += [ConsumedRow("g1", "c", 20, 0, 100, "p", 0, "committed", at(90), cluster="eu")]
+    consumed += [ConsumedRow("g2", "c", 30, 0, 100, "p", 0, "processed", at(-30), cluster="dr")]  # before `since`
+    consumed += [ConsumedRow("g1", "c", 40, 0, 100, "p", 0, "processed", at(20), cluster="dr", topic="u")]
+    rows = table_rows(Inputs(consumed=consumed))["consumed_records"]
+    (frame(spark, "consumed_records", rows).write.format("delta").partitionBy("topic", "part_hour")
+     .save(f"{cfg.lake}/consumed_records"))
+    assert mirror_consumption(spark, cfg, T0) == {("t", "g2", "dr"): 3, ("t", "g1", "eu"): 1, ("u", "g1", "dr"): 1}

@@ -32,7 +32,7 @@ from audit.oracle import (
     Watermark,
     reconcile_window,
 )
-from tests.reconcile_cases import T0, norm_rows, sorted_anomalies, spark_reconcile, topic_config
+from tests.reconcile_cases import T0, norm_rows, sorted_anomalies, spark_classify, topic_config
 
 TC = topic_config(groups=("g1",), sinks=(("s1", "g1"), ("s2", None)))
 BATCH = 6
@@ -122,6 +122,12 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             delay = draw(st.sampled_from([2, 30, 1200, 5400]))
             consumed.append(ConsumedRow("g1", draw(st.sampled_from(["c1", "c2"])), cseq, r["p"], r["off"],
                                         cpid, cseq_v, outcome, _at(r["t"] + delay)))
+        if draw(st.integers(0, 5)) == 0:  # read on a cluster no mirror of the topic is named: ignored, counted
+            cseq += 1
+            consumed.append(ConsumedRow("g1", "c4", cseq, r["p"], 100 + r["off"], cpid, cseq_v,
+                                        draw(st.sampled_from(["processed", "committed"])),
+                                        _at(r["t"] + draw(st.sampled_from([2, 5400, 9000]))),
+                                        cluster=draw(st.sampled_from(["dr", "eu"]))))
         for name in ("s1", "s2"):
             for _ in range(draw(st.integers(0, 2))):
                 delay = draw(st.sampled_from([5, 40, 1500, 6000]))
@@ -194,10 +200,11 @@ def _swap_ack(lr: LedgerRow, a: dict[str, Any], b: dict[str, Any]) -> LedgerRow:
 def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, datetime]) -> None:
     inputs, as_of = history
     oracle = reconcile_window(TC, T0, as_of, inputs)
-    report, anomalies, quarantined = spark_reconcile(spark, TC, T0, as_of, inputs)
+    report, anomalies, quarantined, ignored = spark_classify(spark, TC, T0, as_of, inputs)
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert report == norm_rows(oracle.report)
     assert quarantined == oracle.quarantined_ledger_rows
+    assert ignored == oracle.ignored_mirror_rows
 
 
 @pytest.mark.unit
@@ -211,5 +218,8 @@ def test_generated_histories_exercise_the_rules(history: tuple[Inputs, datetime]
         assert 0 <= row["delivered"] <= row["expected"]
         assert row["lost"] + row["pending"] <= row["expected"] or row["stage"] != "log"
     assert len({a["run_id"] for a in r.anomalies}) <= 1
+    assert sum(r.ignored_mirror_rows.values()) <= sum(c.cluster is not None for c in inputs.consumed)
+    if r.ignored_mirror_rows:
+        event("ignored_mirror_rows")
     for code in sorted({a["anomaly"] for a in r.anomalies}):
         event(code)  # `pytest --hypothesis-show-statistics` shows how often each code was generated

@@ -14,6 +14,10 @@ Risks (severity):
 * `dlq_growing` (warn): a configured group's dead-letter topic (`<group>.dlq`, docs/design.md §11)
   holds more records than at the previous doctor run (end offsets kept in
   `$MSGAUDIT_HOME/doctor-dlq.json`): messages keep failing processing.
+* `mirror_rows_ignored` (warn): a configured group's consumption rows read on a mirror (from the
+  lake's `consumed_records`, counted by the caller) that the reconcile leaves out because the group
+  is not in that mirror's `failover_groups`, or the `cluster` names no mirror of the topic
+  (docs/design.md §5.5): its records there would turn `overdue`, then `missed`.
 * `at_risk_of_expiry` (error): a group's oldest unprocessed record (at its committed offset) is so
   old that, if the group stays at its current position, retention deletes it within `horizon`
   (`expired_unconsumed`); the estimate is in the detail.
@@ -29,6 +33,7 @@ from typing import Any
 
 from audit.core.config import Config
 from audit.core.errors import BrokerError
+from audit.core.failover import failover_pairs, ignored_rows_line
 from audit.core.kafka_conf import internal_client_conf
 from audit.core.vocabulary import ERROR, WARN
 
@@ -143,6 +148,21 @@ def producer_risks(settings: list[dict[str, Any]], topics_of: dict[str, list[str
     return risks
 
 
+def mirror_risks(cfg: Config, counts: dict[tuple[str, str, str], int], topics: list[str] | None = None) -> list[Risk]:
+    """`mirror_rows_ignored` for each (topic, group, cluster) of `counts` (rows read on a mirror, from
+    the lake) that the reconcile does not use: a group of the topic that does not fail over to
+    that cluster's mirror, or a cluster no mirror of the topic is named."""
+    risks: list[Risk] = []
+    for (topic, group, cluster), n in sorted(counts.items()):
+        if topic not in cfg.topics or (topics and topic not in topics):
+            continue
+        tc = cfg.topic(topic)
+        if group in tc.groups and n and (cluster, group) not in failover_pairs(tc):
+            risks.append(Risk(WARN, "mirror_rows_ignored", topic, f"group:{group}",
+                              ignored_rows_line(tc, group, cluster, n)))
+    return risks
+
+
 DLQ_STATE = "doctor-dlq.json"
 
 
@@ -224,9 +244,11 @@ def admin_watermarks(cfg: Config, topic: str, partition: int) -> tuple[int, int]
 
 def cli_doctor(args: Any, cfg: Config,
                producers: tuple[list[dict[str, Any]], dict[str, list[str]]] | None = None,
-               record: Callable[[list[Risk]], None] | None = None) -> int:
+               record: Callable[[list[Risk]], None] | None = None,
+               mirror_rows: dict[tuple[str, str, str], int] | None = None) -> int:
     """Print the risks; exit 3 if one is error severity. `producers`: the recent producer sessions'
-    settings and their topics, from the lake (the CLI reads them; None: not known)."""
+    settings and their topics, from the lake (the CLI reads them; None: not known). `mirror_rows`:
+    recent consumption rows read on a mirror per (topic, group, cluster), from the lake."""
     from audit.core.errors import SlaFailed
 
     risks = diagnose(cfg, list(args.topics) if args.topics else None, timedelta(hours=args.horizon_hours),
@@ -234,6 +256,8 @@ def cli_doctor(args: Any, cfg: Config,
     if producers is not None:
         wanted = set(args.topics or cfg.topics)
         risks += [r for r in producer_risks(*producers) if r.topic in wanted or r.topic == "-"]
+    if mirror_rows:
+        risks += mirror_risks(cfg, mirror_rows, list(args.topics) if args.topics else None)
     if record is not None:  # the CLI stores them in the report store (the dashboard shows the latest run)
         record(risks)
     for r in risks:

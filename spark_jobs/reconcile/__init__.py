@@ -75,11 +75,12 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
 from audit.core.errors import InputError, ResultReleased
+from audit.core.failover import ignored_rows_lines
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
-from spark_jobs.reconcile.failover import failover_lookups, translate
+from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
     batches,
@@ -129,6 +130,9 @@ class WindowResult:
     empty: bool
     cached: list[DataFrame] = field(default_factory=list)
     released: bool = False
+    # (group, cluster) -> consumption rows read on a mirror the group does not fail over to (§5.5)
+    ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # said after the summary line: what was ignored, the fix
 
     @property
     def anomalies(self) -> DataFrame:
@@ -174,6 +178,8 @@ class Classified:
     quarantined: int
     empty: bool
     summary: DataFrame  # persisted; `anomalies` reads it
+    ignored: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, cluster) -> rows (§5.5)
+    notes: list[str] = field(default_factory=list)
 
 
 def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
@@ -256,15 +262,20 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
           for n, _ in X_FIELDS])
     x = (facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
          .unionByName(quarantine))
+    if vis.ignored is not None:  # rows read on a mirror the group does not fail over to: kind 'I', counted
+        x = x.unionByName(ignored_x(vis.ignored))
     summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
 
     stats = stage_stats(spark, summary, facts)  # reads the checkpoints once more: before `release`
     codes: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
     quarantined: dict[str, int] = {}
-    for r in (summary.where("kind IN ('A', 'Q')").groupBy("topic", "kind", "stage", "partition", "anomaly")
+    ignored: dict[str, dict[tuple[str, str], int]] = {}
+    for r in (summary.where("kind IN ('A', 'Q', 'I')").groupBy("topic", "kind", "stage", "partition", "anomaly")
               .agg(F.sum("n").alias("n")).collect()):
         if r["kind"] == "Q":
             quarantined[r["topic"]] = quarantined.get(r["topic"], 0) + int(r["n"])
+        elif r["kind"] == "I":
+            ignored.setdefault(r["topic"], {})[(r["stage"], r["anomaly"])] = int(r["n"])
         else:
             codes.setdefault(r["topic"], {}).setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = int(r["n"])
     for df in cached:  # the summary is materialised now; these are only needed to recompute it
@@ -277,7 +288,9 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         anomalies = anomaly_rows(summary.where(F.col("topic") == tc.name), ws, {tc.name: run_id}, as_of)
         empty = not any(s.get("expected") for s in t_stats.values()) and not t_codes
         count = sum(n for c in t_codes.values() for n in c.values())
-        out[tc.name] = Classified(report, anomalies, count, quarantined.get(tc.name, 0), empty, summary)
+        t_ignored = ignored.get(tc.name, {})
+        out[tc.name] = Classified(report, anomalies, count, quarantined.get(tc.name, 0), empty, summary,
+                                  t_ignored, ignored_rows_lines(tc, t_ignored))
     return out
 
 
@@ -300,7 +313,7 @@ def reconcile_window(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
     if publish:
         write_outputs(spark, cfg, topic, ws, w.report, w.anomalies)
     return WindowResult(topic, ws, as_of, run_id_for(topic, ws, as_of), w.report, w.anomalies, w.anomaly_count,
-                        w.quarantined, w.empty, [w.summary])
+                        w.quarantined, w.empty, [w.summary], ignored_mirror_rows=w.ignored, notes=w.notes)
 
 
 def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime, as_of: datetime,
@@ -316,7 +329,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()},
                              anomaly_rows(summary, ws, run_ids, as_of))
     return [WindowResult(t, ws, as_of, run_ids[t], c.report, c.anomalies, c.anomaly_count, c.quarantined,
-                         c.empty, [summary]) for t, c in classified.items()]
+                         c.empty, [summary], ignored_mirror_rows=c.ignored, notes=c.notes)
+            for t, c in classified.items()]
 
 
 def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: datetime, as_of: datetime,
@@ -355,11 +369,14 @@ def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: date
 
 
 def summary_line(r: WindowResult) -> str:
+    """The window's line; then, one line each, the consumption rows read on a mirror that were
+    ignored (§5.5) and the fix."""
     counts: dict[str, int] = {}
     for row in r.report:
         counts[row["stage"]] = counts.get(row["stage"], 0) + row["expected"]
     status = r.report[0]["status"] if r.report else "empty"
     extra = f", quarantined {r.quarantined_ledger_rows} malformed ledger rows" if r.quarantined_ledger_rows else ""
     empty = " (empty window: no messages)" if r.empty else ""
-    return (f"{r.topic} {r.window_start.isoformat()} [{status}] anomalies={r.anomaly_count} "
+    line = (f"{r.topic} {r.window_start.isoformat()} [{status}] anomalies={r.anomaly_count} "
             f"expected={json.dumps(counts)}{extra}{empty}")
+    return "\n".join([line, *(f"{r.topic} {r.window_start.isoformat()}: {note}" for note in r.notes)])

@@ -13,7 +13,13 @@ oracle's (`audit/oracle.py`, `_failover` and the group stage), restated as DataF
   or its latest captured committed offset on the target, `mirror_group_offsets`, if lower) and
   the failover position of each source partition (one past the highest source offset whose first
   copy in the same partition lies below the resume offset); a record below it that the group never
-  processed on either cluster is `missed` (classify.py, failover variant).
+  processed on either cluster is `missed` (classify.py, failover variant);
+- `ignored_rows` / `ignored_x`: the other rows with a `cluster` (a group not declared for that
+  mirror, or a cluster naming no mirror of the topic) are not used, but counted: X rows of kind
+  'I' that the summary aggregation counts per (topic, group, cluster) for the run summary.
+
+What the oracle shares with this module (`Failover`, the instant's text, the run summary's line
+for ignored rows) lives in `audit/core/failover.py`.
 
 This module must not read or write tables or spell out a detail text; it collects only small
 per-partition aggregates to the driver (like the group offsets).
@@ -21,31 +27,16 @@ per-partition aggregates to the driver (like the group offsets).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from audit.core.failover import Failover
 from audit.core.vocabulary import COMMITTED, PROCESSED
 from spark_jobs.reconcile.mirror import mirror_copies, source_units
 from spark_jobs.reconcile.params import Shape
-
-
-@dataclass(frozen=True)
-class Failover:
-    """One group's failover to one mirror, as the window sees it."""
-
-    mirror: str
-    at: str  # F, as the detail texts write it
-    resume: dict[int, int]  # target partition -> offset the group resumed from
-    position: dict[int, int]  # source partition -> one past the highest source offset copied below it
-
-
-def failover_instant(at: datetime) -> str:
-    """The failover instant as the detail texts write it (the oracle's `failover_instant`)."""
-    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
-    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+from spark_jobs.reconcile.sql import X_FIELDS
 
 
 def declared(shape: Shape) -> list[tuple[str, str, str]]:
@@ -59,13 +50,34 @@ def _is(topic: str, group: str, mirror: str) -> Column:
 
 def target_rows(consumed: DataFrame, shape: Shape) -> DataFrame | None:
     """The visible consumption rows of declared failover groups on their mirrors' target copies."""
+    cond = _declared_on_mirror(shape)
+    return None if cond is None else consumed.where(cond)
+
+
+def _declared_on_mirror(shape: Shape) -> Column | None:
     pairs = declared(shape)
     if not pairs:
         return None
     cond = _is(*pairs[0])
     for p in pairs[1:]:
         cond = cond | _is(*p)
-    return consumed.where(cond)
+    return cond
+
+
+def ignored_rows(consumed: DataFrame, shape: Shape) -> DataFrame:
+    """The visible consumption rows read on a mirror that §5.5 leaves out of the judgement: their
+    `cluster` names a mirror their group does not fail over to, or no mirror of the topic."""
+    on_mirror = F.col("cluster").isNotNull()
+    cond = _declared_on_mirror(shape)
+    return consumed.where(on_mirror if cond is None else on_mirror & ~cond)
+
+
+def ignored_x(rows: DataFrame) -> DataFrame:
+    """`ignored_rows` as X rows of kind 'I' (stage = the group, anomaly = the cluster): the summary
+    counts them per (topic, group, cluster) in the aggregation it already runs, no job of their own."""
+    named = {"kind": F.lit("I"), "stage": F.col("group"), "anomaly": F.col("cluster")}
+    return rows.select(*[F.col("topic") if n == "topic" else named[n].alias(n) if n in named
+                         else F.lit(None).cast(t).alias(n) for n, t in X_FIELDS])
 
 
 def translate(rows: DataFrame, ledger: DataFrame, log: DataFrame, shape: Shape, columns: list[str]) -> DataFrame:
@@ -114,5 +126,5 @@ def failover_lookups(rows: DataFrame, ledger: DataFrame, log: DataFrame, mirror_
                         firsts.join(F.broadcast(res), "partition").where(F.col("offset") < F.col("resume"))
                         .join(units, ["pid", "seq"]).where(F.col("op") == F.col("partition"))
                         .groupBy("op").agg(F.max("oo")).collect())}
-                out.setdefault(tc.name, {})[g] = Failover(m.name, failover_instant(first[0]), resume, position)
+                out.setdefault(tc.name, {})[g] = Failover(m.name, first[0], resume, position)
     return out

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from audit.core.config import Config, TopicConfig
 from audit.core.vocabulary import ACKED, COMMITTED, HANDED, LEDGER_STATUSES, PROCESSED
 from audit.core.windows import read_ranges
-from spark_jobs.reconcile.failover import target_rows
+from spark_jobs.reconcile.failover import ignored_rows, target_rows
 from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import _q
 
@@ -49,6 +49,8 @@ class WindowInputs:
     failover: DataFrame | None = None
     # the groups' committed offsets on the mirrors' target clusters (§5.5), when captured
     mirror_group_offsets: DataFrame | None = None
+    # consumption rows read on a mirror their group does not fail over to (set by `restrict`; counted)
+    ignored: DataFrame | None = None
 
 
 def sink_rows(inputs: WindowInputs) -> DataFrame | None:
@@ -85,7 +87,7 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     ledger = inputs.ledger.where(topic & between(F.col("produce_ts"), rr.message_lo, rr.message_hi))
     natural = F.coalesce("produce_ts", "kafka_ts", "captured_at")
     log = inputs.log.where(topic & between(natural, rr.message_lo, rr.message_hi))
-    consumed = failover = None
+    consumed = failover = ignored = None
     if inputs.consumed is not None and shape.max_groups:
         consumed = inputs.consumed.where(topic & shape.group_index().isNotNull()
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
@@ -95,6 +97,7 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
         if failover is not None:
             failover = failover.withColumn("outcome", F.when(F.col("outcome") == HANDED, F.lit(PROCESSED))
                                            .otherwise(F.col("outcome")))
+        ignored = ignored_rows(consumed, shape)
         consumed = consumed.where(F.col("cluster").isNull())
     commits = None
     if consumed is not None:
@@ -109,7 +112,7 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
     return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
                         inputs.mirror_log, inputs.mirror_watermarks, commits=commits, sink_rows=rows,
-                        failover=failover, mirror_group_offsets=inputs.mirror_group_offsets)
+                        failover=failover, mirror_group_offsets=inputs.mirror_group_offsets, ignored=ignored)
 
 
 def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int) -> list[Shape]:

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import TopicConfig
+from audit.core.failover import Failover, failover_instant
 from spark_jobs.reconcile.sql import _q
 
 
@@ -28,8 +29,8 @@ class Lookups:
     max_lso: dict[int, int]
     committed: dict[str, dict[int, int | None]]  # group -> partition -> latest committed offset
     partitions: set[int]
-    # group -> its failover to a mirror (failover.Failover: mirror, at, resume, position)
-    failover: dict[str, Any] = field(default_factory=dict)
+    # group -> its failover to a mirror (mirror, at, resume, position)
+    failover: dict[str, Failover] = field(default_factory=dict)
 
 
 def _micros(t: datetime) -> int:
@@ -151,7 +152,7 @@ def batch_params(spark: SparkSession, shape: Shape, ws: datetime, as_of: datetim
             fo = None if g is None else lk.failover.get(g)
             for m in ((fo.position, fo.resume) if fo is not None else ({}, {})):
                 vals.append(f"cast({_map_sql({p: f'{v}L' for p, v in m.items()}, 'bigint')} as map<int,bigint>)")
-            vals += [f"cast({_q(fo.mirror) if fo else 'null'} as string)", f"cast({_q(fo.at) if fo else 'null'} as string)"]
+            vals += [f"cast({_q(fo.mirror) if fo else 'null'} as string)", f"cast({_q(failover_instant(fo.at)) if fo else 'null'} as string)"]
         vals += [str(len(tc.groups)), str(len(tc.sinks)),
                  "cast(array(" + ", ".join(_q(group_stage(g)) for g in tc.groups) + ") as array<string>)",
                  "cast(array(" + ", ".join(_q(sink_stage(s.name)) for s in tc.sinks) + ") as array<string>)"]
