@@ -1,8 +1,10 @@
-"""SQL text helpers of the Spark classifier: the X row (one anomaly row, kind 'A', or one unit's
-facts at a stage, kind 'F') every rule produces, string literals, and anomaly codes and detail
-texts taken from the vocabulary (`audit.core.vocabulary`): `detail_sql` turns a code's detail
-template into the SQL expression that renders the same text, so each text is written once. An X
-row carries the `topic` column of the row it is built from, so one plan classifies many topics.
+"""SQL text helpers of the Spark classifier: the X row every rule produces (kind 'A': one
+anomaly row; 'F': one unit's facts at a stage; 'Q' and 'I' are only counted by the summary: a
+malformed ledger row, a consumption row read on a mirror its group does not fail over to),
+string literals, and anomaly codes and detail texts taken from the vocabulary
+(`audit.core.vocabulary`): `detail_sql` turns a code's detail template into the SQL expression
+that renders the same text, so each text is written once. An X row carries the `topic` column of
+the row it is built from, so one plan classifies many topics.
 
 Pure string building: no DataFrames, no SparkSession, no I/O.
 """
