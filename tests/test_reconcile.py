@@ -127,8 +127,23 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- the job, with I/O
-def _config(make_config: Callable[..., Config], tmp_path: Path) -> Config:
-    return make_config(tmp_path, topics={TOPIC: {
+# Where a published window is classified: in the driver (small inputs, the default), or by the Spark
+# plan because the inputs hold more rows than `reconcile.driver_rows` (here 5). The other path is
+# made to fail, so each case proves which one ran.
+PATHS = {"driver": {}, "spark": {"reconcile": {"driver_rows": 5}}}
+
+
+def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    import spark_jobs.reconcile as rec
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError(f"the {'Spark plan' if path == 'driver' else 'driver path'} ran")
+
+    monkeypatch.setattr(rec, "classify_batch" if path == "driver" else "classify_collected", refuse)
+
+
+def _config(make_config: Callable[..., Config], tmp_path: Path, path: str = "driver") -> Config:
+    return make_config(tmp_path, **PATHS[path], topics={TOPIC: {
         "window": "1h", "grace": "15m", "groups": [GROUP],
         "sinks": [{"name": "s1", "format": "delta", "location": "sinks/s1", "group": GROUP},
                   {"name": "s2", "format": "sql", "url": "sqlite:///sinks/s2.db", "table": "orders",
@@ -172,12 +187,15 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("path", sorted(PATHS))
 def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the_window(
-        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path, path: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.reconcile import reconcile_window
 
-    cfg = _config(make_config, tmp_path)
+    cfg = _config(make_config, tmp_path, path)
+    _only_path(monkeypatch, path)
     h = _io_history()
     write_lake(spark, cfg.lake, h.inputs())
     write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
@@ -193,7 +211,8 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     kept_before = _our_persisted_rdds(spark)
     first = reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
     assert norm_rows(first.report) == norm_rows(oracle.report)
-    assert len(_our_persisted_rdds(spark) - kept_before) == 1  # the summary the result holds, nothing else
+    # the summary the result holds, nothing else (the driver path holds its rows in the driver)
+    assert len(_our_persisted_rdds(spark) - kept_before) == (1 if path == "spark" else 0)
     report_1 = _delta_rows(spark, cfg, "audit_partition_report")
     anomalies_1 = _delta_rows(spark, cfg, "audit_anomalies")
     assert sorted_anomalies(anomalies_1) == sorted_anomalies(oracle.anomalies)
@@ -387,19 +406,22 @@ def _retopic(inputs: Any, topic: str, sinks: dict[str, str]) -> Any:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("path", sorted(PATHS))
 def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: Callable[..., Config],
-                                                       tmp_path: Path) -> None:
-    """`reconcile_range` classifies all topics of a window in one plan: three topics with different
-    groups and sinks (none; one group and its sink; two groups, two sinks reading one physical
-    table) over one lake and one shared Delta sink table each give exactly the oracle's rows for
-    that topic alone, published with one commit per output table."""
+                                                       tmp_path: Path, path: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reconcile_range` classifies all topics of a window in one plan (or, small, in the driver):
+    three topics with different groups and sinks (none; one group and its sink; two groups, two
+    sinks reading one physical table) over one lake and one shared Delta sink table each give
+    exactly the oracle's rows for that topic alone, published with one commit per output table."""
     from audit.oracle import Inputs
     from spark_jobs.reconcile import reconcile_range
 
     history, _ = build_cases()
     base = history.inputs()
     loc = str(tmp_path / "sinks" / "shared")
-    cfg = make_config(tmp_path, topics={
+    _only_path(monkeypatch, path)
+    cfg = make_config(tmp_path, **PATHS[path], topics={
         "t": {"window": "1h", "grace": "15m", "groups": [GROUP],
               "sinks": [{"name": "s1", "format": "delta", "location": loc, "group": GROUP}]},
         "u": {"window": "1h", "grace": "15m", "sinks": [{"name": "s1", "format": "delta", "location": loc}]},

@@ -102,6 +102,10 @@ class TopicConfig:
 # over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
+# A batch of windows with at most this many input rows is reconciled in the driver (about a second
+# per 50,000 rows there, against a Spark plan's fixed ~10 s; docs/design.md §5.8).
+DEFAULT_DRIVER_ROWS = 200_000
+
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 
@@ -142,6 +146,9 @@ class Config:
     spark: Mapping[str, str]
     topics: Mapping[str, TopicConfig]
     ledger: LedgerTopicConfig | None = None  # `ledger: {topic, kafka}`: ledgers shipped through a topic
+    # `reconcile.driver_rows`: a window's batch whose inputs hold at most this many rows is classified
+    # in the driver (docs/design.md §5.8); 0 always uses the Spark plan
+    driver_rows: int = DEFAULT_DRIVER_ROWS
 
     @property
     def ledger_topic(self) -> str | None:
@@ -356,8 +363,14 @@ def _resolve_sqlite(url: str | None, base: Path) -> str | None:
 def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
     base = (base or Path.cwd()).resolve()
     data = _interpolate(dict(data), source)
-    _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "topics"),
-                source)
+    _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "reconcile",
+                       "topics"), source)
+    reconcile = _mapping(data.get("reconcile"), f"{source}: reconcile")
+    _check_keys(reconcile, ("driver_rows",), f"{source}: reconcile")
+    driver_rows = reconcile.get("driver_rows", DEFAULT_DRIVER_ROWS)
+    if isinstance(driver_rows, bool) or not isinstance(driver_rows, int) or driver_rows < 0:
+        raise ConfigError(f"{source}: reconcile.driver_rows: expected a whole number >= 0 (0: always the Spark "
+                          f"plan), got {driver_rows!r}")
     home = base / str(data.get("home", DEFAULT_HOME))
     kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
     kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
@@ -377,6 +390,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         spark=spark,
         topics=topics,
         ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
+        driver_rows=driver_rows,
     )
 
 

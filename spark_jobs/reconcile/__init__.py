@@ -80,6 +80,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from spark_jobs.reconcile.classify import classify, simple_facts
+from spark_jobs.reconcile.driver import OracleInputs, classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
@@ -307,30 +308,50 @@ def anomaly_rows(summary: DataFrame, ws: datetime, run_ids: Mapping[str, str], a
 
 def reconcile_window(spark: SparkSession, cfg: Config, topic: str, ws: datetime, as_of: datetime,
                      publish: bool = True) -> WindowResult:
-    tc = cfg.topic(topic)
-    inputs = read_window_inputs(spark, cfg, tc, ws)
-    w = classify_window(spark, inputs, tc, ws, as_of)
-    if publish:
-        write_outputs(spark, cfg, topic, ws, w.report, w.anomalies)
-    return WindowResult(topic, ws, as_of, run_id_for(topic, ws, as_of), w.report, w.anomalies, w.anomaly_count,
-                        w.quarantined, w.empty, [w.summary], ignored_mirror_rows=w.ignored, notes=w.notes)
+    """One (topic, window): a batch of one."""
+    return reconcile_batch(spark, cfg, Shape((cfg.topic(topic),)), ws, as_of, publish)[0]
 
 
 def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime, as_of: datetime,
                     publish: bool = True,
                     tables: dict[str, tuple[DataFrame, bool]] | None = None) -> list[WindowResult]:
     """One window of every topic of `shape`, in one plan; published with one commit per output table
-    for the whole batch. The results share one cached summary: `release()` of any frees it."""
+    for the whole batch. The results share one cached summary: `release()` of any frees it. A batch
+    whose inputs hold at most `cfg.driver_rows` rows is classified in the driver instead
+    (`driver`, docs/design.md §5.8)."""
     inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
-    classified = classify_batch(spark, inputs, shape, ws, as_of)
-    run_ids = {t: run_id_for(t, ws, as_of) for t in shape.names}
-    summary = next(iter(classified.values())).summary
+    collected = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else None
+    if collected is not None:
+        classified = classify_in_driver(spark, collected, shape, ws, as_of)
+        anomalies = next(iter(classified.values())).summary
+    else:
+        classified = classify_batch(spark, inputs, shape, ws, as_of)
+        summary = next(iter(classified.values())).summary
+        anomalies = anomaly_rows(summary, ws, {t: run_id_for(t, ws, as_of) for t in shape.names}, as_of)
     if publish:
-        write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()},
-                             anomaly_rows(summary, ws, run_ids, as_of))
-    return [WindowResult(t, ws, as_of, run_ids[t], c.report, c.anomalies, c.anomaly_count, c.quarantined,
-                         c.empty, [summary], ignored_mirror_rows=c.ignored, notes=c.notes)
+        write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies)
+    return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
+                         c.quarantined, c.empty, [c.summary], ignored_mirror_rows=c.ignored, notes=c.notes)
             for t, c in classified.items()]
+
+
+def classify_in_driver(spark: SparkSession, collected: OracleInputs, shape: Shape, ws: datetime,
+                       as_of: datetime) -> dict[str, Classified]:
+    """`classify_batch`'s result for inputs collected into the driver: the oracle's rows, with the
+    anomalies as one small local DataFrame (the batch's `summary`)."""
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES
+
+    results = classify_collected(collected, shape.topics, ws, as_of)
+    rows = [a for r in results.values() for a in r.anomalies]
+    frame = spark.createDataFrame([tuple(a[f.name] for f in AUDIT_ANOMALIES.fields) for a in rows], AUDIT_ANOMALIES)
+    out: dict[str, Classified] = {}
+    for tc in shape.topics:
+        r = results[tc.name]
+        anomalies = frame.where(F.col("topic") == tc.name) if len(shape.topics) > 1 else frame
+        empty = not any(row["expected"] for row in r.report) and not r.anomalies
+        out[tc.name] = Classified(r.report, anomalies, len(r.anomalies), r.quarantined_ledger_rows, empty, frame,
+                                  r.ignored_mirror_rows, ignored_rows_lines(tc, r.ignored_mirror_rows))
+    return out
 
 
 def reconcile_range(spark: SparkSession, cfg: Config, start: datetime, end: datetime, as_of: datetime,

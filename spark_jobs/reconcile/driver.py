@@ -1,0 +1,111 @@
+"""Small windows in the driver: a batch whose inputs hold at most `reconcile.driver_rows` rows is
+collected in one Spark job and classified in this process by the rules' plain statement,
+`audit.oracle` (docs/design.md §5.8).
+
+A Spark plan pays a fixed cost whatever its size: some forty jobs, a few hundred generated
+classes, a checkpoint per shared step. For a window of a few thousand messages that fixed cost is
+nearly all of the run; reading the rows once and applying the same rules in Python is several
+times faster. The property test runs the Spark classifier itself and holds it equal to the oracle
+row for row, so this path adds no third statement of the rules, only a second place where the
+first one runs.
+
+`collect_inputs` is I/O (one Spark job); `classify_collected` calls the oracle once per topic. Neither
+writes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from datetime import UTC, datetime
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from audit import oracle
+from audit.core.config import TopicConfig
+from spark_jobs.reconcile.inputs import WindowInputs, sink_rows
+
+# tag of a collected row -> the oracle's row type
+_TYPES: Mapping[str, type] = {
+    "ledger": oracle.LedgerRow, "log": oracle.LogRecord, "consumed": oracle.ConsumedRow,
+    "group_offsets": oracle.GroupOffset, "watermarks": oracle.Watermark, "sink": oracle.SinkRow,
+    "mirror_log": oracle.MirrorRecord, "mirror_watermarks": oracle.MirrorWatermark,
+    "mirror_group_offsets": oracle.MirrorGroupOffset,
+}
+_TAG = "_msgaudit_input"
+OracleInputs = oracle.Inputs
+
+
+def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
+    """The window's input frames by tag, as read (the oracle applies the exact visibility itself)."""
+    named: list[tuple[str, DataFrame | None]] = [
+        ("ledger", inputs.ledger), ("log", inputs.log), ("consumed", inputs.consumed),
+        ("group_offsets", inputs.group_offsets), ("watermarks", inputs.watermarks), ("sink", sink_rows(inputs)),
+        ("mirror_log", inputs.mirror_log), ("mirror_watermarks", inputs.mirror_watermarks),
+        ("mirror_group_offsets", inputs.mirror_group_offsets)]
+    return [(tag, df) for tag, df in named if df is not None]
+
+
+def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> oracle.Inputs | None:
+    """Every row of the window's inputs as the oracle's rows, in one Spark job, or None when they
+    hold more than `limit` rows (then nothing more than `limit + 1` rows was read into the driver)."""
+    parts = []
+    wanted: dict[str, list[str]] = {}
+    for tag, df in _frames(inputs):
+        cols = [f.name for f in fields(_TYPES[tag]) if f.name in df.columns]
+        wanted[tag] = cols
+        extra = ["sink"] if tag == "sink" else []  # the sink's name
+        parts.append(df.select(*cols, *extra, F.lit(tag).alias(_TAG)))
+    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    # A limit is read a few partitions at a time, one job per round: read every partition at once.
+    conf = "spark.sql.limit.initialNumPartitions"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, str(2**30))
+    try:
+        rows = union.limit(limit + 1).collect()
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
+    if len(rows) > limit:
+        return None
+    out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
+    sinks: dict[str, list[Any]] = {}
+    for row in rows:
+        d = row.asDict()
+        tag = d[_TAG]
+        value = _TYPES[tag](**{c: _aware(d[c]) for c in wanted[tag]})
+        (sinks.setdefault(d["sink"], []) if tag == "sink" else out[tag]).append(value)
+    return oracle.Inputs(ledger=out["ledger"], log=out["log"], consumed=out["consumed"],
+                         group_offsets=out["group_offsets"], watermarks=out["watermarks"], sinks=sinks,
+                         mirror_log=out["mirror_log"], mirror_watermarks=out["mirror_watermarks"],
+                         mirror_group_offsets=out["mirror_group_offsets"])
+
+
+def _aware(v: Any) -> Any:
+    """Spark hands back naive datetimes in the session time zone (UTC); the oracle compares aware ones."""
+    return v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v
+
+
+def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws: datetime,
+                       as_of: datetime) -> dict[str, oracle.OracleResult]:
+    """The oracle's result for each topic, each given only its own rows."""
+    def of(rows: Sequence[Any], topic: str) -> list[Any]:
+        return [r for r in rows if r.topic == topic]
+
+    by_topic: dict[str, oracle.Inputs] = {}
+    names = {tc.name for tc in topics}
+    split: dict[str, dict[str, list[Any]]] = {t: {} for t in names}
+    for name in ("ledger", "log", "consumed", "group_offsets", "watermarks", "mirror_log", "mirror_watermarks",
+                 "mirror_group_offsets"):
+        for r in getattr(inputs, name):
+            if r.topic in split:
+                split[r.topic].setdefault(name, []).append(r)
+    for t in names:
+        sinks = {s: of(rows, t) for s, rows in inputs.sinks.items()}
+        by_topic[t] = oracle.Inputs(sinks=sinks, **split[t])
+    return {tc.name: oracle.reconcile_window(tc, ws, as_of, by_topic[tc.name]) for tc in topics}
