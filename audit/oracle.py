@@ -5,8 +5,11 @@ against row for row. Plain dataclasses in, report rows + anomaly rows out.
 This module must not import pyspark, read or write files, or look at the wall clock: it is a
 pure function of its inputs and `as_of`. It imports only `audit.core` (the vocabulary -- codes,
 statuses, detail texts --, read ranges, run ids, percentiles and report assembly, which the Spark
-job shares) and nothing of `spark_jobs`; the Spark job never imports it. It is written for clarity, not speed (hand-written
-fixtures and generated histories of a few hundred rows).
+job shares) and nothing of `spark_jobs`; the Spark classifier never imports it. It is written for
+clarity first, and it is also what classifies small windows in production: `msgaudit reconcile`
+collects a batch of at most `reconcile.driver_rows` input rows into the driver and calls
+`reconcile_window` per topic (`spark_jobs/reconcile/driver.py`, docs/design.md §5.8), so its cost
+must stay about linear in the rows.
 
 Decisions where docs/design.md leaves a choice (the Spark job implements exactly these):
 
