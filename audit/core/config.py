@@ -102,9 +102,10 @@ class TopicConfig:
 # over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
-# A batch of windows with at most this many input rows is reconciled in the driver (about a second
-# per 50,000 rows there, against a Spark plan's fixed ~10 s; docs/design.md §5.8).
-DEFAULT_DRIVER_ROWS = 200_000
+# A batch of windows with at most this many input rows is reconciled in the driver (docs/design.md
+# §5.8). Measured (docs/benchmarks.md): 4,000 rows 3.4 s there against 6.4 s by the Spark plan,
+# 200,000 rows 10.6 s against 14.4 s; the driver's time grows faster with the rows than the plan's.
+DEFAULT_DRIVER_ROWS = 250_000
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}

@@ -50,8 +50,8 @@ def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
 
 
 def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> oracle.Inputs | None:
-    """Every row of the window's inputs as the oracle's rows, in one Spark job, or None when they
-    hold more than `limit` rows (then nothing more than `limit + 1` rows was read into the driver)."""
+    """Every row of the window's inputs as the oracle's rows, or None when they hold more than
+    `limit` rows (then only their count was read). Two Spark jobs: the count, the rows."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
@@ -60,11 +60,12 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> ora
         extra = ["sink"] if tag == "sink" else []  # the sink's name
         parts.append(df.select(*cols, *extra, F.lit(tag).alias(_TAG)))
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    # One job: `toArrow` runs the limit as a single plan (a collect() would read it a few partitions at
-    # a time), and Arrow hands the rows over faster than pickled Rows.
-    rows = union.limit(limit + 1).toArrow().to_pylist()
-    if len(rows) > limit:
+    # Count first: a count reads no column, so a large window costs one cheap job before it goes to
+    # the Spark plan (a limit would first stream up to `limit` rows of every input partition).
+    if union.count() > limit:
         return None
+    table = union.toArrow()  # Arrow hands the rows over several times faster than pickled Rows
+    rows = table.to_pylist()
     out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
     sinks: dict[str, list[Any]] = {}
     for d in rows:
