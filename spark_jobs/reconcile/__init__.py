@@ -58,7 +58,7 @@ Modules, by concern (each docstring says what it must not do):
 - `stats`: the summary, latency buckets and exact percentiles;
 - `sql`: the SQL text helpers (X rows, literals, detail texts from the vocabulary's templates);
 - `outputs`: publishing a window (`write_outputs`, I/O);
-- `driver`: small batches, collected in one job (`collect_inputs`, I/O) and classified by the oracle;
+- `driver`: small batches, counted and collected (`collect_inputs`, I/O) and classified by the oracle;
 - this module: one window end to end (`classify_window`, `reconcile_window`), ranges and the CLI.
 
 Transforms take and return DataFrames and never read or write tables; `inputs.read_window_inputs`
@@ -83,8 +83,9 @@ from audit.core.failover import ignored_rows_lines
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
+from audit.oracle import Inputs as OracleInputs
 from spark_jobs.reconcile.classify import classify, simple_facts
-from spark_jobs.reconcile.driver import OracleInputs, classify_collected, collect_inputs
+from spark_jobs.reconcile.driver import classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,

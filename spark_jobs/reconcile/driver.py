@@ -1,6 +1,6 @@
 """Small windows in the driver: a batch whose inputs hold at most `reconcile.driver_rows` rows is
-collected in one Spark job and classified in this process by the rules' plain statement,
-`audit.oracle` (docs/design.md §5.8).
+counted and collected (two Spark jobs) and classified in this process by the rules' plain
+statement, `audit.oracle` (docs/design.md §5.8).
 
 A Spark plan pays a fixed cost whatever its size: some forty jobs, a few hundred generated
 classes, a checkpoint per shared step. For a window of a few thousand messages that fixed cost is
@@ -9,15 +9,15 @@ times faster. The property test runs the Spark classifier itself and holds it eq
 row for row, so this path adds no third statement of the rules, only a second place where the
 first one runs.
 
-`collect_inputs` is I/O (one Spark job); `classify_collected` calls the oracle once per topic. Neither
-writes anything.
+`collect_inputs` is I/O (the count, then the rows); `classify_collected` calls the oracle once per
+topic. Neither writes anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import reduce
 from typing import Any
 
@@ -36,7 +36,6 @@ _TYPES: Mapping[str, type] = {
     "mirror_group_offsets": oracle.MirrorGroupOffset,
 }
 _TAG = "_msgaudit_input"
-OracleInputs = oracle.Inputs
 
 
 def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
@@ -64,13 +63,12 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> ora
     # the Spark plan (a limit would first stream up to `limit` rows of every input partition).
     if union.count() > limit:
         return None
-    table = union.toArrow()  # Arrow hands the rows over several times faster than pickled Rows
-    rows = table.to_pylist()
+    # Arrow hands the rows over several times faster than pickled Rows, with aware (UTC) timestamps
     out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
     sinks: dict[str, list[Any]] = {}
-    for d in rows:
+    for d in union.toArrow().to_pylist():
         tag = d[_TAG]
-        value = _TYPES[tag](**{c: _aware(d[c]) for c in wanted[tag]})
+        value = _TYPES[tag](**{c: d[c] for c in wanted[tag]})
         (sinks.setdefault(d["sink"], []) if tag == "sink" else out[tag]).append(value)
     return oracle.Inputs(ledger=out["ledger"], log=out["log"], consumed=out["consumed"],
                          group_offsets=out["group_offsets"], watermarks=out["watermarks"], sinks=sinks,
@@ -78,26 +76,17 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> ora
                          mirror_group_offsets=out["mirror_group_offsets"])
 
 
-def _aware(v: Any) -> Any:
-    """Spark hands back naive datetimes in the session time zone (UTC); the oracle compares aware ones."""
-    return v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v
-
-
 def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws: datetime,
                        as_of: datetime) -> dict[str, oracle.OracleResult]:
-    """The oracle's result for each topic, each given only its own rows."""
-    def of(rows: Sequence[Any], topic: str) -> list[Any]:
-        return [r for r in rows if r.topic == topic]
-
-    by_topic: dict[str, oracle.Inputs] = {}
-    names = {tc.name for tc in topics}
-    split: dict[str, dict[str, list[Any]]] = {t: {} for t in names}
+    """The oracle's result for each topic, each given only its own rows (one pass over the rows)."""
+    split: dict[str, dict[str, Any]] = {tc.name: {"sinks": {}} for tc in topics}
     for name in ("ledger", "log", "consumed", "group_offsets", "watermarks", "mirror_log", "mirror_watermarks",
                  "mirror_group_offsets"):
         for r in getattr(inputs, name):
             if r.topic in split:
                 split[r.topic].setdefault(name, []).append(r)
-    for t in names:
-        sinks = {s: of(rows, t) for s, rows in inputs.sinks.items()}
-        by_topic[t] = oracle.Inputs(sinks=sinks, **split[t])
-    return {tc.name: oracle.reconcile_window(tc, ws, as_of, by_topic[tc.name]) for tc in topics}
+    for sink, rows in inputs.sinks.items():
+        for r in rows:
+            if r.topic in split:
+                split[r.topic]["sinks"].setdefault(sink, []).append(r)
+    return {tc.name: oracle.reconcile_window(tc, ws, as_of, oracle.Inputs(**split[tc.name])) for tc in topics}
