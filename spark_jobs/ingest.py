@@ -66,6 +66,8 @@ from spark_jobs.io.schemas import (
 QUARANTINE_TABLE = "ledger_quarantine"
 QUARANTINE_SCHEMA = LEDGER_QUARANTINE
 _CORRUPT = "_corrupt_line"
+RUN = "run"
+MAX_RUN = 65_536  # the longest run one line may stand for
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 86_400_000
 
@@ -80,6 +82,9 @@ class LedgerSource:
     time_column: str  # its UTC hour is part_hour
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     partition_by: tuple[str, ...] = ("topic", PART_HOUR)
+    # a line may stand for a run of messages (docs/design.md §4.2): `"run": k` means k rows, seq
+    # and offset counting up from the line's; only producer ledger lines carry it
+    runs: bool = False
 
     @property
     def json_schema(self) -> StructType:
@@ -89,7 +94,13 @@ class LedgerSource:
             return LongType() if isinstance(t, TimestampType) else t
 
         fields = [StructField(f.name, on_disk(f.dataType), True) for f in self.schema.fields]
+        if self.runs:
+            fields.append(StructField(RUN, LongType(), True))
         return StructType([*fields, StructField(_CORRUPT, StringType(), True)])
+
+    def rows_of_line(self) -> Column:
+        """How many table rows a parsed line stands for."""
+        return F.coalesce(F.col(f"j.{RUN}"), F.lit(1)) if self.runs else F.lit(1)
 
     @property
     def table_schema(self) -> StructType:
@@ -98,7 +109,7 @@ class LedgerSource:
 
 SOURCES: tuple[LedgerSource, ...] = (
     LedgerSource("producer_ledger", "producer", PRODUCER_LEDGER, "produce_ts",
-                 {"status": LEDGER_STATUSES}),
+                 {"status": LEDGER_STATUSES}, runs=True),
     LedgerSource("consumed_records", "consumer", CONSUMED_RECORDS, "consume_ts",
                  {"outcome": CONSUME_OUTCOMES}),
     # one row per AuditedProducer start (audit/clients/producer.py `write_settings`); no topic
@@ -156,7 +167,8 @@ def parse_lines(source: LedgerSource) -> Callable[[DataFrame], DataFrame]:
 
     Reasons, first that applies: 'empty line'; 'not a JSON object of the <table> schema'
     (malformed or truncated JSON, a wrong type, a number out of range); 'missing <column>'
-    for a required column; 'bad <column>: <value>' for a value outside its allowed set.
+    for a required column; 'bad <column>: <value>' for a value outside its allowed set;
+    'bad run: <k>' for a run that is not 1..MAX_RUN (producer ledger lines).
     """
     def transform(df: DataFrame) -> DataFrame:
         parsed = df.withColumn("j", F.from_json(
@@ -172,6 +184,10 @@ def parse_lines(source: LedgerSource) -> Callable[[DataFrame], DataFrame]:
         for column, allowed in source.allowed.items():
             checks.append((~F.col(f"j.`{column}`").isin(*allowed),
                            F.concat(F.lit(f"bad {column}: "), F.col(f"j.`{column}`"))))
+        if source.runs:
+            run = F.col(f"j.{RUN}")
+            checks.append((run.isNotNull() & ((run < 1) | (run > MAX_RUN)),
+                           F.concat(F.lit(f"bad {RUN}: "), run.cast(StringType()))))
         reason: Column = F.lit(None).cast(StringType())
         for cond, text in reversed(checks):
             reason = F.when(cond, text).otherwise(reason)
@@ -181,15 +197,25 @@ def parse_lines(source: LedgerSource) -> Callable[[DataFrame], DataFrame]:
 
 
 def to_table_rows(source: LedgerSource) -> Callable[[DataFrame], DataFrame]:
-    """Valid parsed lines -> the table's columns (timestamps from epoch ms) + part_hour."""
+    """Valid parsed lines -> the table's columns (timestamps from epoch ms) + part_hour; a line
+    with `"run": k` becomes its k rows (seq and offset + 0..k-1; a null offset stays null)."""
     def transform(df: DataFrame) -> DataFrame:
+        valid = df.filter(F.col("reason").isNull())
+        step = None
+        if source.runs:
+            run = F.col(f"j.{RUN}")
+            last = F.coalesce(run, F.lit(1).cast(LongType())) - 1
+            valid = valid.withColumn("_step", F.explode(F.sequence(F.lit(0).cast(LongType()), last)))
+            step = F.col("_step")
         cols = []
         for f in source.schema.fields:
             c = F.col(f"j.`{f.name}`")
+            if step is not None and f.name in ("seq", "offset"):
+                c = c + step
             cols.append((F.timestamp_millis(c) if isinstance(f.dataType, TimestampType) else c)
                         .cast(f.dataType).alias(f.name))
         cols.append(part_hour_of_millis(F.col(f"j.`{source.time_column}`")).alias(PART_HOUR))
-        return df.filter(F.col("reason").isNull()).select(*cols)
+        return valid.select(*cols)
 
     return transform
 
@@ -257,7 +283,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
         parsed = batch.transform(parse_lines(source)).persist()
         try:
             counts = parsed.agg(
-                F.count(F.when(F.col("reason").isNull(), 1)).alias("ok"),
+                F.coalesce(F.sum(F.when(F.col("reason").isNull(), source.rows_of_line())), F.lit(0)).alias("ok"),
                 F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
                 F.countDistinct("source_file").alias("files"),
             ).first()

@@ -193,6 +193,8 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
                 try:
                     counts = parsed.agg(
                         F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
+                        F.coalesce(F.sum(F.when(F.col("reason").isNull(), source.rows_of_line())),
+                                   F.lit(0)).alias("ok"),
                         F.countDistinct(F.regexp_replace("ledger_id", ":[0-9]+$", "")).alias("segments"),
                     ).first()
                     assert counts is not None
@@ -200,7 +202,7 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
                     if counts["bad"]:
                         write(parsed.transform(to_quarantine_rows(source)), quarantine_path, app, batch_id)
                     t = totals[source.table]
-                    t["landed"] += by_kind[source.subdir] - counts["bad"]
+                    t["landed"] += counts["ok"]
                     t["quarantined"] += counts["bad"]
                     t["segments"] += counts["segments"]
                 finally:

@@ -85,13 +85,17 @@ def test_parse_lines_gives_each_bad_line_its_reason(spark: Any) -> None:
         json.dumps(prow(4, partition=None)),
         json.dumps(prow(5, status="lost")),
         json.dumps(prow(6, partition=3_000_000_000)),  # not an int
+        json.dumps({**prow(7), "run": 0}),
+        json.dumps({**prow(8), "run": 65_537}),
+        json.dumps({**prow(9), "run": 65_536}),
     ]
     df = spark.createDataFrame([(x, "f") for x in lines], "line string, source_file string")
     actual = df.transform(parse_lines(PRODUCER)).select("line", "reason")
     bad_schema = "not a JSON object of the producer_ledger schema"
     expected = spark.createDataFrame(
         list(zip(lines, [None, "empty line", bad_schema, bad_schema, bad_schema, "missing pid",
-                         "missing partition", "bad status: lost", bad_schema], strict=True)),
+                         "missing partition", "bad status: lost", bad_schema, "bad run: 0",
+                         "bad run: 65537", None], strict=True)),
         "line string, reason string")
     assert_df_equality(actual, expected, ignore_nullable=True)
 
@@ -232,6 +236,29 @@ def test_corrupt_segment_is_quarantined_counted_and_the_rest_lands(
     r2 = ingest(spark, cfg)
     assert (r2.landed, r2.quarantined) == (0, 0)
     assert lake.read_table(spark, cfg, QUARANTINE_TABLE).count() == 3
+
+
+@pytest.mark.spark
+def test_a_run_line_lands_as_one_row_per_message(spark: Any, tmp_path: Path, make_config: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`"run": k` (the Java interceptor's lines, docs/design.md §4.2): k rows, seq and offset
+    counting up from the line's, every other column the line's; a failed run keeps its null offset."""
+    cfg = make_config(tmp_path)
+    acked = prow(10, partition=1, offset=500)
+    failed = prow(20, status="failed", partition=0)
+    seg = write_segment(cfg.ledger_dir / "producer", [{**acked, "run": 3}, prow(0), {**failed, "run": 2}])
+    with seg.open("a") as f:
+        f.write(json.dumps({**prow(30), "run": -1}) + "\n")
+
+    run_step(spark, cfg, "ingest", StepRange(), say=print)
+    out = capsys.readouterr().out
+    assert "ingest producer_ledger: 6 rows landed from 1 segments, 1 lines quarantined" in out
+    expected = ([{**acked, "seq": 10 + i, "offset": 500 + i} for i in range(3)] + [prow(0)]
+                + [{**failed, "seq": 20 + i} for i in range(2)])
+    assert_df_equality(lake.read_table(spark, cfg, "producer_ledger"), expected_ledger(spark, expected),
+                       ignore_row_order=True, ignore_nullable=True, ignore_column_order=True)
+    [q] = lake.read_table(spark, cfg, QUARANTINE_TABLE).collect()
+    assert q["reason"] == "bad run: -1"
 
 
 @pytest.mark.spark

@@ -13,7 +13,7 @@ import pytest
 from audit.core import headers as h
 from tests.conftest import new_topic
 from tests.test_plugin import ledger_rows
-from tests.test_producer import consume_all
+from tests.test_producer import consume_all, ledger_lines
 
 INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
 
@@ -63,6 +63,30 @@ def test_java_producer_with_the_interceptor_stamps_and_ledgers_every_record(
         row = by_seq[parsed.seq]
         assert (row["partition"], row["offset"], row["produce_ts"]) == (m.partition(), m.offset(), parsed.ts_ms)
         assert row["ack_ts"] >= row["produce_ts"]
+
+
+@pytest.mark.kafka
+def test_java_interceptor_writes_the_records_of_a_batch_as_one_run(
+        java_producer: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Records acknowledged together with consecutive seqs and offsets and one produce millisecond
+    are one ledger line (`"run": k`); expanded, the lines are exactly one row per record."""
+    topic = new_topic(kafka_bootstrap, partitions=2)
+    n = 2000
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    r = run_java(java_producer, topic, n, f"bootstrap.servers={kafka_bootstrap}", INTERCEPTOR,
+                 "partitioner.ignore.keys=true", "linger.ms=50", f"msgaudit.ledger.dir={spool}")
+    assert r.returncode == 0, r.stderr
+    lines = ledger_lines(spool)
+    assert any(line.get("run", 1) > 1 for line in lines)
+    assert len(lines) <= n // 4, f"{len(lines)} lines for {n} records"
+    rows = ledger_rows(spool)
+    records = consume_all(kafka_bootstrap, topic, n)
+    stamps = {(p.pid, p.seq): (m.partition(), m.offset(), p.ts_ms)
+              for m in records for p in [h.parse(m.headers())]}
+    assert len(stamps) == len(records) == n
+    assert {(row["pid"], row["seq"]): (row["partition"], row["offset"], row["produce_ts"]) for row in rows} == stamps
+    assert len(rows) == n
 
 
 @pytest.mark.kafka

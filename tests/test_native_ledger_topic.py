@@ -6,6 +6,7 @@ close leaves the segments unmarked for `msgaudit ship`, which ships them once. R
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -43,6 +44,11 @@ def spool_records(folder: Path, kind: str) -> dict[bytes, bytes]:
     return want
 
 
+def rows_of(want: dict[bytes, bytes], kind: str = "producer") -> int:
+    """Table rows of the lines under `kind`'s keys: a Java producer line with `"run": k` is k rows."""
+    return sum(json.loads(line).get("run", 1) for k, line in want.items() if k.startswith(kind.encode() + b"/"))
+
+
 def topic_records(bootstrap: str, topic: str, expected: int) -> list[tuple[bytes, bytes]]:
     records = consume_all(bootstrap, topic, expected, timeout=60)
     # the shipper's own producer runs no interceptor and no plugin: its records are not stamped
@@ -78,7 +84,7 @@ def test_java_clients_ship_every_ledger_row_once_and_mark_every_segment(
     assert produced and consumed
     assert all(is_shipped(s) for s in produced + consumed)
     want = {**spool_records(spool / "producer", "producer"), **spool_records(spool / "consumer", "consumer")}
-    assert sum(1 for k in want if k.startswith(b"producer/")) == n
+    assert rows_of(want) == n
     got = topic_records(kafka_bootstrap, ledger_topic, len(want))
     assert len(got) == len(want)  # one record per ledger row, none twice
     assert dict(got) == want
@@ -106,13 +112,14 @@ def test_java_producer_with_the_ledger_topic_down_at_close_leaves_segments_for_m
     assert len(segs) == 1 and not is_shipped(segs[0])
 
     want = spool_records(spool / "producer", "producer")
-    assert len(want) == n
+    assert rows_of(want) == n
     result = ship_spool(spool, {"bootstrap.servers": kafka_bootstrap}, ledger_topic)
-    # the producer's rows, and its settings row (only `msgaudit ship` ships those)
-    assert (result.segments, result.rows, result.failed) == (2, n + 1, 0)
+    # the producer's lines, and its settings row (only `msgaudit ship` ships those)
+    assert (result.segments, result.rows, result.failed) == (2, len(want) + 1, 0)
     assert is_shipped(segs[0])
     assert ship_spool(spool, {"bootstrap.servers": kafka_bootstrap}, ledger_topic).segments == 0
-    got = dict(r for r in topic_records(kafka_bootstrap, ledger_topic, n + 1) if r[0].startswith(b"producer/"))
+    got = dict(r for r in topic_records(kafka_bootstrap, ledger_topic, len(want) + 1)
+               if r[0].startswith(b"producer/"))
     assert got == want
 
 
@@ -157,7 +164,7 @@ def test_java_producer_and_consumer_on_one_folder_each_ship_only_their_own_segme
         for seg in segs:
             for n, line in enumerate(seg.read_bytes().splitlines()):
                 want[row_key(kind, seg, n)] = line
-    assert sum(1 for k in want if k.startswith(b"producer/")) == n1 + n2
+    assert rows_of(want) == n1 + n2
     got = topic_records(kafka_bootstrap, ledger_topic, len(want))
     assert len(got) == len(want)  # each row once, under its own kind
     assert dict(got) == want
@@ -314,7 +321,9 @@ def test_java_and_plugin_stream_a_left_segment_line_by_line_with_its_line_number
         assert all(is_shipped(s) for s in sealed_segments(tmp_path / client))
         want.update(spool_records(tmp_path / client, "producer"))
         assert [want[row_key("producer", left[client], n)] for n in range(3)] == lines
-    assert len(want) == 2 * (3 + 5)
+    left_keys = [k for k in want if k.startswith(b"producer/producer-20260101T000000000000Z-1-")]
+    assert len(left_keys) == 2 * 3
+    assert rows_of({k: v for k, v in want.items() if k not in left_keys}) == 2 * 5  # each client's 5 records
     got = topic_records(kafka_bootstrap, ledger_topic, len(want))
     assert len(got) == len(want) and dict(got) == want
 

@@ -21,14 +21,26 @@ LEDGER_COLUMNS = ["producer", "pid", "seq", "topic", "partition", "offset", "sta
                   "produce_ts", "ack_ts"]
 
 
-def ledger_rows(directory: Path) -> list[dict[str, Any]]:
-    rows = []
+def ledger_lines(directory: Path) -> list[dict[str, Any]]:
+    """Every line of the sealed segments, parsed; close() must have sealed them all."""
+    lines = []
     for seg in sealed_segments(directory):
         for line in seg.read_text().splitlines():
             row = json.loads(line)
-            assert list(row) == LEDGER_COLUMNS
-            rows.append(row)
+            assert list(row) in (LEDGER_COLUMNS, [*LEDGER_COLUMNS, "run"])
+            lines.append(row)
     assert not list(directory.glob("*.open")), "close() must seal every segment"
+    return lines
+
+
+def ledger_rows(directory: Path) -> list[dict[str, Any]]:
+    """The table rows of the segments: a line with `"run": k` is k rows (docs/design.md §4.2)."""
+    rows = []
+    for row in ledger_lines(directory):
+        run = row.pop("run", 1)
+        assert run >= 2 or "run" not in row
+        rows.extend({**row, "seq": row["seq"] + i, "offset": None if row["offset"] is None else row["offset"] + i}
+                    for i in range(run))
     return rows
 
 

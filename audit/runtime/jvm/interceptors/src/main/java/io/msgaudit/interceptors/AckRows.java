@@ -7,88 +7,91 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * The acknowledged rows of one producer, kept as raw fields until the spool's writer thread
- * formats them. {@link #add} runs on the producer's network thread for every acknowledged record:
- * under a short lock it copies the seq and produce_ts digits of the record's audit header into the
- * chunk's byte arena and stores the numbers (no String, no JSON, no per-record object, and no
- * reference to the record's header: a held reference would keep it alive through young
- * collections, which then copy it); {@link #drainInto} (writer thread) turns every stored row
- * into one JSON line, in the row format of audit/clients/producer.py. The writer drains every
- * flush interval; a chunk that fills while a quarter of {@code maxRows} is held wakes it early
- * (waking it per chunk cost ~10 % of a producer's throughput on two cores: a context switch per
- * 1,024 rows beside the producer's own threads).
+ * The acknowledged rows of one producer, kept as numbers until the spool's writer thread formats
+ * them. {@link #add} runs on the producer's network thread for every acknowledged record: under a
+ * short lock it stores the record's seq, produce time, topic, partition, offset and ack time (no
+ * String, no JSON, no per-record object, and no reference to the record's header: a held
+ * reference would keep it alive through young collections, which then copy it). A record that
+ * continues the last held one (same topic, partition, produce and ack millisecond; seq and offset
+ * one further) only lengthens it: the records of one produce batch usually make one <em>run</em>,
+ * written as one ledger line with {@code "run":<k>} (docs/design.md §4.2), which ingest expands
+ * into k rows. {@link #drainInto} (writer thread) turns every held run into one JSON line, in the
+ * row format of audit/clients/producer.py. The writer drains every flush interval; a chunk that
+ * fills while a quarter of {@code maxRows} is held wakes it early (waking it per chunk cost ~10 %
+ * of a producer's throughput on two cores: a context switch per 1,024 lines beside the producer's
+ * own threads).
  *
- * <p>The rows held here are bounded ({@code maxRows}); beyond it, and after the spool closed,
+ * <p>The lines held here are bounded ({@code maxRows}); beyond it, and after the spool closed,
  * {@link #add} refuses and the caller counts the row as dropped.
  */
 final class AckRows implements LedgerSpool.Source {
     static final int CHUNK = 1024;
+    /** The longest run one line may carry (ingest quarantines longer ones). */
+    static final int MAX_RUN = 65_536;
     // hand the rows to the file in pieces of about 64 KiB: a write of megabytes makes the kernel
     // allocate large page-cache folios, compacting memory inside the call on a fragmented machine
     private static final int FLUSH_BYTES = 64 << 10;
     private static final int MAX_FREE_CHUNKS = 64;
 
-    /** One chunk of rows: parallel arrays and a byte arena, reused once written. */
+    /** One chunk of runs: parallel arrays, reused once written. */
     static final class Chunk {
-        byte[] arena = new byte[CHUNK * 40]; // per row: its seq digits, then its produce_ts digits
-        int used;
-        final int[] seqLen = new int[CHUNK];
-        final int[] tsLen = new int[CHUNK];
+        final long[] seq = new long[CHUNK];
+        final long[] ts = new long[CHUNK];
         final String[] topic = new String[CHUNK]; // the producer's topic names: shared, long-lived
         final int[] partition = new int[CHUNK];
         final long[] offset = new long[CHUNK];
         final long[] ackTs = new long[CHUNK];
+        final int[] run = new int[CHUNK];
         int n;
-
-        void copy(byte[] src, int from, int len) {
-            if (used + len > arena.length) {
-                arena = java.util.Arrays.copyOf(arena, Math.max(arena.length * 2, used + len));
-            }
-            System.arraycopy(src, from, arena, used, len);
-            used += len;
-        }
     }
 
     private final byte[] head;      // {"producer":...,"pid":...,"seq":
-    private final int seqFrom;      // packed: where the seq digits start in audit.id (pid length + 1)
     private final byte[] middle;    // ,"status":"acked","error":null,"txn_id":<txn>,"produce_ts":
     private final int maxRows;
-    private final int wakeAt;       // rows held at which a filled chunk wakes the writer early
+    private final int wakeAt;       // lines held at which a filled chunk wakes the writer early
 
     private Chunk current = new Chunk();
     private final List<Chunk> full = new ArrayList<>();
     private final List<Chunk> free = new ArrayList<>();
-    private int held;
+    private int held; // lines (runs), not records
     private boolean closed;
     private Runnable wake = () -> { };
 
     // writer thread only
     private final Map<String, byte[]> topicJson = new HashMap<>();
 
-    AckRows(String head, int pidLength, String txnJson, int maxRows) {
+    AckRows(String head, String txnJson, int maxRows) {
         this.head = head.getBytes(StandardCharsets.UTF_8);
-        this.seqFrom = pidLength + 1;
         this.middle = (",\"status\":\"acked\",\"error\":null,\"txn_id\":" + txnJson + ",\"produce_ts\":")
                 .getBytes(StandardCharsets.UTF_8);
         this.maxRows = maxRows;
         this.wakeAt = Math.max(CHUNK, maxRows / 4);
     }
 
-    /** Called (on the producer's network thread) when a chunk fills with {@code wakeAt} rows held. */
+    /** Called (on the producer's network thread) when a chunk fills with {@code wakeAt} lines held. */
     void onChunkFull(Runnable r) { wake = r; }
 
-    /**
-     * Hold one acknowledged row; false when it cannot be held (full, or the spool closed).
-     * Packed form ({@code b == null}): {@code a} is the audit.id value, {@code split} the index of
-     * the '/' before its ts digits. Three headers: {@code a} is audit.seq's value, {@code b} audit.ts's.
-     */
-    boolean add(byte[] a, int split, byte[] b, String topic, int partition, long offset, long ackTs) {
+    /** Hold one acknowledged record; false when it cannot be held (full, or the spool closed). */
+    boolean add(long seq, long ts, String topic, int partition, long offset, long ackTs) {
         boolean wakeNow;
         synchronized (this) {
-            if (closed || held >= maxRows) {
+            if (closed) {
                 return false;
             }
             Chunk c = current;
+            int last = c.n - 1;
+            if (last >= 0) {
+                int k = c.run[last];
+                if (seq == c.seq[last] + k && offset == c.offset[last] + k && ts == c.ts[last]
+                        && ackTs == c.ackTs[last] && partition == c.partition[last] && k < MAX_RUN
+                        && (topic == c.topic[last] || topic.equals(c.topic[last]))) {
+                    c.run[last] = k + 1; // the same line, one record longer
+                    return true;
+                }
+            }
+            if (held >= maxRows) {
+                return false;
+            }
             boolean filled = c.n == CHUNK;
             wakeNow = filled && held >= wakeAt;
             if (filled) {
@@ -97,21 +100,13 @@ final class AckRows implements LedgerSpool.Source {
                 current = c;
             }
             int i = c.n++;
-            if (b == null) {
-                c.copy(a, seqFrom, split - seqFrom);
-                c.copy(a, split + 1, a.length - split - 1);
-                c.seqLen[i] = split - seqFrom;
-                c.tsLen[i] = a.length - split - 1;
-            } else {
-                c.copy(a, 0, a.length);
-                c.copy(b, 0, b.length);
-                c.seqLen[i] = a.length;
-                c.tsLen[i] = b.length;
-            }
+            c.seq[i] = seq;
+            c.ts[i] = ts;
             c.topic[i] = topic;
             c.partition[i] = partition;
             c.offset[i] = offset;
             c.ackTs[i] = ackTs;
+            c.run[i] = 1;
             held++;
         }
         if (wakeNow) {
@@ -136,13 +131,15 @@ final class AckRows implements LedgerSpool.Source {
         return out;
     }
 
-    private synchronized void recycle(Chunk c, int rows) {
-        held -= rows;
+    private synchronized void recycle(Chunk c, int lines) {
+        held -= lines;
         if (free.size() < MAX_FREE_CHUNKS) {
             free.add(c);
         }
     }
 
+    /** Writes the held runs as lines; the counts handed to {@code flush} and returned are records
+     *  (table rows), so the spool's written and dropped counts stay in rows. */
     @Override
     public int drainInto(Bytes out, boolean last, java.util.function.IntConsumer flush) {
         List<Chunk> chunks = take(last);
@@ -154,25 +151,24 @@ final class AckRows implements LedgerSpool.Source {
         byte[] ackDigits = new byte[20];
         int ackLen = 0;
         for (Chunk c : chunks) {
-            int at = 0;
-            byte[] arena = c.arena;
             for (int i = 0; i < c.n; i++) {
-                out.put(head);
-                out.put(arena, at, c.seqLen[i]);
-                at += c.seqLen[i];
+                out.put(head).putLong(c.seq[i]);
                 out.put(topicJson(c.topic[i]));
-                out.putLong(c.partition[i]).put(OFFSET).putLong(c.offset[i]).put(middle);
-                out.put(arena, at, c.tsLen[i]);
-                at += c.tsLen[i];
+                out.putLong(c.partition[i]).put(OFFSET).putLong(c.offset[i]).put(middle).putLong(c.ts[i]);
                 long ack = c.ackTs[i];
                 if (ack != lastAck) { // the rows of one batch share their ack time
                     ackLen = Digits.length(Math.max(0, ack));
                     Digits.put(ackDigits, ackLen, Math.max(0, ack));
                     lastAck = ack;
                 }
-                out.put(ACK).put(ackDigits, 0, ackLen).put(END);
+                out.put(ACK).put(ackDigits, 0, ackLen);
+                int k = c.run[i];
+                if (k > 1) {
+                    out.put(RUN).putLong(k);
+                }
+                out.put(END);
                 c.topic[i] = null;
-                rows++;
+                rows += k;
                 if (out.len >= FLUSH_BYTES) {
                     flush.accept(rows);
                     rows = 0;
@@ -180,7 +176,6 @@ final class AckRows implements LedgerSpool.Source {
             }
             int n = c.n;
             c.n = 0;
-            c.used = 0;
             recycle(c, n);
         }
         return rows;
@@ -188,6 +183,7 @@ final class AckRows implements LedgerSpool.Source {
 
     private static final byte[] OFFSET = ",\"offset\":".getBytes(StandardCharsets.US_ASCII);
     private static final byte[] ACK = ",\"ack_ts\":".getBytes(StandardCharsets.US_ASCII);
+    private static final byte[] RUN = ",\"run\":".getBytes(StandardCharsets.US_ASCII);
     private static final byte[] END = "}\n".getBytes(StandardCharsets.US_ASCII);
 
     /** ,"topic":"<name>","partition": -- per topic, built once. */

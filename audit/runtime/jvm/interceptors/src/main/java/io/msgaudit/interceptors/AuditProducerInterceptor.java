@@ -71,8 +71,6 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         }
     }
     private volatile Stamp lastStamp = new Stamp(0);
-    private final AtomicLong stamped = new AtomicLong();
-    private final AtomicLong passed = new AtomicLong();
     private final AtomicLong unmatched = new AtomicLong();
 
     @Override
@@ -123,7 +121,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         head = "{\"producer\":" + Json.quote(name) + ",\"pid\":" + Json.quote(pid) + ",\"seq\":";
         int maxRows = (int) Math.min(Integer.MAX_VALUE, positive(configs, "msgaudit.buffer.max.rows", 1_000_000));
         shipper = LedgerShipper.fromConfig(configs, "producer", dir, pid); // before the spool: may refuse the settings; started last
-        acks = new AckRows(head, pidBytes.length, txnJson, maxRows);
+        acks = new AckRows(head, txnJson, maxRows);
         spool = new LedgerSpool(dir, "producer",
                 positive(configs, "msgaudit.segment.max.bytes", 64L << 20),
                 positive(configs, "msgaudit.segment.max.age.ms", 60_000),
@@ -182,8 +180,7 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             Headers headers = record.headers();
             if (headers.lastHeader(ID) != null || headers.lastHeader(PID) != null || headers.lastHeader(SEQ) != null
                     || headers.lastHeader(TS) != null) {
-                passed.incrementAndGet(); // already stamped (a copy keeping its identity): left alone
-                return record;
+                return record; // already stamped (a copy keeping its identity): left alone
             }
             String topic = record.topic();
             TopicSeq last = lastTopic;
@@ -207,16 +204,14 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 Digits.put(v, n + 1 + sl, seq);
                 v[n + 1 + sl] = '/';
                 System.arraycopy(stamp.digits, 0, v, n + 2 + sl, stamp.digits.length);
-                headers.add(new Stamped(this, v, n + 1 + sl));
+                headers.add(new Stamped(this, v, seq, now));
             } else {
                 headers.add(PID, pidBytes);
                 headers.add(SEQ, Long.toString(seq).getBytes(StandardCharsets.US_ASCII));
                 headers.add(TS, Long.toString(now).getBytes(StandardCharsets.US_ASCII));
             }
-            stamped.incrementAndGet();
         } catch (RuntimeException e) {
             // read-only headers or anything unexpected: the record goes out unaudited, never fails
-            passed.incrementAndGet();
         }
         return record;
     }
@@ -236,9 +231,13 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         byte[] a;
         byte[] b = null;
         int split = -1;
+        long seq;
+        long ts;
         if (id instanceof Stamped && ((Stamped) id).owner == this) { // stamped here: no parsing
-            a = id.value();
-            split = ((Stamped) id).split;
+            Stamped st = (Stamped) id;
+            a = st.value;
+            seq = st.seq;
+            ts = st.ts;
         } else if (id != null) {
             byte[] v = id.value();
             int n = pidBytes.length;
@@ -256,6 +255,8 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
                 return;
             }
             a = v;
+            seq = Digits.parse(v, n + 1, split);
+            ts = Digits.parse(v, split + 1, v.length);
         } else {
             Header p = headers.lastHeader(PID);
             Header s = headers.lastHeader(SEQ);
@@ -266,32 +267,48 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             }
             a = s.value();
             b = t.value();
+            seq = Digits.parse(a, 0, a.length);
+            ts = Digits.parse(b, 0, b.length);
         }
         String topic = metadata != null ? metadata.topic() : null;
         if (topic == null) {
             unmatched.incrementAndGet();
             return;
         }
-        if (exception == null) {
-            // on the producer's network thread: hold the fields, the spool's thread formats the row
-            if (!acks.add(a, split, b, topic, metadata.partition(), metadata.offset(), System.currentTimeMillis())) {
+        if (exception == null && seq >= 0 && ts >= 0) {
+            // on the producer's network thread: hold the numbers, the spool's thread formats the row
+            if (!acks.add(seq, ts, topic, metadata.partition(), metadata.offset(), System.currentTimeMillis())) {
                 spool.countDropped(1);
             }
             return;
         }
-        String seq = b == null ? new String(a, pidBytes.length + 1, split - pidBytes.length - 1, StandardCharsets.US_ASCII)
-                : new String(a, StandardCharsets.US_ASCII);
-        String ts = b == null ? new String(a, split + 1, a.length - split - 1, StandardCharsets.US_ASCII)
-                : new String(b, StandardCharsets.US_ASCII);
+        // a failure, or digits that are not a plain number (a header of this pid not stamped
+        // here): the row is formatted here, with the header's digits as they are
+        String seqText;
+        String tsText;
+        if (b != null) {
+            seqText = new String(a, StandardCharsets.US_ASCII);
+            tsText = new String(b, StandardCharsets.US_ASCII);
+        } else if (split > 0) {
+            seqText = new String(a, pidBytes.length + 1, split - pidBytes.length - 1, StandardCharsets.US_ASCII);
+            tsText = new String(a, split + 1, a.length - split - 1, StandardCharsets.US_ASCII);
+        } else { // stamped here
+            seqText = Long.toString(seq);
+            tsText = Long.toString(ts);
+        }
         int partition = metadata.partition() < 0 ? -1 : metadata.partition();
-        // records still unsent when the application aborted its transaction
-        String status = exception instanceof TransactionAbortedException ? "aborted" : "failed";
-        StringBuilder row = new StringBuilder(256).append(head).append(seq).append(",\"topic\":")
-                .append(Json.quote(topic)).append(",\"partition\":")
-                .append(partition).append(",\"offset\":null,\"status\":\"").append(status).append("\",\"error\":")
-                .append(Json.quote(exception.getClass().getSimpleName()))
-                .append(",\"txn_id\":").append(txnJson).append(",\"produce_ts\":").append(ts)
-                .append(",\"ack_ts\":null}");
+        StringBuilder row = new StringBuilder(256).append(head).append(seqText).append(",\"topic\":")
+                .append(Json.quote(topic)).append(",\"partition\":").append(partition);
+        if (exception == null) {
+            row.append(",\"offset\":").append(metadata.offset()).append(",\"status\":\"acked\",\"error\":null");
+        } else {
+            // records still unsent when the application aborted its transaction
+            String status = exception instanceof TransactionAbortedException ? "aborted" : "failed";
+            row.append(",\"offset\":null,\"status\":\"").append(status).append("\",\"error\":")
+                    .append(Json.quote(exception.getClass().getSimpleName()));
+        }
+        row.append(",\"txn_id\":").append(txnJson).append(",\"produce_ts\":").append(tsText).append(",\"ack_ts\":")
+                .append(exception == null ? Long.toString(System.currentTimeMillis()) : "null").append('}');
         spool.append(row.toString());
     }
 
@@ -317,17 +334,19 @@ public class AuditProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     }
 
     /** The packed audit.id header as this instance adds it: the ack finds its own stamp by
-     *  identity and the ts digits by {@code split}, without comparing or scanning bytes. On the
-     *  wire it is an ordinary header (key and value). */
+     *  identity and its seq and produce time as numbers, without parsing. On the wire it is an
+     *  ordinary header (key and value). */
     static final class Stamped implements Header {
         final Object owner;
         final byte[] value;
-        final int split; // index of the '/' before the ts digits
+        final long seq;
+        final long ts;
 
-        Stamped(Object owner, byte[] value, int split) {
+        Stamped(Object owner, byte[] value, long seq, long ts) {
             this.owner = owner;
             this.value = value;
-            this.split = split;
+            this.seq = seq;
+            this.ts = ts;
         }
 
         @Override

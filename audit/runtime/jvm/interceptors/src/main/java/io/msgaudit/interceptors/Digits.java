@@ -1,6 +1,6 @@
 package io.msgaudit.interceptors;
 
-/** Decimal digits of non-negative longs written straight into byte arrays, two at a time. */
+/** Decimal digits of non-negative longs written straight into byte arrays, two at a time, and read back. */
 final class Digits {
     private static final byte[] TENS = new byte[100];
     private static final byte[] ONES = new byte[100];
@@ -42,5 +42,21 @@ final class Digits {
         } else {
             out[--p] = (byte) ('0' + r);
         }
+    }
+
+    /** The number written in {@code v[from..to)} as plain decimal digits (1 to 18 of them), else -1. */
+    static long parse(byte[] v, int from, int to) {
+        if (to <= from || to - from > 18) {
+            return -1;
+        }
+        long x = 0;
+        for (int i = from; i < to; i++) {
+            int d = v[i] - '0';
+            if (d < 0 || d > 9) {
+                return -1;
+            }
+            x = x * 10 + d;
+        }
+        return x;
     }
 }
