@@ -3,10 +3,11 @@ the same header without it, on a real broker (kafka-clients from the jar cache).
 
 `benchmarks/java/ProducerPerf.java` (compiled here with javac) sends N records of `--size` bytes
 and flushes; three kinds run side by side, each in its own JVM with identical producer settings
-(idempotent, acks=all, linger.ms=5, batch.size=1 MB): `java+headers`, the program adding the
+(idempotent, acks=all, linger.ms=5, batch.size=1 MB, buffer.memory kafka-clients' 32 MiB unless
+`--buffer-memory`): `java+headers`, the program adding the
 packed `audit.id` header the interceptor would add (<pid>/<seq>/<ts>, built per record);
 `java+interceptor`, the unchanged program with `interceptor.classes=...AuditProducerInterceptor`
-(stamping plus a ledger row per ack, written to a scratch folder); and `java(plain)`, no header.
+(stamping plus the ledger of every ack, written to a scratch folder); and `java(plain)`, no header.
 Runs are interleaved (the order rotates each repetition); the figure per kind is the median.
 Each run reports the JVM's CPU time per record too.
 
@@ -35,8 +36,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from audit.runtime.jars import interceptors_jar, jars  # noqa: E402
 
-SETTINGS = ["enable.idempotence=true", "acks=all", "linger.ms=5", "batch.size=1000000",
-            "buffer.memory=268435456", "compression.type=none"]
+SETTINGS = ["enable.idempotence=true", "acks=all", "linger.ms=5", "batch.size=1000000", "compression.type=none"]
+DEFAULT_BUFFER_MEMORY = 32 << 20  # kafka-clients' default buffer.memory
 KINDS = ("java+headers", "java+interceptor", "java(plain)")
 
 
@@ -50,7 +51,7 @@ def compile_perf(work: Path) -> list[str]:
 
 
 def run_one(cmd: list[str], bootstrap: str, kind: str, n: int, size: int, partitions: int,
-            ledger: Path) -> tuple[float, float]:
+            ledger: Path, buffer_memory: int) -> tuple[float, float]:
     topic = f"jbench-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
@@ -60,7 +61,8 @@ def run_one(cmd: list[str], bootstrap: str, kind: str, n: int, size: int, partit
         ledger.mkdir(parents=True, exist_ok=True)
         extra = ["interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor",
                  f"msgaudit.ledger.dir={ledger}", "msgaudit.producer.name=bench"]
-    r = subprocess.run([*cmd, topic, str(n), str(size), mode, f"bootstrap.servers={bootstrap}", *SETTINGS, *extra],
+    r = subprocess.run([*cmd, topic, str(n), str(size), mode, f"bootstrap.servers={bootstrap}", *SETTINGS,
+                        f"buffer.memory={buffer_memory}", *extra],
                        capture_output=True, text=True, timeout=3600)
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     if r.returncode != 0 or line is None:
@@ -71,13 +73,14 @@ def run_one(cmd: list[str], bootstrap: str, kind: str, n: int, size: int, partit
     return float(rate), float(cpu)
 
 
-def run(bootstrap: str, n: int, reps: int, size: int, partitions: int, work: Path) -> float:
+def run(bootstrap: str, n: int, reps: int, size: int, partitions: int, work: Path,
+        buffer_memory: int = DEFAULT_BUFFER_MEMORY) -> float:
     cmd = compile_perf(work / "classes")
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
     for rep in range(reps):
         order = KINDS[rep % len(KINDS):] + KINDS[:rep % len(KINDS)]
         for kind in order:
-            rate, cpu = run_one(cmd, bootstrap, kind, n, size, partitions, work / "ledger")
+            rate, cpu = run_one(cmd, bootstrap, kind, n, size, partitions, work / "ledger", buffer_memory)
             results[kind].append((rate, cpu))
             print(f"rep {rep + 1} {kind:17s} {rate:10.0f} msg/s  {cpu:7.2f} us CPU/msg", flush=True)
     med = {k: statistics.median(r for r, _ in v) for k, v in results.items()}
@@ -98,18 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every kind (default 3)")
     ap.add_argument("--size", type=int, default=200, help="record value size in bytes (default 200)")
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
+    ap.add_argument("--buffer-memory", type=int, default=DEFAULT_BUFFER_MEMORY,
+                    help="the producers' buffer.memory in bytes (default 33554432, kafka-clients' default); "
+                         "268435456 lets a producer that outruns the broker hold ~900k pending records in its "
+                         "1 GB heap, and the run then measures the collector copying them")
     ap.add_argument("--bootstrap", default=None,
                     help="use this running broker (default: start a private one with audit.runtime.local_kafka)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="msgaudit-jbench-"))
     try:
         if args.bootstrap:
-            run(args.bootstrap, args.n, args.reps, args.size, args.partitions, work)
+            run(args.bootstrap, args.n, args.reps, args.size, args.partitions, work, args.buffer_memory)
         else:
             from audit.runtime.local_kafka import LocalKafka, free_port_block
 
             with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
-                run(kafka.bootstrap_servers, args.n, args.reps, args.size, args.partitions, work)
+                run(kafka.bootstrap_servers, args.n, args.reps, args.size, args.partitions, work, args.buffer_memory)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
