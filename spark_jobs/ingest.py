@@ -98,9 +98,10 @@ class LedgerSource:
             fields.append(StructField(RUN, LongType(), True))
         return StructType([*fields, StructField(_CORRUPT, StringType(), True)])
 
-    def rows_of_line(self) -> Column:
-        """How many table rows a parsed line stands for."""
-        return F.coalesce(F.col(f"j.{RUN}"), F.lit(1)) if self.runs else F.lit(1)
+    def landed_rows(self) -> Column:
+        """Aggregate over parsed lines: the table rows their valid lines stand for (a run line k)."""
+        per_line = F.coalesce(F.col(f"j.{RUN}"), F.lit(1)) if self.runs else F.lit(1)
+        return F.coalesce(F.sum(F.when(F.col("reason").isNull(), per_line)), F.lit(0))
 
     @property
     def table_schema(self) -> StructType:
@@ -283,7 +284,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
         parsed = batch.transform(parse_lines(source)).persist()
         try:
             counts = parsed.agg(
-                F.coalesce(F.sum(F.when(F.col("reason").isNull(), source.rows_of_line())), F.lit(0)).alias("ok"),
+                source.landed_rows().alias("ok"),
                 F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
                 F.countDistinct("source_file").alias("files"),
             ).first()

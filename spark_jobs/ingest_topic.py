@@ -193,8 +193,7 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
                 try:
                     counts = parsed.agg(
                         F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
-                        F.coalesce(F.sum(F.when(F.col("reason").isNull(), source.rows_of_line())),
-                                   F.lit(0)).alias("ok"),
+                        source.landed_rows().alias("ok"),
                         F.countDistinct(F.regexp_replace("ledger_id", ":[0-9]+$", "")).alias("segments"),
                     ).first()
                     assert counts is not None

@@ -37,8 +37,9 @@ def ledger_rows(directory: Path) -> list[dict[str, Any]]:
     """The table rows of the segments: a line with `"run": k` is k rows (docs/design.md §4.2)."""
     rows = []
     for row in ledger_lines(directory):
-        run = row.pop("run", 1)
-        assert run >= 2 or "run" not in row
+        run = row.pop("run", None)
+        assert run is None or run >= 2  # a writer leaves out "run" for a single record
+        run = run or 1
         rows.extend({**row, "seq": row["seq"] + i, "offset": None if row["offset"] is None else row["offset"] + i}
                     for i in range(run))
     return rows
