@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from audit.core import config as config_mod  # noqa: E402
 from audit.core.windows import floor_window  # noqa: E402
-from audit.runtime.local_kafka import LocalKafka, free_port, free_port_block  # noqa: E402
+from audit.runtime.local_kafka import LocalKafka, free_port  # noqa: E402
 from audit.runtime.local_spark import ClusterState, LocalSparkCluster, spark_home  # noqa: E402
 
 TOPIC = "bench-cluster"
@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="msgaudit-bench-cluster-") as tmp:
         root = Path(tmp)
         ledger = root / "ledger"
-        port = free_port_block(2)
-        kafka = LocalKafka(root / "kafka", port=port)
+        kafka = LocalKafka(root / "kafka", port=None)
         cluster = LocalSparkCluster(root / "spark-cluster", port=free_port(), workers=2, cores=1, memory="1g")
         state: ClusterState = cluster.launch()
         try:

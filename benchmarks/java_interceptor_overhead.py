@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.bootstrap:
             run(args.bootstrap, args.n, args.reps, args.size, args.partitions, work, args.buffer_memory)
         else:
-            from audit.runtime.local_kafka import LocalKafka, free_port_block
+            from audit.runtime.local_kafka import LocalKafka
 
-            with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
+            with LocalKafka(work / "kafka", port=None, nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.size, args.partitions, work, args.buffer_memory)
     finally:
         shutil.rmtree(work, ignore_errors=True)

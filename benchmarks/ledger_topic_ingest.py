@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", default=None, help="use this broker instead of starting one")
     args = ap.parse_args(argv)
 
-    from audit.runtime.local_kafka import LocalKafka, free_port_block
+    from audit.runtime.local_kafka import LocalKafka
     from spark_jobs.ingest import ingest
     from spark_jobs.ingest_topic import land_topic
     from spark_jobs.io.session import build_spark
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            broker = LocalKafka(work / "kafka", port=free_port_block(2), nodes=1).start(timeout=300)
+            broker = LocalKafka(work / "kafka", port=None, nodes=1).start(timeout=300)
             bootstrap = broker.bootstrap_servers
         topic = f"bench-ledger-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a collected client fails its futures

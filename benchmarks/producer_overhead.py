@@ -188,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             run(args.bootstrap, args.n, args.reps, args.partitions, args.size, work / "ledger",
                 not args.no_decompose, args.compression, args.header_form, args.compare_forms)
         else:
-            from audit.runtime.local_kafka import LocalKafka, free_port_block
+            from audit.runtime.local_kafka import LocalKafka
 
             # the controller listens on port + 1
-            with LocalKafka(work / "kafka", port=free_port_block(2), nodes=1) as kafka:
+            with LocalKafka(work / "kafka", port=None, nodes=1) as kafka:
                 run(kafka.bootstrap_servers, args.n, args.reps, args.partitions, args.size, work / "ledger",
                     not args.no_decompose, args.compression, args.header_form, args.compare_forms)
     finally:

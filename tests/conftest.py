@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 
 from audit.core import config as config_mod
 from audit.core.config import Config
-from audit.runtime.local_kafka import LocalKafka, free_port_block
+from audit.runtime.local_kafka import LocalKafka
 
 # `pytest --hypothesis-profile=soak`: a long search of the property tests (tests/test_reconcile_property.py
 # reads the profile to pick its own, larger example counts; at least an hour on two cores).
@@ -24,7 +24,7 @@ settings.register_profile("soak", max_examples=20_000, deadline=None,
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node KRaft broker on a free loopback port, from the cached jars."""
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=free_port_block(2), nodes=1)
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=None, nodes=1)
     broker.start(timeout=180)  # a loaded shared machine can take minutes to start a JVM
     yield broker
     broker.stop()

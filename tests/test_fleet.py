@@ -26,7 +26,7 @@ from audit.cli import main as cli_main
 from audit.clients.ledger import sealed_segments
 from audit.clients.ledger_ship import is_shipped
 from audit.core import config as config_mod
-from audit.runtime.local_kafka import LocalKafka, free_port_block
+from audit.runtime.local_kafka import LocalKafka
 from audit.serving.report_store import ReportStore
 from spark_jobs.io import lake
 from spark_jobs.pipeline.steps import StepRange, run_step
@@ -68,7 +68,7 @@ def _wait_for_spools(folders: list[Path], procs: dict[str, subprocess.Popen[str]
 
 def test_fleet_ledgers_survive_a_ledger_topic_outage_and_land_once(
         spark: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
-    ledger_broker = LocalKafka(tmp_path / "ledger-kafka", port=free_port_block(2), nodes=1).start(timeout=240)
+    ledger_broker = LocalKafka(tmp_path / "ledger-kafka", port=None, nodes=1).start(timeout=240)
     try:
         data_topic = new_topic(kafka_bootstrap, partitions=2, prefix="orders")
         ledger_topic = new_topic(ledger_broker.bootstrap_servers, partitions=2, prefix="msgaudit.ledger")

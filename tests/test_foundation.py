@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from audit.core.errors import BrokerError, SetupError
-from audit.runtime.local_kafka import LocalKafka, free_port, new_cluster_id
+from audit.runtime.local_kafka import LocalKafka, PortTaken, free_port, new_cluster_id
 from tests.conftest import new_topic
 
 
@@ -57,6 +57,25 @@ def test_broker_start_status_stop(tmp_path: Path) -> None:
         k.stop()
     assert k.running_nodes() == []
     assert not k.is_ready()
+
+
+@pytest.mark.kafka
+def test_picked_ports_another_process_takes_before_the_broker_binds_them_are_picked_again(tmp_path: Path) -> None:
+    k = LocalKafka(tmp_path / "k", port=None)
+    first = (k.nodes[0].port, k.nodes[0].controller_port)
+    with socket.socket() as s:
+        # Bound, not listening: the check before the start does not see it, the broker's bind fails.
+        s.bind(("127.0.0.1", first[1]))
+        k.start()
+        try:
+            assert (k.nodes[0].port, k.nodes[0].controller_port) != first
+            assert k.running_nodes() == [1]
+            assert k.is_ready()
+        finally:
+            k.stop()
+        # A port the caller chose is not moved: the failed bind is one clear error.
+        with pytest.raises(PortTaken, match=f"could not bind their ports \\({first[0]}, {first[1]}\\)"):
+            LocalKafka(tmp_path / "fixed", port=first[0]).start()
 
 
 def test_new_cluster_ids_never_start_with_a_dash() -> None:

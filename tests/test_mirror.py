@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from audit.runtime.local_kafka import LocalKafka, free_port_block
+from audit.runtime.local_kafka import LocalKafka
 from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
 from tests.conftest import new_topic
 
@@ -17,7 +17,7 @@ from tests.conftest import new_topic
 @pytest.fixture(scope="module")
 def target_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A second single-node KRaft cluster (its own data folder and ports): the mirror's target."""
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka-target"), port=free_port_block(2), nodes=1)
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka-target"), port=None, nodes=1)
     broker.start()
     yield broker
     broker.stop()

@@ -10,6 +10,7 @@ This module must not import Spark.
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 from audit.core.errors import BrokerError
 from audit.lab.proxy import FaultProxy
-from audit.runtime.local_kafka import LocalKafka, free_port_block
+from audit.runtime.local_kafka import LocalKafka, PortTaken, free_port_block
 
 
 @dataclass
@@ -85,19 +86,33 @@ class ProxiedBroker:
                  broker_config: dict[str, str] | None = None) -> None:
         # One block for proxy, broker and controller (clients see the proxy at `port`, e.g. 9092): a
         # proxy on an ephemeral port could take the controller's port (the kernel hands them out in sequence).
+        self.fixed_port = port is not None
         first = free_port_block(3, port)
         self.proxy = FaultProxy(f"127.0.0.1:{first + 1}", listen_port=first)
         self.kafka = LocalKafka(Path(data_dir), port=first + 1, nodes=1, advertised={1: self.proxy.address},
                                 broker_config=broker_config)
 
     def start(self, timeout: float = 90.0) -> Lab:
-        self.proxy.start()
-        try:
-            self.kafka.start(timeout)
-        except BaseException:
-            self.proxy.stop()
-            raise
-        return self.lab
+        attempts = 1 if self.fixed_port else 3
+        for attempt in range(attempts):
+            self.proxy.start()
+            try:
+                self.kafka.start(timeout)
+                return self.lab
+            except PortTaken:
+                self.proxy.stop()
+                if attempt == attempts - 1:
+                    raise
+                # Another process took the broker's or controller's port before it bound them.
+                shutil.rmtree(self.kafka.data_dir, ignore_errors=True)
+                first = free_port_block(3)
+                self.proxy = FaultProxy(f"127.0.0.1:{first + 1}", listen_port=first)
+                self.kafka.move(first + 1)
+                self.kafka.advertised = {1: self.proxy.address}
+            except BaseException:
+                self.proxy.stop()
+                raise
+        raise AssertionError("unreachable")
 
     @property
     def lab(self) -> Lab:
@@ -131,8 +146,7 @@ class LocalCluster:
     """A local 3-node KRaft cluster (combined broker+controller nodes) for replication faults."""
 
     def __init__(self, data_dir: Path | str, nodes: int = 3, port: int | None = None) -> None:
-        first = free_port_block(2 * nodes, port)
-        self.kafka = LocalKafka(Path(data_dir), port=first, nodes=nodes, broker_config=dict(CLUSTER_CONFIG))
+        self.kafka = LocalKafka(Path(data_dir), port=port, nodes=nodes, broker_config=dict(CLUSTER_CONFIG))
 
     def start(self, timeout: float = 120.0) -> Lab:
         self.kafka.start(timeout)

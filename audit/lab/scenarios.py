@@ -887,10 +887,10 @@ MIRROR_NAME, MIRROR_ALIAS = "dr", "source"
 def _target_cluster(ctx: Context) -> Any:
     """The mirror scenarios' target cluster: a second single-node KRaft cluster under the lab's
     work folder, started once, stopped after the audit has captured it."""
-    from audit.runtime.local_kafka import LocalKafka, free_port_block
+    from audit.runtime.local_kafka import LocalKafka
 
     if "mirror_target" not in ctx.resources:
-        target = LocalKafka(ctx.work / "kafka-mirror-target", port=free_port_block(2), nodes=1)
+        target = LocalKafka(ctx.work / "kafka-mirror-target", port=None, nodes=1)
         target.wipe()
         target.start(120)
         ctx.resources["mirror_target"] = target

@@ -111,6 +111,23 @@ def free_port_block(n: int, preferred: int | None = None) -> int:
     raise BrokerError(f"no block of {n} free ports on 127.0.0.1")
 
 
+class PortTaken(BrokerError):
+    """A node could not bind its port: something else took it between picking and binding."""
+
+
+def _bind_failed(node_dir: Path) -> bool:
+    for name in ("server.log", "stdout.log"):
+        try:
+            with open(node_dir / name, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                if b"Address already in use" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def new_cluster_id() -> str:
     """A random KRaft cluster id: 22 URL-safe base64 characters, never starting with '-'.
 
@@ -141,21 +158,28 @@ def _pid_alive(pid: int) -> bool:
 class LocalKafka:
     """A local KRaft cluster of `nodes` combined broker+controller processes.
 
-    Client ports are `port, port+1, ...`; controller ports follow them. `advertised` overrides
-    the address a node advertises (the lab's fault proxy uses it to sit between client and broker).
+    Client ports are `port, port+1, ...`; controller ports follow them. `port=None` picks a free
+    block and, should another process take one of its ports before the broker binds it, starts
+    again on a new block. `advertised` overrides the address a node advertises (the lab's fault
+    proxy uses it to sit between client and broker).
     """
 
-    def __init__(self, data_dir: Path | str | None = None, port: int = 9092, nodes: int = 1,
+    def __init__(self, data_dir: Path | str | None = None, port: int | None = 9092, nodes: int = 1,
                  advertised: dict[int, str] | None = None, broker_config: dict[str, str] | None = None) -> None:
         if nodes < 1:
             raise BrokerError(f"nodes must be >= 1, got {nodes}")
         self.data_dir = Path(data_dir) if data_dir else jars.msgaudit_home() / "kafka"
-        self.port = port
-        self.nodes = [
-            NodeSpec(i + 1, port + i, port + nodes + i, self.data_dir / f"node-{i + 1}") for i in range(nodes)
-        ]
+        self.auto_port = port is None
+        self.nodes: list[NodeSpec] = []
+        self.move(free_port_block(2 * nodes) if port is None else port, nodes)
         self.advertised = advertised or {}
         self.broker_config = broker_config or {}
+
+    def move(self, port: int, nodes: int | None = None) -> None:
+        """Place the nodes' ports at `port, port+1, ...` (before a start)."""
+        n = nodes or len(self.nodes)
+        self.port = port
+        self.nodes = [NodeSpec(i + 1, port + i, port + n + i, self.data_dir / f"node-{i + 1}") for i in range(n)]
 
     # -- configuration ---------------------------------------------------------------
     @property
@@ -212,6 +236,21 @@ class LocalKafka:
 
     def start(self, timeout: float = 60.0) -> LocalKafka:
         """Start every node (formatting storage on first use) and wait until clients are served."""
+        attempts = 3 if self.auto_port else 1
+        for attempt in range(attempts):
+            fresh = not any((n.data_dir / "logs" / "meta.properties").exists() for n in self.nodes)
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if attempt == attempts - 1:
+                    raise
+                if fresh:  # storage formatted by the failed start only: format again for the new ports
+                    for n in self.nodes:
+                        shutil.rmtree(n.data_dir, ignore_errors=True)
+                self.move(free_port_block(2 * len(self.nodes)))
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> LocalKafka:
         java = _java()
         classpath = str(jars.jar_dir("kafka-broker") / "*")
         if self.running_nodes():
@@ -221,7 +260,7 @@ class LocalKafka:
         for node in self.nodes:
             for p in (node.port, node.controller_port):
                 if port_in_use(p):
-                    raise BrokerError(f"port {p} on 127.0.0.1 is already in use; stop what uses it or pass --port")
+                    raise PortTaken(f"port {p} on 127.0.0.1 is already in use; stop what uses it or pass --port")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cluster_id = self._cluster_id()
         pids: dict[str, int] = {}
@@ -279,6 +318,10 @@ class LocalKafka:
         while time.monotonic() < deadline:
             dead = [nid for nid, pid in self._pids().items() if not _pid_alive(pid)]
             if dead:
+                if any(_bind_failed(n.data_dir) for n in self.nodes if n.node_id in dead):
+                    taken = ", ".join(str(p) for n in self.nodes for p in (n.port, n.controller_port))
+                    raise PortTaken(f"Kafka node(s) {dead} could not bind their ports ({taken}): another "
+                                    f"process uses one; see {self.log_hint(dead[0])}")
                 raise BrokerError(f"Kafka node(s) {dead} exited during start-up; see {self.log_hint(dead[0])}")
             if self.is_ready() and self._coordinator_ready():
                 return
