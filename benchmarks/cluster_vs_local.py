@@ -54,8 +54,13 @@ def produce(bootstrap: str, ledger_dir: Path, n: int) -> None:
     p = AuditedProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0},
                         producer_name="bench", ledger_dir=ledger_dir / "producer")
     failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
     for i in range(n):
-        p.produce(TOPIC, b'{"n": %d}' % i, on_delivery=lambda err, _msg: err is not None and failed.append(err))
+        p.produce(TOPIC, b'{"n": %d}' % i, on_delivery=delivered)
         if i % 10000 == 9999:
             p.poll(0)
     if p.flush(120) != 0 or failed:

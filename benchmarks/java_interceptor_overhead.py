@@ -84,14 +84,14 @@ def run(bootstrap: str, n: int, reps: int, size: int, partitions: int, work: Pat
             results[kind].append((rate, cpu))
             print(f"rep {rep + 1} {kind:17s} {rate:10.0f} msg/s  {cpu:7.2f} us CPU/msg", flush=True)
     med = {k: statistics.median(r for r, _ in v) for k, v in results.items()}
-    cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
+    cpu_med = {k: statistics.median(c for _, c in v) for k, v in results.items()}
     for k in KINDS:
-        print(f"median {k:17s} {med[k]:10.0f} msg/s  {cpu[k]:7.2f} us CPU/msg")
+        print(f"median {k:17s} {med[k]:10.0f} msg/s  {cpu_med[k]:7.2f} us CPU/msg")
     ratio = med["java+interceptor"] / med["java+headers"]
     print(f"ratio java+interceptor/java+headers: {ratio:.3f}")
     print(f"ratio java+headers/java(plain): {med['java+headers'] / med['java(plain)']:.3f}")
     print(f"ratio java+interceptor/java(plain): {med['java+interceptor'] / med['java(plain)']:.3f}")
-    print(f"ratio cpu java+interceptor/java+headers: {cpu['java+interceptor'] / cpu['java+headers']:.3f}")
+    print(f"ratio cpu java+interceptor/java+headers: {cpu_med['java+interceptor'] / cpu_med['java+headers']:.3f}")
     return ratio
 
 
