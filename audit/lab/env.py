@@ -10,7 +10,6 @@ This module must not import Spark.
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -95,6 +94,7 @@ class ProxiedBroker:
     def start(self, timeout: float = 90.0) -> Lab:
         attempts = 1 if self.fixed_port else 3
         for attempt in range(attempts):
+            fresh = not self.kafka.formatted()
             self.proxy.start()
             try:
                 self.kafka.start(timeout)
@@ -104,10 +104,9 @@ class ProxiedBroker:
                 if attempt == attempts - 1:
                     raise
                 # Another process took the broker's or controller's port before it bound them.
-                shutil.rmtree(self.kafka.data_dir, ignore_errors=True)
                 first = free_port_block(3)
                 self.proxy = FaultProxy(f"127.0.0.1:{first + 1}", listen_port=first)
-                self.kafka.move(first + 1)
+                self.kafka.move(first + 1, forget_storage=fresh)
                 self.kafka.advertised = {1: self.proxy.address}
             except BaseException:
                 self.proxy.stop()

@@ -175,8 +175,12 @@ class LocalKafka:
         self.advertised = advertised or {}
         self.broker_config = broker_config or {}
 
-    def move(self, port: int, nodes: int | None = None) -> None:
-        """Place the nodes' ports at `port, port+1, ...` (before a start)."""
+    def move(self, port: int, nodes: int | None = None, forget_storage: bool = False) -> None:
+        """Place the nodes' ports at `port, port+1, ...` (before a start). `forget_storage`: remove
+        the nodes' folders first (storage only a failed start formatted, for the old ports)."""
+        if forget_storage:
+            for node in self.nodes:
+                shutil.rmtree(node.data_dir, ignore_errors=True)
         n = nodes or len(self.nodes)
         self.port = port
         self.nodes = [NodeSpec(i + 1, port + i, port + n + i, self.data_dir / f"node-{i + 1}") for i in range(n)]
@@ -238,17 +242,18 @@ class LocalKafka:
         """Start every node (formatting storage on first use) and wait until clients are served."""
         attempts = 3 if self.auto_port else 1
         for attempt in range(attempts):
-            fresh = not any((n.data_dir / "logs" / "meta.properties").exists() for n in self.nodes)
+            fresh = not self.formatted()
             try:
                 return self._start(timeout)
             except PortTaken:
                 if attempt == attempts - 1:
                     raise
-                if fresh:  # storage formatted by the failed start only: format again for the new ports
-                    for n in self.nodes:
-                        shutil.rmtree(n.data_dir, ignore_errors=True)
-                self.move(free_port_block(2 * len(self.nodes)))
+                self.move(free_port_block(2 * len(self.nodes)), forget_storage=fresh)
         raise AssertionError("unreachable")
+
+    def formatted(self) -> bool:
+        """Whether any node's storage is formatted (a start formats it)."""
+        return any((n.data_dir / "logs" / "meta.properties").exists() for n in self.nodes)
 
     def _start(self, timeout: float) -> LocalKafka:
         java = _java()
