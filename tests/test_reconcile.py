@@ -391,6 +391,31 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, 
     assert stats[("group:g", 0)]["latency_p99_ms"] == 5.0 and stats[("group:g", 3)]["latency_p50_ms"] == 42.125
 
 
+
+@pytest.mark.spark
+def test_percentiles_in_buckets_of_one_value_do_not_read_the_facts(spark: Any, monkeypatch: Any) -> None:
+    """A wanted rank in a bucket whose smallest and largest latency are equal is that value: the
+    percentiles come from the summary alone (the facts given to `stage_stats` fail if read), and
+    equal the oracle's on ties, one value, zero and negative latencies."""
+    from pyspark.sql import functions as F
+
+    from audit.core.percentiles import latency_columns
+    from spark_jobs.reconcile import X_FIELDS, stage_stats, summarise
+    from spark_jobs.reconcile import stats as stats_mod
+
+    monkeypatch.setattr(stats_mod, "DRIVER_SORT_MAX", 0)
+    groups = {0: [*[5.0] * 500, *[250.0] * 300, 1000.0], 1: [42.125], 2: [-7.0, -7.0, -7.0, 0.0, 0.0]}
+    rows = [("t", "F", "log", None, p, None, None, None, None, 1, 1, 0, v) for p, vs in groups.items() for v in vs]
+    facts = spark.createDataFrame(rows, ", ".join(f"{n} {t}" for n, t in X_FIELDS))
+    summary = summarise(facts).persist()
+    poisoned = facts.withColumn("latency", F.when(F.col("latency").isNotNull(), F.raise_error(F.lit("facts read")))
+                                .otherwise(F.col("latency")))
+    stats = stage_stats(spark, summary, poisoned)["t"]
+    summary.unpersist()
+    for p, vs in groups.items():
+        assert {k: stats[("log", p)][k] for k in latency_columns(vs)} == latency_columns(vs)
+    assert stats[("log", 0)]["latency_p50_ms"] == 5.0 and stats[("log", 0)]["latency_p99_ms"] == 250.0
+
 def _retopic(inputs: Any, topic: str, sinks: dict[str, str]) -> Any:
     """The same history under another topic name; `sinks` maps each sink of the copy to the sink
     of the original whose rows it holds."""

@@ -251,7 +251,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     typed = keep(typed)
     # General path: only the other units' rows are gathered into arrays (a broadcast semi-join on
     # their key hashes before their shuffle, so the ordinary majority never reaches it).
-    keys = typed.where("NOT simple").select(*KEY)
+    keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     narrow = narrow_units(typed, units, params)

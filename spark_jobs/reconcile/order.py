@@ -55,21 +55,25 @@ CONTENT_DUPLICATE_SQL = anomaly_sql(_LOG, LOG, "content_duplicate", "p", "k1", "
 def order_checks(narrow: DataFrame) -> DataFrame:
     """`reordered_in_log` and `seq_gap` X rows: the order-dependent checks, as window functions over
     the narrow units (`narrow_units`), so the two sorts they need move a few columns per unit."""
-    by_pid_part = (Window.partitionBy("topic", "ktype", "k1", "o_part").orderBy("o_off")
+    # Only messages (ktype 0) can be out of order or follow a gap; an unaudited record is a unit of
+    # its own. A sort compares its first key's prefix before whole rows: the pid leads, the
+    # topic (one value for most windows) follows.
+    by_pid_part = (Window.partitionBy("k1", "o_part", "topic").orderBy("o_off")
                    .rowsBetween(Window.unboundedPreceding, -1))
-    by_pid = Window.partitionBy("topic", "ktype", "k1").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
+    by_pid = Window.partitionBy("k1", "topic").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
     # hashed by pid once: both windows' partitions are unions of these (one exchange, two sorts)
-    u = (narrow.repartition("k1").withColumns({
-             "rl_high": F.max(F.when((F.col("ktype") == 0) & F.col("has_orig"), F.col("k2"))).over(by_pid_part),
+    u = (narrow.where("ktype = 0").repartition("k1").withColumns({
+             "rl_high": F.max(F.when(F.col("has_orig"), F.col("k2"))).over(by_pid_part),
              "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
          .where("in_w"))
-    return (u.where("(ktype = 0 AND has_orig AND k2 < rl_high) OR (present AND k2 - gap_prev > 1)")
+    return (u.where("(has_orig AND k2 < rl_high) OR (present AND k2 - gap_prev > 1)")
             .select(F.explode(F.expr(ORDER_CHECK_SQL)).alias("x")).select("x.*"))
 
 
 def content_duplicates(narrow: DataFrame) -> DataFrame:
     """`content_duplicate` X rows: one shuffle of the narrow units by their fingerprint's 96-bit hash."""
-    w = Window.partitionBy("topic", "fph", "fph2").orderBy("pt_us", "k1", "k2")
+    # the 64-bit hash leads the sort: its prefix alone orders almost every pair of rows
+    w = Window.partitionBy("fph", "fph2", "topic").orderBy("pt_us", "k1", "k2")
     narrow = (narrow.where("ktype = 0 AND has_orig AND fph IS NOT NULL")
               .select("topic", "fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
                       F.col("o_off").alias("o")))

@@ -28,8 +28,10 @@ def latency_bucket(latency: Any) -> Any:
 
 def summarise(x: DataFrame) -> DataFrame:
     """X rows -> anomaly rows kept as they are (n = copies) and facts summed per (stage, partition,
-    latency bucket): counts, how many latencies (`n_lat`) and the largest. Exact percentiles come
-    from these counts and one more look at the facts (`latency_at_ranks`), not from Spark's
+    latency bucket): counts, how many latencies (`n_lat`), the smallest and the largest. Exact
+    percentiles come from these counts -- a bucket whose smallest and largest latency are equal
+    holds one value, which is then the value at each of its ranks -- and, for ranks in buckets of
+    several values, one more look at the facts (`latency_at_ranks`), not from Spark's
     `percentile`, which holds every distinct latency of a (stage, partition) in a hash map outside
     Spark's memory manager (one entry per message at a stage: millions per window)."""
     keys = ["topic", "kind", "stage", "partition", "anomaly", "pid", "seq", "offset", "detail"]
@@ -37,32 +39,42 @@ def summarise(x: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("n"),
         F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
         F.sum("pending").alias("pending"), F.count("latency").alias("n_lat"),
-        F.max("latency").alias("latency_max_ms"))
+        F.min("latency").alias("latency_min_ms"), F.max("latency").alias("latency_max_ms"))
 
 
-def latency_at_ranks(summary: DataFrame, facts: DataFrame, ranks: DataFrame) -> DataFrame:
-    """(topic, stage, partition, rank) -> (topic, stage, partition, rank, latency): the latency at that
-    0-based rank of the (topic, stage, partition)'s sorted latencies. The summary's bucket counts, added up in bucket
-    order, say which bucket holds each rank and at which place inside it; only the facts of those
-    few buckets are sorted."""
+def rank_buckets(summary: DataFrame, ranks: DataFrame) -> DataFrame:
+    """(topic, stage, partition, rank) -> the bucket holding that 0-based rank of the (topic, stage,
+    partition)'s sorted latencies, the rank's place inside it (`off`) and the bucket's smallest and
+    largest latency (`lo`, `hi`): the summary's bucket counts, added up in bucket order. Reads the
+    summary alone."""
     grp = ["topic", "stage", "partition"]
     upto = Window.partitionBy(*grp).orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
-    wanted = (summary.where("kind = 'F' AND bucket IS NOT NULL").groupBy(*grp, "bucket")
-              .agg(F.sum("n_lat").alias("c")).withColumn("end", F.sum("c").over(upto))
-              .join(F.broadcast(ranks), grp).where("rank >= end - c AND rank < end")
-              .select(*grp, "bucket", "rank", (F.col("rank") - F.col("end") + F.col("c")).alias("off")))
+    return (summary.where("kind = 'F' AND bucket IS NOT NULL").groupBy(*grp, "bucket")
+            .agg(F.sum("n_lat").alias("c"), F.min("latency_min_ms").alias("lo"),
+                 F.max("latency_max_ms").alias("hi"))
+            .withColumn("end", F.sum("c").over(upto))
+            .join(F.broadcast(ranks), grp).where("rank >= end - c AND rank < end")
+            .select(*grp, "bucket", "rank", (F.col("rank") - F.col("end") + F.col("c")).alias("off"), "lo", "hi"))
+
+
+def latency_at_ranks(facts: DataFrame, wanted: DataFrame) -> DataFrame:
+    """`wanted` (topic, stage, partition, bucket, rank, off: `rank_buckets`) -> (topic, stage,
+    partition, rank, latency): only the facts of the wanted buckets are sorted."""
+    grp = ["topic", "stage", "partition"]
     place = Window.partitionBy(*grp, "bucket").orderBy("latency")
     return (facts.where("kind = 'F' AND latency IS NOT NULL").select(*grp, "latency")
             .withColumn("bucket", latency_bucket(F.col("latency")))
             .join(F.broadcast(wanted.select(*grp, "bucket").distinct()), [*grp, "bucket"], "left_semi")
             .withColumn("off", F.row_number().over(place) - 1)
-            .join(F.broadcast(wanted), [*grp, "bucket", "off"]).select(*grp, "rank", "latency"))
+            .join(F.broadcast(wanted.select(*grp, "bucket", "rank", "off")), [*grp, "bucket", "off"])
+            .select(*grp, "rank", "latency"))
 
 
 # Up to this many latencies in a batch, the wanted ranks are read from the latencies themselves,
 # collected in one job and sorted on the driver (same values, same interpolation); above it, the
-# bucket counts locate the ranks and Spark sorts only those buckets (`latency_at_ranks`), which
-# costs a dozen small jobs -- most of a small window's time.
+# bucket counts locate the ranks (`rank_buckets`, from the summary alone); a rank in a bucket of one
+# value is that value, and Spark sorts only the other wanted buckets' facts (`latency_at_ranks`).
+# That costs a few small jobs -- most of a small window's time.
 DRIVER_SORT_MAX = 100_000
 
 
@@ -87,8 +99,15 @@ def stage_stats(spark: SparkSession, summary: DataFrame,
         values = {(t, s, p, rank): by_key[(t, s, p)][rank] for t, s, p, rank in ranks}
     elif ranks:
         rdf = spark.createDataFrame(ranks, "topic string, stage string, partition int, rank bigint")
-        values = {(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
-                  for r in latency_at_ranks(summary, facts, rdf).collect()}
+        located = rank_buckets(summary, rdf).collect()
+        values = {(r["topic"], r["stage"], r["partition"], r["rank"]): r["lo"] for r in located if r["lo"] == r["hi"]}
+        several = [(r["topic"], r["stage"], r["partition"], r["bucket"], r["rank"], r["off"])
+                   for r in located if r["lo"] != r["hi"]]
+        if several:  # buckets holding more than one value: their facts are read and sorted
+            wanted = spark.createDataFrame(several, "topic string, stage string, partition int, bucket int, "
+                                                    "rank bigint, off bigint")
+            values.update({(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
+                           for r in latency_at_ranks(facts, wanted).collect()})
     stats: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
     for r in sums:
         key = (r["topic"], r["stage"], r["partition"])
