@@ -28,8 +28,10 @@ publishes each batch with one commit per output table. Shape of the computation,
    the single partition/offset/times, two hashes of the fingerprint): a compiled hash aggregation,
    no arrays. `simple` marks the ordinary delivered messages (one acked ledger row, its one
    committed log record at the acked offset, processed once by each group -- in order, unless
-   flagged in step 1 --, one row in each sink) -- the vast majority -- and `simple_facts` computes their per-stage facts from the
-   aggregates. An ordinary message has no anomaly of its own.
+   flagged in step 1 --, one row in each sink) -- the vast majority. An ordinary message has no
+   anomaly of its own and is expected and delivered at every stage: `simple_latencies` gives its
+   latency per stage from the aggregates, four narrow fields per row, and `summarise_delivered`
+   sums them per (stage, partition, latency bucket) straight into the summary (step 5).
 3. General path, for the other units only: their key hashes (a broadcast of one long per unit,
    unless there are millions) semi-join the tiers before the shuffle of `unit_tiers` +
    `collect_units`, which gathers each unit's rows into arrays; `describe_units` + `classify`
@@ -41,9 +43,12 @@ publishes each batch with one commit per output table. Shape of the computation,
    96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
 5. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
    anomaly rows as they are; that result is small and is persisted, so the heavy part runs once.
-   Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank, and only the facts
-   in those few buckets are sorted -- bounded memory, unlike Spark's `percentile`.
-   What more than one step reads (the flagged processings, the typed units, the described units) is
+   Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank; a bucket whose
+   smallest and largest latency are equal holds one value (clients stamp whole milliseconds, so
+   most do), and only the latencies of the other wanted buckets are read again and sorted --
+   bounded memory, unlike Spark's `percentile`.
+   What more than one step reads (the flagged processings, the typed units, the general path's
+   keys, the described units) is
    kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
 
 Modules, by concern (each docstring says what it must not do):
@@ -53,7 +58,7 @@ Modules, by concern (each docstring says what it must not do):
   `Shape` (the topics of one plan);
 - `units`: keying every tier by unit, the typed path (`typed_tiers`, `typed_units`) and the
   general path's gathering (`unit_tiers`, `collect_units`, `describe_units`);
-- `classify`: the per-unit rules of docs/design.md §5 as SQL (`classify`, `simple_facts`);
+- `classify`: the per-unit rules of docs/design.md §5 as SQL (`classify`, `simple_latencies`);
 - `order`: the checks that need neighbours (`order_checks`, `content_duplicates`);
 - `stats`: the summary, latency buckets and exact percentiles;
 - `sql`: the SQL text helpers (X rows, literals, detail texts from the vocabulary's templates);
@@ -84,7 +89,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
-from spark_jobs.reconcile.classify import classify, simple_facts
+from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
 from spark_jobs.reconcile.driver import classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
@@ -102,7 +107,7 @@ from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_c
 from spark_jobs.reconcile.outputs import write_outputs, write_window_outputs
 from spark_jobs.reconcile.params import Lookups, Shape, batch_params, collect_lookups
 from spark_jobs.reconcile.sql import X_FIELDS, _q
-from spark_jobs.reconcile.stats import stage_stats, summarise
+from spark_jobs.reconcile.stats import stage_stats, summarise, summarise_delivered
 from spark_jobs.reconcile.units import (
     KEY,
     collect_units,
@@ -255,7 +260,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     narrow = narrow_units(typed, units, params)
-    facts = simple_facts(typed, params, shape).unionByName(classify(units, shape))
+    simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
+    facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
         one = F.col("topic") == tc.name
         mirrored = mirror_x(ledger.where(one), vis.log.where(one), vis.mirror_log, vis.mirror_watermarks, tc, ws, as_of)
@@ -270,9 +276,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
          .unionByName(quarantine))
     if vis.ignored is not None:  # rows read on a mirror the group does not fail over to: kind 'I', counted
         x = x.unionByName(ignored_x(vis.ignored))
-    summary = summarise(x).persist(StorageLevel.MEMORY_AND_DISK)
+    summary = (summarise(x).unionByName(with_stage_names(summarise_delivered(simple), params, shape))
+               .persist(StorageLevel.MEMORY_AND_DISK))
 
-    stats = stage_stats(spark, summary, facts)  # reads the checkpoints once more: before `release`
+    latencies = (with_stage_names(simple, params, shape).withColumn("kind", F.lit("F"))
+                 .unionByName(facts.select("topic", "kind", "stage", "partition", "latency")))
+    stats = stage_stats(spark, summary, latencies)  # may read the checkpoints once more: before `release`
     codes: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
     quarantined: dict[str, int] = {}
     ignored: dict[str, dict[tuple[str, str], int]] = {}

@@ -1,6 +1,6 @@
 """The per-unit rules of docs/design.md §5 as Spark SQL: `classify` turns described units (the general
-path) into X rows -- anomaly rows and per-stage facts --, `simple_facts` gives the facts of the
-ordinary delivered messages of the typed path. The rules are the oracle's (`audit/oracle.py`);
+path) into X rows -- anomaly rows and per-stage facts --, `simple_latencies` gives the per-stage
+latencies of the ordinary delivered messages of the typed path (all their facts say). The rules are the oracle's (`audit/oracle.py`);
 codes, statuses, outcomes and detail texts come from `audit.core.vocabulary` through
 `spark_jobs/reconcile/sql.py`, never as literals here.
 
@@ -36,19 +36,34 @@ DUE = "(asof_us >= pt_us + grace_us)"
 LOG_SQL = _q(LOG)
 
 
-def simple_facts(typed: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
-    """X rows (facts only: an ordinary delivered message has no anomaly of its own) of the simple
-    units. A topic's groups and sinks are the first `n_groups`/`n_sinks` of the typed columns; their stage
-    names come from its row of `params` (`gst`, `sst`)."""
-    stages = [_f(LOG_SQL, "lp", "1", "1", "0", "(lack - lpt) / 1000D")]
-    stages += [f"CASE WHEN {i} < n_groups THEN " + _f(f"try_element_at(gst, {i + 1})", "rp", "1", "1", "0", f"(c{i}_ts - lpt) / 1000D") + " END"
-               for i in range(shape.max_groups)]
-    stages += [f"CASE WHEN {i} < n_sinks THEN " + _f(f"try_element_at(sst, {i + 1})", "rp", "1", "1", "0", f"(s{i}_ts - lpt) / 1000D") + " END"
-               for i in range(shape.max_sinks)]
+def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
+    """(topic, si, partition, latency) per stage of each simple unit of the window: an ordinary
+    delivered message has no anomaly of its own, and at every stage of its topic it is expected
+    and delivered, never pending, so its latency is all its facts say. `si` is the stage's index:
+    0 the log, then the topic's `n_groups` groups, then its sinks in the typed columns' order
+    (`with_stage_names` names them). Four narrow fields per row where an X row has thirteen."""
+    lats = [("0", "lp", "(lack - lpt) / 1000D", None)]
+    lats += [(str(1 + i), "rp", f"(c{i}_ts - lpt) / 1000D", f"{i} < n_groups") for i in range(shape.max_groups)]
+    lats += [(str(1 + shape.max_groups + i), "rp", f"(s{i}_ts - lpt) / 1000D", f"{i} < n_sinks")
+             for i in range(shape.max_sinks)]
+    items = [f"named_struct('si', {si}, 'partition', cast({p} as int), 'latency', cast({lat} as double))"
+             if cond is None else
+             f"CASE WHEN {cond} THEN named_struct('si', {si}, 'partition', cast({p} as int), "
+             f"'latency', cast({lat} as double)) END"
+             for si, p, lat, cond in lats]
     return (typed.where("simple").join(F.broadcast(params), "topic")
             .where("lpt >= ws_us AND lpt < we_us")
-            .select(F.explode(F.expr(f"filter(array({', '.join(stages)}), x -> x IS NOT NULL)")).alias("x"))
-            .select("x.*"))
+            .select("topic", F.explode(F.expr(f"filter(array({', '.join(items)}), x -> x IS NOT NULL)")).alias("x"))
+            .select("topic", "x.*"))
+
+
+def with_stage_names(df: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
+    """`df` with its stage index `si` (`simple_latencies`) replaced by the stage's name, from its
+    topic's row of `params` (`gst`, `sst`)."""
+    name = F.expr(f"CASE WHEN si = 0 THEN {LOG_SQL} WHEN si <= {shape.max_groups} THEN try_element_at(gst, si) "
+                  f"ELSE try_element_at(sst, si - {shape.max_groups}) END")
+    return (df.join(F.broadcast(params.select("topic", "gst", "sst")), "topic")
+            .withColumn("stage", name).drop("si", "gst", "sst"))
 
 
 def _case(kind: str, branches: Sequence[tuple[str | None, str, dict[str, str]]]) -> tuple[str, str]:

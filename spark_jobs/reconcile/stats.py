@@ -42,6 +42,20 @@ def summarise(x: DataFrame) -> DataFrame:
         F.min("latency").alias("latency_min_ms"), F.max("latency").alias("latency_max_ms"))
 
 
+def summarise_delivered(latencies: DataFrame) -> DataFrame:
+    """Per-stage latencies of ordinary delivered messages (topic, si, partition, latency: each one
+    expected and delivered, none pending) -> summary rows of kind 'F' per (stage index, partition,
+    latency bucket), as `summarise` makes them; the stage index is still to be named."""
+    return (latencies.withColumn("bucket", latency_bucket(F.col("latency")))
+            .groupBy("topic", "si", "partition", "bucket")
+            .agg(F.count(F.lit(1)).alias("n"), F.count("latency").alias("n_lat"),
+                 F.min("latency").alias("latency_min_ms"), F.max("latency").alias("latency_max_ms"))
+            .select("topic", F.lit("F").alias("kind"), "si", "partition", *[F.lit(None).cast(t).alias(c) for c, t in (
+                ("anomaly", "string"), ("pid", "string"), ("seq", "bigint"), ("offset", "bigint"), ("detail", "string"))],
+                "bucket", "n", F.col("n").alias("expected"), F.col("n").alias("delivered"),
+                F.lit(0).cast("bigint").alias("pending"), "n_lat", "latency_min_ms", "latency_max_ms"))
+
+
 def rank_buckets(summary: DataFrame, ranks: DataFrame) -> DataFrame:
     """(topic, stage, partition, rank) -> the bucket holding that 0-based rank of the (topic, stage,
     partition)'s sorted latencies, the rank's place inside it (`off`) and the bucket's smallest and

@@ -194,7 +194,7 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     processed once by each group of its topic at that position (and, as the caller adds, not out
     of order), one row in each sink of its topic. Such a unit has no anomaly of its own (only the
     order/gap and content checks can still flag it), so its facts come from the aggregates
-    (`simple_facts`). Only the other units are gathered into arrays, by the general path; the
+    (`simple_latencies`). Only the other units are gathered into arrays, by the general path; the
     property test holds both paths to the oracle. How many groups and sinks the unit's topic has
     (`n_groups`, `n_sinks`) comes from its row of `params` (a broadcast of one row per topic)."""
     t = F.col("t")
