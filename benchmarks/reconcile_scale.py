@@ -12,9 +12,13 @@ prints:
   tiers together, sort the log's positions, group its fingerprints), timed alone, as a ratio to
   the same scan: how much of the target is left for everything else;
 - whether every injected anomaly was found, exactly (count per code);
-- peak RSS of the driver JVM and of the Python driver.
+- peak RSS of the driver JVM and of the Python driver;
+- with `--against REV`, `reconcile(current) / reconcile(REV)`: the window classified by this
+  checkout's `spark_jobs/reconcile` and by that package as of git revision REV (copied into a
+  temporary package; everything else is this checkout's), alternately in one session, medians.
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000
+    .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --reps 3 --against HEAD   # the checkout vs its last commit
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -22,9 +26,12 @@ This is a measurement script, not a test: it asserts nothing about time, it prin
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -299,6 +306,47 @@ def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
             founds[0])
 
 
+def package_at(rev: str, into: Path) -> str:
+    """`spark_jobs/reconcile` as of git revision `rev`, written under `into` as a package of its own
+    (its imports of itself renamed) and importable; returns its module name."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*a: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"--against {rev}: git {' '.join(a)}: {done.stderr.strip()}")
+        return done.stdout
+
+    files = git("ls-tree", "--name-only", rev, "spark_jobs/reconcile/").split()
+    if not files:
+        raise SystemExit(f"--against {rev}: that revision has no spark_jobs/reconcile package")
+    name = "reconcile_at_" + re.sub(r"\W", "_", rev)
+    (into / name).mkdir(parents=True)
+    for f in files:
+        (into / name / Path(f).name).write_text(re.sub(r"\bspark_jobs\.reconcile\b", name, git("show", f"{rev}:{f}")))
+    sys.path.insert(0, str(into))
+    return name
+
+
+def compare(spark: Any, cfg: Config, as_of: datetime, reps: int, other: Any,
+            expected: dict[str, int]) -> tuple[float, float, bool]:
+    """Median classification seconds of this checkout's reconcile and of `other` (a package with the
+    same `reconcile_window`), run alternately `reps` times each; and whether both found exactly
+    the expected anomalies every time."""
+    import spark_jobs.reconcile as current
+
+    times: dict[Any, list[float]] = {current: [], other: []}
+    exact = True
+    for i in range(reps):
+        for m in ((current, other) if i % 2 == 0 else (other, current)):
+            t = time.perf_counter()
+            result = m.reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False)
+            times[m].append(time.perf_counter() - t)
+            exact = exact and all(found_counts(spark, result).get(c, 0) == e for c, e in expected.items())
+            result.release()
+    return statistics.median(times[current]), statistics.median(times[other]), exact
+
+
 def found_counts(spark: Any, result: Any) -> dict[str, int]:
     return {r["anomaly"]: int(r["count"]) for r in result.anomalies.groupBy("anomaly").count().collect()}
 
@@ -346,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anomaly-rate", type=float, default=0.001,
                     help="share of messages injected with EACH anomaly code (default 0.001 = 0.1 %%; "
                          "at most 0.001, 1 / rate a multiple of 1000)")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="also classify the 1x window with spark_jobs/reconcile as of git revision REV, "
+                         "alternating with this checkout's (--reps times each), and print the ratio")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed reconcile that compiles the plan before the timed 1x run")
     args = ap.parse_args(argv)
@@ -391,6 +442,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
 
+    against = None
+    if args.against:
+        other = importlib.import_module(package_at(args.against, work / "against"))
+        if not args.no_warmup:
+            other.reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False).release()
+        against = compare(spark, cfg, as_of, args.reps, other, expected_counts(n, parts, window_ordinal))
+        print(f"1x history : classify {against[0]:.1f}s with this checkout, {against[1]:.1f}s with "
+              f"{args.against} (medians of {args.reps} alternating)")
+
     t = time.perf_counter()
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - args.history + 1, window_ordinal - 1),
              window_ordinal)
@@ -409,7 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floor / scan baseline (1x)           : {sum(med.values()) / scan1:.2f}  ({parts_s}; "
               f"reconcile / floor {total1 / sum(med.values()):.2f})")
         print(f"reconcile / floor (1x)               : {total1 / sum(med.values()):.2f}")
-    ok = all(found.get(c, 0) == e for c, e in expected.items()) and found == found24
+    if against is not None:
+        print(f"reconcile(current) / reconcile({args.against}) : {against[0] / against[1]:.2f}  "
+              f"(classification only, same session, alternating)")
+    ok = (all(found.get(c, 0) == e for c, e in expected.items()) and found == found24
+          and (against is None or against[2]))
     print(f"injected anomalies found exactly     : {'yes' if ok else 'NO'}")
     for code in sorted(set(expected) | set(found)):
         print(f"  {code:26s} expected {expected.get(code, 0):7,d}  found {found.get(code, 0):7,d}"

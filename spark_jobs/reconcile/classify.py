@@ -42,7 +42,7 @@ def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataF
     and delivered, never pending, so its latency is all its facts say. `si` is the stage's index:
     0 the log, then the topic's `n_groups` groups, then its sinks in the typed columns' order
     (`with_stage_names` names them). Four narrow fields per row where an X row has thirteen."""
-    lats = [("0", "lp", "(lack - lpt) / 1000D", None)]
+    lats: list[tuple[str, str, str, str | None]] = [("0", "lp", "(lack - lpt) / 1000D", None)]
     lats += [(str(1 + i), "rp", f"(c{i}_ts - lpt) / 1000D", f"{i} < n_groups") for i in range(shape.max_groups)]
     lats += [(str(1 + shape.max_groups + i), "rp", f"(s{i}_ts - lpt) / 1000D", f"{i} < n_sinks")
              for i in range(shape.max_sinks)]
