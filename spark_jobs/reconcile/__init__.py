@@ -22,7 +22,16 @@ publishes each batch with one commit per output table. Shape of the computation,
    the consumption rows by (group, partition) finds the first processings that go backwards in
    offset (`reordered_in_consumption`). Only those few rows are kept: their units go to the
    general path, and `with_reorder` marks them there with a broadcast lookup.
-2. Typed path, for every unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
+2. Summary first (`blocks`, docs/design.md §5.9): `block_digests` reduces every audited tier row
+   to a few fixed-width values per block of 2^BLOCK_BITS consecutive seqs of a pid -- counts, the
+   bitmap of seqs present, XORs of hashes of (seq, partition, offset, produce time) -- combined on
+   the map side, so only digests cross the shuffle. A clean block (every tier holds each of its
+   seqs once, at the same place; no processing backwards) holds only ordinary messages:
+   `split_by_block` keeps its rows out of the paths below, except the ledger, group and sink rows
+   of the clean blocks reaching into the window, which the typed path aggregates (marked `cb`:
+   simple by the digests) for their latencies; `clean_narrow` gives their narrow rows from their
+   log records. Every other row -- dirty blocks, unaudited records -- takes steps 3 and 4 unchanged.
+3. Typed path, for every other unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
    consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
    records -- and ONE shuffle, hashed by the unit key, reduces each unit to fixed-width aggregates (counts,
    the single partition/offset/times, two hashes of the fingerprint): a compiled hash aggregation,
@@ -31,24 +40,23 @@ publishes each batch with one commit per output table. Shape of the computation,
    flagged in step 1 --, one row in each sink) -- the vast majority. An ordinary message has no
    anomaly of its own and is expected and delivered at every stage: `simple_latencies` gives its
    latency per stage from the aggregates, four narrow fields per row, and `summarise_delivered`
-   sums them per (stage, partition, latency bucket) straight into the summary (step 5).
-3. General path, for the other units only: their key hashes (a broadcast of one long per unit,
+   sums them per (stage, partition, latency bucket) straight into the summary (step 6).
+4. General path, for the other units only: their key hashes (a broadcast of one long per unit,
    unless there are millions) semi-join the tiers before the shuffle of `unit_tiers` +
    `collect_units`, which gathers each unit's rows into arrays; `describe_units` + `classify`
    apply every rule of docs/design.md §5 with array expressions. The property test holds both paths,
    together, equal to the oracle.
-4. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
+5. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
    neighbours: `order_checks` (`reordered_in_log` per (pid, partition), `seq_gap` per pid: window
    functions over one exchange by pid) and `content_duplicates` (one shuffle by the fingerprint's
    96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
-5. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
+6. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
    anomaly rows as they are; that result is small and is persisted, so the heavy part runs once.
    Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank; a bucket whose
    smallest and largest latency are equal holds one value (clients stamp whole milliseconds, so
    most do), and only the latencies of the other wanted buckets are read again and sorted --
    bounded memory, unlike Spark's `percentile`.
-   What more than one step reads (the flagged processings, the typed units, the general path's
-   keys, the described units) is
+   What more than one step reads (the flagged processings, the block digests, the typed units, the general path's keys, the described units) is
    kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
 
 Modules, by concern (each docstring says what it must not do):
@@ -56,6 +64,8 @@ Modules, by concern (each docstring says what it must not do):
 - `inputs`: what one window reads (`read_window_inputs`, I/O) and its exact visibility (`restrict`);
 - `params`: the window's constants and per-partition lookups, one broadcast row per topic, and
   `Shape` (the topics of one plan);
+- `blocks`: the digests of blocks of seqs, the split into clean blocks and the rest, and the clean
+  blocks' latencies and narrow rows;
 - `units`: keying every tier by unit, the typed path (`typed_tiers`, `typed_units`) and the
   general path's gathering (`unit_tiers`, `collect_units`, `describe_units`);
 - `classify`: the per-unit rules of docs/design.md §5 as SQL (`classify`, `simple_latencies`);
@@ -89,6 +99,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
+from spark_jobs.reconcile.blocks import block_digests, clean_narrow, split_by_block
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
 from spark_jobs.reconcile.driver import classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
@@ -247,8 +258,14 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # A unit one of whose processings went backwards is not ordinary: the order check runs once,
     # over the consumption rows alone, and only its flagged rows come back.
     flagged = keep(reordered_processings(vis.consumed)) if vis.consumed is not None else None
-    # Typed path: every unit's tiers as fixed-width aggregates; ordinary messages end here.
-    typed = typed_units(typed_tiers(ledger, vis.log, all_consumed, sinks, shape), shape, params)
+    # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
+    # rows of the other blocks (and unaudited records) go on to the exact paths below.
+    tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
+    digests = keep(block_digests(tiers, shape, params, flagged))
+    typed_rows, clean_log = split_by_block(tiers, digests)
+    # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks' times
+    # for their latencies; ordinary messages end here.
+    typed = typed_units(typed_rows, shape, params)
     if flagged is not None:
         marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
         typed = (typed.join(F.broadcast(marks), KEY, "left")
@@ -259,7 +276,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
-    narrow = narrow_units(typed, units, params)
+    narrow = narrow_units(typed, units, params, clean_narrow(clean_log))
     simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic

@@ -41,10 +41,12 @@ def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataF
     delivered message has no anomaly of its own, and at every stage of its topic it is expected
     and delivered, never pending, so its latency is all its facts say. `si` is the stage's index:
     0 the log, then the topic's `n_groups` groups, then its sinks in the typed columns' order
-    (`with_stage_names` names them). Four narrow fields per row where an X row has thirteen."""
+    (`with_stage_names` names them). Four narrow fields per row where an X row has thirteen. Every
+    stage's partition is the acked one (`lp`: a simple unit's record is there; a unit of a clean
+    block reaches the typed path without its log record, `blocks.split_by_block`)."""
     lats: list[tuple[str, str, str, str | None]] = [("0", "lp", "(lack - lpt) / 1000D", None)]
-    lats += [(str(1 + i), "rp", f"(c{i}_ts - lpt) / 1000D", f"{i} < n_groups") for i in range(shape.max_groups)]
-    lats += [(str(1 + shape.max_groups + i), "rp", f"(s{i}_ts - lpt) / 1000D", f"{i} < n_sinks")
+    lats += [(str(1 + i), "lp", f"(c{i}_ts - lpt) / 1000D", f"{i} < n_groups") for i in range(shape.max_groups)]
+    lats += [(str(1 + shape.max_groups + i), "lp", f"(s{i}_ts - lpt) / 1000D", f"{i} < n_sinks")
              for i in range(shape.max_sinks)]
     items = [f"named_struct('si', {si}, 'partition', cast({p} as int), 'latency', cast({lat} as double))"
              if cond is None else

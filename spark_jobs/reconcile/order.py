@@ -17,16 +17,21 @@ from spark_jobs.reconcile.sql import EMPTY_X, _opt, _q, anomaly_sql
 from spark_jobs.reconcile.units import _fp_hash, unit_keys
 
 
-def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame) -> DataFrame:
-    """One narrow row per unit, simple (typed) or not (described): what the order and content checks
-    read -- key, produce time, the original copy's position, presence, the fingerprint's hashes."""
+def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame,
+                 clean: DataFrame | None = None) -> DataFrame:
+    """One narrow row per unit, simple (typed) or not (described), plus `clean` (the units of clean
+    blocks, `blocks.clean_narrow`): what the order and content checks read -- key, produce time, the
+    original copy's position, presence, the fingerprint's hashes."""
     fph, fph2 = _fp_hash(F.col("orig.fingerprint"))
     general = units.select(
         "topic", "ktype", "k1", "k2", "pid", "seq", "pt_us", F.col("orig.partition").alias("o_part"),
         F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
         ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"), fph, fph2)
-    return (typed.where("simple").select(*unit_keys(typed)).unionByName(general)
-            .join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
+    # a clean block's unit reaches the typed path without its log record: its row is in `clean`
+    out = typed.where("simple AND NOT cb").select(*unit_keys(typed)).unionByName(general)
+    if clean is not None:
+        out = out.unionByName(clean)
+    return (out.join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
             .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
             .drop("ws_us", "we_us"))
 

@@ -171,7 +171,7 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
     fph, fph2 = _fp_hash(F.col("fingerprint"))
     parts.append(shape_(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
-                        off=F.col("offset"), ok=F.col("committed"), fph=fph, fph2=fph2))
+                        off=F.col("offset"), ts1=us("produce_ts"), ok=F.col("committed"), fph=fph, fph2=fph2))
     if consumed is not None and shape.max_groups:
         parts.append(shape_(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
                             off=F.col("offset"), ts1=us("consume_ts"),
@@ -196,7 +196,9 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     order/gap and content checks can still flag it), so its facts come from the aggregates
     (`simple_latencies`). Only the other units are gathered into arrays, by the general path; the
     property test holds both paths to the oracle. How many groups and sinks the unit's topic has
-    (`n_groups`, `n_sinks`) comes from its row of `params` (a broadcast of one row per topic)."""
+    (`n_groups`, `n_sinks`) comes from its row of `params` (a broadcast of one row per topic). A unit
+    whose rows carry `cb` (its block is clean, `blocks.split_by_block`) is simple whatever its
+    aggregates say: it arrives without its log record."""
     t = F.col("t")
 
     def n(cond: Any) -> Any:
@@ -220,6 +222,8 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     for i in range(shape.max_sinks):
         c = (t == 3) & (F.col("gi") == i)
         aggs += [n(c).alias(f"s{i}_n"), one(c, "ts1").alias(f"s{i}_ts")]
+    # `cb` (blocks.split_by_block): the unit's block is clean, its digests made it simple
+    aggs.append(F.max("cb").alias("cb") if "cb" in tiers.columns else F.max(F.lit(False)).alias("cb"))
     ng, ns = F.col("n_groups"), F.col("n_sinks")
     simple = ((F.col("ktype") == 0) & (F.col("nL") == 1) & (F.col("nLa") == 1) & (F.col("nR") == 1)
               & (F.col("nRc") == 1) & (F.col("rp") == F.col("lp")) & (F.col("ro") == F.col("lo"))
@@ -238,7 +242,7 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
             .groupBy("kh", *KEY).agg(*aggs)
             .drop("kh")
             .join(F.broadcast(params.select("topic", "n_groups", "n_sinks")), "topic")
-            .withColumn("simple", F.coalesce(simple, F.lit(False)))
+            .withColumn("simple", F.col("cb") | F.coalesce(simple, F.lit(False)))
             .drop("n_groups", "n_sinks"))
 
 

@@ -1,0 +1,152 @@
+"""Summary first (docs/design.md §5.9): blocks of consecutive seqs whose tiers agree are settled from
+digests, without the per-unit shuffle of the typed path.
+
+A *block* is (topic, pid, seq >> BLOCK_BITS): up to 2^BLOCK_BITS consecutive messages of one
+producer session. `block_digests` reduces every tier's rows of a block to a few fixed-width values
+-- row counts, the bitmap of the seqs present (`bit_or`), the XOR of a 64-bit hash of each row's
+(seq, partition, offset[, produce time]) -- in a hash aggregation whose map side combines the rows of
+each input split before they move: what crosses the shuffle is a handful of rows per block, not
+the block's rows. A block is *clean* when every tier holds each of its seqs exactly once and the
+same way:
+
+- the ledger: every row acked, no seq twice (count = bits set);
+- the log: the same seqs, each once, committed, at the ledger's (partition, offset) with the
+  ledger's produce time (equal hashes);
+- each group of the topic: the same seqs, each processed once, at that (partition, offset), on the
+  source cluster;
+- each sink of the topic: the same seqs, each once;
+- and none of its processings went backwards in offset (`flag_consumption_order`).
+
+Those are, seq by seq, the conditions under which `units.typed_units` calls a unit `simple` (an
+ordinary delivered message), so every unit of a clean block is one. Equal hashes stand for equal
+(partition, offset, produce time) with the same odds as the 96-bit fingerprint hashes the content
+check relies on: a dirty block passes for clean only when two 64-bit XOR sums collide.
+
+`split_by_block` sends the rows of every other block (and every unaudited record) to the exact
+paths unchanged. A clean block's units need only their latencies per stage and their narrow rows
+for the order and content checks: the first come from the typed path's aggregation of their
+ledger, group and sink rows (only for the blocks that reach into the window, marked `cb`, which
+makes them `simple` without the other conditions), the second from their log records alone
+(`clean_narrow`, no shuffle).
+
+Transforms only: this module must not read or write tables, and decides no anomaly code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.reconcile.params import Shape
+
+# 2^3 = 8 seqs a block: small enough that an anomaly dirties few ordinary neighbours (at 0.1 % of
+# each of 16 codes about one block in six is dirty), large enough that the digests are an eighth of
+# the units.
+BLOCK_BITS = 3
+
+# Up to this many blocks that are not settled here are broadcast (8 bytes and a slot each) to split
+# the tiers; beyond it the split joins by shuffle.
+BROADCAST_BLOCKS_MAX = 2_000_000
+
+
+def block_hash() -> Any:
+    """A typed tier row's block as one long (only meaningful for audited rows, ktype 0)."""
+    return F.xxhash64("topic", "k1", F.shiftright("k2", BLOCK_BITS))
+
+
+def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
+                  flagged: DataFrame | None) -> DataFrame:
+    """(topic, k1, blk, bh, settle) per block of the audited rows of `tiers` (`units.typed_tiers`): `settle` is
+    'clean' for a clean block that reaches into the window (its facts are wanted), 'out' for a
+    clean one wholly outside it (nothing to compute but its narrow rows), 'dirty' otherwise.
+    `flagged`: the processings that went backwards (`units.reordered_processings`)."""
+    t = F.col("t")
+    bit = F.expr(f"shiftleft(1L, cast(k2 & {(1 << BLOCK_BITS) - 1} AS int))")
+    h4 = F.xxhash64("k2", "part", "off", "ts1")
+    h3 = F.xxhash64("k2", "part", "off")
+
+    def n(cond: Any) -> Any:
+        return F.count(F.when(cond, 1))
+
+    def bits(cond: Any) -> Any:
+        return F.bit_or(F.when(cond, bit))
+
+    def xor(cond: Any, h: Any) -> Any:
+        return F.bit_xor(F.when(cond, h))
+
+    led, log = t == 0, t == 1
+    aggs = [n(led).alias("nL"), n(led & (F.col("st") == 1)).alias("oL"), bits(led).alias("bL"),
+            xor(led, h4).alias("hL4"), xor(led, h3).alias("hL3"),
+            F.min(F.when(led, F.col("ts1"))).alias("ptlo"), F.max(F.when(led, F.col("ts1"))).alias("pthi"),
+            n(log).alias("nR"), n(log & F.col("ok")).alias("oR"), bits(log).alias("bR"), xor(log, h4).alias("hR4"),
+            n(t == 2).alias("nC"), n(t == 3).alias("nS")]
+    for i in range(shape.max_groups):
+        c = (t == 2) & (F.col("gi") == i)
+        aggs += [n(c).alias(f"n{i}"), n(c & F.col("ok")).alias(f"o{i}"), bits(c).alias(f"b{i}"),
+                 xor(c, h3).alias(f"h{i}")]
+    for i in range(shape.max_sinks):
+        c = (t == 3) & (F.col("gi") == i)
+        aggs += [n(c).alias(f"m{i}"), bits(c).alias(f"q{i}")]
+    col = F.col
+    nL, bL, ng, ns = col("nL"), col("bL"), col("n_groups"), col("n_sinks")
+    clean = ((nL == F.bit_count(bL)) & (col("oL") == nL) & (col("bR") == bL) & (col("nR") == nL)
+             & (col("oR") == nL) & (col("hR4") == col("hL4"))
+             & (col("nC") == ng * nL) & (col("nS") == ns * nL))
+    for i in range(shape.max_groups):
+        clean = clean & ((ng <= i) | ((col(f"n{i}") == nL) & (col(f"o{i}") == nL) & (col(f"b{i}") == bL)
+                                      & (col(f"h{i}") == col("hL3"))))
+    for i in range(shape.max_sinks):
+        clean = clean & ((ns <= i) | ((col(f"m{i}") == nL) & (col(f"q{i}") == bL)))
+    inside = (col("pthi") >= col("ws_us")) & (col("ptlo") < col("we_us"))
+    digests = (tiers.where("ktype = 0")
+               .groupBy("topic", "k1", F.shiftright("k2", BLOCK_BITS).alias("blk")).agg(*aggs)
+               .join(F.broadcast(params.select("topic", "n_groups", "n_sinks", "ws_us", "we_us")), "topic")
+               .select("topic", "k1", "blk", F.xxhash64("topic", "k1", "blk").alias("bh"),
+                       F.when(F.coalesce(clean, F.lit(False)), F.when(inside, "clean").otherwise("out"))
+                       .otherwise("dirty").alias("settle")))
+    if flagged is not None:  # a block holding a processing that went backwards is not settled here
+        marks = (flagged.where("ktype = 0").select(F.xxhash64("topic", "k1", F.shiftright("k2", BLOCK_BITS))
+                                                   .alias("bh")).distinct().withColumn("_back", F.lit(True)))
+        digests = (digests.join(F.broadcast(marks), "bh", "left")
+                   .withColumn("settle", F.when(F.col("_back"), "dirty").otherwise(F.col("settle")))
+                   .drop("_back"))
+    return digests
+
+
+def split_by_block(tiers: DataFrame, digests: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(typed, clean_log) from `tiers`:
+
+    - `typed`, the rows for `units.typed_units`: every row of the blocks that are not clean and every
+      unaudited record (`cb` false), and the ledger, group and sink rows of the clean blocks that
+      reach into the window (`cb` true: the unit is ordinary without its log record, which only
+      its latencies would have needed) -- one shuffle for both;
+    - `clean_log`, the log records of every clean block (for `clean_narrow`).
+
+    The blocks other than the wanted clean ones are looked up by hash (a broadcast, unless there
+    are more than BROADCAST_BLOCKS_MAX); every audited row's block is in `digests`, so a row whose
+    hash is not looked up belongs to a wanted clean block."""
+    # two blocks sharing a hash (odds ~2^-64 a pair) would share a lookup entry: they go exact
+    per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min("settle").alias("settle"))
+    other = per_hash.where("_n > 1 OR settle <> 'clean'").select(
+        "bh", F.when(F.col("_n") > 1, F.lit("dirty")).otherwise(F.col("settle")).alias("settle"))
+    if other.count() <= BROADCAST_BLOCKS_MAX:
+        other = F.broadcast(other)
+    rows = (tiers.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
+            .join(other, "bh", "left")
+            .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit("clean"))))
+            .drop("bh"))
+    typed = (rows.where("ktype = 1 OR settle = 'dirty' OR (settle = 'clean' AND t <> 1)")
+             .withColumn("cb", F.coalesce(F.col("settle") == "clean", F.lit(False))).drop("settle"))
+    return typed, rows.where("ktype = 0 AND settle <> 'dirty' AND t = 1").drop("settle")
+
+
+def clean_narrow(clean_log: DataFrame) -> DataFrame:
+    """The narrow rows (`order.narrow_units`' columns before `in_w`) of every clean block's units,
+    from their one log record each: the position, the fingerprint's hashes and the produce time
+    (the ledger's: the digests hold them equal)."""
+    return clean_log.select(
+        "topic", "ktype", "k1", "k2", F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+        F.col("ts1").alias("pt_us"), F.col("part").alias("o_part"), F.col("off").alias("o_off"),
+        F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2")
