@@ -56,8 +56,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    smallest and largest latency are equal holds one value (clients stamp whole milliseconds, so
    most do), and only the latencies of the other wanted buckets are read again and sorted --
    bounded memory, unlike Spark's `percentile`.
-   What more than one step reads (the flagged processings, the block digests, the typed units, the general path's keys, the described units) is
-   kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in.
+   What more than one step reads (the flagged processings, the block digests and lookup, the
+   typed units, the general path's keys, the described units) is kept as a local checkpoint
+   (`materialise`) and freed (`release`) once the summary is in.
 
 Modules, by concern (each docstring says what it must not do):
 
@@ -99,7 +100,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
-from spark_jobs.reconcile.blocks import block_digests, clean_narrow, split_by_block
+from spark_jobs.reconcile.blocks import block_digests, block_lookup, clean_narrow, split_by_block
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
 from spark_jobs.reconcile.driver import classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
@@ -262,7 +263,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # rows of the other blocks (and unaudited records) go on to the exact paths below.
     tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
     digests = keep(block_digests(tiers, shape, params, flagged))
-    typed_rows, clean_log = split_by_block(tiers, digests)
+    typed_rows, clean_log = split_by_block(tiers, keep(block_lookup(digests)))
     # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks' times
     # for their latencies; ordinary messages end here.
     typed = typed_units(typed_rows, shape, params)

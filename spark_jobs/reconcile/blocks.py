@@ -22,8 +22,8 @@ ordinary delivered message), so every unit of a clean block is one. Equal hashes
 (partition, offset, produce time) with the same odds as the 96-bit fingerprint hashes the content
 check relies on: a dirty block passes for clean only when two 64-bit XOR sums collide.
 
-`split_by_block` sends the rows of every other block (and every unaudited record) to the exact
-paths unchanged. A clean block's units need only their latencies per stage and their narrow rows
+`block_lookup` + `split_by_block` send the rows of every other block (and every unaudited record)
+to the exact paths unchanged. A clean block's units need only their latencies per stage and their narrow rows
 for the order and content checks: the first come from the typed path's aggregation of their
 ledger, group and sink rows (only for the blocks that reach into the window, marked `cb`, which
 makes them `simple` without the other conditions), the second from their log records alone
@@ -115,7 +115,16 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
     return digests
 
 
-def split_by_block(tiers: DataFrame, digests: DataFrame) -> tuple[DataFrame, DataFrame]:
+def block_lookup(digests: DataFrame) -> DataFrame:
+    """(bh, settle) of the blocks that are not wanted clean ones ('dirty' or 'out'): what
+    `split_by_block` looks the tiers' rows up in. Two blocks sharing a hash (odds ~2^-64 a pair)
+    would share an entry: both are 'dirty'."""
+    per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min("settle").alias("settle"))
+    return per_hash.where("_n > 1 OR settle <> 'clean'").select(
+        "bh", F.when(F.col("_n") > 1, F.lit("dirty")).otherwise(F.col("settle")).alias("settle"))
+
+
+def split_by_block(tiers: DataFrame, lookup: DataFrame) -> tuple[DataFrame, DataFrame]:
     """(typed, clean_log) from `tiers`:
 
     - `typed`, the rows for `units.typed_units`: every row of the blocks that are not clean and every
@@ -124,17 +133,13 @@ def split_by_block(tiers: DataFrame, digests: DataFrame) -> tuple[DataFrame, Dat
       its latencies would have needed) -- one shuffle for both;
     - `clean_log`, the log records of every clean block (for `clean_narrow`).
 
-    The blocks other than the wanted clean ones are looked up by hash (a broadcast, unless there
-    are more than BROADCAST_BLOCKS_MAX); every audited row's block is in `digests`, so a row whose
-    hash is not looked up belongs to a wanted clean block."""
-    # two blocks sharing a hash (odds ~2^-64 a pair) would share a lookup entry: they go exact
-    per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min("settle").alias("settle"))
-    other = per_hash.where("_n > 1 OR settle <> 'clean'").select(
-        "bh", F.when(F.col("_n") > 1, F.lit("dirty")).otherwise(F.col("settle")).alias("settle"))
-    if other.count() <= BROADCAST_BLOCKS_MAX:
-        other = F.broadcast(other)
+    `lookup` (`block_lookup`) is broadcast unless it holds more than BROADCAST_BLOCKS_MAX blocks;
+    every audited row's block is in the digests, so a row whose hash is not in it belongs to a
+    wanted clean block."""
+    if lookup.count() <= BROADCAST_BLOCKS_MAX:
+        lookup = F.broadcast(lookup)
     rows = (tiers.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
-            .join(other, "bh", "left")
+            .join(lookup, "bh", "left")
             .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit("clean"))))
             .drop("bh"))
     typed = (rows.where("ktype = 1 OR settle = 'dirty' OR (settle = 'clean' AND t <> 1)")
