@@ -19,14 +19,14 @@ same way:
 
 Those are, seq by seq, the conditions under which `units.typed_units` calls a unit `simple` (an
 ordinary delivered message), so every unit of a clean block is one. Equal hashes stand for equal
-(partition, offset, produce time) with the same odds as the 96-bit fingerprint hashes the content
-check relies on: a dirty block passes for clean only when two 64-bit XOR sums collide.
+(partition, offset, produce time): a dirty block passes for clean only when two 64-bit XOR sums
+of different rows collide (the content check relies on 96-bit hashes the same way).
 
 `block_lookup` + `split_by_block` send the rows of every other block (and every unaudited record)
-to the exact paths unchanged. A clean block's units need only their latencies per stage and their narrow rows
-for the order and content checks: the first come from the typed path's aggregation of their
-ledger, group and sink rows (only for the blocks that reach into the window, marked `cb`, which
-makes them `simple` without the other conditions), the second from their log records alone
+to the exact paths unchanged. A clean block's units need only their latencies per stage and their
+narrow rows for the order and content checks: the first come from the typed path's aggregation
+of their ledger, group and sink rows (only for the blocks that reach into the window, marked `cb`,
+which makes them `simple` without the other conditions), the second from their log records alone
 (`clean_narrow`, no shuffle).
 
 Transforms only: this module must not read or write tables, and decides no anomaly code.
