@@ -66,7 +66,7 @@ Modules, by concern (each docstring says what it must not do):
 - `params`: the window's constants and per-partition lookups, one broadcast row per topic, and
   `Shape` (the topics of one plan);
 - `blocks`: the digests of blocks of seqs, the split into clean blocks and the rest, and the clean
-  blocks' latencies and narrow rows;
+  blocks' narrow rows;
 - `units`: keying every tier by unit, the typed path (`typed_tiers`, `typed_units`) and the
   general path's gathering (`unit_tiers`, `collect_units`, `describe_units`);
 - `classify`: the per-unit rules of docs/design.md §5 as SQL (`classify`, `simple_latencies`);

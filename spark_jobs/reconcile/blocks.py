@@ -1,5 +1,5 @@
 """Summary first (docs/design.md §5.9): blocks of consecutive seqs whose tiers agree are settled from
-digests, without the per-unit shuffle of the typed path.
+digests; only their latencies still need a (narrower) per-unit aggregation.
 
 A *block* is (topic, pid, seq >> BLOCK_BITS): up to 2^BLOCK_BITS consecutive messages of one
 producer session. `block_digests` reduces every tier's rows of a block to a few fixed-width values
@@ -42,8 +42,8 @@ from pyspark.sql import functions as F
 from spark_jobs.reconcile.params import Shape
 
 # 2^3 = 8 seqs a block: small enough that an anomaly dirties few ordinary neighbours (at 0.1 % of
-# each of 16 codes about one block in six is dirty), large enough that the digests are an eighth of
-# the units.
+# each of 16 codes, 9 % of the benchmark's blocks are dirty), large enough that the digests are an
+# eighth of the units.
 BLOCK_BITS = 3
 
 # Up to this many blocks that are not settled here are broadcast (8 bytes and a slot each) to split
@@ -51,9 +51,10 @@ BLOCK_BITS = 3
 BROADCAST_BLOCKS_MAX = 2_000_000
 
 
-def block_hash() -> Any:
-    """A typed tier row's block as one long (only meaningful for audited rows, ktype 0)."""
-    return F.xxhash64("topic", "k1", F.shiftright("k2", BLOCK_BITS))
+def block_hash(blk: Any = None) -> Any:
+    """A block as one long: of a typed tier row (topic, k1, k2; only meaningful for audited rows,
+    ktype 0), or of a digest row given its block number `blk`."""
+    return F.xxhash64("topic", "k1", F.shiftright("k2", BLOCK_BITS) if blk is None else blk)
 
 
 def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
@@ -103,12 +104,12 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
     digests = (tiers.where("ktype = 0")
                .groupBy("topic", "k1", F.shiftright("k2", BLOCK_BITS).alias("blk")).agg(*aggs)
                .join(F.broadcast(params.select("topic", "n_groups", "n_sinks", "ws_us", "we_us")), "topic")
-               .select("topic", "k1", "blk", F.xxhash64("topic", "k1", "blk").alias("bh"),
+               .select("topic", "k1", "blk", block_hash(F.col("blk")).alias("bh"),
                        F.when(F.coalesce(clean, F.lit(False)), F.when(inside, "clean").otherwise("out"))
                        .otherwise("dirty").alias("settle")))
     if flagged is not None:  # a block holding a processing that went backwards is not settled here
-        marks = (flagged.where("ktype = 0").select(F.xxhash64("topic", "k1", F.shiftright("k2", BLOCK_BITS))
-                                                   .alias("bh")).distinct().withColumn("_back", F.lit(True)))
+        marks = (flagged.where("ktype = 0").select(block_hash().alias("bh")).distinct()
+                 .withColumn("_back", F.lit(True)))
         digests = (digests.join(F.broadcast(marks), "bh", "left")
                    .withColumn("settle", F.when(F.col("_back"), "dirty").otherwise(F.col("settle")))
                    .drop("_back"))
