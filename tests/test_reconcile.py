@@ -5,6 +5,7 @@ SQL through Spark's JDBC source), reruns, and bad input."""
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -551,3 +552,35 @@ def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: 
             oracle.anomalies), r.topic
         assert r.anomaly_count == len(oracle.anomalies) > 0
     assert {a["topic"] for a in published} == {"t", "u", "v"}
+
+
+@pytest.mark.spark
+def test_seq_gaps_from_bitmaps_equal_a_sort_of_every_present_seq(spark: Any) -> None:
+    """`seq_gaps` decodes only the bitmaps with a hole; its rows must be those of walking every
+    pid's present seqs in order: gaps inside a bitmap, at its edges (seq 63 is the sign bit), across
+    empty bitmaps, wider than MAX_GAP_ROWS, before a seq outside the window (not reported), with a
+    unit that is not present (it does not close a gap), and the same pid in two topics."""
+    from audit.core.vocabulary import MAX_GAP_ROWS
+    from spark_jobs.reconcile.order import seq_gaps
+
+    out_of_window = {("t", "a", 12), ("t", "a", 2503)}
+    seqs = {("t", "a"): [*range(11), 12, 63, 65, 66, 127, 128, 200, 1300, *range(2500, 2511)],
+            ("t", "b"): [64, 66, 130],
+            ("u", "a"): [0, 5]}
+    rows = [(t, 0, pid, s, True, (t, pid, s) not in out_of_window)
+            for (t, pid), ss in seqs.items() for s in ss if s != 2505]
+    rows.append(("t", 0, "a", 70, False, True))  # only consumed: not present, inside the gap 67..126
+    narrow = spark.createDataFrame(rows, "topic string, ktype int, k1 string, k2 bigint, present boolean, in_w boolean")
+    got = sorted((r["topic"], r["anomaly"], r["pid"], r["seq"], r["offset"])
+                 for r in seq_gaps(narrow).collect())
+    want = []
+    for (t, pid), ss in seqs.items():
+        present = sorted(s for s in ss if s != 2505)
+        for q, s in itertools.pairwise(present):
+            if s - q > 1 and (t, pid, s) not in out_of_window:
+                missing = range(q + 1, s)
+                want += [(t, "seq_gap", pid, q + 1, None)] if len(missing) > MAX_GAP_ROWS else [
+                    (t, "seq_gap", pid, m, None) for m in missing]
+    assert got == sorted(want)
+    # counted by hand: t/a 13..62, 64, 67..126, 129..199, two wide rows, 2505; t/b 65, 67..129; u/a 1..4
+    assert len(want) == 50 + 1 + 60 + 71 + 2 + 1 + 1 + 63 + 4

@@ -37,42 +37,75 @@ def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame,
 
 
 _LOG = _q(LOG)
-# A narrow unit's `reordered_in_log` and `seq_gap` X rows, given rl_high (the highest seq of its pid
-# at lower offsets of its partition) and gap_prev (the highest present seq below its own).
-ORDER_CHECK_SQL = "concat(" + ", ".join([
-    _opt("ktype = 0 AND has_orig AND k2 < rl_high",
-         anomaly_sql(_LOG, LOG, "reordered_in_log", "o_part", "pid", "seq", "o_off",
-                     late_seq="k2", high_seq="rl_high")),
-    _opt(f"present AND k2 - gap_prev - 1 > {MAX_GAP_ROWS}",
-         anomaly_sql(_LOG, LOG, "seq_gap", "-1", "pid", "gap_prev + 1", "null", "wide",
+# A message's `reordered_in_log` X row, given rl_high (the highest seq of its pid at lower offsets of
+# its partition).
+REORDERED_SQL = anomaly_sql(_LOG, LOG, "reordered_in_log", "o_part", "k1", "k2", "o_off", late_seq="k2",
+                            high_seq="rl_high")
+# The `seq_gap` X rows before a present seq k2 whose highest present predecessor is gap_prev
+# (k2 - gap_prev > 1): one per missing seq, or one "wide" row past MAX_GAP_ROWS.
+GAP_SQL = "concat(" + ", ".join([
+    _opt(f"k2 - gap_prev - 1 > {MAX_GAP_ROWS}",
+         anomaly_sql(_LOG, LOG, "seq_gap", "-1", "k1", "gap_prev + 1", "null", "wide",
                      missing="k2 - gap_prev - 1", first="gap_prev + 1", last="k2 - 1")),
-    f"CASE WHEN present AND k2 - gap_prev > 1 AND k2 - gap_prev - 1 <= {MAX_GAP_ROWS} THEN "
-    "transform(sequence(gap_prev + 1, k2 - 1), s -> " + anomaly_sql(_LOG, LOG, "seq_gap", "-1", "pid", "s", "null")
+    f"CASE WHEN k2 - gap_prev - 1 <= {MAX_GAP_ROWS} THEN "
+    "transform(sequence(gap_prev + 1, k2 - 1), s -> " + anomaly_sql(_LOG, LOG, "seq_gap", "-1", "k1", "s", "null")
     + f") ELSE {EMPTY_X} END",
 ]) + ")"
+ORDER_CHECK_SQL = REORDERED_SQL + "\n" + GAP_SQL  # the SQL text of both checks (the vocabulary test reads it)
+
+# seq_gap works on bitmaps of 2^GAP_BITS consecutive seqs of a pid instead of sorting every unit.
+GAP_BITS = 6
+_BIT = f"(shiftright({{bits}}, cast({{s}} & {(1 << GAP_BITS) - 1} as int)) & 1) = 1"
+# A gap block's present seqs paired with their highest present predecessor (prev_hi for the first),
+# kept where the seq is in the window and follows a gap.
+_GAP_PAIRS_SQL = (
+    "filter(zip_with(p, concat(array(prev_hi), slice(p, 1, size(p) - 1)), "
+    "(s, q) -> named_struct('k2', s, 'gap_prev', q)), "
+    "x -> x.k2 - x.gap_prev > 1 AND " + _BIT.format(bits="wbits", s="x.k2") + ")")
+
+
+def order_checks(narrow: DataFrame) -> DataFrame:
+    """`reordered_in_log` and `seq_gap` X rows, the checks that need a unit's neighbours."""
+    msgs = narrow.where("ktype = 0")  # only messages can be out of order or follow a gap
+    return reordered_in_log(msgs).unionByName(seq_gaps(msgs))
+
+
+def reordered_in_log(msgs: DataFrame) -> DataFrame:
+    """A message is reordered when its pid has a higher seq at a lower offset of its partition: one
+    sort per (pid, partition) of the log records' (seq, offset), six narrow columns per record. The
+    sort's key is the pid and partition, so a window's few pids spread over all tasks."""
+    by_pid_part = (Window.partitionBy("k1", "o_part", "topic").orderBy("o_off")
+                   .rowsBetween(Window.unboundedPreceding, -1))
+    return (msgs.where("has_orig").select("topic", "k1", "k2", "o_part", "o_off", "in_w")
+            .withColumn("rl_high", F.max("k2").over(by_pid_part))
+            .where("in_w AND k2 < rl_high")
+            .select(F.expr(REORDERED_SQL).alias("x")).select("x.*"))
+
+
+def seq_gaps(msgs: DataFrame) -> DataFrame:
+    """`seq_gap` rows without sorting the units: each pid's present seqs become bitmaps of
+    2^GAP_BITS seqs (with the lowest and highest seq, and a second bitmap of the seqs in the
+    window), reduced map-side; one small window over the bitmaps gives each its predecessor's
+    highest seq. Only a bitmap with a hole, or that does not follow on from its predecessor, is
+    decoded into (seq, highest present seq below it) pairs -- the same pairs a sort of every
+    present seq would give."""
+    bit = F.expr(f"shiftleft(1L, cast(k2 & {(1 << GAP_BITS) - 1} as int))")
+    blocks = (msgs.where("present")
+              .groupBy("topic", "k1", F.shiftright("k2", GAP_BITS).alias("gb"))
+              .agg(F.min("k2").alias("lo"), F.max("k2").alias("hi"), F.bit_or(bit).alias("bits"),
+                   F.bit_or(F.when(F.col("in_w"), bit).otherwise(F.lit(0).cast("bigint"))).alias("wbits")))
+    by_pid = Window.partitionBy("topic", "k1").orderBy("gb")
+    return (blocks.withColumn("prev_hi", F.lag("hi").over(by_pid))
+            .where("(lo - prev_hi > 1 OR bit_count(bits) < hi - lo + 1) AND wbits != 0")
+            .withColumn("p", F.expr("filter(sequence(lo, hi), s -> " + _BIT.format(bits="bits", s="s") + ")"))
+            .select("topic", "k1", F.explode(F.expr(_GAP_PAIRS_SQL)).alias("g"))
+            .select("topic", "k1", "g.k2", "g.gap_prev")
+            .select(F.explode(F.expr(GAP_SQL)).alias("x")).select("x.*"))
 
 
 # A later message's `content_duplicate` X row, given `first` (the first message's k1, k2).
 CONTENT_DUPLICATE_SQL = anomaly_sql(_LOG, LOG, "content_duplicate", "p", "k1", "k2", "o", first_pid="first.k1",
                                     first_seq="first.k2")
-
-
-def order_checks(narrow: DataFrame) -> DataFrame:
-    """`reordered_in_log` and `seq_gap` X rows: the order-dependent checks, as window functions over
-    the narrow units (`narrow_units`), so the two sorts they need move a few columns per unit."""
-    # Only messages (ktype 0) can be out of order or follow a gap; an unaudited record is a unit of
-    # its own. A sort compares its first key's prefix before whole rows: the pid leads, the
-    # topic (one value for most windows) follows.
-    by_pid_part = (Window.partitionBy("k1", "o_part", "topic").orderBy("o_off")
-                   .rowsBetween(Window.unboundedPreceding, -1))
-    by_pid = Window.partitionBy("k1", "topic").orderBy("k2").rowsBetween(Window.unboundedPreceding, -1)
-    # hashed by pid once: both windows' partitions are unions of these (one exchange, two sorts)
-    u = (narrow.where("ktype = 0").repartition("k1").withColumns({
-             "rl_high": F.max(F.when(F.col("has_orig"), F.col("k2"))).over(by_pid_part),
-             "gap_prev": F.max(F.when(F.col("present"), F.col("k2"))).over(by_pid)})
-         .where("in_w"))
-    return (u.where("(has_orig AND k2 < rl_high) OR (present AND k2 - gap_prev > 1)")
-            .select(F.explode(F.expr(ORDER_CHECK_SQL)).alias("x")).select("x.*"))
 
 
 def content_duplicates(narrow: DataFrame) -> DataFrame:
