@@ -567,10 +567,10 @@ def test_seq_gaps_from_bitmaps_equal_a_sort_of_every_present_seq(spark: Any) -> 
     seqs = {("t", "a"): [*range(11), 12, 63, 65, 66, 127, 128, 200, 1300, *range(2500, 2511)],
             ("t", "b"): [64, 66, 130],
             ("u", "a"): [0, 5]}
-    rows = [(t, 0, pid, s, True, (t, pid, s) not in out_of_window)
+    rows = [(t, pid, s, True, (t, pid, s) not in out_of_window)
             for (t, pid), ss in seqs.items() for s in ss if s != 2505]
-    rows.append(("t", 0, "a", 70, False, True))  # only consumed: not present, inside the gap 67..126
-    narrow = spark.createDataFrame(rows, "topic string, ktype int, k1 string, k2 bigint, present boolean, in_w boolean")
+    rows.append(("t", "a", 70, False, True))  # only consumed: not present, inside the gap 67..126
+    narrow = spark.createDataFrame(rows, "topic string, k1 string, k2 bigint, present boolean, in_w boolean")
     got = sorted((r["topic"], r["anomaly"], r["pid"], r["seq"], r["offset"])
                  for r in seq_gaps(narrow).collect())
     want = []

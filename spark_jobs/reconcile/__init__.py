@@ -277,7 +277,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
-    narrow = narrow_units(typed, units, params, clean_narrow(clean_log))
+    # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
+    narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log)))
     simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic

@@ -153,6 +153,6 @@ def clean_narrow(clean_log: DataFrame) -> DataFrame:
     from their one log record each: the position, the fingerprint's hashes and the produce time
     (the ledger's: the digests hold them equal)."""
     return clean_log.select(
-        "topic", "ktype", "k1", "k2", F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+        "topic", "ktype", "k1", "k2",
         F.col("ts1").alias("pt_us"), F.col("part").alias("o_part"), F.col("off").alias("o_off"),
         F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2")

@@ -19,21 +19,23 @@ from spark_jobs.reconcile.units import _fp_hash, unit_keys
 
 def narrow_units(typed: DataFrame, units: DataFrame, params: DataFrame,
                  clean: DataFrame | None = None) -> DataFrame:
-    """One narrow row per unit, simple (typed) or not (described), plus `clean` (the units of clean
-    blocks, `blocks.clean_narrow`): what the order and content checks read -- key, produce time, the
-    original copy's position, presence, the fingerprint's hashes."""
+    """One narrow row per message (unit of ktype 0: only messages can be out of order, follow a gap
+    or repeat a content), simple (typed) or not (described), plus `clean` (the units of clean
+    blocks, `blocks.clean_narrow`): what the order and content checks read -- pid (k1), seq (k2),
+    produce time, the original copy's position, presence, the fingerprint's hashes, and whether
+    the message is in the window (`in_w`)."""
     fph, fph2 = _fp_hash(F.col("orig.fingerprint"))
     general = units.select(
-        "topic", "ktype", "k1", "k2", "pid", "seq", "pt_us", F.col("orig.partition").alias("o_part"),
+        "topic", "ktype", "k1", "k2", "pt_us", F.col("orig.partition").alias("o_part"),
         F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
-        ((F.col("ktype") == 0) & ((F.size("L") > 0) | (F.size("R") > 0))).alias("present"), fph, fph2)
+        ((F.size("L") > 0) | (F.size("R") > 0)).alias("present"), fph, fph2)
     # a clean block's unit reaches the typed path without its log record: its row is in `clean`
     out = typed.where("simple AND NOT cb").select(*unit_keys(typed)).unionByName(general)
     if clean is not None:
         out = out.unionByName(clean)
-    return (out.join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
+    return (out.where("ktype = 0").join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
             .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
-            .drop("ws_us", "we_us"))
+            .drop("ktype", "ws_us", "we_us"))
 
 
 _LOG = _q(LOG)
@@ -66,8 +68,7 @@ _GAP_PAIRS_SQL = (
 
 def order_checks(narrow: DataFrame) -> DataFrame:
     """`reordered_in_log` and `seq_gap` X rows, the checks that need a unit's neighbours."""
-    msgs = narrow.where("ktype = 0")  # only messages can be out of order or follow a gap
-    return reordered_in_log(msgs).unionByName(seq_gaps(msgs))
+    return reordered_in_log(narrow).unionByName(seq_gaps(narrow))
 
 
 def reordered_in_log(msgs: DataFrame) -> DataFrame:
@@ -112,7 +113,7 @@ def content_duplicates(narrow: DataFrame) -> DataFrame:
     """`content_duplicate` X rows: one shuffle of the narrow units by their fingerprint's 96-bit hash."""
     # the 64-bit hash leads the sort: its prefix alone orders almost every pair of rows
     w = Window.partitionBy("fph", "fph2", "topic").orderBy("pt_us", "k1", "k2")
-    narrow = (narrow.where("ktype = 0 AND has_orig AND fph IS NOT NULL")
+    narrow = (narrow.where("has_orig AND fph IS NOT NULL")
               .select("topic", "fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
                       F.col("o_off").alias("o")))
     ranked = (narrow.withColumn("rn", F.row_number().over(w))

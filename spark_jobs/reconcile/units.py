@@ -22,32 +22,35 @@ from audit.core.vocabulary import ABORTED, ACKED, LEDGER_STATUS_PRECEDENCE, PROC
 from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import _q
 
-
-def flag_consumption_order(consumed: DataFrame) -> DataFrame:
-    """Adds `reorder`: the first processing of an offset lower than one its group already processed
-    in that partition, in (consume_ts, consume_seq, consumer) order."""
-    order = ["consume_ts", "consume_seq", "consumer"]
-    is_proc = F.col("outcome") == PROCESSED
-    w = Window.partitionBy("topic", "group", "partition").orderBy(*order)
-    first = Window.partitionBy("topic", "group", "partition", "offset", "_proc").orderBy(*order)
-    return (consumed.withColumn("_proc", is_proc)
-            .withColumn("_high", F.max(F.when(is_proc, F.col("offset"))).over(
-                w.rowsBetween(Window.unboundedPreceding, -1)))
-            .withColumn("_rn", F.row_number().over(first))
-            .withColumn("reorder", F.coalesce(
-                F.col("_proc") & (F.col("_rn") == 1) & (F.col("offset") < F.col("_high")), F.lit(False)))
-            .drop("_proc", "_high", "_rn"))
-
-
 ORDER_COLUMNS = ("topic", "group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
 
 
 def reordered_processings(consumed: DataFrame) -> DataFrame:
-    """The processings `flag_consumption_order` flags -- few -- by their identifying columns and unit
-    key. The window runs over a narrow projection; only its flagged rows leave it."""
-    cols = [*ORDER_COLUMNS, "outcome", "pid", "seq"]
-    return (flag_consumption_order(consumed.select(*cols)).where("reorder")
+    """The processings that go backwards (`reordered_in_consumption`) -- few -- by their
+    identifying columns and unit key: per (topic, group, partition), the first processing of an
+    offset lower than one the group already processed, in (consume_ts, consume_seq, consumer)
+    order. Put the other way round, the first processing of an offset is flagged when a processing
+    of a higher offset came before it; so one sort of the processings by offset, highest first, and
+    consume order gives both tests in one pass: the running minimum of the consume order over the
+    higher offsets, and whether the row before has the same offset. The narrow projection of the
+    processings is hashed once by (topic, group, partition), so both windows share one exchange
+    and one sort."""
+    order = F.struct("consume_ts", "consume_seq", "consumer")
+    part = ("partition", "group", "topic")  # the int first: the sort compares it before the strings
+    earlier_above = Window.partitionBy(*part).orderBy(F.col("offset").desc()).rangeBetween(
+        Window.unboundedPreceding, -1)  # the processings of strictly higher offsets
+    in_order = Window.partitionBy(*part).orderBy(F.col("offset").desc(), "consume_ts", "consume_seq", "consumer")
+    return (consumed.where(F.col("outcome") == PROCESSED)
+            .select(*ORDER_COLUMNS, "pid", "seq").repartition(*part)
+            .withColumn("_prev", F.lag("offset").over(in_order))
+            .withColumn("_first_above", F.min(order).over(earlier_above))
+            .where((F.col("_prev").isNull() | (F.col("_prev") != F.col("offset"))) & (F.col("_first_above") < order))
             .select(*ORDER_COLUMNS, *_key("pid", "seq", "partition", "offset")).distinct())
+
+
+def flag_consumption_order(consumed: DataFrame) -> DataFrame:
+    """Adds `reorder` to every consumption row: true for the processings `reordered_processings` flags."""
+    return with_reorder(consumed, reordered_processings(consumed))
 
 
 def with_reorder(consumed: DataFrame, flagged: DataFrame) -> DataFrame:
@@ -248,7 +251,7 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
 
 def unit_keys(units: DataFrame) -> list[Any]:
     """Narrow per-unit columns the order and content checks read, from a typed (simple) unit."""
-    return [F.col("topic"), F.col("ktype"), F.col("k1"), F.col("k2"), F.col("k1").alias("pid"), F.col("k2").alias("seq"),
+    return [F.col("topic"), F.col("ktype"), F.col("k1"), F.col("k2"),
             F.col("lpt").alias("pt_us"), F.col("rp").alias("o_part"), F.col("ro").alias("o_off"),
             F.lit(True).alias("has_orig"), F.lit(True).alias("present"), "fph", "fph2"]
 
