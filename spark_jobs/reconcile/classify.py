@@ -48,15 +48,13 @@ def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataF
     lats += [(str(1 + i), "lp", f"(c{i}_ts - lpt) / 1000D", f"{i} < n_groups") for i in range(shape.max_groups)]
     lats += [(str(1 + shape.max_groups + i), "lp", f"(s{i}_ts - lpt) / 1000D", f"{i} < n_sinks")
              for i in range(shape.max_sinks)]
-    items = [f"named_struct('si', {si}, 'partition', cast({p} as int), 'latency', cast({lat} as double))"
-             if cond is None else
-             f"CASE WHEN {cond} THEN named_struct('si', {si}, 'partition', cast({p} as int), "
-             f"'latency', cast({lat} as double)) END"
-             for si, p, lat, cond in lats]
+    # one generated row per stage, no array: a stage the topic lacks yields a null `si`, dropped
+    cols = ", ".join(f"{si if cond is None else f'CASE WHEN {cond} THEN {si} END'}, cast({p} as int), cast({lat} as double)"
+                     for si, p, lat, cond in lats)
     return (typed.where("simple").join(F.broadcast(params), "topic")
             .where("lpt >= ws_us AND lpt < we_us")
-            .select("topic", F.explode(F.expr(f"filter(array({', '.join(items)}), x -> x IS NOT NULL)")).alias("x"))
-            .select("topic", "x.*"))
+            .select("topic", F.expr(f"stack({len(lats)}, {cols}) AS (si, partition, latency)"))
+            .where("si IS NOT NULL"))
 
 
 def with_stage_names(df: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
