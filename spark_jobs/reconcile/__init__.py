@@ -100,6 +100,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
+from spark_jobs.reconcile import blocks
 from spark_jobs.reconcile.blocks import block_digests, block_lookup, clean_narrow, split_by_block
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
 from spark_jobs.reconcile.driver import classify_collected, collect_inputs
@@ -224,7 +225,7 @@ MAX_TOPICS_PER_PLAN = 64
 
 
 def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: datetime,
-                   as_of: datetime) -> dict[str, Classified]:
+                   as_of: datetime, rows: int | None = None) -> dict[str, Classified]:
     """Classify one window of every topic of `shape` in one plan (the topics share their read
     ranges: `inputs.batches`): every row carries its topic, so the Spark jobs -- the actions below
     and the materialised steps -- are the same few for one topic or for many. The only actions are
@@ -262,8 +263,11 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
     # rows of the other blocks (and unaudited records) go on to the exact paths below.
     tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
-    digests = keep(block_digests(tiers, shape, params, flagged))
-    typed_rows, clean_log = split_by_block(tiers, keep(block_lookup(digests)))
+    if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
+        digests = keep(block_digests(tiers, shape, params, flagged))
+        typed_rows, clean_log = split_by_block(tiers, keep(block_lookup(digests)))
+    else:  # below it the shuffle the digests spare costs less than computing them
+        typed_rows, clean_log = tiers.withColumn("cb", F.lit(False)), None
     # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks' times
     # for their latencies; ordinary messages end here.
     typed = typed_units(typed_rows, shape, params)
@@ -278,7 +282,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
     # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-    narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log)))
+    narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log) if clean_log is not None else None))
     simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
@@ -353,12 +357,12 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
     whose inputs hold at most `cfg.driver_rows` rows is classified in the driver instead
     (`driver`, docs/design.md §5.8)."""
     inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
-    collected = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else None
+    collected, rows = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else (None, None)
     if collected is not None:
         classified = classify_in_driver(spark, collected, shape, ws, as_of)
         anomalies = next(iter(classified.values())).summary
     else:
-        classified = classify_batch(spark, inputs, shape, ws, as_of)
+        classified = classify_batch(spark, inputs, shape, ws, as_of, rows)
         summary = next(iter(classified.values())).summary
         anomalies = anomaly_rows(summary, ws, {t: run_id_for(t, ws, as_of) for t in shape.names}, as_of)
     if publish:

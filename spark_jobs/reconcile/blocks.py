@@ -50,6 +50,11 @@ BLOCK_BITS = 3
 # the tiers; beyond it the split joins by shuffle.
 BROADCAST_BLOCKS_MAX = 2_000_000
 
+# A window whose inputs hold fewer rows than this (counted when `reconcile.driver_rows` is set)
+# skips the blocks: every row takes the typed shuffle, which then costs less than the digests'
+# extra read of every table.
+BLOCKS_MIN_ROWS = 0
+
 
 def block_hash(blk: Any = None) -> Any:
     """A block as one long: of a typed tier row (topic, k1, k2; only meaningful for audited rows,

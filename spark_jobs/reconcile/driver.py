@@ -48,9 +48,10 @@ def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
     return [(tag, df) for tag, df in named if df is not None]
 
 
-def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> oracle.Inputs | None:
-    """Every row of the window's inputs as the oracle's rows, or None when they hold more than
-    `limit` rows (then only their count was read). Two Spark jobs: the count, the rows."""
+def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tuple[oracle.Inputs | None, int]:
+    """(every row of the window's inputs as the oracle's rows, or None when they hold more than
+    `limit` rows (then only their count was read); how many rows they hold). Two Spark jobs: the
+    count, the rows."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
@@ -61,8 +62,9 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> ora
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     # Count first: a count reads no column, so a large window costs one cheap job before it goes to
     # the Spark plan (a limit would first stream up to `limit` rows of every input partition).
-    if union.count() > limit:
-        return None
+    count = union.count()
+    if count > limit:
+        return None, count
     # Arrow hands the rows over several times faster than pickled Rows, with aware (UTC) timestamps
     out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
     sinks: dict[str, list[Any]] = {}
@@ -73,7 +75,7 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> ora
     return oracle.Inputs(ledger=out["ledger"], log=out["log"], consumed=out["consumed"],
                          group_offsets=out["group_offsets"], watermarks=out["watermarks"], sinks=sinks,
                          mirror_log=out["mirror_log"], mirror_watermarks=out["mirror_watermarks"],
-                         mirror_group_offsets=out["mirror_group_offsets"])
+                         mirror_group_offsets=out["mirror_group_offsets"]), count
 
 
 def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws: datetime,
