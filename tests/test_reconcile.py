@@ -419,6 +419,32 @@ def test_any_block_size_gives_the_oracles_rows(spark: Any, monkeypatch: pytest.M
 
 
 @pytest.mark.spark
+def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_oracles_rows(
+        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs counted below `BLOCKS_MIN_ROWS` take the typed and general paths for every row, no
+    digest computed; the hand-written cases and the blocks history still equal the oracle."""
+    import spark_jobs.reconcile as reconcile
+    from spark_jobs.reconcile import blocks
+    from tests.reconcile_cases import window_inputs
+
+    def no_digests(*_: Any) -> None:
+        raise AssertionError("block digests computed below BLOCKS_MIN_ROWS")
+
+    monkeypatch.setattr(blocks, "BLOCKS_MIN_ROWS", 10 ** 12)
+    monkeypatch.setattr(reconcile, "block_digests", no_digests)
+    tc = topic_config()
+    for history in (build_cases()[0], _blocks_history()):
+        c = reconcile.classify_window(spark, window_inputs(spark, history.inputs(), tc), tc, T0, AS_OF_FINAL,
+                                      rows=10 ** 6)
+        anomalies = sorted_anomalies(r.asDict() for r in c.anomalies.collect())
+        report = norm_rows(c.report)
+        c.summary.unpersist()
+        oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
+        assert anomalies == sorted_anomalies(oracle.anomalies)
+        assert report == norm_rows(oracle.report)
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("path", ["buckets", "driver sort"])
 def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, monkeypatch: Any, path: str) -> None:
     """`stage_stats` locates each rank through the latency buckets and sorts only those buckets (or,

@@ -18,10 +18,11 @@ topics of a window (those with the same read ranges, at most MAX_TOPICS_PER_PLAN
 few Spark jobs one topic needs; `reconcile_range` reads each table's Delta log once per run and
 publishes each batch with one commit per output table. Shape of the computation, for one window:
 
-1. `flag_consumption_order` (through `reordered_processings`): one shuffle of a narrow projection of
-   the consumption rows by (group, partition) finds the first processings that go backwards in
-   offset (`reordered_in_consumption`). Only those few rows are kept: their units go to the
-   general path, and `with_reorder` marks them there with a broadcast lookup.
+1. `reordered_processings`: one shuffle of a narrow projection of the processings by (partition,
+   group, topic) and one sort of each, by offset from the highest down, then in consume order,
+   finds the first processings of an offset after a processing of a higher one
+   (`reordered_in_consumption`). Only those few rows are kept: their units go to the general
+   path, and `with_reorder` marks them there with a broadcast lookup.
 2. Summary first (`blocks`, docs/design.md §5.9): `block_digests` reduces every audited tier row
    to a few fixed-width values per block of 2^BLOCK_BITS consecutive seqs of a pid -- counts, the
    bitmap of seqs present, XORs of hashes of (seq, partition, offset, produce time) -- combined on
@@ -46,10 +47,12 @@ publishes each batch with one commit per output table. Shape of the computation,
    `collect_units`, which gathers each unit's rows into arrays; `describe_units` + `classify`
    apply every rule of docs/design.md §5 with array expressions. The property test holds both paths,
    together, equal to the oracle.
-5. `narrow_units` puts one narrow row per unit (either path) together for the checks that need
-   neighbours: `order_checks` (`reordered_in_log` per (pid, partition), `seq_gap` per pid: window
-   functions over one exchange by pid) and `content_duplicates` (one shuffle by the fingerprint's
-   96-bit hash; a collision would need ~2^48 distinct fingerprints in one window's reach).
+5. `narrow_units` puts one narrow row per message (either path) together, kept, for the checks
+   that need neighbours: `reordered_in_log` (one sort per (pid, partition) of the log records'
+   seq and offset), `seq_gap` (each pid's present seqs as bitmaps of 64 reduced map-side; only a
+   bitmap with a hole, or not following on from the one before, is decoded) and
+   `content_duplicates` (one shuffle by the fingerprint's 96-bit hash; a collision would need
+   ~2^48 distinct fingerprints in one window's reach).
 6. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
    anomaly rows as they are; that result is small and is persisted, so the heavy part runs once.
    Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank; a bucket whose
@@ -57,7 +60,7 @@ publishes each batch with one commit per output table. Shape of the computation,
    most do), and only the latencies of the other wanted buckets are read again and sorted --
    bounded memory, unlike Spark's `percentile`.
    What more than one step reads (the flagged processings, the block digests and lookup, the
-   typed units, the general path's keys, the described units) is kept as a local checkpoint
+   typed units, the general path's keys, the described units, the narrow rows) is kept as a local checkpoint
    (`materialise`) and freed (`release`) once the summary is in.
 
 Modules, by concern (each docstring says what it must not do):
@@ -214,9 +217,9 @@ def reconcile_frames(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig,
 
 
 def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, ws: datetime,
-                    as_of: datetime) -> Classified:
-    """Classify one topic's window (a batch of one)."""
-    return classify_batch(spark, inputs, Shape((tc,)), ws, as_of)[tc.name]
+                    as_of: datetime, rows: int | None = None) -> Classified:
+    """Classify one topic's window (a batch of one); `rows`: as `classify_batch`."""
+    return classify_batch(spark, inputs, Shape((tc,)), ws, as_of, rows)[tc.name]
 
 
 # At most this many topics share one plan: a window's Spark jobs are a handful per batch, whatever
@@ -231,7 +234,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     and the materialised steps -- are the same few for one topic or for many. The only actions are
     on small things: watermarks and group offsets (collected for the lookup maps), the persisted
     summary (its per-code counts and quarantine counts, the per-stage sums, the latencies at the
-    wanted ranks)."""
+    wanted ranks). `rows`: how many rows the inputs hold, when counted (`collect_inputs`); fewer
+    than `blocks.BLOCKS_MIN_ROWS` skip the blocks (docs/design.md §5.9)."""
     vis = restrict(inputs, shape, ws)
     wm_rows = [r.asDict() for r in vis.watermarks.collect()] if vis.watermarks is not None else []
     go_rows = [r.asDict() for r in vis.group_offsets.collect()] if vis.group_offsets is not None else []

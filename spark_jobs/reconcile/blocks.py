@@ -52,8 +52,9 @@ BROADCAST_BLOCKS_MAX = 2_000_000
 
 # A window whose inputs hold fewer rows than this (counted when `reconcile.driver_rows` is set)
 # skips the blocks: every row takes the typed shuffle, which then costs less than the digests'
-# extra read of every table.
-BLOCKS_MIN_ROWS = 0
+# extra read of every table. Measured with blocks on / off at 8M input rows 1.14, 24M 1.15,
+# 40M 1.12, 60M 0.96, 80M 0.74 (docs/benchmarks.md).
+BLOCKS_MIN_ROWS = 50_000_000
 
 
 def block_hash(blk: Any = None) -> Any:

@@ -1,7 +1,8 @@
-"""The log-stage checks that need neighbouring units: `reordered_in_log` and `seq_gap`
-(`order_checks`, window functions per pid) and `content_duplicate` (`content_duplicates`, one
-shuffle by the fingerprint's hash), over one narrow row per unit from either path
-(`narrow_units`). Codes and detail texts come from the vocabulary (`anomaly_sql`).
+"""The log-stage checks that need neighbouring messages: `reordered_in_log` (`reordered_in_log`, a
+window per (pid, partition)), `seq_gap` (`seq_gaps`, bitmaps of present seqs per pid) and
+`content_duplicate` (`content_duplicates`, one shuffle by the fingerprint's hash), over one narrow
+row per message from either path (`narrow_units`). Codes and detail texts come from the vocabulary
+(`anomaly_sql`).
 
 `ORDER_CHECK_SQL` and `CONTENT_DUPLICATE_SQL` are the SQL text alone. This module must not read
 or write tables, collect rows, or apply the per-unit rules (`classify.py`).
