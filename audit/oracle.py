@@ -195,6 +195,9 @@ class ConsumedRow:
     topic: str = "t"
     error: str | None = None  # the handler's error of a failed / dead_lettered outcome
     cluster: str | None = None  # the mirror whose target copy it was consumed from; None: the audited cluster
+    # the message's produce time from its audit headers, as the consumer wrote it: carried, never
+    # used by a rule (every latency is from the ledger's produce time; docs/design.md §5.9)
+    produce_ts: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ class SinkRow:
     seq: int | None
     sink_ts: datetime | None
     topic: str = "t"
+    produce_ts: datetime | None = None  # the optional audit_produce_ts column: carried, never used by a rule
 
 
 @dataclass(frozen=True)

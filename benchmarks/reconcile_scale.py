@@ -92,6 +92,12 @@ def expected_counts(n: int, partitions: int, ordinal: int) -> dict[str, int]:
     return out
 
 
+# Whether consumption and sink rows carry the message's produce time (the optional `produce_ts` and
+# `audit_produce_ts` columns, docs/design.md §4.2), as today's clients write them; --without-produce-ts
+# generates the rows of clients that do not.
+CARRY_PRODUCE_TS = True
+
+
 def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, ordinals: range,
              window_ordinal: int) -> None:
     """Append the tiers of the hours `ordinals` (window_ordinal = the window under test)."""
@@ -164,12 +170,16 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, o
                    "topic", "partition", "offset", "pid", "seq",
                    F.when(F.col("rr") == RESIDUES["dead_lettered"], "dead_lettered").otherwise("processed")
                    .alias("outcome"), F.lit(1).alias("attempt"),
-                   (F.coalesce("produce_ts", "kafka_ts") + F.expr("INTERVAL 1 SECOND")).alias("consume_ts")))
+                   (F.coalesce("produce_ts", "kafka_ts") + F.expr("INTERVAL 1 SECOND")).alias("consume_ts"),
+                   "produce_ts"))
     again = (cons_base.where(F.col("rr") == RESIDUES["redelivered"])
              .select(F.lit(GROUP).alias("group"), F.lit("c2").alias("consumer"), F.col("offset").alias("consume_seq"),
                      "topic", "partition", "offset", "pid", "seq", F.lit("processed").alias("outcome"),
-                     F.lit(2).alias("attempt"), (F.col("produce_ts") + F.expr("INTERVAL 3 SECONDS")).alias("consume_ts")))
+                     F.lit(2).alias("attempt"), (F.col("produce_ts") + F.expr("INTERVAL 3 SECONDS")).alias("consume_ts"),
+                     "produce_ts"))
     consumed = one.unionByName(again).withColumn("part_hour", F.date_format("consume_ts", "yyyy-MM-dd'T'HH"))
+    if not CARRY_PRODUCE_TS:
+        consumed = consumed.drop("produce_ts")
 
     # sink: one row per processed message (by offset for unaudited records), minus / plus injections
     processed = one.where("outcome = 'processed'")
@@ -181,14 +191,16 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, n: int, partitions: int, o
                  F.col("offset").alias("audit_offset"), F.col("pid").alias("audit_pid"),
                  F.col("seq").alias("audit_seq"),
                  (F.col("consume_ts") + F.expr("INTERVAL 1 SECOND")).alias("audit_sink_ts"),
-                 F.lit(1.5).alias("amount")]
+                 F.col("produce_ts").alias("audit_produce_ts"), F.lit(1.5).alias("amount")]
     sink = (sink_one.select(*sink_cols)
             .unionByName(sink_one.where(F.col("rr") == RESIDUES["duplicate_in_sink"]).select(*sink_cols))
             .unionByName(base.where(res["unexpected_in_sink"]).select(
                 F.col("topic").alias("audit_topic"), F.col("k").alias("audit_partition"),
                 F.lit(None).cast("long").alias("audit_offset"), F.lit("phantom").alias("audit_pid"),
                 F.col("m").alias("audit_seq"), (F.col("pt") + F.expr("INTERVAL 2 SECONDS")).alias("audit_sink_ts"),
-                F.lit(1.5).alias("amount"))))
+                F.col("pt").alias("audit_produce_ts"), F.lit(1.5).alias("amount"))))
+    if not CARRY_PRODUCE_TS:
+        sink = sink.drop("audit_produce_ts")
 
     def append(df: Any, name: str) -> None:
         df.write.format("delta").mode("append").partitionBy("topic", "part_hour").save(table_path(cfg, name))
@@ -397,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", metavar="REV", default=None,
                     help="also classify the 1x window with spark_jobs/reconcile as of git revision REV, "
                          "alternating with this checkout's (--reps times each), and print the ratio")
+    ap.add_argument("--without-produce-ts", action="store_true",
+                    help="generate consumption and sink rows without the optional produce time (clients "
+                         "that do not write it): every clean block's latencies then take the typed path")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed reconcile that compiles the plan before the timed 1x run")
     args = ap.parse_args(argv)
@@ -404,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     if any("=" not in c for c in args.conf):
         ap.error("--conf takes KEY=VALUE")
     set_anomaly_rate(args.anomaly_rate)
+    global CARRY_PRODUCE_TS
+    CARRY_PRODUCE_TS = not args.without_produce_ts
     if n % parts or n % MOD:
         ap.error(f"--n must be a multiple of {MOD} (1 / --anomaly-rate) and of --partitions")
     if args.history_n not in (None, n):

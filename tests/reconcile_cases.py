@@ -84,21 +84,24 @@ class History:
 
     def consume(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
                 outcome: str = "processed", group: str = GROUP, consumer: str = "c1", attempt: int = 1,
-                error: str | None = None) -> None:
+                error: str | None = None, produce_ts: datetime | None = None) -> None:
+        """A consumption row; `produce_ts`: the message's produce time it carries (optional)."""
         self._cseq += 1
         self.consumed.append(ConsumedRow(group, consumer, self._cseq, partition, offset, pid, seq, outcome, t,
-                                         attempt, error=error))
+                                         attempt, error=error, produce_ts=produce_ts))
 
     def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
-             t: datetime | None, name: str = SINK) -> None:
-        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t))
+             t: datetime | None, name: str = SINK, produce_ts: datetime | None = None) -> None:
+        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t, produce_ts=produce_ts))
 
-    def clean(self, pid: str, seq: int, partition: int, offset: int, t: datetime) -> None:
-        """A message that went through every tier exactly once."""
+    def clean(self, pid: str, seq: int, partition: int, offset: int, t: datetime, carried: bool = True) -> None:
+        """A message that went through every tier exactly once; its consumption and sink rows
+        carry its produce time unless `carried` is false (clients that do not write it)."""
         self.produce(pid, seq, partition, offset, t)
         self.record(pid, seq, partition, offset, t)
-        self.consume(pid, seq, partition, offset, t + timedelta(seconds=1))
-        self.sink(pid, seq, partition, offset, t + timedelta(seconds=2))
+        pt = t if carried else None
+        self.consume(pid, seq, partition, offset, t + timedelta(seconds=1), produce_ts=pt)
+        self.sink(pid, seq, partition, offset, t + timedelta(seconds=2), produce_ts=pt)
 
     def captured(self, partition: int, lso: int, hw: int, t: datetime, group_committed: int | None = None,
                  group: str = GROUP, read: tuple[int, int] | None = None) -> None:
@@ -151,8 +154,10 @@ def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
 
     schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
                          StructField("offset", LongType()), StructField("pid", StringType()),
-                         StructField("seq", LongType()), StructField("sink_ts", TimestampType())])
-    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts) for r in rows], schema)
+                         StructField("seq", LongType()), StructField("sink_ts", TimestampType()),
+                         StructField("produce_ts", TimestampType())])
+    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts, r.produce_ts)
+                                  for r in rows], schema)
 
 
 def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:

@@ -528,6 +528,11 @@ def test_ledger_is_landed_in_the_consumer_folder_of_cfg_ledger_dir(tmp_path: Pat
     assert [(r["group"], r["offset"], r["outcome"], r["attempt"], r["consume_seq"]) for r in rows] == [
         ("g-cfg", 0, "processed", 1, 0), ("g-cfg", 1, "processed", 1, 1)]
     assert set(rows[0]) == {"group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq",
-                            "outcome", "attempt", "consume_ts", "error"}
+                            "outcome", "attempt", "consume_ts", "error", "produce_ts"}
     assert isinstance(rows[0]["consume_ts"], int) and rows[0]["consumer"].startswith("cfgd:")
+    # the message's produce time from its audit headers: the producer ledger's
+    produced = [json.loads(line) for f in sorted((tmp_path / "producer").glob("*.jsonl*"))
+                for line in f.read_text().splitlines() if line.strip()]
+    assert sorted((r["pid"], r["seq"], r["produce_ts"]) for r in rows) == sorted(
+        (r["pid"], r["seq"] + k, r["produce_ts"]) for r in produced for k in range(r.get("run", 1)))
 

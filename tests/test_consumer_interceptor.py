@@ -154,6 +154,12 @@ def test_java_group_killed_mid_stream_and_restarted_audits_equal_to_the_ground_t
             range(sum(1 for r in rows if r["consumer"] == inst)))
     assert {r["outcome"] for r in rows} == {"handed", "committed"}
     assert all(r["pid"].startswith("java-app:") for r in rows if r["outcome"] == "handed")
+    # a handed row carries the message's produce time from its headers: the producer ledger's
+    produced = {(r["pid"], r["seq"] + k): r["produce_ts"] for r in rows_of(pspool) for k in range(r.get("run", 1))}
+    assert len(produced) == n
+    assert {(r["pid"], r["seq"], r["produce_ts"]) for r in rows if r["outcome"] == "handed"} == {
+        (pid, seq, ts) for (pid, seq), ts in produced.items()}
+    assert all("produce_ts" not in r for r in rows if r["outcome"] == "committed")
 
     end = start + timedelta(days=1)
     as_of = datetime.now(UTC) + timedelta(minutes=2)

@@ -340,18 +340,33 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     assert sorted(a[1] for a in brief(anomalies)) == ["duplicate_in_sink", "missed", "redelivered"]
 
 
-def _blocks_history() -> History:
+def _blocks_history(carried: bool = True) -> History:
     """Blocks of 8 seqs (BLOCK_BITS 3): p's first and third clean (the third holds two seqs), its
     second dirtied by one redelivery; q's first dirtied by seq 2 at another offset than acked, after
     seq 3 in the log and in the group (the same seqs everywhere: only the hashes differ); r's first clean but wholly before the window;
-    s's first clean in every count, but one of its processings goes backwards in offset."""
+    s's first clean in every count, but one of its processings goes backwards in offset; u's first
+    clean, but one sink row carries a produce time ten minutes off the ledger's, and v's first
+    clean with no produce time carried: both get their latencies from the typed path; w's first
+    clean, one seq before the window and one inside. `carried`: whether the clean messages'
+    consumption and sink rows carry their produce time (then p's, and w's, blocks are 'local')."""
     from datetime import timedelta
 
     h = History()
-    for part in range(4):
+    for part in range(6):
         h.captured(part, 0, 100, at(70), group_committed=100)
     for seq in range(18):
-        h.clean("p", seq, 0, seq, at(10 + seq / 10))
+        h.clean("p", seq, 0, seq, at(10 + seq / 10), carried=carried)
+    for seq in range(3):
+        t = at(45 + seq / 10)
+        h.produce("u", seq, 4, seq, t)
+        h.record("u", seq, 4, seq, t)
+        h.consume("u", seq, 4, seq, t + timedelta(seconds=1), produce_ts=t)
+        h.sink("u", seq, 4, seq, t + timedelta(seconds=2 + 50 * seq),
+               produce_ts=t - timedelta(minutes=10) if seq == 1 else t)
+    for seq in range(2):
+        h.clean("v", seq, 4, 3 + seq, at(50 + seq), carried=False)
+    for seq, minute in enumerate((-1, 1)):
+        h.clean("w", seq, 5, 10 + seq, at(minute), carried=carried)
     h.consume("p", 9, 0, 9, at(30), consumer="c2")  # redelivered
     for seq in range(4):
         off = 10 if seq == 2 else seq
@@ -360,7 +375,7 @@ def _blocks_history() -> History:
         h.consume("q", seq, 1, off, at(21 + seq / 10))
         h.sink("q", seq, 1, off, at(22 + seq / 10))
     for seq in range(3):
-        h.clean("r", seq, 3, seq, at(-30 + seq / 10))
+        h.clean("r", seq, 3, seq, at(-30 + seq / 10), carried=carried)
     for seq in range(2):
         h.produce("s", seq, 2, seq, at(40))
         h.record("s", seq, 2, seq, at(40))
@@ -373,33 +388,41 @@ def _blocks_history() -> History:
 @pytest.mark.spark
 def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(spark: Any) -> None:
     """`block_digests` calls a block clean exactly when each of its units is an ordinary delivered
-    message, 'out' when it is clean but wholly before the window; the window's result equals the
-    oracle's."""
+    message: 'out' when it is clean but wholly before the window, 'local' when every consumption
+    and sink row also carries the ledger's produce time; the window's result equals the oracle's,
+    with the local blocks in the majority (their latencies from each row) and in the minority (from
+    the typed path, as every clean block without a carried produce time)."""
     from spark_jobs.reconcile import Shape, collect_lookups, restrict, sink_rows, typed_tiers
-    from spark_jobs.reconcile.blocks import BLOCK_BITS, block_digests
+    from spark_jobs.reconcile.blocks import BLOCK_BITS, block_digests, block_lookup
     from spark_jobs.reconcile.params import batch_params
     from spark_jobs.reconcile.units import reordered_processings
     from tests.reconcile_cases import window_inputs
 
     assert BLOCK_BITS == 3
-    h = _blocks_history()
     tc = topic_config()
-    vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
-    assert vis.consumed is not None
     shape = Shape((tc,))
     params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
-    tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
-    digests = block_digests(tiers, shape, params, reordered_processings(vis.consumed))
-    assert sorted((r["k1"], r["blk"], r["settle"]) for r in digests.collect()) == [
-        ("p", 0, "clean"), ("p", 1, "dirty"), ("p", 2, "clean"), ("q", 0, "dirty"), ("r", 0, "out"),
-        ("s", 0, "dirty")]
-    report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
-    oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs())
-    assert anomalies == sorted_anomalies(oracle.anomalies)
-    assert report == norm_rows(oracle.report)
-    assert sorted((a[1], a[3], a[4]) for a in brief(anomalies)) == [
-        ("redelivered", "p", 9), ("reordered_in_consumption", "q", 3), ("reordered_in_consumption", "s", 0),
-        ("reordered_in_log", "q", 2)]
+    for carried, local in ((True, "local"), (False, "clean")):
+        h = _blocks_history(carried)
+        vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
+        assert vis.consumed is not None
+        tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
+        digests = block_digests(tiers, shape, params, reordered_processings(vis.consumed))
+        assert sorted((r["k1"], r["blk"], r["settle"]) for r in digests.collect()) == [
+            ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"), ("r", 0, "out"),
+            ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"), ("w", 0, local)]
+        lookup, default = block_lookup(digests)
+        # three local blocks against two clean ones, or none against five
+        assert default == local
+        assert sorted(r["settle"] for r in lookup.collect()) == sorted(
+            ["dirty"] * 3 + ["out"] + ["clean"] * (2 if carried else 0))
+        report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
+        oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs())
+        assert anomalies == sorted_anomalies(oracle.anomalies)
+        assert report == norm_rows(oracle.report)
+        assert sorted((a[1], a[3], a[4]) for a in brief(anomalies)) == [
+            ("redelivered", "p", 9), ("reordered_in_consumption", "q", 3), ("reordered_in_consumption", "s", 0),
+            ("reordered_in_log", "q", 2)]
 
 
 @pytest.mark.spark
@@ -411,7 +434,7 @@ def test_any_block_size_gives_the_oracles_rows(spark: Any, monkeypatch: pytest.M
 
     monkeypatch.setattr(blocks, "BLOCK_BITS", bits)
     tc = topic_config()
-    for history in (build_cases()[0], _blocks_history()):
+    for history in (build_cases()[0], _blocks_history(), _blocks_history(carried=False)):
         report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, history.inputs())
         oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
         assert anomalies == sorted_anomalies(oracle.anomalies)

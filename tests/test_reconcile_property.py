@@ -115,13 +115,17 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
                              _at(r["t"] + 1), _at(r["t"] + 60), r["fp"], r["committed"],
                              "audit.seq: not an integer" if r["bad"] else None))
         cpid, cseq_v = (None, None) if r["bad"] else (r["pid"], r["seq"])
+
+        def carried(r: dict[str, Any] = r) -> Any:  # a row's optional produce time: right, absent or wrong
+            kind = draw(st.sampled_from(["right", "right", "absent", "wrong"]))
+            return None if r["bad"] or kind == "absent" else _at(r["t"] + (0 if kind == "right" else 1))
         for _ in range(draw(st.integers(0, 2))):
             cseq += 1
             outcome = draw(st.sampled_from(["processed", "processed", "processed", "failed", "dead_lettered",
                                             "handed"]))
             delay = draw(st.sampled_from([2, 30, 1200, 5400]))
             consumed.append(ConsumedRow("g1", draw(st.sampled_from(["c1", "c2"])), cseq, r["p"], r["off"],
-                                        cpid, cseq_v, outcome, _at(r["t"] + delay)))
+                                        cpid, cseq_v, outcome, _at(r["t"] + delay), produce_ts=carried()))
         if draw(st.integers(0, 5)) == 0:  # read on a cluster no mirror of the topic is named: ignored, counted
             cseq += 1
             consumed.append(ConsumedRow("g1", "c4", cseq, r["p"], 100 + r["off"], cpid, cseq_v,
@@ -132,7 +136,8 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             for _ in range(draw(st.integers(0, 2))):
                 delay = draw(st.sampled_from([5, 40, 1500, 6000]))
                 sinks[name].append(SinkRow(r["p"], r["off"], cpid, cseq_v,
-                                           None if draw(st.integers(0, 9)) == 0 else _at(r["t"] + delay)))
+                                           None if draw(st.integers(0, 9)) == 0 else _at(r["t"] + delay),
+                                           produce_ts=carried()))
     if draw(st.booleans()):
         sinks["s1"].append(SinkRow(1, 99, "ghost-pid", 0, _at(draw(st.integers(0, 3599)))))
     watermarks = []

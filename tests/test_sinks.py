@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,17 @@ from audit.core.config import SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 TS = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+PT = datetime(2026, 11, 21, 9, 59, 59, 123000, tzinfo=UTC)  # the records' produce time (rec)
 
 
 def rec(offset: int, seq: int | None = None, pid: str | None = "p:1", topic: str = "orders",
         partition: int = 0, **payload: Any) -> SinkRecord:
-    """A sink record; seq defaults to the offset, and to None (unaudited) when pid is None."""
+    """A sink record; seq defaults to the offset, and to None (unaudited) when pid is None; an
+    audited one carries its produce time, PT + seq ms."""
     if seq is None and pid is not None:
         seq = offset
-    return SinkRecord(payload or {"n": offset}, topic, partition, offset, pid, seq)
+    pt = PT + timedelta(milliseconds=seq) if pid is not None and seq is not None else None
+    return SinkRecord(payload or {"n": offset}, topic, partition, offset, pid, seq, pt)
 
 
 def rows_of(sink: SqlSink, *cols: str) -> list[tuple[Any, ...]]:
@@ -83,10 +86,32 @@ def test_insert_mode_keeps_redelivered_rows_and_stamps_audit_columns(tmp_path: P
         (2, "orders", 0, 2, None, None)]
     table = sink.table()
     assert table is not None and list(table.c.keys()) == [
-        "n", "audit_topic", "audit_partition", "audit_offset", "audit_pid", "audit_seq", "audit_sink_ts"]
+        "n", "audit_topic", "audit_partition", "audit_offset", "audit_pid", "audit_seq", "audit_sink_ts",
+        "audit_produce_ts"]
     with sink.engine.connect() as conn:
         stamped = conn.execute(sa.select(table.c.audit_sink_ts)).scalars().all()
+        produced = conn.execute(sa.select(table.c.n, table.c.audit_produce_ts).order_by(table.c.n)).all()
     assert {s.replace(tzinfo=None) for s in stamped} == {TS.replace(tzinfo=None)}
+    assert [(n, p if p is None else p.replace(tzinfo=None)) for n, p in produced] == [
+        (0, datetime(2026, 11, 21, 9, 59, 59, 123000)), (1, datetime(2026, 11, 21, 9, 59, 59, 124000)),
+        (1, datetime(2026, 11, 21, 9, 59, 59, 124000)), (2, None)]
+    sink.close()
+
+
+@pytest.mark.unit
+def test_a_table_made_without_the_produce_time_keeps_its_columns(tmp_path: Path) -> None:
+    """The optional audit_produce_ts is left out of a table that lacks it: rows land, schema unchanged."""
+    url = _sqlite(tmp_path)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE s (n BIGINT, audit_topic TEXT, audit_partition INT, audit_offset BIGINT, "
+                             "audit_pid TEXT, audit_seq BIGINT, audit_sink_ts TIMESTAMP)"))
+    engine.dispose()
+    sink = SqlSink(url, "s", "insert", now=lambda: TS)
+    sink.write([rec(0), rec(1)])
+    table = sink.table()
+    assert table is not None and "audit_produce_ts" not in table.c
+    assert rows_of(sink, "n", "audit_offset", "audit_seq") == [(0, 0, 0), (1, 1, 1)]
     sink.close()
 
 
@@ -218,7 +243,19 @@ def test_delta_sink_append_and_merge(spark: Any, tmp_path: Path, mode: str,
     want = spark.createDataFrame(expected, got.schema)
     assert_df_equality(got, want, ignore_row_order=True)
     assert [f.name for f in sink.read().schema.fields] == [
-        "v", "audit_topic", "audit_partition", "audit_offset", "audit_pid", "audit_seq", "audit_sink_ts"]
+        "v", "audit_topic", "audit_partition", "audit_offset", "audit_pid", "audit_seq", "audit_sink_ts",
+        "audit_produce_ts"]
+    assert sorted((r.audit_seq, r.audit_produce_ts) for r in sink.read().collect())[:2] == [
+        (0, datetime(2026, 11, 21, 9, 59, 59, 123000)), (1, datetime(2026, 11, 21, 9, 59, 59, 124000))]
+    # a table made without the optional column keeps its schema
+    before = "v string, audit_topic string, audit_partition int, audit_offset bigint, audit_pid string, " \
+             "audit_seq bigint, audit_sink_ts timestamp"
+    spark.createDataFrame([("a", "orders", 0, 0, "p:1", 0, TS)], before).write.format("delta").save(
+        str(tmp_path / "old"))
+    old = DeltaSink(spark, str(tmp_path / "old"), mode, now=lambda: TS)
+    old.write([rec(1, v="b")])
+    assert [f.name for f in old.read().schema.fields] == [c.split()[0] for c in before.split(", ")]
+    assert sorted(r.audit_seq for r in old.read().collect()) == [0, 1]
 
 
 @pytest.mark.spark

@@ -18,7 +18,32 @@ def test_sqlite_sink_timestamps_keep_their_microseconds(spark: Any, tmp_path: Pa
     url = f"sqlite:///{tmp_path / 'sink.db'}"
     stamped = datetime(2026, 11, 21, 20, 34, 11, 264041, tzinfo=UTC)
     sink = SqlSink(url, "orders", mode="insert", now=lambda: stamped)
-    sink.write([SinkRecord(topic="orders", partition=0, offset=7, pid="svc:1", seq=3, payload={"v": "x"})])
+    produced = datetime(2026, 11, 21, 20, 34, 10, 5123, tzinfo=UTC)
+    sink.write([SinkRecord(topic="orders", partition=0, offset=7, pid="svc:1", seq=3, payload={"v": "x"},
+                           produce_ts=produced)])
     sink.close()
     rows = read_sink(spark, SinkConfig(name="orders", format="sql", url=url, table="orders"), "orders").collect()
-    assert [tuple(r) for r in rows] == [("orders", 0, 7, "svc:1", 3, stamped.replace(tzinfo=None))]
+    assert [tuple(r) for r in rows] == [("orders", 0, 7, "svc:1", 3, stamped.replace(tzinfo=None),
+                                         produced.replace(tzinfo=None))]
+
+
+@pytest.mark.spark
+def test_a_sink_without_the_optional_produce_time_reads_it_as_null(spark: Any, tmp_path: Path) -> None:
+    """No audit_produce_ts: the column is null; a mapping that names a missing column is one clear error."""
+    import sqlalchemy as sa
+
+    from audit.core.errors import InputError
+
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE s (audit_topic TEXT, audit_partition INT, audit_offset BIGINT, "
+                             "audit_pid TEXT, audit_seq BIGINT, audit_sink_ts TIMESTAMP)"))
+        conn.execute(sa.text("INSERT INTO s VALUES ('orders', 0, 7, 'svc:1', 3, '2026-11-21 20:34:11.264041')"))
+    engine.dispose()
+    rows = read_sink(spark, SinkConfig(name="s", format="sql", url=url, table="s"), "orders").collect()
+    assert [tuple(r) for r in rows] == [("orders", 0, 7, "svc:1", 3, datetime(2026, 11, 21, 20, 34, 11, 264041),
+                                         None)]
+    mapped = SinkConfig(name="s", format="sql", url=url, table="s", columns={"produce_ts": "made_at"})
+    with pytest.raises(InputError, match="no audit column 'made_at' .for produce_ts.*columns.produce_ts"):
+        read_sink(spark, mapped, "orders")

@@ -47,7 +47,8 @@ kept, so the copy is still audited as the same message (topic, pid, seq)):
 Consumption ledger: one JSON row per processing outcome in `<ledger_dir>/consumer`, columns
 group, consumer, consume_seq, topic, partition, offset, pid, seq, outcome {processed, failed,
 dead_lettered}, attempt, consume_ts (epoch ms), error (the handler's "<ExceptionType>: <message>"
-for failed and dead_lettered, else null). Rows are always written against the ORIGINAL
+for failed and dead_lettered, else null), produce_ts (epoch ms: the message's audit.ts; absent for
+an unaudited record, and not kept in the evidence a sink stores). Rows are always written against the ORIGINAL
 (topic, partition, offset), so the group stage sees every source record's attempts and exactly
 one final outcome; retry-topic coordinates never appear. `consumer` is the instance id
 `<name>:<random>` (new per process start), `consume_seq` counts that instance's rows from 0.
@@ -80,6 +81,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -230,6 +232,14 @@ def _error_text(exc: BaseException) -> str:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _produce_time(rec: ConsumedRecord) -> datetime | None:
+    """The message's produce time from its audit headers (audit.ts), for the sink's optional
+    audit_produce_ts column; None for an unaudited record."""
+    if not rec.audit.valid or rec.audit.ts_ms is None:
+        return None
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=rec.audit.ts_ms)
 
 
 class AuditedConsumer:
@@ -710,7 +720,8 @@ class AuditedConsumer:
         for row in result:
             if not isinstance(row, Mapping):
                 raise ConfigError(f"AuditedConsumer: sink rows must be mappings, got {type(row).__name__}")
-            out.append(SinkRecord(row, rec.topic, rec.partition, rec.offset, rec.audit.pid, rec.audit.seq))
+            out.append(SinkRecord(row, rec.topic, rec.partition, rec.offset, rec.audit.pid, rec.audit.seq,
+                                  _produce_time(rec)))
         return out
 
     # -- retries and dead letters ------------------------------------------------------------
@@ -853,6 +864,8 @@ class AuditedConsumer:
         }
         if self.cluster is not None:  # optional: a row without it is from the audited cluster
             row["cluster"] = self.cluster
+        if rec.audit.valid and rec.audit.ts_ms is not None:  # optional: the message's produce time (audit.ts)
+            row["produce_ts"] = rec.audit.ts_ms
         return row
 
     def _count(self, outcome: str) -> None:

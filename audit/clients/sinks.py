@@ -2,8 +2,9 @@
 
 A sink row is the user's payload (a mapping returned by the consumer's handler) plus the audit
 columns that name the message it came from (docs/design.md §4): `audit_topic, audit_partition,
-audit_offset, audit_pid, audit_seq, audit_sink_ts` by default, renamed through
-`SinkConfig.column(logical)`. The sink stage of the audit reads these tables in place.
+audit_offset, audit_pid, audit_seq, audit_sink_ts` by default, and the optional
+`audit_produce_ts` (the message's produce time from its audit headers, in tables created with it),
+renamed through `SinkConfig.column(logical)`. The sink stage of the audit reads these tables in place.
 
 `SqlSink` writes through SQLAlchemy, one transaction per batch:
 - `mode="insert"`: plain INSERT; a redelivered message becomes a second row (at-least-once
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from audit.core.config import AUDIT_COLUMNS, SinkConfig
+from audit.core.config import AUDIT_COLUMNS, OPTIONAL_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 OFFSETS_TABLE = "msgaudit_sink_offsets"
@@ -64,6 +65,9 @@ class SinkRecord:
     offset: int
     pid: str | None
     seq: int | None
+    # the message's produce time from its audit headers (None for unaudited records): written to
+    # the optional audit_produce_ts column, so reconcile needs no join for its latency
+    produce_ts: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class AuditColumns:
-    """Physical names of the six audit columns."""
+    """Physical names of the six audit columns and of the optional produce time."""
 
     topic: str = "audit_topic"
     partition: str = "audit_partition"
@@ -110,6 +114,7 @@ class AuditColumns:
     pid: str = "audit_pid"
     seq: str = "audit_seq"
     sink_ts: str = "audit_sink_ts"
+    produce_ts: str = "audit_produce_ts"
 
     @classmethod
     def of(cls, columns: Mapping[str, str] | SinkConfig | AuditColumns | None) -> AuditColumns:
@@ -118,14 +123,15 @@ class AuditColumns:
         if isinstance(columns, AuditColumns):
             return columns
         if isinstance(columns, SinkConfig):
-            return cls(**{c: columns.column(c) for c in AUDIT_COLUMNS})
-        unknown = sorted(set(columns) - set(AUDIT_COLUMNS))
+            return cls(**{c: columns.column(c) for c in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS})
+        unknown = sorted(set(columns) - set(AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS))
         if unknown:
             raise ConfigError(f"sink columns: unknown logical audit column(s) {unknown} "
-                              f"(allowed: {', '.join(AUDIT_COLUMNS)})")
-        return cls(**{c: columns.get(c, f"audit_{c}") for c in AUDIT_COLUMNS})
+                              f"(allowed: {', '.join(AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS)})")
+        return cls(**{c: columns.get(c, f"audit_{c}") for c in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS})
 
     def names(self) -> tuple[str, ...]:
+        """The six required audit columns (a table without one of them is refused)."""
         return (self.topic, self.partition, self.offset, self.pid, self.seq, self.sink_ts)
 
     def key(self) -> tuple[str, str, str]:
@@ -133,9 +139,10 @@ class AuditColumns:
         return (self.topic, self.pid, self.seq)
 
 
-def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime) -> dict[str, Any]:
-    """Payload + audit columns; a payload that already uses an audit column name is an error."""
-    clash = [c for c in cols.names() if c in record.payload]
+def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime, produce_ts: bool = True) -> dict[str, Any]:
+    """Payload + audit columns (with the produce time unless `produce_ts` is false: a table made
+    without that column); a payload that already uses an audit column name is an error."""
+    clash = [c for c in (*cols.names(), cols.produce_ts) if c in record.payload]
     if clash:
         raise InputError(f"sink payload uses the audit column name(s) {clash}; rename the payload "
                          "field(s) or map the audit columns to other names (sink `columns:`)")
@@ -146,6 +153,8 @@ def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime) -> dict
     row[cols.pid] = record.pid
     row[cols.seq] = record.seq
     row[cols.sink_ts] = sink_ts
+    if produce_ts:
+        row[cols.produce_ts] = record.produce_ts
     return row
 
 
@@ -221,7 +230,8 @@ def consumption_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     unknown one is an InputError: these rows are the audit's evidence, never half-written)."""
     out = []
     for row in rows:
-        unknown = sorted(set(row) - set(CONSUMPTION_COLUMNS))
+        # produce_ts (the message's audit.ts, optional in the ledger files) is not kept here
+        unknown = sorted(set(row) - set(CONSUMPTION_COLUMNS) - {"produce_ts"})
         missing = [c for c in CONSUMPTION_COLUMNS if c not in row and c not in ("pid", "seq", "error")]
         if unknown or missing:
             raise InputError(f"consumption row: unknown column(s) {unknown}, missing {missing} "
@@ -324,6 +334,7 @@ class SqlSink:
             sa.Column(c.pid, sa.String(64)),
             sa.Column(c.seq, sa.BigInteger),
             sa.Column(c.sink_ts, sa.DateTime(timezone=True), nullable=False),
+            sa.Column(c.produce_ts, sa.DateTime(timezone=True)),
         )
         if self.mode == "upsert":
             self._unique_index(table)
@@ -352,6 +363,9 @@ class SqlSink:
                 table = self._load_table(conn)
                 if table is None:
                     table = self._create_table(conn, [r.payload for r in records])
+                if self.cols.produce_ts not in table.c:  # a table made without the optional column
+                    for row in rows:
+                        row.pop(self.cols.produce_ts, None)
                 unknown = sorted({k for row in rows for k in row} - set(table.c.keys()))
                 if unknown:
                     raise InputError(f"sink table {self.table_name!r} has no column(s) {unknown} that the "

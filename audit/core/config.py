@@ -28,6 +28,8 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 SLA_RULES = vocabulary.SLA_RULES  # rule names; what each measures: audit.core.vocabulary.SLA_RULE_SPECS
 AUDIT_COLUMNS = ("topic", "partition", "offset", "pid", "seq", "sink_ts")
+# audit columns a sink may lack (read as null): the message's produce time (docs/design.md §4.2)
+OPTIONAL_AUDIT_COLUMNS = ("produce_ts",)
 
 
 def parse_duration(value: Any, where: str) -> timedelta:
@@ -64,7 +66,8 @@ class SinkConfig:
     columns: Mapping[str, str] = field(default_factory=dict)
 
     def column(self, logical: str) -> str:
-        """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts)."""
+        """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts,
+        produce_ts)."""
         return self.columns.get(logical, f"audit_{logical}")
 
 
@@ -241,7 +244,7 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     if fmt == "sql" and not (data.get("url") and data.get("table")):
         raise ConfigError(f"{where}: a sql sink needs 'url' and 'table'")
     columns = _mapping(data.get("columns"), f"{where}.columns")
-    _check_keys(columns, AUDIT_COLUMNS, f"{where}.columns")
+    _check_keys(columns, AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS, f"{where}.columns")
     location = data.get("location")
     if fmt == "delta" and location:
         location = storage_location(location, base, f"{where}.location")

@@ -2,7 +2,8 @@
 Delta table (a user's "sink table" the audit reads in place).
 
 Each batch is ONE Delta commit: the payload rows stamped with the audit columns (default
-`audit_topic, audit_partition, audit_offset, audit_pid, audit_seq, audit_sink_ts`, renamed via
+`audit_topic, audit_partition, audit_offset, audit_pid, audit_seq, audit_sink_ts`, plus the
+message's produce time `audit_produce_ts` in a table created with it; renamed via
 `SinkConfig.column`) and, for `exactly_once_sink`, the consumer's next offsets and the batch's
 consumption-ledger rows, carried in that same commit's `userMetadata` as JSON `{"msgaudit": 1,
 "group": ..., "positions": [[topic, partition, next_offset], ...], "consumed": [{<consumption row>},
@@ -97,6 +98,7 @@ def audit_fields(cols: AuditColumns) -> list[StructField]:
         StructField(cols.pid, StringType(), True),
         StructField(cols.seq, LongType(), True),
         StructField(cols.sink_ts, TimestampType(), False),
+        StructField(cols.produce_ts, TimestampType(), True),
     ]
 
 
@@ -119,6 +121,7 @@ class DeltaSink:
         self.cols = AuditColumns.of(columns)
         self._schema = schema
         self._payload: StructType | None = None  # payload columns of the table, once known
+        self._produce_ts = True  # whether the table has the optional audit_produce_ts column
         self._now = now or (lambda: datetime.now(UTC))
 
     @classmethod
@@ -148,9 +151,14 @@ class DeltaSink:
         audit_names = {f.name for f in audit}
         if self._payload is None:
             if self.exists():
-                self._payload = StructType([f for f in self.read().schema.fields if f.name not in audit_names])
+                existing = self.read().schema
+                self._payload = StructType([f for f in existing.fields if f.name not in audit_names])
+                # a table made without the optional produce time keeps its schema
+                self._produce_ts = self.cols.produce_ts in existing.fieldNames()
             else:
                 self._payload = self._schema or StructType([])
+        if not self._produce_ts:
+            audit = [f for f in audit if f.name != self.cols.produce_ts]
         known = self._payload
         new = payload_schema([r.payload for r in records])
         fields = list(known.fields) + [f for f in new.fields if f.name not in known.fieldNames()]

@@ -88,6 +88,9 @@ CONSUMED_RECORDS = _s(
     ("error", StringType(), True),
     # the mirror (docs/design.md §5.5) whose target copy the row was consumed from; null: the audited cluster
     ("cluster", StringType(), True),
+    # the message's produce time as its audit headers carry it (audit.ts); null for an unaudited
+    # record and in rows of clients that do not write it (docs/design.md §4.2)
+    ("produce_ts", TimestampType(), True),
 )
 
 GROUP_OFFSETS = _s(

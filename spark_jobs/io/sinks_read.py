@@ -1,9 +1,10 @@
 """Read a user's sink table in place (Delta path, or SQL through Spark's JDBC source) as the audit's
-normalised sink rows: (topic, partition, offset, pid, seq, sink_ts).
+normalised sink rows: (topic, partition, offset, pid, seq, sink_ts, produce_ts).
 
 Only this module knows how sinks are stored. It never writes to a sink and never guesses a
 column: a sink without one of the audit columns is an InputError naming the column and the
-config key that maps it.
+config key that maps it. The optional `audit_produce_ts` is read as null when the table lacks it
+and no `columns.produce_ts` maps it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from urllib.parse import unquote, urlsplit
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from audit.core.config import AUDIT_COLUMNS, SinkConfig
+from audit.core.config import AUDIT_COLUMNS, OPTIONAL_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 _TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
-          "sink_ts": "timestamp"}
+          "sink_ts": "timestamp", "produce_ts": "timestamp"}
 
 
 def jdbc_options(url: str) -> dict[str, str]:
@@ -57,11 +58,14 @@ def _load(spark: SparkSession, sink: SinkConfig) -> DataFrame:
         reader = spark.read.format("jdbc").option("dbtable", sink.table)
         for k, v in jdbc_options(sink.url).items():
             reader = reader.option(k, v)
-        if sink.url.startswith("sqlite"):
-            # SQLite keeps timestamps as text with microseconds; sqlite-jdbc would read that fraction
-            # as milliseconds (up to 16 minutes off). Take the text and parse it in Spark instead.
-            reader = reader.option("customSchema", f"`{sink.column('sink_ts')}` STRING")
         try:
+            if sink.url.startswith("sqlite"):
+                # SQLite keeps timestamps as text with microseconds; sqlite-jdbc would read that
+                # fraction as milliseconds (up to 16 minutes off). Take the text and parse it in Spark.
+                present = {c.lower() for c in reader.load().columns}
+                texts = [sink.column(c) for c in ("sink_ts", "produce_ts") if sink.column(c).lower() in present]
+                if texts:
+                    reader = reader.option("customSchema", ", ".join(f"`{c}` STRING" for c in texts))
             return reader.load()
         except Exception as e:  # the JDBC source raises JVM errors: name the sink and the cause
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -73,14 +77,17 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     """Rename the mapped audit columns to their logical names and types; error if one is missing."""
     present = {c.lower(): c for c in df.columns}
     cols = []
-    for logical in AUDIT_COLUMNS:
+    for logical in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS:
         physical = sink.column(logical)
+        if physical.lower() not in present and logical in OPTIONAL_AUDIT_COLUMNS and logical not in sink.columns:
+            cols.append(F.lit(None).cast(_TYPES[logical]).alias(logical))
+            continue
         if physical.lower() not in present:
             raise InputError(
                 f"sink {sink.name!r} has no audit column {physical!r} (for {logical}); add it to the table "
                 f"or map it with sinks[].columns.{logical}")
         col = F.col(f"`{present[physical.lower()]}`")
-        if logical == "sink_ts":
+        if logical in ("sink_ts", "produce_ts"):
             # SQLite hands timestamps over as text: parse leniently (an unparseable one becomes NULL,
             # and the row is then placed by its message's produce time, never dropped).
             is_text = dict(df.dtypes)[present[physical.lower()]] == "string"

@@ -28,10 +28,12 @@ publishes each batch with one commit per output table. Shape of the computation,
    bitmap of seqs present, XORs of hashes of (seq, partition, offset, produce time) -- combined on
    the map side, so only digests cross the shuffle. A clean block (every tier holds each of its
    seqs once, at the same place; no processing backwards) holds only ordinary messages:
-   `split_by_block` keeps its rows out of the paths below, except the ledger, group and sink rows
-   of the clean blocks reaching into the window, which the typed path aggregates (marked `cb`:
-   simple by the digests) for their latencies; `clean_narrow` gives their narrow rows from their
-   log records. Every other row -- dirty blocks, unaudited records -- takes steps 3 and 4 unchanged.
+   `split_by_block` keeps its rows out of the paths below. A clean block reaching into the window
+   whose group and sink rows carry the ledger's produce time (§4.2, checked by the digests) gets
+   its latencies from each row alone (`local_latencies`); the other clean ones' ledger, group and
+   sink rows go to the typed path (marked `cb`: simple by the digests) for their latencies.
+   `clean_narrow` gives their narrow rows from their log records. Every other row -- dirty
+   blocks, unaudited records -- takes steps 3 and 4 unchanged.
 3. Typed path, for every other unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
    consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
    records -- and ONE shuffle, hashed by the unit key, reduces each unit to fixed-width aggregates (counts,
@@ -104,7 +106,13 @@ from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
 from spark_jobs.reconcile import blocks
-from spark_jobs.reconcile.blocks import block_digests, block_lookup, clean_narrow, split_by_block
+from spark_jobs.reconcile.blocks import (
+    block_digests,
+    block_lookup,
+    clean_narrow,
+    local_latencies,
+    split_by_block,
+)
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
 from spark_jobs.reconcile.driver import classify_collected, collect_inputs
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
@@ -267,9 +275,13 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
     # rows of the other blocks (and unaudited records) go on to the exact paths below.
     tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
+    local = None
     if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
         digests = keep(block_digests(tiers, shape, params, flagged))
-        typed_rows, clean_log = split_by_block(tiers, keep(block_lookup(digests)))
+        lookup, default = block_lookup(digests)
+        typed_rows, clean_log, local_rows = split_by_block(tiers, keep(lookup), default)
+        if default == "local":  # a clean block's latencies from each of its rows alone
+            local = keep(local_latencies(local_rows, params, shape))
     else:  # below it the shuffle the digests spare costs less than computing them
         typed_rows, clean_log = tiers.withColumn("cb", F.lit(False)), None
     # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks' times
@@ -288,6 +300,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
     narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log) if clean_log is not None else None))
     simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
+    if local is not None:
+        simple = simple.unionByName(local)
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
         one = F.col("topic") == tc.name

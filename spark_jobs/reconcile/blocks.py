@@ -24,10 +24,14 @@ of different rows collide (the content check relies on 96-bit hashes the same wa
 
 `block_lookup` + `split_by_block` send the rows of every other block (and every unaudited record)
 to the exact paths unchanged. A clean block's units need only their latencies per stage and their
-narrow rows for the order and content checks: the first come from the typed path's aggregation
-of their ledger, group and sink rows (only for the blocks that reach into the window, marked `cb`,
-which makes them `simple` without the other conditions), the second from their log records alone
-(`clean_narrow`, no shuffle).
+narrow rows for the order and content checks (only for the blocks that reach into the window).
+The narrow rows come from their log records alone (`clean_narrow`, no shuffle). The latencies:
+
+- of a *local* block -- every group's and sink's row carries the ledger's (partition, offset) and
+  produce time (the optional `produce_ts` / `audit_produce_ts`, docs/design.md §4.2; equal hashes
+  again) -- from each ledger, group and sink row alone (`local_latencies`, no shuffle);
+- of the others, from the typed path's aggregation of their ledger, group and sink rows (marked
+  `cb`, which makes them `simple` without the other conditions).
 
 Transforms only: this module must not read or write tables, and decides no anomaly code.
 """
@@ -73,6 +77,7 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
     bit = F.expr(f"shiftleft(1L, cast(k2 & {(1 << BLOCK_BITS) - 1} AS int))")
     h4 = F.xxhash64("k2", "part", "off", "ts1")
     h3 = F.xxhash64("k2", "part", "off")
+    hp = F.xxhash64("k2", "part", "off", "ts2")  # a consumption or sink row with its carried produce time
 
     def n(cond: Any) -> Any:
         return F.count(F.when(cond, 1))
@@ -92,10 +97,10 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
     for i in range(shape.max_groups):
         c = (t == 2) & (F.col("gi") == i)
         aggs += [n(c).alias(f"n{i}"), n(c & F.col("ok")).alias(f"o{i}"), bits(c).alias(f"b{i}"),
-                 xor(c, h3).alias(f"h{i}")]
+                 xor(c, h3).alias(f"h{i}"), xor(c, hp).alias(f"p{i}")]
     for i in range(shape.max_sinks):
         c = (t == 3) & (F.col("gi") == i)
-        aggs += [n(c).alias(f"m{i}"), bits(c).alias(f"q{i}")]
+        aggs += [n(c).alias(f"m{i}"), bits(c).alias(f"q{i}"), xor(c, hp).alias(f"r{i}")]
     col = F.col
     nL, bL, ng, ns = col("nL"), col("bL"), col("n_groups"), col("n_sinks")
     clean = ((nL == F.bit_count(bL)) & (col("oL") == nL) & (col("bR") == bL) & (col("nR") == nL)
@@ -106,12 +111,21 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
                                       & (col(f"h{i}") == col("hL3"))))
     for i in range(shape.max_sinks):
         clean = clean & ((ns <= i) | ((col(f"m{i}") == nL) & (col(f"q{i}") == bL)))
+    # every group's and sink's row carries the ledger's (partition, offset) and produce time: each
+    # row alone gives its latency (`local_latencies`)
+    local = F.lit(True)
+    for i in range(shape.max_groups):
+        local = local & ((ng <= i) | (col(f"p{i}") == col("hL4")))
+    for i in range(shape.max_sinks):
+        local = local & ((ns <= i) | (col(f"r{i}") == col("hL4")))
     inside = (col("pthi") >= col("ws_us")) & (col("ptlo") < col("we_us"))
     digests = (tiers.where("ktype = 0")
                .groupBy("topic", "k1", F.shiftright("k2", BLOCK_BITS).alias("blk")).agg(*aggs)
                .join(F.broadcast(params.select("topic", "n_groups", "n_sinks", "ws_us", "we_us")), "topic")
                .select("topic", "k1", "blk", block_hash(F.col("blk")).alias("bh"),
-                       F.when(F.coalesce(clean, F.lit(False)), F.when(inside, "clean").otherwise("out"))
+                       F.when(F.coalesce(clean, F.lit(False)),
+                              F.when(~inside, "out").when(F.coalesce(local, F.lit(False)), "local")
+                              .otherwise("clean"))
                        .otherwise("dirty").alias("settle")))
     if flagged is not None:  # a block holding a processing that went backwards is not settled here
         marks = (flagged.where("ktype = 0").select(block_hash().alias("bh")).distinct()
@@ -122,36 +136,62 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
     return digests
 
 
-def block_lookup(digests: DataFrame) -> DataFrame:
-    """(bh, settle) of the blocks that are not wanted clean ones ('dirty' or 'out'): what
-    `split_by_block` looks the tiers' rows up in. Two blocks sharing a hash (odds ~2^-64 a pair)
-    would share an entry: both are 'dirty'."""
-    per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min("settle").alias("settle"))
-    return per_hash.where("_n > 1 OR settle <> 'clean'").select(
+def block_lookup(digests: DataFrame) -> tuple[DataFrame, str]:
+    """(lookup, default): (bh, settle) of the blocks `split_by_block` looks the tiers' rows up in,
+    and the settle of a row whose block is not in it. The default is whichever of 'local' and
+    'clean' more blocks have (a 'local' block counts as 'clean' when 'clean' is the default: its
+    latencies then come from the typed path), so the lookup holds the other blocks: the dirty, the
+    out-of-window and the minority. Two blocks sharing a hash (odds ~2^-64 a pair) would share an
+    entry: both are 'dirty'."""
+    counts = {r["settle"]: int(r["n"]) for r in digests.groupBy("settle").agg(F.count(F.lit(1)).alias("n")).collect()}
+    default = "local" if counts.get("local", 0) >= counts.get("clean", 0) else "clean"
+    settle = F.col("settle") if default == "local" else F.regexp_replace("settle", "^local$", "clean")
+    per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min(settle).alias("settle"))
+    lookup = per_hash.where(f"_n > 1 OR settle <> '{default}'").select(
         "bh", F.when(F.col("_n") > 1, F.lit("dirty")).otherwise(F.col("settle")).alias("settle"))
+    return lookup, default
 
 
-def split_by_block(tiers: DataFrame, lookup: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """(typed, clean_log) from `tiers`:
+def split_by_block(tiers: DataFrame, lookup: DataFrame,
+                   default: str = "clean") -> tuple[DataFrame, DataFrame, DataFrame]:
+    """(typed, clean_log, local) from `tiers`:
 
     - `typed`, the rows for `units.typed_units`: every row of the blocks that are not clean and every
-      unaudited record (`cb` false), and the ledger, group and sink rows of the clean blocks that
-      reach into the window (`cb` true: the unit is ordinary without its log record, which only
-      its latencies would have needed) -- one shuffle for both;
-    - `clean_log`, the log records of every clean block (for `clean_narrow`).
+      unaudited record (`cb` false), and the ledger, group and sink rows of the 'clean' blocks
+      (`cb` true: the unit is ordinary without its log record, which only its latencies would have
+      needed) -- one shuffle for both;
+    - `clean_log`, the log records of every clean block (for `clean_narrow`);
+    - `local`, the ledger, group and sink rows of the 'local' blocks (for `local_latencies`).
 
-    `lookup` (`block_lookup`) is broadcast unless it holds more than BROADCAST_BLOCKS_MAX blocks;
-    every audited row's block is in the digests, so a row whose hash is not in it belongs to a
-    wanted clean block."""
+    `lookup`, `default`: `block_lookup`. The lookup is broadcast unless it holds more than
+    BROADCAST_BLOCKS_MAX blocks; every audited row's block is in the digests, so a row whose hash
+    is not in it belongs to a block whose settle is the default."""
     if lookup.count() <= BROADCAST_BLOCKS_MAX:
         lookup = F.broadcast(lookup)
     rows = (tiers.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
             .join(lookup, "bh", "left")
-            .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit("clean"))))
+            .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit(default))))
             .drop("bh"))
     typed = (rows.where("ktype = 1 OR settle = 'dirty' OR (settle = 'clean' AND t <> 1)")
              .withColumn("cb", F.coalesce(F.col("settle") == "clean", F.lit(False))).drop("settle"))
-    return typed, rows.where("ktype = 0 AND settle <> 'dirty' AND t = 1").drop("settle")
+    return (typed, rows.where("ktype = 0 AND settle <> 'dirty' AND t = 1").drop("settle"),
+            rows.where("ktype = 0 AND settle = 'local' AND t <> 1").drop("settle"))
+
+
+def local_latencies(local: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
+    """(topic, si, partition, latency) of the 'local' blocks' units, one per row of `local` (their
+    ledger, group and sink rows) whose message is in the window: what `classify.simple_latencies`
+    gives for a simple unit, each from the row alone -- the ledger row's ack time, a group row's
+    consume time, a sink row's write time, minus the produce time, which the digests hold equal to
+    the ledger's in every row, as they hold its partition."""
+    si = (F.when(F.col("t") == 0, F.lit(0)).when(F.col("t") == 2, 1 + F.col("gi"))
+          .otherwise(1 + shape.max_groups + F.col("gi")))
+    pt = F.when(F.col("t") == 0, F.col("ts1")).otherwise(F.col("ts2"))
+    done = F.when(F.col("t") == 0, F.col("ts2")).otherwise(F.col("ts1"))
+    return (local.join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
+            .where((pt >= F.col("ws_us")) & (pt < F.col("we_us")))
+            .select("topic", si.cast("int").alias("si"), F.col("part").cast("int").alias("partition"),
+                    ((done - pt) / 1000.0).cast("double").alias("latency")))
 
 
 def clean_narrow(clean_log: DataFrame) -> DataFrame:

@@ -58,6 +58,9 @@ def sink_rows(inputs: WindowInputs) -> DataFrame | None:
     parts = [df.withColumn("sink", F.lit(name)) for name, df in inputs.sinks.items()]
     if inputs.sink_rows is not None:
         parts.append(inputs.sink_rows)
+    # the optional produce time (docs/design.md §4.2): null for a sink that lacks it
+    parts = [p if "produce_ts" in p.columns else p.withColumn("produce_ts", F.lit(None).cast("timestamp"))
+             for p in parts]
     if not parts:
         return None
     out = parts[0]

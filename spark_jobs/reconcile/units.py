@@ -154,7 +154,8 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     """Every tier's rows as narrow fixed-width columns keyed like `unit_tiers`: what `typed_units`
     needs to recognise an ordinary delivered message and compute its facts without arrays. A
     consumption row's `gi` is its group's position in its topic's groups, a sink row's its sink's
-    position in its topic's sinks (`Shape`: looked up per row, so topics share the plan)."""
+    position in its topic's sinks (`Shape`: looked up per row, so topics share the plan). A
+    consumption or sink row's `ts2` is the produce time it carries (null without one, §4.2)."""
     us = F.unix_micros
     none_l, none_i = F.lit(None).cast("bigint"), F.lit(None).cast("int")
     cols = ("t", "st", "part", "off", "ts1", "ts2", "ok", "gi", "fph", "fph2")
@@ -175,15 +176,18 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
     fph, fph2 = _fp_hash(F.col("fingerprint"))
     parts.append(shape_(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
                         off=F.col("offset"), ts1=us("produce_ts"), ok=F.col("committed"), fph=fph, fph2=fph2))
+    def produced(df: DataFrame) -> Any:  # the optional produce time a consumer or sink carries (§4.2)
+        return us("produce_ts") if "produce_ts" in df.columns else none_l
+
     if consumed is not None and shape.max_groups:
         parts.append(shape_(consumed, _key("pid", "seq", "partition", "offset"), t=2, part=F.col("partition"),
-                            off=F.col("offset"), ts1=us("consume_ts"),
+                            off=F.col("offset"), ts1=us("consume_ts"), ts2=produced(consumed),
                             # a processing on a mirror's target copy (failover) is never ordinary
                             ok=(F.col("outcome") == PROCESSED) & F.col("cluster").isNull(),
                             gi=shape.group_index()))
     if sinks is not None and shape.max_sinks:
-        parts.append(shape_(sinks, _key("pid", "seq", "partition", "offset"), t=3, ts1=us("sink_ts"),
-                            gi=shape.sink_index()))
+        parts.append(shape_(sinks, _key("pid", "seq", "partition", "offset"), t=3, part=F.col("partition"),
+                            off=F.col("offset"), ts1=us("sink_ts"), ts2=produced(sinks), gi=shape.sink_index()))
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)

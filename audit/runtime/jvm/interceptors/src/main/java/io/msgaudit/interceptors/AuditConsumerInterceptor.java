@@ -169,6 +169,9 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         if (clusterJson != null) { // optional: a row without it is from the audited cluster
             b.append(",\"cluster\":").append(clusterJson);
         }
+        if (id != null) { // optional: the message's produce time (audit.ts), so latency needs no join
+            b.append(",\"produce_ts\":").append(id.tsMs);
+        }
         return b.append('}').toString();
     }
 

@@ -21,10 +21,12 @@ final class AuditId {
     static final class Id {
         final String pid;
         final long seq;
+        final long tsMs; // audit.ts: the message's produce time, epoch ms
 
-        Id(String pid, long seq) {
+        Id(String pid, long seq, long tsMs) {
             this.pid = pid;
             this.seq = seq;
+            this.tsMs = tsMs;
         }
     }
 
@@ -81,10 +83,11 @@ final class AuditId {
             return null;
         }
         long s = digits(seq, Long.MAX_VALUE);
-        if (s < 0 || digits(ts, MAX_TS_MS) < 0) {
+        long t = digits(ts, MAX_TS_MS);
+        if (s < 0 || t < 0) {
             return null;
         }
-        return new Id(p, s);
+        return new Id(p, s, t);
     }
 
     private static int lastSlash(byte[] b, int end) {
