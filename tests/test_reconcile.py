@@ -442,6 +442,38 @@ def test_any_block_size_gives_the_oracles_rows(spark: Any, monkeypatch: pytest.M
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("direct_max", [0, 1])
+def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monkeypatch: pytest.MonkeyPatch,
+                                                               direct_max: float) -> None:
+    """Up to `DIRECT_SHARE_MAX` of the blocks neither local nor out of the window (and local ones in
+    the majority), every unit of them goes to the general path and no typed aggregation runs;
+    above it (here: any), the typed path sorts them first. Either way the hand-written cases and
+    the blocks history, with and without carried produce times, equal the oracle."""
+    import spark_jobs.reconcile as reconcile
+    from spark_jobs.reconcile import blocks
+
+    calls: list[int] = []
+    real = reconcile.typed_units
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(blocks, "DIRECT_SHARE_MAX", direct_max)
+    monkeypatch.setattr(reconcile, "typed_units", counted)
+    tc = topic_config()
+    for history, typed in ((_blocks_history(), direct_max == 0), (_blocks_history(carried=False), True),
+                           (build_cases()[0], None)):
+        calls.clear()
+        report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, history.inputs())
+        oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
+        assert anomalies == sorted_anomalies(oracle.anomalies)
+        assert report == norm_rows(oracle.report)
+        if typed is not None:
+            assert bool(calls) == typed
+
+
+@pytest.mark.spark
 def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_oracles_rows(
         spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inputs counted below `BLOCKS_MIN_ROWS` take the typed and general paths for every row, no

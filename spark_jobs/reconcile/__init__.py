@@ -275,33 +275,44 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
     # rows of the other blocks (and unaudited records) go on to the exact paths below.
     tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
-    local = None
+    local = lookup = None
     if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
         digests = keep(block_digests(tiers, shape, params, flagged))
-        lookup, default = block_lookup(digests)
-        typed_rows, clean_log, local_rows = split_by_block(tiers, keep(lookup), default)
+        counts = blocks.block_counts(digests)
+        lookup, default = block_lookup(digests, counts)
+        # few blocks to look at: all their units take the general path, and no typed path runs
+        direct = blocks.direct(counts, default)
+        lookup = keep(blocks.as_dirty(lookup) if direct else lookup)
+        typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
         if default == "local":  # a clean block's latencies from each of its rows alone
             local = keep(local_latencies(local_rows, params, shape))
+        if not direct:
+            lookup = None
     else:  # below it the shuffle the digests spare costs less than computing them
         typed_rows, clean_log = tiers.withColumn("cb", F.lit(False)), None
-    # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks' times
-    # for their latencies; ordinary messages end here.
-    typed = typed_units(typed_rows, shape, params)
-    if flagged is not None:
-        marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
-        typed = (typed.join(F.broadcast(marks), KEY, "left")
-                 .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
-    typed = keep(typed)
-    # General path: only the other units' rows are gathered into arrays (a broadcast semi-join on
-    # their key hashes before their shuffle, so the ordinary majority never reaches it).
-    keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
-    units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
+    general = unit_tiers(ledger, vis.log, consumed, sinks)
+    typed: DataFrame | None = None
+    if lookup is not None:  # every unit of the dirty blocks, and every unaudited record
+        units = keep(describe_units(blocks.collect_blocks(general, lookup), params))
+    else:
+        # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
+        # times for their latencies; ordinary messages end here.
+        typed = typed_units(typed_rows, shape, params)
+        if flagged is not None:
+            marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
+            typed = (typed.join(F.broadcast(marks), KEY, "left")
+                     .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
+        typed = keep(typed)
+        # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
+        # on their key hashes before their shuffle, so the ordinary majority never reaches it).
+        keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
+        units = keep(describe_units(collect_units(general, keys), params))
     # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
     narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log) if clean_log is not None else None))
-    simple = simple_latencies(typed, params, shape)  # the ordinary messages' facts: a latency per stage
-    if local is not None:
-        simple = simple.unionByName(local)
+    # the ordinary messages' facts: a latency per stage (in the direct case, those of the local blocks)
+    parts = ([simple_latencies(typed, params, shape)] if typed is not None else []) + ([local] if local else [])
+    simple = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
         one = F.col("topic") == tc.name

@@ -132,15 +132,19 @@ def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
     hashes = keys.select(unit_hash().alias("kh"))
     if keys.count() <= BROADCAST_KEYS_MAX:
         hashes = F.broadcast(hashes)
+    units = gather_units(tiers.withColumn("kh", unit_hash()).join(hashes, "kh", "left_semi"))
+    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in KEY], "left_semi")
+
+
+def gather_units(tiers: DataFrame) -> DataFrame:
+    """`unit_tiers` rows (with their unit hash `kh`) gathered into one row per unit and tier arrays:
+    hashed by k1 (the pid), one aggregation."""
     # kh leads the grouping key: the aggregation sorts by it when its hash map spills (always, at
     # scale), and a long compares by its sort prefix alone where (ktype, k1) would compare strings.
-    units = (tiers.withColumn("kh", unit_hash())
-             .join(hashes, "kh", "left_semi")
-             .repartition("k1")
-             .groupBy("kh", *KEY)
-             .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
-             .drop("kh"))
-    return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in KEY], "left_semi")
+    return (tiers.repartition("k1")
+            .groupBy("kh", *KEY)
+            .agg(*[F.collect_list(c).alias(c) for c in ("L", "R", "C", "S")])
+            .drop("kh"))
 
 
 def _fp_hash(fp: Any) -> list[Any]:
