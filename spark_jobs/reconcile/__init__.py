@@ -33,7 +33,8 @@ publishes each batch with one commit per output table. Shape of the computation,
    its latencies from each row alone (`local_latencies`); the other clean ones' ledger, group and
    sink rows go to the typed path (marked `cb`: simple by the digests) for their latencies.
    `clean_narrow` gives their narrow rows from their log records. Every other row -- dirty
-   blocks, unaudited records -- takes steps 3 and 4 unchanged.
+   blocks, unaudited records -- takes steps 3 and 4 unchanged; when those blocks are few
+   (`blocks.direct`), step 3 is skipped and `collect_blocks` gathers all their units for step 4.
 3. Typed path, for every other unit: `typed_tiers` + `typed_units` key every tier (ledger, log,
    consumption, sinks) by its unit (topic, pid, seq) -- or (partition, offset) for unaudited
    records -- and ONE shuffle, hashed by the unit key, reduces each unit to fixed-width aggregates (counts,
