@@ -234,12 +234,16 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _produce_ms(rec: ConsumedRecord) -> int | None:
+    """The message's produce time from its audit headers (audit.ts, epoch ms); None for an
+    unaudited record. The ledger row's optional `produce_ts`."""
+    return rec.audit.ts_ms if rec.audit.valid else None
+
+
 def _produce_time(rec: ConsumedRecord) -> datetime | None:
-    """The message's produce time from its audit headers (audit.ts), for the sink's optional
-    audit_produce_ts column; None for an unaudited record."""
-    if not rec.audit.valid or rec.audit.ts_ms is None:
-        return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=rec.audit.ts_ms)
+    """`_produce_ms` as a time, for the sink's optional audit_produce_ts column."""
+    ms = _produce_ms(rec)
+    return None if ms is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 class AuditedConsumer:
@@ -864,8 +868,8 @@ class AuditedConsumer:
         }
         if self.cluster is not None:  # optional: a row without it is from the audited cluster
             row["cluster"] = self.cluster
-        if rec.audit.valid and rec.audit.ts_ms is not None:  # optional: the message's produce time (audit.ts)
-            row["produce_ts"] = rec.audit.ts_ms
+        if (produced := _produce_ms(rec)) is not None:  # optional: the message's produce time (audit.ts)
+            row["produce_ts"] = produced
         return row
 
     def _count(self, outcome: str) -> None:

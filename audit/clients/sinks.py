@@ -40,6 +40,7 @@ from audit.core.config import AUDIT_COLUMNS, OPTIONAL_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 OFFSETS_TABLE = "msgaudit_sink_offsets"
+_LOGICAL = AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS  # every logical audit column a sink may name
 CONSUMPTION_TABLE = "msgaudit_consumed_records"
 # Columns of a consumption row, as the consumer builds it (the `consumed_records` ledger format,
 # consume_ts in epoch ms), in table order; `written_ts` (epoch ms, set by the sink as it writes) is
@@ -123,12 +124,12 @@ class AuditColumns:
         if isinstance(columns, AuditColumns):
             return columns
         if isinstance(columns, SinkConfig):
-            return cls(**{c: columns.column(c) for c in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS})
-        unknown = sorted(set(columns) - set(AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS))
+            return cls(**{c: columns.column(c) for c in _LOGICAL})
+        unknown = sorted(set(columns) - set(_LOGICAL))
         if unknown:
             raise ConfigError(f"sink columns: unknown logical audit column(s) {unknown} "
-                              f"(allowed: {', '.join(AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS)})")
-        return cls(**{c: columns.get(c, f"audit_{c}") for c in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS})
+                              f"(allowed: {', '.join(_LOGICAL)})")
+        return cls(**{c: columns.get(c, f"audit_{c}") for c in _LOGICAL})
 
     def names(self) -> tuple[str, ...]:
         """The six required audit columns (a table without one of them is refused)."""
@@ -139,9 +140,9 @@ class AuditColumns:
         return (self.topic, self.pid, self.seq)
 
 
-def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime, produce_ts: bool = True) -> dict[str, Any]:
-    """Payload + audit columns (with the produce time unless `produce_ts` is false: a table made
-    without that column); a payload that already uses an audit column name is an error."""
+def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime) -> dict[str, Any]:
+    """Payload + audit columns, the produce time included (a writer whose table lacks that column
+    leaves it out); a payload that already uses an audit column name is an error."""
     clash = [c for c in (*cols.names(), cols.produce_ts) if c in record.payload]
     if clash:
         raise InputError(f"sink payload uses the audit column name(s) {clash}; rename the payload "
@@ -153,8 +154,7 @@ def stamp_row(record: SinkRecord, cols: AuditColumns, sink_ts: datetime, produce
     row[cols.pid] = record.pid
     row[cols.seq] = record.seq
     row[cols.sink_ts] = sink_ts
-    if produce_ts:
-        row[cols.produce_ts] = record.produce_ts
+    row[cols.produce_ts] = record.produce_ts
     return row
 
 

@@ -276,26 +276,26 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
     # rows of the other blocks (and unaudited records) go on to the exact paths below.
     tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
-    local = lookup = None
+    local: DataFrame | None = None
+    direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
     if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
         digests = keep(block_digests(tiers, shape, params, flagged))
         counts = blocks.block_counts(digests)
         lookup, default = block_lookup(digests, counts)
         # few blocks to look at: all their units take the general path, and no typed path runs
-        direct = blocks.direct(counts, default)
-        lookup = keep(blocks.as_dirty(lookup) if direct else lookup)
+        few = blocks.direct(counts, default)
+        lookup = keep(blocks.as_dirty(lookup) if few else lookup)
+        direct = lookup if few else None
         typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
         if default == "local":  # a clean block's latencies from each of its rows alone
             local = keep(local_latencies(local_rows, params, shape))
-        if not direct:
-            lookup = None
     else:  # below it the shuffle the digests spare costs less than computing them
         typed_rows, clean_log = tiers.withColumn("cb", F.lit(False)), None
     consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
     general = unit_tiers(ledger, vis.log, consumed, sinks)
     typed: DataFrame | None = None
-    if lookup is not None:  # every unit of the dirty blocks, and every unaudited record
-        units = keep(describe_units(blocks.collect_blocks(general, lookup), params))
+    if direct is not None:  # every unit of the dirty blocks, and every unaudited record
+        units = keep(describe_units(blocks.collect_blocks(general, direct), params))
     else:
         # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
         # times for their latencies; ordinary messages end here.
@@ -312,7 +312,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
     narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log) if clean_log is not None else None))
     # the ordinary messages' facts: a latency per stage (in the direct case, those of the local blocks)
-    parts = ([simple_latencies(typed, params, shape)] if typed is not None else []) + ([local] if local else [])
+    parts = [df for df in (simple_latencies(typed, params, shape) if typed is not None else None, local)
+             if df is not None]
     simple = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     facts = classify(units, shape)
     for tc in shape.topics:  # stage mirror:<m>, its own module, per mirrored topic
