@@ -404,7 +404,9 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
         while not (progress.exists() and progress.read_text() == "held"):
             assert a.poll() is None and time.monotonic() < deadline, a.communicate()[1][-3000:]
             time.sleep(0.05)
-        b = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "b", "--ready", str(b_ready)],
+        # B waits longer when idle than A: on a loaded machine its share may take seconds to arrive.
+        b = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "b", "--ready", str(b_ready),
+                              "--idle-s", "10"],
                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(b)
         while not b_ready.exists():
