@@ -412,11 +412,17 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
         while not b_ready.exists():
             assert b.poll() is None and time.monotonic() < deadline, b.communicate()[1][-3000:]
             time.sleep(0.05)
-        # B's JoinGroup has reached the coordinator once the group is rebalancing (A, held, has not
-        # rejoined yet); only then let A go on, so the rebalance surely happens mid-stream.
+        # B's JoinGroup has reached the coordinator once the group is rebalancing with B among its
+        # members (A, held, has not rejoined yet); only then let A go on, so the rebalance surely
+        # happens mid-stream. (Rebalancing alone is not enough: A may rejoin on its own.)
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-        while admin.describe_consumer_groups([f"g-{topic}"])[f"g-{topic}"].result(10).state != \
-                ConsumerGroupState.PREPARING_REBALANCING:
+
+        def b_is_joining() -> bool:
+            group = admin.describe_consumer_groups([f"g-{topic}"])[f"g-{topic}"].result(10)
+            return group.state == ConsumerGroupState.PREPARING_REBALANCING and \
+                any(m.group_instance_id == "b" for m in group.members)
+
+        while not b_is_joining():
             assert b.poll() is None and time.monotonic() < deadline, b.communicate()[1][-3000:]
             time.sleep(0.1)
         gate.write_text("go")
