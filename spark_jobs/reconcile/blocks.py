@@ -58,9 +58,9 @@ BROADCAST_BLOCKS_MAX = 2_000_000
 # When at most this share of the blocks is neither local nor out of the window (`block_lookup`), every
 # unit of them -- ordinary ones too -- and every unaudited record go straight to the general path
 # (`collect_blocks`), with no typed path: no scan and shuffle of the tiers to sort the few ordinary
-# units of dirty blocks from the others. Measured at 1M messages with the blocks forced on, against
-# the package before it without them: 0.91 with about 1.3 % of the blocks dirty (anomaly rate 1e-4),
-# 1.29 with 9 % (the default mix), where the typed path with the blocks measured 1.11.
+# units of dirty blocks from the others. Direct / typed at 10M messages (docs/benchmarks.md): 0.96-1.01
+# with 1 % of the blocks dirty, 0.99-1.05 with 2.4 %; at 1M, against the typed path without blocks,
+# 1.29 with 9 % (the default mix): the crossover is near this share.
 DIRECT_SHARE_MAX = 1 / 32
 
 # A window whose inputs hold fewer rows than this (counted when `reconcile.driver_rows` is set)
