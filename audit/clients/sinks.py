@@ -36,11 +36,10 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from audit.core.config import AUDIT_COLUMNS, OPTIONAL_AUDIT_COLUMNS, SinkConfig
+from audit.core.config import SINK_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 OFFSETS_TABLE = "msgaudit_sink_offsets"
-_LOGICAL = AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS  # every logical audit column a sink may name
 CONSUMPTION_TABLE = "msgaudit_consumed_records"
 # Columns of a consumption row, as the consumer builds it (the `consumed_records` ledger format,
 # consume_ts in epoch ms), in table order; `written_ts` (epoch ms, set by the sink as it writes) is
@@ -124,12 +123,12 @@ class AuditColumns:
         if isinstance(columns, AuditColumns):
             return columns
         if isinstance(columns, SinkConfig):
-            return cls(**{c: columns.column(c) for c in _LOGICAL})
-        unknown = sorted(set(columns) - set(_LOGICAL))
+            return cls(**{c: columns.column(c) for c in SINK_AUDIT_COLUMNS})
+        unknown = sorted(set(columns) - set(SINK_AUDIT_COLUMNS))
         if unknown:
             raise ConfigError(f"sink columns: unknown logical audit column(s) {unknown} "
-                              f"(allowed: {', '.join(_LOGICAL)})")
-        return cls(**{c: columns.get(c, f"audit_{c}") for c in _LOGICAL})
+                              f"(allowed: {', '.join(SINK_AUDIT_COLUMNS)})")
+        return cls(**{c: columns.get(c, f"audit_{c}") for c in SINK_AUDIT_COLUMNS})
 
     def names(self) -> tuple[str, ...]:
         """The six required audit columns (a table without one of them is refused)."""

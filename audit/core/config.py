@@ -30,6 +30,7 @@ SLA_RULES = vocabulary.SLA_RULES  # rule names; what each measures: audit.core.v
 AUDIT_COLUMNS = ("topic", "partition", "offset", "pid", "seq", "sink_ts")
 # audit columns a sink may lack (read as null): the message's produce time (docs/design.md §4.2)
 OPTIONAL_AUDIT_COLUMNS = ("produce_ts",)
+SINK_AUDIT_COLUMNS = AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS  # every logical column a sink may map
 
 
 def parse_duration(value: Any, where: str) -> timedelta:
@@ -244,7 +245,7 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     if fmt == "sql" and not (data.get("url") and data.get("table")):
         raise ConfigError(f"{where}: a sql sink needs 'url' and 'table'")
     columns = _mapping(data.get("columns"), f"{where}.columns")
-    _check_keys(columns, AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS, f"{where}.columns")
+    _check_keys(columns, SINK_AUDIT_COLUMNS, f"{where}.columns")
     location = data.get("location")
     if fmt == "delta" and location:
         location = storage_location(location, base, f"{where}.location")

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from audit.core.config import AUDIT_COLUMNS, OPTIONAL_AUDIT_COLUMNS, SinkConfig
+from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
 
 _TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
@@ -77,7 +77,7 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     """Rename the mapped audit columns to their logical names and types; error if one is missing."""
     present = {c.lower(): c for c in df.columns}
     cols = []
-    for logical in AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS:
+    for logical in SINK_AUDIT_COLUMNS:
         physical = sink.column(logical)
         if physical.lower() not in present and logical in OPTIONAL_AUDIT_COLUMNS and logical not in sink.columns:
             cols.append(F.lit(None).cast(_TYPES[logical]).alias(logical))
