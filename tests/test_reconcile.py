@@ -500,12 +500,15 @@ def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_ora
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("counted", [False, True], ids=["one row each", "counted per value"])
 @pytest.mark.parametrize("path", ["buckets", "driver sort"])
-def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, monkeypatch: Any, path: str) -> None:
+def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, monkeypatch: Any, path: str,
+                                                                   counted: bool) -> None:
     """`stage_stats` locates each rank through the latency buckets and sorts only those buckets (or,
     for few latencies, sorts them all on the driver); its p50/p95/p99 must be bit for bit Spark's
     exact `percentile` (and the oracle's) on ties, values either side of a bucket edge, negative and
-    zero latencies, one value, none, and many."""
+    zero latencies, one value, none, and many -- also when the facts it reads again come counted
+    per distinct latency (an `n` column, as the local blocks' latencies are kept)."""
     import math
     import random
 
@@ -536,7 +539,9 @@ def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, 
     anomaly = spark.createDataFrame([("t", "A", "log", "lost", 0, "p", 1, 1, "x", 0, 0, 0, None)],
                                     ", ".join(f"{n} {t}" for n, t in X_FIELDS))
     summary = summarise(facts.unionByName(anomaly)).persist()
-    stats = stage_stats(spark, summary, facts)["t"]
+    read = (facts.groupBy("topic", "kind", "stage", "partition", "latency").agg(F.count(F.lit(1)).alias("n"))
+            if counted else facts)
+    stats = stage_stats(spark, summary, read)["t"]
     summary.unpersist()
     sparks = {r["partition"]: r["pct"] for r in facts.groupBy("partition").agg(
         F.expr("percentile(latency, array(0.5, 0.95, 0.99))").alias("pct")).collect()}

@@ -30,7 +30,8 @@ publishes each batch with one commit per output table. Shape of the computation,
    seqs once, at the same place; no processing backwards) holds only ordinary messages:
    `split_by_block` keeps its rows out of the paths below. A clean block reaching into the window
    whose group and sink rows carry the ledger's produce time (§4.2, checked by the digests) gets
-   its latencies from each row alone (`local_latencies`); the other clean ones' ledger, group and
+   its latencies from each row alone (`local_latencies`, counted per distinct latency where the
+   rows are read, so only the counts are kept); the other clean ones' ledger, group and
    sink rows go to the typed path (marked `cb`: simple by the digests) for their latencies.
    `clean_narrow` gives their narrow rows from their log records. Every other row -- dirty
    blocks, unaudited records -- takes steps 3 and 4 unchanged; when those blocks are few
@@ -63,7 +64,8 @@ publishes each batch with one commit per output table. Shape of the computation,
    most do), and only the latencies of the other wanted buckets are read again and sorted --
    bounded memory, unlike Spark's `percentile`.
    What more than one step reads (the flagged processings, the block digests and lookup, the
-   typed units, the general path's keys, the described units, the narrow rows) is kept as a local checkpoint
+   local blocks' latency counts, the typed units, the general path's keys, the described units,
+   the narrow rows) is kept as a local checkpoint
    (`materialise`) and freed (`release`) once the summary is in.
 
 Modules, by concern (each docstring says what it must not do):
@@ -334,7 +336,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                .persist(StorageLevel.MEMORY_AND_DISK))
 
     latencies = (with_stage_names(simple, params, shape).withColumn("kind", F.lit("F"))
-                 .unionByName(facts.select("topic", "kind", "stage", "partition", "latency")))
+                 .unionByName(facts.select("topic", "kind", "stage", "partition", "latency",
+                                           F.lit(1).cast("bigint").alias("n"))))
     stats = stage_stats(spark, summary, latencies)  # may read the checkpoints once more: before `release`
     codes: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
     quarantined: dict[str, int] = {}

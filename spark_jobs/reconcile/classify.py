@@ -37,7 +37,7 @@ LOG_SQL = _q(LOG)
 
 
 def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
-    """(topic, si, partition, latency) per stage of each simple unit of the window: an ordinary
+    """(topic, si, partition, latency, n = 1) per stage of each simple unit of the window: an ordinary
     delivered message has no anomaly of its own, and at every stage of its topic it is expected
     and delivered, never pending, so its latency is all its facts say. `si` is the stage's index:
     0 the log, then the topic's `n_groups` groups, then its sinks in the typed columns' order
@@ -54,7 +54,7 @@ def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataF
     return (typed.where("simple").join(F.broadcast(params), "topic")
             .where("lpt >= ws_us AND lpt < we_us")
             .select("topic", F.expr(f"stack({len(lats)}, {cols}) AS (si, partition, latency)"))
-            .where("si IS NOT NULL"))
+            .where("si IS NOT NULL").withColumn("n", F.lit(1).cast("bigint")))
 
 
 def with_stage_names(df: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:

@@ -43,17 +43,24 @@ def summarise(x: DataFrame) -> DataFrame:
 
 
 def summarise_delivered(latencies: DataFrame) -> DataFrame:
-    """Per-stage latencies of ordinary delivered messages (topic, si, partition, latency: each one
-    expected and delivered, none pending) -> summary rows of kind 'F' per (stage index, partition,
-    latency bucket), as `summarise` makes them; the stage index is still to be named."""
+    """Per-stage latencies of ordinary delivered messages (topic, si, partition, latency, n: `n`
+    messages with that latency, each one expected and delivered, none pending) -> summary rows of
+    kind 'F' per (stage index, partition, latency bucket), as `summarise` makes them; the stage
+    index is still to be named."""
     return (latencies.withColumn("bucket", latency_bucket(F.col("latency")))
             .groupBy("topic", "si", "partition", "bucket")
-            .agg(F.count(F.lit(1)).alias("n"), F.count("latency").alias("n_lat"),
+            .agg(F.sum("n").alias("n"), F.sum(F.when(F.col("latency").isNotNull(), F.col("n"))).alias("n_lat"),
                  F.min("latency").alias("latency_min_ms"), F.max("latency").alias("latency_max_ms"))
             .select("topic", F.lit("F").alias("kind"), "si", "partition", *[F.lit(None).cast(t).alias(c) for c, t in (
                 ("anomaly", "string"), ("pid", "string"), ("seq", "bigint"), ("offset", "bigint"), ("detail", "string"))],
                 "bucket", "n", F.col("n").alias("expected"), F.col("n").alias("delivered"),
-                F.lit(0).cast("bigint").alias("pending"), "n_lat", "latency_min_ms", "latency_max_ms"))
+                F.lit(0).cast("bigint").alias("pending"), F.coalesce("n_lat", F.lit(0).cast("bigint")).alias("n_lat"),
+                "latency_min_ms", "latency_max_ms"))
+
+
+def with_count(facts: DataFrame) -> DataFrame:
+    """`facts` with `n`, how many latencies each row stands for: its own column, or 1 per row."""
+    return facts if "n" in facts.columns else facts.withColumn("n", F.lit(1).cast("bigint"))
 
 
 def rank_buckets(summary: DataFrame, ranks: DataFrame) -> DataFrame:
@@ -73,15 +80,20 @@ def rank_buckets(summary: DataFrame, ranks: DataFrame) -> DataFrame:
 
 def latency_at_ranks(facts: DataFrame, wanted: DataFrame) -> DataFrame:
     """`wanted` (topic, stage, partition, bucket, rank, off: `rank_buckets`) -> (topic, stage,
-    partition, rank, latency): only the facts of the wanted buckets are sorted."""
+    partition, rank, latency): only the facts of the wanted buckets are read, counted per distinct
+    latency (`n`, `with_count`) and added up in latency order."""
     grp = ["topic", "stage", "partition"]
-    place = Window.partitionBy(*grp, "bucket").orderBy("latency")
-    return (facts.where("kind = 'F' AND latency IS NOT NULL").select(*grp, "latency")
-            .withColumn("bucket", latency_bucket(F.col("latency")))
-            .join(F.broadcast(wanted.select(*grp, "bucket").distinct()), [*grp, "bucket"], "left_semi")
-            .withColumn("off", F.row_number().over(place) - 1)
-            .join(F.broadcast(wanted.select(*grp, "bucket", "rank", "off")), [*grp, "bucket", "off"])
-            .select(*grp, "rank", "latency"))
+    upto = Window.partitionBy(*grp, "bucket").orderBy("latency").rowsBetween(Window.unboundedPreceding, 0)
+    keys = (*grp, "bucket")
+    w = wanted.select(*[F.col(c).alias(f"w_{c}") for c in (*keys, "rank", "off")])
+    counted = (with_count(facts).where("kind = 'F' AND latency IS NOT NULL").select(*grp, "latency", "n")
+               .withColumn("bucket", latency_bucket(F.col("latency")))
+               .join(F.broadcast(wanted.select(*keys).distinct()), list(keys), "left_semi")
+               .groupBy(*keys, "latency").agg(F.sum("n").alias("c"))
+               .withColumn("end", F.sum("c").over(upto)))
+    hit = [F.col(c) == F.col(f"w_{c}") for c in keys] + [F.col("w_off") >= F.col("end") - F.col("c"),
+                                                       F.col("w_off") < F.col("end")]
+    return counted.join(F.broadcast(w), hit).select(*grp, F.col("w_rank").alias("rank"), "latency")
 
 
 # Up to this many latencies in a batch, the wanted ranks are read from the latencies themselves,
@@ -95,7 +107,9 @@ DRIVER_SORT_MAX = 100_000
 def stage_stats(spark: SparkSession, summary: DataFrame,
                 facts: DataFrame) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
     """Per topic, per (stage, partition): expected/delivered/pending sums and exact latency
-    percentiles (Spark's `percentile`: linear interpolation between closest ranks) and maximum."""
+    percentiles (Spark's `percentile`: linear interpolation between closest ranks) and maximum.
+    `facts`: (topic, kind, stage, partition, latency[, n]), a row standing for `n` latencies when
+    it has that column (`with_count`)."""
     sums = (summary.where("kind = 'F'").groupBy("topic", "stage", "partition")
             .agg(F.sum("expected").alias("expected"), F.sum("delivered").alias("delivered"),
                  F.sum("pending").alias("pending"), F.sum("n_lat").alias("n_lat"),
@@ -105,9 +119,9 @@ def stage_stats(spark: SparkSession, summary: DataFrame,
     values: dict[tuple[str, str, int, int], float] = {}
     if ranks and sum(r["n_lat"] or 0 for r in sums) <= DRIVER_SORT_MAX:
         by_key: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-        for r in (facts.where("kind = 'F' AND latency IS NOT NULL")
-                  .select("topic", "stage", "partition", "latency").collect()):
-            by_key[(r[0], r[1], r[2])].append(r[3])
+        for r in (with_count(facts).where("kind = 'F' AND latency IS NOT NULL")
+                  .select("topic", "stage", "partition", "latency", "n").collect()):
+            by_key[(r[0], r[1], r[2])].extend([r[3]] * r[4])
         for xs in by_key.values():
             xs.sort()
         values = {(t, s, p, rank): by_key[(t, s, p)][rank] for t, s, p, rank in ranks}
