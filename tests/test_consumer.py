@@ -382,9 +382,11 @@ def test_exactly_once_sink_restores_positions_from_the_sink_not_kafka(tmp_path: 
 def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path: Path,
                                                                       kafka_bootstrap: str) -> None:
     topic = new_topic(kafka_bootstrap, partitions=2)
-    total = 40
-    produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(total)], tmp_path,
-                    keys=[str(i).encode() for i in range(total)], one_per_batch=True)
+    total, early = 40, 20
+    keys = [str(i).encode() for i in range(total)]
+    # Both halves have keys of both partitions (fixed keys: the partitioner's choice is fixed too).
+    produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(early)], tmp_path,
+                    keys=keys[:early], one_per_batch=True)
     url = f"sqlite:///{tmp_path / 'sink.db'}"
     common = ["--bootstrap", kafka_bootstrap, "--topic", topic, "--group", f"g-{topic}", "--semantics",
               "at_least_once", "--ledger-dir", str(tmp_path / "ledger"), "--sink-url", url,
@@ -393,7 +395,9 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     progress, gate, b_ready = tmp_path / "a.progress", tmp_path / "gate", tmp_path / "b.ready"
     # A holds in its handler once it has records of both partitions, until B is joining; so the
-    # partition B gets is one A already worked on.
+    # partition B gets is one A already worked on. The second half is produced while A holds, so
+    # that partition still has records A has not handled (the first half of one partition may
+    # have reached A long before the other's first record did).
     procs: list[subprocess.Popen[str]] = []
     try:
         a = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "a", "--progress", str(progress),
@@ -404,6 +408,8 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
         while not (progress.exists() and progress.read_text() == "held"):
             assert a.poll() is None and time.monotonic() < deadline, a.communicate()[1][-3000:]
             time.sleep(0.05)
+        produce_audited(kafka_bootstrap, topic, [{"n": i} for i in range(early, total)], tmp_path / "late",
+                        keys=keys[early:], one_per_batch=True)
         # B waits longer when idle than A: on a loaded machine its share may take seconds to arrive.
         b = subprocess.Popen([sys.executable, str(SCRIPT), *common, "--name", "b", "--ready", str(b_ready),
                               "--idle-s", "10"],
@@ -435,7 +441,7 @@ def test_two_consumers_rebalance_mid_stream_without_loss_or_redelivery(tmp_path:
                 proc.communicate()
     assert a.returncode == 0 and b.returncode == 0, (a_err[-2000:], b_err[-2000:])
     assert json.loads(a_out.splitlines()[-1])["rebalances"] >= 2  # joined alone, then rebalanced
-    assert json.loads(b_out.splitlines()[-1])["processed"] > 0, (a_out, b_out, b_err[-3000:])
+    assert json.loads(b_out.splitlines()[-1])["processed"] > 0, (a_out, b_out, a_err[-3000:], b_err[-3000:])
 
     rows = ledger_rows(tmp_path / "ledger")
     per_record = Counter((r["partition"], r["offset"]) for r in rows if r["outcome"] == "processed")

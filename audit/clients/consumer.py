@@ -468,6 +468,7 @@ class AuditedConsumer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        log.info("consumer %s: assigned %s", self.instance, sorted(keys))
         for k in keys:
             self._held.pop(k, None)
         self._assigned.update(keys)
@@ -491,6 +492,7 @@ class AuditedConsumer:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = {(tp.topic, tp.partition) for tp in partitions}
+        log.info("consumer %s: revoked %s", self.instance, sorted(keys))
         self._commit_owed(keys)
         for k in keys:
             self._held.pop(k, None)  # not committed, so the next owner reads them again
@@ -501,6 +503,7 @@ class AuditedConsumer:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may own them already, so committing is pointless.
         keys = {(tp.topic, tp.partition) for tp in partitions}
+        log.warning("consumer %s: lost %s", self.instance, sorted(keys))
         for k in keys:
             self._held.pop(k, None)
             self._uncommitted.pop(k, None)

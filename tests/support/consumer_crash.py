@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -56,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skip-every", type=int, default=0,
                    help="the handler writes no sink row for messages whose n is a multiple of this")
     args = p.parse_args(argv)
+    # The library's own lines (assignments, revokes, commits) go to stderr: the tests print them on failure.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
 
     kill_at = os.environ.get("MSGAUDIT_KILL_AT")
     kill_offset = int(os.environ.get("MSGAUDIT_KILL_OFFSET", "-1"))
