@@ -503,7 +503,7 @@ class AuditedConsumer:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may own them already, so committing is pointless.
         keys = {(tp.topic, tp.partition) for tp in partitions}
-        log.warning("consumer %s: lost %s", self.instance, sorted(keys))
+        log.info("consumer %s: lost %s", self.instance, sorted(keys))
         for k in keys:
             self._held.pop(k, None)
             self._uncommitted.pop(k, None)
