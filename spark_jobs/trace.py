@@ -127,14 +127,17 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
     """Read the lake and the sinks of the queried topics once; per query (same order) the traced
     rows by kind (ledger, log, consumed, sinks {name: rows}, anomalies), the `settings` its
     producer sessions recorded at start (`producer_settings`), plus `missing` (lake tables not
-    written yet)."""
+    written yet). A topic the config does not name is traced without sinks (the CLI checks the
+    name first)."""
     from spark_jobs.io.lake import read_table, table_exists
     from spark_jobs.io.sinks_read import read_sink
 
     if any(q.key is not None for q in queries):
         raise ValueError("a query by key names messages: resolve it with messages_by_key first")
     topics = sorted({q.topic for q in queries})
-    sinks = {t: cfg.topic(t).sinks for t in topics}
+    # A report store outlives config changes: a topic the config no longer names (its anomaly rows
+    # on a dashboard) is traced from the lake alone, its sinks being unknown.
+    sinks = {t: cfg.topics[t].sinks if t in cfg.topics else () for t in topics}
     frames = {name: read_table(spark, cfg, name) if table_exists(spark, cfg, name) else None
               for name, _ in TRACE_TABLES}
     r = resolve(spark, queries, frames["producer_ledger"], frames["log_records"])
