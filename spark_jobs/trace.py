@@ -135,8 +135,6 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
     if any(q.key is not None for q in queries):
         raise ValueError("a query by key names messages: resolve it with messages_by_key first")
     topics = sorted({q.topic for q in queries})
-    # A report store outlives config changes: a topic the config no longer names (its anomaly rows
-    # on a dashboard) is traced from the lake alone, its sinks being unknown.
     sinks = {t: cfg.topics[t].sinks if t in cfg.topics else () for t in topics}
     frames = {name: read_table(spark, cfg, name) if table_exists(spark, cfg, name) else None
               for name, _ in TRACE_TABLES}
