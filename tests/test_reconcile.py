@@ -393,7 +393,7 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     with the local blocks in the majority (their latencies from each row) and in the minority (from
     the typed path, as every clean block without a carried produce time)."""
     from spark_jobs.reconcile import Shape, collect_lookups, restrict, sink_rows, typed_tiers
-    from spark_jobs.reconcile.blocks import BLOCK_BITS, block_digests, block_lookup
+    from spark_jobs.reconcile.blocks import BLOCK_BITS, block_digests, block_hash, block_lookup
     from spark_jobs.reconcile.params import batch_params
     from spark_jobs.reconcile.units import reordered_processings
     from tests.reconcile_cases import window_inputs
@@ -402,13 +402,18 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     tc = topic_config()
     shape = Shape((tc,))
     params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
+    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0)]
+    # the digests name a block by its hash: the blocks (pid, block number) of the history by theirs
+    named = {r["bh"]: (r["k1"], r["k2"] >> BLOCK_BITS) for r in spark.createDataFrame(
+        [(tc.name, k1, blk << BLOCK_BITS) for k1, blk in blocks], "topic string, k1 string, k2 bigint")
+        .select("k1", "k2", block_hash().alias("bh")).collect()}
     for carried, local in ((True, "local"), (False, "clean")):
         h = _blocks_history(carried)
         vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
         assert vis.consumed is not None
         tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
         digests = block_digests(tiers, shape, params, reordered_processings(vis.consumed))
-        assert sorted((r["k1"], r["blk"], r["settle"]) for r in digests.collect()) == [
+        assert sorted((*named[r["bh"]], r["settle"]) for r in digests.collect()) == [
             ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"), ("r", 0, "out"),
             ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"), ("w", 0, local)]
         lookup, default = block_lookup(digests)

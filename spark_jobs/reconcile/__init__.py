@@ -312,7 +312,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
         units = keep(describe_units(collect_units(general, keys), params))
     # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-    narrow = keep(narrow_units(typed, units, params, clean_narrow(clean_log) if clean_log is not None else None))
+    narrow = keep(narrow_units(typed, units, params, shape, clean_narrow(clean_log) if clean_log is not None else None))
     # the ordinary messages' facts: a latency per stage (in the direct case, those of the local blocks)
     parts = [df for df in (simple_latencies(typed, params, shape) if typed is not None else None, local)
              if df is not None]

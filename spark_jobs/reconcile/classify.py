@@ -29,7 +29,7 @@ from audit.core.vocabulary import (
     group_stage,
     sink_stage,
 )
-from spark_jobs.reconcile.params import Shape
+from spark_jobs.reconcile.params import Shape, with_params
 from spark_jobs.reconcile.sql import _MIN, EMPTY_X, _a, _f, _opt, _q, anomaly_sql, code_sql, detail_sql
 
 DUE = "(asof_us >= pt_us + grace_us)"
@@ -51,7 +51,7 @@ def simple_latencies(typed: DataFrame, params: DataFrame, shape: Shape) -> DataF
     # one generated row per stage, no array: a stage the topic lacks yields a null `si`, dropped
     cols = ", ".join(f"{si if cond is None else f'CASE WHEN {cond} THEN {si} END'}, cast({p} as int), cast({lat} as double)"
                      for si, p, lat, cond in lats)
-    return (typed.where("simple").join(F.broadcast(params), "topic")
+    return (with_params(typed.where("simple"), params, shape, "ws_us", "we_us", "n_groups", "n_sinks")
             .where("lpt >= ws_us AND lpt < we_us")
             .select("topic", F.expr(f"stack({len(lats)}, {cols}) AS (si, partition, latency)"))
             .where("si IS NOT NULL").withColumn("n", F.lit(1).cast("bigint")))

@@ -14,11 +14,12 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from audit.core.vocabulary import LOG, MAX_GAP_ROWS
+from spark_jobs.reconcile.params import Shape, with_params
 from spark_jobs.reconcile.sql import EMPTY_X, _opt, _q, anomaly_sql
 from spark_jobs.reconcile.units import _fp_hash, unit_keys
 
 
-def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame,
+def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame, shape: Shape,
                  clean: DataFrame | None = None) -> DataFrame:
     """One narrow row per message (unit of ktype 0: only messages can be out of order, follow a gap
     or repeat a content), simple (typed; None when no typed path ran) or not (described), plus `clean` (the units of clean
@@ -34,7 +35,7 @@ def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame,
     out = general if typed is None else typed.where("simple AND NOT cb").select(*unit_keys(typed)).unionByName(general)
     if clean is not None:
         out = out.unionByName(clean)
-    return (out.where("ktype = 0").join(F.broadcast(params.select("topic", "ws_us", "we_us")), "topic")
+    return (with_params(out.where("ktype = 0"), params, shape, "ws_us", "we_us")
             .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
             .drop("ktype", "ws_us", "we_us"))
 

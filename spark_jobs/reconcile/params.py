@@ -114,6 +114,15 @@ class Shape:
         entries = ", ".join(f"{_q(f'{t}{SEP}{n}')}, {i}" for (t, n), i in sorted(pairs.items()))
         return F.expr(f"try_element_at(map({entries}), concat(topic, {_q(SEP)}, {col}))")
 
+    def topic_index(self) -> Any:
+        """The row's topic's position in `topics` (`batch_params`' `ti`): a small int to key
+        aggregations by instead of the name (a string key keeps Spark's hash aggregation off its
+        fixed-width map); a literal for a plan of one topic."""
+        if len(self.topics) == 1:
+            return F.lit(0)
+        entries = ", ".join(f"{_q(t.name)}, {i}" for i, t in enumerate(self.topics))
+        return F.expr(f"try_element_at(map({entries}), topic)")
+
     def group_index(self) -> Any:
         """The row's group's position in its topic's `groups` (null: not a group of the topic)."""
         return self._index_sql({(t.name, g): i for t in self.topics for i, g in enumerate(t.groups)}, "`group`")
@@ -126,17 +135,27 @@ class Shape:
 SEP = "/"  # never in a Kafka topic name ([a-zA-Z0-9._-])
 
 
+def with_params(df: DataFrame, params: DataFrame, shape: Shape, *cols: str) -> DataFrame:
+    """`df` (rows with a `topic`) with its topic's `cols` of `params` (`batch_params`; all of them
+    when none are named), joined by the topic's index (`Shape.topic_index`), not its name: the
+    broadcast join then looks up an int per row instead of hashing and comparing a string, a third
+    of the time of the local blocks' latency step (docs/benchmarks.md). A row whose topic is not
+    in the shape is dropped, as by a join on the name."""
+    right = params.drop("topic") if not cols else params.select("ti", *cols)
+    return df.withColumn("ti", shape.topic_index()).join(F.broadcast(right), "ti").drop("ti")
+
+
 def batch_params(spark: SparkSession, shape: Shape, ws: datetime, as_of: datetime,
                  lookups: Mapping[str, Lookups]) -> DataFrame:
-    """One row per topic of the window's constants (times in micros, the lookup maps, how many
-    groups and sinks the topic has and their stage names), as a local table (its broadcast runs
-    no Spark job). Joined to the units by topic instead of inlined as literals, so the generated
+    """One row per topic of the window's constants (its position `ti` in the shape, times in
+    micros, the lookup maps, how many groups and sinks the topic has and their stage names), as a
+    local table (its broadcast runs no Spark job). Joined to the units by topic instead of inlined as literals, so the generated
     code is the same for every window and every topic and Spark's codegen cache serves them."""
     from audit.core.vocabulary import group_stage, sink_stage
 
     ng = shape.max_groups
     rows = []
-    for tc in shape.topics:
+    for ti, tc in enumerate(shape.topics):
         lk = lookups[tc.name]
         # typed even when a partition has no interval (an empty capture): array() alone would be array<void>
         cov = _map_sql({p: "cast(array(" + ", ".join(f"named_struct('lo', {lo}L, 'hi', {hi}L)" for lo, hi in ivs)
@@ -153,11 +172,11 @@ def batch_params(spark: SparkSession, shape: Shape, ws: datetime, as_of: datetim
             for m in ((fo.position, fo.resume) if fo is not None else ({}, {})):
                 vals.append(f"cast({_map_sql({p: f'{v}L' for p, v in m.items()}, 'bigint')} as map<int,bigint>)")
             vals += [f"cast({_q(fo.mirror) if fo else 'null'} as string)", f"cast({_q(failover_instant(fo.at)) if fo else 'null'} as string)"]
-        vals += [str(len(tc.groups)), str(len(tc.sinks)),
+        vals += [str(ti), str(len(tc.groups)), str(len(tc.sinks)),
                  "cast(array(" + ", ".join(_q(group_stage(g)) for g in tc.groups) + ") as array<string>)",
                  "cast(array(" + ", ".join(_q(sink_stage(s.name)) for s in tc.sinks) + ") as array<string>)"]
         rows.append("(" + ", ".join(vals) + ")")
     names = ["topic", "ws_us", "we_us", "asof_us", "grace_us", "cov", "lso",
              *[n for i in range(ng) for n in (f"co{i}", f"fo{i}", f"fr{i}", f"fm{i}", f"fa{i}")],
-             "n_groups", "n_sinks", "gst", "sst"]
+             "ti", "n_groups", "n_sinks", "gst", "sst"]
     return spark.sql(f"SELECT * FROM VALUES {', '.join(rows)} AS params({', '.join(names)})")

@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from audit.core.vocabulary import ABORTED, ACKED, LEDGER_STATUS_PRECEDENCE, PROCESSED
-from spark_jobs.reconcile.params import Shape
+from spark_jobs.reconcile.params import Shape, with_params
 from spark_jobs.reconcile.sql import _q
 
 ORDER_COLUMNS = ("topic", "group", "partition", "offset", "consume_ts", "consume_seq", "consumer")
@@ -252,7 +252,7 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     return (tiers.withColumn("kh", unit_hash()).repartition("kh")
             .groupBy("kh", *KEY).agg(*aggs)
             .drop("kh")
-            .join(F.broadcast(params.select("topic", "n_groups", "n_sinks")), "topic")
+            .transform(lambda u: with_params(u, params, shape, "n_groups", "n_sinks"))
             .withColumn("simple", F.col("cb") | F.coalesce(simple, F.lit(False)))
             .drop("n_groups", "n_sinks"))
 
