@@ -108,11 +108,16 @@ class Shape:
     def max_sinks(self) -> int:
         return max((len(t.sinks) for t in self.topics), default=0)
 
-    def _index_sql(self, pairs: Mapping[tuple[str, str], int], col: str) -> Any:
-        if not pairs:
+    @staticmethod
+    def _lookup_sql(entries: Mapping[str, int], key_sql: str) -> Any:
+        """The int `entries` gives the row's `key_sql` (null when absent)."""
+        if not entries:
             return F.lit(None).cast("int")
-        entries = ", ".join(f"{_q(f'{t}{SEP}{n}')}, {i}" for (t, n), i in sorted(pairs.items()))
-        return F.expr(f"try_element_at(map({entries}), concat(topic, {_q(SEP)}, {col}))")
+        pairs = ", ".join(f"{_q(k)}, {i}" for k, i in sorted(entries.items()))
+        return F.expr(f"try_element_at(map({pairs}), {key_sql})")
+
+    def _index_sql(self, pairs: Mapping[tuple[str, str], int], col: str) -> Any:
+        return self._lookup_sql({f"{t}{SEP}{n}": i for (t, n), i in pairs.items()}, f"concat(topic, {_q(SEP)}, {col})")
 
     def topic_index(self) -> Any:
         """The row's topic's position in `topics` (`batch_params`' `ti`): a small int to key
@@ -120,8 +125,7 @@ class Shape:
         fixed-width map); a literal for a plan of one topic."""
         if len(self.topics) == 1:
             return F.lit(0)
-        entries = ", ".join(f"{_q(t.name)}, {i}" for i, t in enumerate(self.topics))
-        return F.expr(f"try_element_at(map({entries}), topic)")
+        return self._lookup_sql({t.name: i for i, t in enumerate(self.topics)}, "topic")
 
     def group_index(self) -> Any:
         """The row's group's position in its topic's `groups` (null: not a group of the topic)."""

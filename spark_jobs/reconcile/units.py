@@ -249,10 +249,8 @@ def typed_units(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     # Hashed by kh, the unit key's hash, before the aggregation: units spread evenly (hashing by pid
     # leaves some tasks idle), and no map-side partial aggregation runs -- it has nothing to
     # combine (a unit's tiers come from different tables) and measured slower than none.
-    return (tiers.withColumn("kh", unit_hash()).repartition("kh")
-            .groupBy("kh", *KEY).agg(*aggs)
-            .drop("kh")
-            .transform(lambda u: with_params(u, params, shape, "n_groups", "n_sinks"))
+    units = tiers.withColumn("kh", unit_hash()).repartition("kh").groupBy("kh", *KEY).agg(*aggs).drop("kh")
+    return (with_params(units, params, shape, "n_groups", "n_sinks")
             .withColumn("simple", F.col("cb") | F.coalesce(simple, F.lit(False)))
             .drop("n_groups", "n_sinks"))
 
