@@ -67,8 +67,8 @@ DIRECT_SHARE_MAX = 1 / 32
 # skips the blocks: every row takes the typed shuffle, which then costs less than the digests'
 # extra read of every table. Blocks on / off, alternating in one session (docs/benchmarks.md): at
 # anomaly rate 1e-4 2M input rows 1.07, 4M 0.95, 8M 0.89; at the benchmark's default mix (1.6 % of
-# the messages anomalous) 2M 1.17, 4M 1.10, 8M 1.04, 24M 0.89. A healthy
-# pipeline has far fewer anomalies than that mix, so the threshold follows the low-rate crossover.
+# the messages anomalous) 2M 1.17, 4M 1.10, 8M 1.04, 24M 0.89. A healthy pipeline has far fewer
+# anomalies than that mix, so the threshold follows the low-rate crossover.
 BLOCKS_MIN_ROWS = 6_000_000
 
 
