@@ -505,6 +505,37 @@ def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_ora
 
 
 @pytest.mark.spark
+def test_a_step_failing_beside_another_raises_its_own_error_and_frees_what_was_kept(
+        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local blocks' latencies are kept from a second driver thread, beside the general path:
+    when that step fails, the window's classification raises that step's error, and every step
+    already kept (the digests, the lookup, the flagged processings, ...) is freed."""
+    from pyspark.sql import functions as F
+
+    import spark_jobs.reconcile as reconcile
+    from tests.reconcile_cases import window_inputs
+
+    real = reconcile.local_latencies
+
+    def failing(*args: Any) -> Any:
+        return real(*args).withColumn("n", F.raise_error(F.lit("latency step failed on purpose")))
+
+    monkeypatch.setattr(reconcile, "local_latencies", failing)
+    tc = topic_config()
+    history = _blocks_history()
+    inputs = window_inputs(spark, history.inputs(), tc)
+    kept_before = _our_persisted_rdds(spark)
+    with pytest.raises(Exception, match="latency step failed on purpose"):
+        reconcile.classify_window(spark, inputs, tc, T0, AS_OF_FINAL)
+    assert _our_persisted_rdds(spark) == kept_before
+    monkeypatch.setattr(reconcile, "local_latencies", real)  # the same inputs, without the failure
+    c = reconcile.classify_window(spark, inputs, tc, T0, AS_OF_FINAL)
+    assert sorted_anomalies(r.asDict() for r in c.anomalies.collect()) == sorted_anomalies(
+        oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs()).anomalies)
+    c.summary.unpersist()
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("counted", [False, True], ids=["one row each", "counted per value"])
 @pytest.mark.parametrize("path", ["buckets", "driver sort"])
 def test_percentiles_from_bucket_counts_equal_sparks_own_percentile(spark: Any, monkeypatch: Any, path: str,

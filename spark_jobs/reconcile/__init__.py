@@ -66,7 +66,11 @@ publishes each batch with one commit per output table. Shape of the computation,
    What more than one step reads (the flagged processings, the block digests and lookup, the
    local blocks' latency counts, the typed units, the general path's keys, the described units,
    the narrow rows) is kept as a local checkpoint
-   (`materialise`) and freed (`release`) once the summary is in.
+   (`materialise`) and freed (`release`) once the summary is in. Steps that do not read each
+   other's results are kept side by side, from two more driver threads: the order of consumption
+   beside the digests, the local blocks' latencies and the clean blocks' narrow rows beside the
+   general path. One job's last tasks, and the driver's planning of the next, leave a core idle
+   that the other's tasks take (docs/benchmarks.md).
 
 Modules, by concern (each docstring says what it must not do):
 
@@ -93,6 +97,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -130,7 +135,7 @@ from spark_jobs.reconcile.inputs import (
     sink_rows,
 )
 from spark_jobs.reconcile.mirror import mirror_x
-from spark_jobs.reconcile.order import content_duplicates, narrow_units, order_checks
+from spark_jobs.reconcile.order import content_duplicates, narrow_rows, narrow_units, order_checks
 from spark_jobs.reconcile.outputs import write_outputs, write_window_outputs
 from spark_jobs.reconcile.params import Lookups, Shape, batch_params, collect_lookups
 from spark_jobs.reconcile.sql import X_FIELDS, _q
@@ -272,47 +277,68 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         cached.append(materialise(df))
         return cached[-1]
 
-    # A unit one of whose processings went backwards is not ordinary: the order check runs once,
-    # over the consumption rows alone, and only its flagged rows come back.
-    flagged = keep(reordered_processings(vis.consumed)) if vis.consumed is not None else None
-    # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
-    # rows of the other blocks (and unaudited records) go on to the exact paths below.
-    tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
-    local: DataFrame | None = None
-    direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
-    if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
-        digests = keep(block_digests(tiers, shape, params, flagged))
-        counts = blocks.block_counts(digests)
-        lookup, default = block_lookup(digests, counts)
-        # few blocks to look at: all their units take the general path, and no typed path runs
-        few = blocks.direct(counts, default)
-        lookup = keep(blocks.as_dirty(lookup) if few else lookup)
-        direct = lookup if few else None
-        typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
-        if default == "local":  # a clean block's latencies from each of its rows alone
-            local = keep(local_latencies(local_rows, params, shape))
-    else:  # below it the shuffle the digests spare costs less than computing them
-        typed_rows, clean_log = tiers.withColumn("cb", F.lit(False)), None
-    consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
-    general = unit_tiers(ledger, vis.log, consumed, sinks)
-    typed: DataFrame | None = None
-    if direct is not None:  # every unit of the dirty blocks, and every unaudited record
-        units = keep(describe_units(blocks.collect_blocks(general, direct), params))
-    else:
-        # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
-        # times for their latencies; ordinary messages end here.
-        typed = typed_units(typed_rows, shape, params)
-        if flagged is not None:
-            marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
-            typed = (typed.join(F.broadcast(marks), KEY, "left")
-                     .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
-        typed = keep(typed)
-        # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
-        # on their key hashes before their shuffle, so the ordinary majority never reaches it).
-        keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
-        units = keep(describe_units(collect_units(general, keys), params))
-    # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-    narrow = keep(narrow_units(typed, units, params, shape, clean_narrow(clean_log) if clean_log is not None else None))
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-reconcile") as pool:
+            # Steps that do not read each other's results are materialised side by side (`beside`):
+            # one job's last tasks, and the driver's planning of the next, leave a core idle that the
+            # other job's tasks take.
+            def beside(df: DataFrame) -> Future[DataFrame]:
+                return pool.submit(keep, df)
+
+            # A unit one of whose processings went backwards is not ordinary: the order check runs once,
+            # over the consumption rows alone, and only its flagged rows come back.
+            flagged_f = beside(reordered_processings(vis.consumed)) if vis.consumed is not None else None
+            # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
+            # rows of the other blocks (and unaudited records) go on to the exact paths below.
+            tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
+            local_f: Future[DataFrame] | None = None
+            clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
+            direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
+            if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
+                digests = keep(block_digests(tiers, shape, params))  # while the processings' order is checked
+                flagged = flagged_f.result() if flagged_f is not None else None
+                if flagged is not None:
+                    digests = blocks.mark_backwards(digests, flagged)
+                counts = blocks.block_counts(digests)
+                lookup, default = block_lookup(digests, counts)
+                # few blocks to look at: all their units take the general path, and no typed path runs
+                few = blocks.direct(counts, default)
+                lookup = keep(blocks.as_dirty(lookup) if few else lookup)
+                direct = lookup if few else None
+                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
+                if default == "local":  # a clean block's latencies from each of its rows alone
+                    local_f = beside(local_latencies(local_rows, params, shape))
+                clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
+            else:  # below it the shuffle the digests spare costs less than computing them
+                typed_rows = tiers.withColumn("cb", F.lit(False))
+                flagged = flagged_f.result() if flagged_f is not None else None
+            consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
+            general = unit_tiers(ledger, vis.log, consumed, sinks)
+            typed: DataFrame | None = None
+            if direct is not None:  # every unit of the dirty blocks, and every unaudited record
+                units = keep(describe_units(blocks.collect_blocks(general, direct), params))
+            else:
+                # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
+                # times for their latencies; ordinary messages end here.
+                typed = typed_units(typed_rows, shape, params)
+                if flagged is not None:
+                    marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
+                    typed = (typed.join(F.broadcast(marks), KEY, "left")
+                             .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
+                typed = keep(typed)
+                # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
+                # on their key hashes before their shuffle, so the ordinary majority never reaches it).
+                keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
+                units = keep(describe_units(collect_units(general, keys), params))
+            # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
+            narrow = keep(narrow_units(typed, units, params, shape))
+            if clean_f is not None:
+                narrow = narrow.unionByName(clean_f.result())
+            local = local_f.result() if local_f is not None else None
+    except BaseException:
+        for df in cached:  # a step failed: what the others kept is freed now, not left behind
+            release(df)
+        raise
     # the ordinary messages' facts: a latency per stage (in the direct case, those of the local blocks)
     parts = [df for df in (simple_latencies(typed, params, shape) if typed is not None else None, local)
              if df is not None]

@@ -86,7 +86,7 @@ def _block_hash2() -> Any:
 
 
 def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
-                  flagged: DataFrame | None) -> DataFrame:
+                  flagged: DataFrame | None = None) -> DataFrame:
     """(topic, bh, settle) per block of the audited rows of `tiers` (`units.typed_tiers`): `settle` is
     'clean' for a clean block that reaches into the window (its facts are wanted), 'out' for a
     clean one wholly outside it (nothing to compute but its narrow rows), 'dirty' otherwise.
@@ -149,13 +149,18 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
                               F.when(~inside, "out").when(F.coalesce(local, F.lit(False)), "local")
                               .otherwise("clean"))
                        .otherwise("dirty").alias("settle")))
-    if flagged is not None:  # a block holding a processing that went backwards is not settled here
-        marks = (flagged.where("ktype = 0").select(block_hash().alias("bh")).distinct()
-                 .withColumn("_back", F.lit(True)))
-        digests = (digests.join(F.broadcast(marks), "bh", "left")
-                   .withColumn("settle", F.when(F.col("_back"), "dirty").otherwise(F.col("settle")))
-                   .drop("_back"))
-    return digests
+    return digests if flagged is None else mark_backwards(digests, flagged)
+
+
+def mark_backwards(digests: DataFrame, flagged: DataFrame) -> DataFrame:
+    """`digests` with every block holding a processing that went backwards (`flagged`:
+    `units.reordered_processings`) made 'dirty': such a unit is not ordinary, so its block is not
+    settled here. Separate from `block_digests` so the two can be computed at the same time."""
+    marks = (flagged.where("ktype = 0").select(block_hash().alias("bh")).distinct()
+             .withColumn("_back", F.lit(True)))
+    return (digests.join(F.broadcast(marks), "bh", "left")
+            .withColumn("settle", F.when(F.col("_back"), "dirty").otherwise(F.col("settle")))
+            .drop("_back"))
 
 
 def block_lookup(digests: DataFrame, counts: dict[str, int] | None = None) -> tuple[DataFrame, str]:

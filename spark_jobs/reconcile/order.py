@@ -35,7 +35,13 @@ def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame, s
     out = general if typed is None else typed.where("simple AND NOT cb").select(*unit_keys(typed)).unionByName(general)
     if clean is not None:
         out = out.unionByName(clean)
-    return (with_params(out.where("ktype = 0"), params, shape, "ws_us", "we_us")
+    return narrow_rows(out.where("ktype = 0"), params, shape)
+
+
+def narrow_rows(units: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
+    """Narrow rows of messages (ktype 0, e.g. `blocks.clean_narrow`'s) as `narrow_units` gives them:
+    with whether the message is in the window (`in_w`)."""
+    return (with_params(units, params, shape, "ws_us", "we_us")
             .withColumn("in_w", F.expr("coalesce(pt_us >= ws_us AND pt_us < we_us, false)"))
             .drop("ktype", "ws_us", "we_us"))
 
