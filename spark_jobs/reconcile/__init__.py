@@ -51,8 +51,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    `collect_units`, which gathers each unit's rows into arrays; `describe_units` + `classify`
    apply every rule of docs/design.md §5 with array expressions. The property test holds both paths,
    together, equal to the oracle.
-5. `narrow_units` puts one narrow row per message (either path) together, kept, for the checks
-   that need neighbours: `reordered_in_log` (one sort per (pid, partition) of the log records'
+5. `narrow_units` puts one narrow row per message (either path) together, kept, beside the clean
+   blocks' (`clean_narrow` + `narrow_rows`, from their log records), for the checks that need
+   neighbours: `reordered_in_log` (one sort per (pid, partition) of the log records'
    seq and offset), `seq_gap` (each pid's present seqs as bitmaps of 64 reduced map-side; only a
    bitmap with a hole, or not following on from the one before, is decoded) and
    `content_duplicates` (one shuffle by the fingerprint's 96-bit hash; a collision would need

@@ -263,9 +263,9 @@ def local_latencies(local: DataFrame, params: DataFrame, shape: Shape) -> DataFr
 
 
 def clean_narrow(clean_log: DataFrame) -> DataFrame:
-    """The narrow rows (`order.narrow_units`' columns before `in_w`) of every clean block's units,
-    from their one log record each: the position, the fingerprint's hashes and the produce time
-    (the ledger's: the digests hold them equal)."""
+    """The narrow rows (`order.narrow_units`' columns before `in_w`, which `order.narrow_rows`
+    adds) of every clean block's units, from their one log record each: the position, the
+    fingerprint's hashes and the produce time (the ledger's: the digests hold them equal)."""
     return clean_log.select(
         "topic", "ktype", "k1", "k2",
         F.col("ts1").alias("pt_us"), F.col("part").alias("o_part"), F.col("off").alias("o_off"),

@@ -19,22 +19,20 @@ from spark_jobs.reconcile.sql import EMPTY_X, _opt, _q, anomaly_sql
 from spark_jobs.reconcile.units import _fp_hash, unit_keys
 
 
-def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame, shape: Shape,
-                 clean: DataFrame | None = None) -> DataFrame:
+def narrow_units(typed: DataFrame | None, units: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
     """One narrow row per message (unit of ktype 0: only messages can be out of order, follow a gap
-    or repeat a content), simple (typed; None when no typed path ran) or not (described), plus `clean` (the units of clean
-    blocks, `blocks.clean_narrow`): what the order and content checks read -- pid (k1), seq (k2),
-    produce time, the original copy's position, presence, the fingerprint's hashes, and whether
-    the message is in the window (`in_w`)."""
+    or repeat a content), simple (typed; None when no typed path ran) or not (described): what the
+    order and content checks read -- pid (k1), seq (k2), produce time, the original copy's
+    position, presence, the fingerprint's hashes, and whether the message is in the window
+    (`in_w`). The clean blocks' units are not among them: their rows come from their log records
+    (`blocks.clean_narrow` + `narrow_rows`)."""
     fph, fph2 = _fp_hash(F.col("orig.fingerprint"))
     general = units.select(
         "topic", "ktype", "k1", "k2", "pt_us", F.col("orig.partition").alias("o_part"),
         F.col("orig.offset").alias("o_off"), F.col("orig").isNotNull().alias("has_orig"),
         ((F.size("L") > 0) | (F.size("R") > 0)).alias("present"), fph, fph2)
-    # a clean block's unit reaches the typed path without its log record: its row is in `clean`
+    # a clean block's unit reaches the typed path without its log record: its row is `clean_narrow`'s
     out = general if typed is None else typed.where("simple AND NOT cb").select(*unit_keys(typed)).unionByName(general)
-    if clean is not None:
-        out = out.unionByName(clean)
     return narrow_rows(out.where("ktype = 0"), params, shape)
 
 
