@@ -393,7 +393,13 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     with the local blocks in the majority (their latencies from each row) and in the minority (from
     the typed path, as every clean block without a carried produce time)."""
     from spark_jobs.reconcile import Shape, collect_lookups, restrict, sink_rows, typed_tiers
-    from spark_jobs.reconcile.blocks import BLOCK_BITS, block_digests, block_hash, block_lookup
+    from spark_jobs.reconcile.blocks import (
+        BLOCK_BITS,
+        block_digests,
+        block_hash,
+        block_lookup,
+        mark_backwards,
+    )
     from spark_jobs.reconcile.params import batch_params
     from spark_jobs.reconcile.units import reordered_processings
     from tests.reconcile_cases import window_inputs
@@ -412,7 +418,7 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
         assert vis.consumed is not None
         tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
-        digests = block_digests(tiers, shape, params, reordered_processings(vis.consumed))
+        digests = mark_backwards(block_digests(tiers, shape, params), reordered_processings(vis.consumed))
         assert sorted((*named[r["bh"]], r["settle"]) for r in digests.collect()) == [
             ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"), ("r", 0, "out"),
             ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"), ("w", 0, local)]

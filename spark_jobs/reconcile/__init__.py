@@ -295,9 +295,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             local_f: Future[DataFrame] | None = None
             clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
             direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
-            if rows is None or rows >= blocks.BLOCKS_MIN_ROWS:
-                digests = keep(block_digests(tiers, shape, params))  # while the processings' order is checked
-                flagged = flagged_f.result() if flagged_f is not None else None
+            # below the row threshold the shuffle the digests spare costs less than computing them
+            blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
+            digests_f = beside(block_digests(tiers, shape, params)) if blocks_on else None  # beside the flagging
+            flagged = flagged_f.result() if flagged_f is not None else None
+            if digests_f is not None:
+                digests = digests_f.result()
                 if flagged is not None:
                     digests = blocks.mark_backwards(digests, flagged)
                 counts = blocks.block_counts(digests)
@@ -310,9 +313,8 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 if default == "local":  # a clean block's latencies from each of its rows alone
                     local_f = beside(local_latencies(local_rows, params, shape))
                 clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
-            else:  # below it the shuffle the digests spare costs less than computing them
+            else:
                 typed_rows = tiers.withColumn("cb", F.lit(False))
-                flagged = flagged_f.result() if flagged_f is not None else None
             consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
             general = unit_tiers(ledger, vis.log, consumed, sinks)
             typed: DataFrame | None = None

@@ -85,12 +85,11 @@ def _block_hash2() -> Any:
     return F.xxhash64(F.lit(BLOCK_BITS), "topic", "k1", F.shiftright("k2", BLOCK_BITS))
 
 
-def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
-                  flagged: DataFrame | None = None) -> DataFrame:
+def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     """(topic, bh, settle) per block of the audited rows of `tiers` (`units.typed_tiers`): `settle` is
     'clean' for a clean block that reaches into the window (its facts are wanted), 'out' for a
-    clean one wholly outside it (nothing to compute but its narrow rows), 'dirty' otherwise.
-    `flagged`: the processings that went backwards (`units.reordered_processings`). The blocks are
+    clean one wholly outside it (nothing to compute but its narrow rows), 'dirty' otherwise -- before
+    the blocks with a processing that went backwards are made dirty (`mark_backwards`). The blocks are
     grouped by their two hashes and the topic's index (`Shape.topic_index`), not by (topic, pid,
     block number): fixed-width keys keep the aggregation on Spark's fixed-width hash map (a fifth
     less time than with the two strings in the key, at 5M messages)."""
@@ -149,7 +148,7 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame,
                               F.when(~inside, "out").when(F.coalesce(local, F.lit(False)), "local")
                               .otherwise("clean"))
                        .otherwise("dirty").alias("settle")))
-    return digests if flagged is None else mark_backwards(digests, flagged)
+    return digests
 
 
 def mark_backwards(digests: DataFrame, flagged: DataFrame) -> DataFrame:
