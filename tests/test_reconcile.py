@@ -245,6 +245,38 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
 
 
 @pytest.mark.spark
+def test_small_inputs_are_counted_on_the_plan_that_collects_them_larger_ones_by_sparks_count(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import driver
+
+    path = str(tmp_path / "t")
+    spark.range(0, 1000, numPartitions=4).withColumn("p", F.col("id") % 3).write.format("delta") \
+        .partitionBy("p").save(path)
+    df = spark.read.format("delta").load(path).where("p = 1").unionByName(
+        spark.range(5000, 5001).withColumn("p", F.lit(1).cast("long")))
+    frame = type(df)
+    sparks_count = frame.count
+    counted: list[int] = []
+
+    def count(self: Any) -> int:
+        counted.append(1)
+        return sparks_count(self)
+
+    monkeypatch.setattr(frame, "count", count)
+    assert driver.count_rows(df) == 334  # 333 rows with p = 1, and one
+    assert counted == []  # a few KB of files: counted on df's own plan
+    assert len(df.collect()) == 334  # which the collect reuses
+    # rows handed over from Python (as a SQL sink's are): their size is unknown, so Spark's count
+    assert driver.count_rows(df.unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))) == 335
+    assert counted == [1]
+    monkeypatch.setattr(driver, "COUNT_IN_PLAN_MAX_BYTES", 100)  # now the files are larger than that
+    assert driver.count_rows(df) == 334
+    assert counted == [1, 1]
+
+
+@pytest.mark.spark
 def test_missing_input_table_is_one_clear_error(spark: Any, make_config: Callable[..., Config],
                                                 tmp_path: Path) -> None:
     from spark_jobs.reconcile import reconcile_window

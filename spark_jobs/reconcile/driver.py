@@ -48,10 +48,29 @@ def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
     return [(tag, df) for tag, df in named if df is not None]
 
 
+# Inputs whose files hold at most this many bytes are counted on the plan that then collects them
+# (about what `reconcile.driver_rows` rows take in Parquet: reading every column of a larger input
+# only to find it goes to the Spark plan would cost more than the listing it saves).
+COUNT_IN_PLAN_MAX_BYTES = 16 << 20
+
+
+def count_rows(df: DataFrame) -> int:
+    """How many rows `df` holds, before it is collected. A count is a query of its own, planned
+    anew: for Delta tables that is a listing of each table's files (a Spark job per table) that the
+    collect then repeats. So when the files `df` reads hold at most COUNT_IN_PLAN_MAX_BYTES (its
+    plan's size estimate, which for a Delta scan is the size of the files it keeps) the count runs
+    on `df`'s own plan, which the collect reuses; larger inputs get Spark's count, which reads no
+    column."""
+    qe = df._jdf.queryExecution()
+    if int(qe.optimizedPlan().stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
+        return int(qe.toRdd().count())
+    return df.count()
+
+
 def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tuple[oracle.Inputs | None, int]:
     """(every row of the window's inputs as the oracle's rows, or None when they hold more than
     `limit` rows (then only their count was read); how many rows they hold). Two Spark jobs: the
-    count, the rows."""
+    count (`count_rows`), the rows."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
@@ -60,9 +79,7 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tup
         extra = ["sink"] if tag == "sink" else []  # the sink's name
         parts.append(df.select(*cols, *extra, F.lit(tag).alias(_TAG)))
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    # Count first: a count reads no column, so a large window costs one cheap job before it goes to
-    # the Spark plan (a limit would first stream up to `limit` rows of every input partition).
-    count = union.count()
+    count = count_rows(union)
     if count > limit:
         return None, count
     # Arrow hands the rows over several times faster than pickled Rows, with aware (UTC) timestamps
