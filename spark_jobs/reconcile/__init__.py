@@ -254,43 +254,6 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     wanted ranks). `rows`: how many rows the inputs hold, when counted (`collect_inputs`); fewer
     than `blocks.BLOCKS_MIN_ROWS` skip the blocks (docs/design.md §5.9)."""
     vis = restrict(inputs, shape, ws)
-    steps = Kept()
-    try:
-        with steps.pool:
-            # A unit one of whose processings went backwards is not ordinary: the order check runs
-            # once, over the consumption rows alone, and only its flagged rows come back. It needs
-            # no lookup, so it starts before the small collects of `_classify_batch`.
-            flagged_f = steps.beside(reordered_processings(vis.consumed)) if vis.consumed is not None else None
-            return _classify_batch(spark, vis, shape, ws, as_of, rows, steps, flagged_f)
-    except BaseException:
-        steps.release()  # a step failed: what the others kept is freed now, not left behind
-        raise
-
-
-class Kept:
-    """The materialised steps of one batch: kept from the calling thread (`keep`), or side by side
-    from two more (`beside`) when they do not read each other's results -- one job's last tasks,
-    and the driver's planning of the next, leave a core idle that the other job's tasks take."""
-
-    def __init__(self) -> None:
-        self.cached: list[DataFrame] = []
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-reconcile")
-
-    def keep(self, df: DataFrame) -> DataFrame:
-        self.cached.append(materialise(df))
-        return self.cached[-1]
-
-    def beside(self, df: DataFrame) -> Future[DataFrame]:
-        return self.pool.submit(self.keep, df)
-
-    def release(self) -> None:
-        for df in self.cached:
-            release(df)
-
-
-def _classify_batch(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime, as_of: datetime,
-                    rows: int | None, steps: Kept, flagged_f: Future[DataFrame] | None) -> dict[str, Classified]:
-    keep, beside, cached = steps.keep, steps.beside, steps.cached
     wm_rows = [r.asDict() for r in vis.watermarks.collect()] if vis.watermarks is not None else []
     go_rows = [r.asDict() for r in vis.group_offsets.collect()] if vis.group_offsets is not None else []
     commit_rows = [r.asDict() for r in vis.commits.groupBy("topic", "group", "partition")
@@ -309,55 +272,76 @@ def _classify_batch(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: da
         all_consumed = vis.consumed.unionByName(translate(vis.failover, ledger, vis.log, shape, vis.consumed.columns))
     params = batch_params(spark, shape, ws, as_of, lookups)
     sinks = sink_rows(vis)
-    # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
-    # rows of the other blocks (and unaudited records) go on to the exact paths below.
-    tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
-    local_f: Future[DataFrame] | None = None
-    clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
-    direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
-    # below the row threshold the shuffle the digests spare costs less than computing them
-    blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
-    digests_f = beside(block_digests(tiers, shape, params)) if blocks_on else None  # beside the flagging
-    flagged = flagged_f.result() if flagged_f is not None else None
-    if digests_f is not None:
-        digests = digests_f.result()
-        if flagged is not None:
-            digests = blocks.mark_backwards(digests, flagged)
-        counts = blocks.block_counts(digests)
-        lookup, default = block_lookup(digests, counts)
-        # few blocks to look at: all their units take the general path, and no typed path runs
-        few = blocks.direct(counts, default)
-        lookup = keep(blocks.as_dirty(lookup) if few else lookup)
-        direct = lookup if few else None
-        typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
-        if default == "local":  # a clean block's latencies from each of its rows alone
-            local_f = beside(local_latencies(local_rows, params, shape))
-        clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
-    else:
-        typed_rows = tiers.withColumn("cb", F.lit(False))
-    consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
-    general = unit_tiers(ledger, vis.log, consumed, sinks)
-    typed: DataFrame | None = None
-    if direct is not None:  # every unit of the dirty blocks, and every unaudited record
-        units = keep(describe_units(blocks.collect_blocks(general, direct), params))
-    else:
-        # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
-        # times for their latencies; ordinary messages end here.
-        typed = typed_units(typed_rows, shape, params)
-        if flagged is not None:
-            marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
-            typed = (typed.join(F.broadcast(marks), KEY, "left")
-                     .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
-        typed = keep(typed)
-        # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
-        # on their key hashes before their shuffle, so the ordinary majority never reaches it).
-        keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
-        units = keep(describe_units(collect_units(general, keys), params))
-    # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-    narrow = keep(narrow_units(typed, units, params, shape))
-    if clean_f is not None:
-        narrow = narrow.unionByName(clean_f.result())
-    local = local_f.result() if local_f is not None else None
+    cached: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        cached.append(materialise(df))
+        return cached[-1]
+
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-reconcile") as pool:
+            # Steps that do not read each other's results are materialised side by side (`beside`):
+            # one job's last tasks, and the driver's planning of the next, leave a core idle that the
+            # other job's tasks take.
+            def beside(df: DataFrame) -> Future[DataFrame]:
+                return pool.submit(keep, df)
+
+            # A unit one of whose processings went backwards is not ordinary: the order check runs once,
+            # over the consumption rows alone, and only its flagged rows come back.
+            flagged_f = beside(reordered_processings(vis.consumed)) if vis.consumed is not None else None
+            # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
+            # rows of the other blocks (and unaudited records) go on to the exact paths below.
+            tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
+            local_f: Future[DataFrame] | None = None
+            clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
+            direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
+            # below the row threshold the shuffle the digests spare costs less than computing them
+            blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
+            digests_f = beside(block_digests(tiers, shape, params)) if blocks_on else None  # beside the flagging
+            flagged = flagged_f.result() if flagged_f is not None else None
+            if digests_f is not None:
+                digests = digests_f.result()
+                if flagged is not None:
+                    digests = blocks.mark_backwards(digests, flagged)
+                counts = blocks.block_counts(digests)
+                lookup, default = block_lookup(digests, counts)
+                # few blocks to look at: all their units take the general path, and no typed path runs
+                few = blocks.direct(counts, default)
+                lookup = keep(blocks.as_dirty(lookup) if few else lookup)
+                direct = lookup if few else None
+                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
+                if default == "local":  # a clean block's latencies from each of its rows alone
+                    local_f = beside(local_latencies(local_rows, params, shape))
+                clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
+            else:
+                typed_rows = tiers.withColumn("cb", F.lit(False))
+            consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
+            general = unit_tiers(ledger, vis.log, consumed, sinks)
+            typed: DataFrame | None = None
+            if direct is not None:  # every unit of the dirty blocks, and every unaudited record
+                units = keep(describe_units(blocks.collect_blocks(general, direct), params))
+            else:
+                # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
+                # times for their latencies; ordinary messages end here.
+                typed = typed_units(typed_rows, shape, params)
+                if flagged is not None:
+                    marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
+                    typed = (typed.join(F.broadcast(marks), KEY, "left")
+                             .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
+                typed = keep(typed)
+                # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
+                # on their key hashes before their shuffle, so the ordinary majority never reaches it).
+                keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
+                units = keep(describe_units(collect_units(general, keys), params))
+            # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
+            narrow = keep(narrow_units(typed, units, params, shape))
+            if clean_f is not None:
+                narrow = narrow.unionByName(clean_f.result())
+            local = local_f.result() if local_f is not None else None
+    except BaseException:
+        for df in cached:  # a step failed: what the others kept is freed now, not left behind
+            release(df)
+        raise
     # the ordinary messages' facts: a latency per stage (in the direct case, those of the local blocks)
     parts = [df for df in (simple_latencies(typed, params, shape) if typed is not None else None, local)
              if df is not None]
