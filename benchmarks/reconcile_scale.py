@@ -412,8 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without-produce-ts", action="store_true",
                     help="generate consumption and sink rows without the optional produce time (clients "
                          "that do not write it): every clean block's latencies then take the typed path")
+    ap.add_argument("--warmups", type=int, default=2, metavar="K",
+                    help="untimed reconciles before the timed 1x runs (default 2): the first compiles the "
+                         "plan, the JIT compiles the generated code over the next few, so with one the 1x "
+                         "runs are slower than the later 2x ones for the JVM alone")
     ap.add_argument("--no-warmup", action="store_true",
-                    help="skip the untimed reconcile that compiles the plan before the timed 1x run")
+                    help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
     args = ap.parse_args(argv)
     n, parts = args.n, args.partitions
     if any("=" not in c for c in args.conf):
@@ -451,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generated window + lookback hour in {time.perf_counter() - t:.1f}s")
 
     scan_baseline(spark, cfg)  # warms the JVM up
-    if not args.no_warmup:
+    for _ in range(0 if args.no_warmup else args.warmups):
         reconcile_once(spark, cfg, as_of)[2].release()
     floors: list[dict[str, float]] | None = [] if args.floor else None
     scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, floors)
