@@ -13,9 +13,12 @@ driver (`reconcile.driver_rows` at its default, which these windows fit) and by 
 
 and prints the four medians, the ratios driver/plan and K topics/one topic (target: K topics <= 5x
 one topic; one small window <= 4 s) and whether every injected anomaly was found exactly (one
-`missed` per topic, nothing else) in all four.
+`missed` per topic, nothing else) in all four. With `--against REV`, the driver way of both sides
+is also timed with `spark_jobs/reconcile` as of git revision REV, alternating with this checkout's,
+and the ratio `this checkout / REV` is printed.
 
     .venv/bin/python benchmarks/many_topics.py --topics 50 --messages 1000
+    .venv/bin/python benchmarks/many_topics.py --reps 8 --against HEAD   # the checkout vs its last commit
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -23,6 +26,7 @@ This is a measurement script, not a test: it asserts nothing about time, it prin
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import statistics
 import sys
@@ -120,6 +124,26 @@ def run(spark: Any, cfg: Config, topics: list[str], as_of: datetime) -> tuple[fl
     return elapsed, found
 
 
+def compare(spark: Any, cfg: Config, sides: dict[str, list[str]], as_of: datetime, reps: int,
+            other: Any) -> dict[str, tuple[float, float]]:
+    """Per side, the median seconds of `reconcile_range` over the window (publishing) with this
+    checkout's package and with `other`, alternating, `reps` times each; raises if either finds
+    other than one `missed` per topic."""
+    import spark_jobs.reconcile as current
+
+    times: dict[tuple[str, Any], list[float]] = {}
+    for i in range(reps):
+        for side, topics in sides.items():
+            for m in ((current, other) if i % 2 == 0 else (other, current)):
+                t = time.perf_counter()
+                results = m.reconcile_range(spark, cfg, WINDOW, WINDOW + HOUR, as_of, topics)
+                times.setdefault((side, m), []).append(time.perf_counter() - t)
+                if sum(r.anomaly_count for r in results) != len(topics):
+                    raise SystemExit(f"--against: {m.__name__} found {[r.anomaly_count for r in results]}")
+    return {side: (statistics.median(times[(side, current)]), statistics.median(times[(side, other)]))
+            for side in sides}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topics", type=int, default=50, help="small topics in the window (default 50)")
@@ -130,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, repeatable")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="also time the driver way with spark_jobs/reconcile as of git revision REV, alternating "
+                         "with this checkout's (--reps times each), and print the ratio")
     args = ap.parse_args(argv)
     if args.messages % PARTITIONS or args.messages <= MISSED_AT:
         ap.error(f"--messages must be even and above {MISSED_AT}")
@@ -168,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
             for way, c in ways.items():
                 s, found[(side, way)] = run(spark, c, topics, as_of)
                 times.setdefault((side, way), []).append(s)
+    against = None
+    if args.against:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from reconcile_scale import package_at
+
+        other = importlib.import_module(package_at(args.against, work / "against"))
+        for topics in sides.values():  # warm-up: the other package's plans compiled once
+            other.reconcile_range(spark, cfg, WINDOW, WINDOW + HOUR, as_of, topics)
+        against = compare(spark, cfg, sides, as_of, args.reps, other)
     med = {k: statistics.median(v) for k, v in times.items()}
     # per topic: one `missed` in the group stage (lost there); the sink does not expect what its group
     # never processed, so nothing else
@@ -179,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             runs = ", ".join(f"{x:.2f}" for x in times[(side, way)])
             print(f"{label:<10} {way:<6}: {med[(side, way)]:.2f}s  (runs: {runs})")
     print(f"injected anomalies found exactly: {'yes' if ok else 'NO'} ({found})")
+    if against is not None:
+        for side, (mine, theirs) in against.items():
+            label = "one topic" if side == "one" else f"{args.topics} topics"
+            print(f"{label:<10} driver: {mine:.2f}s with this checkout, {theirs:.2f}s with {args.against} "
+                  f"(medians of {args.reps} alternating)")
     spark.stop()
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
@@ -188,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio {args.topics} topics / one topic: driver {every / one:.2f}, plan "
           f"{med[('all', 'plan')] / med[('one', 'plan')]:.2f}  (target <= 5; one small window {one:.2f}s in the "
           f"driver, {med[('one', 'plan')]:.2f}s by the plan, target <= 4 s)")
+    if against is not None:
+        print(f"ratio this checkout / {args.against} (driver): one topic {against['one'][0] / against['one'][1]:.2f}, "
+              f"{args.topics} topics {against['all'][0] / against['all'][1]:.2f}")
     return 0 if ok else 1
 
 
