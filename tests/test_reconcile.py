@@ -268,7 +268,7 @@ def test_small_inputs_are_counted_on_the_plan_that_collects_them_larger_ones_by_
     assert driver.count_rows(df) == 334  # 333 rows with p = 1, and one
     assert counted == []  # a few KB of files: counted on df's own plan
     assert len(df.collect()) == 334  # which the collect reuses
-    # rows handed over from Python (as a SQL sink's are): their size is unknown, so Spark's count
+    # a scan of unknown size (a SQL sink's JDBC read is one; here rows handed over from Python): Spark's count
     assert driver.count_rows(df.unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))) == 335
     assert counted == [1]
     monkeypatch.setattr(driver, "COUNT_IN_PLAN_MAX_BYTES", 100)  # now the files are larger than that
