@@ -60,7 +60,8 @@ def count_rows(df: DataFrame) -> int:
     collect then repeats. So when the files `df` reads hold at most COUNT_IN_PLAN_MAX_BYTES (its
     plan's size estimate, which for a Delta scan is the size of the files it keeps) the count runs
     on `df`'s own plan, which the collect reuses; larger inputs get Spark's count, which reads no
-    column."""
+    column (a limit instead would first stream up to `limit` rows of every input partition). For
+    those the size estimate costs one listing more, small beside the Spark plan they go to."""
     qe = df._jdf.queryExecution()
     if int(qe.optimizedPlan().stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
         return int(qe.toRdd().count())
