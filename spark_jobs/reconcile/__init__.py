@@ -112,7 +112,7 @@ from audit.core.errors import InputError, ResultReleased
 from audit.core.failover import ignored_rows_lines
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
-from audit.core.windows import run_id_for, windows
+from audit.core.windows import read_ranges, run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
 from spark_jobs.reconcile import blocks
 from spark_jobs.reconcile.blocks import (
@@ -309,7 +309,11 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 few = blocks.direct(counts, default)
                 lookup = keep(blocks.as_dirty(lookup) if few else lookup)
                 direct = lookup if few else None
-                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default)
+                # the local rows come from the window's files alone (`window_tiers`)
+                window_end = read_ranges(shape.topics[0], ws).message_hi
+                local_tiers = (blocks.window_tiers(ledger, vis.log, all_consumed, sinks, shape, ws, window_end)
+                               if default == "local" else None)
+                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, local_tiers)
                 if default == "local":  # a clean block's latencies from each of its rows alone
                     local_f = beside(local_latencies(local_rows, params, shape))
                 clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))

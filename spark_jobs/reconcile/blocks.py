@@ -38,13 +38,14 @@ Transforms only: this module must not read or write tables, and decides no anoma
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.reconcile.params import Shape
-from spark_jobs.reconcile.units import gather_units, unit_hash
+from spark_jobs.reconcile.units import gather_units, typed_tiers, unit_hash
 
 # 2^3 = 8 seqs a block: small enough that an anomaly dirties few ordinary neighbours (at 0.1 % of
 # each of 16 codes, 9 % of the benchmark's blocks are dirty), large enough that the digests are an
@@ -211,8 +212,8 @@ def collect_blocks(tiers: DataFrame, lookup: DataFrame) -> DataFrame:
     return gather_units(rows.withColumn("kh", unit_hash()))
 
 
-def split_by_block(tiers: DataFrame, lookup: DataFrame,
-                   default: str = "clean") -> tuple[DataFrame, DataFrame, DataFrame]:
+def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str = "clean",
+                   local_tiers: DataFrame | None = None) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(typed, clean_log, local) from `tiers`:
 
     - `typed`, the rows for `units.typed_units`: every row of the blocks that are not clean and every
@@ -224,17 +225,38 @@ def split_by_block(tiers: DataFrame, lookup: DataFrame,
 
     `lookup`, `default`: `block_lookup`. The lookup is broadcast unless it holds more than
     BROADCAST_BLOCKS_MAX blocks; every audited row's block is in the digests, so a row whose hash
-    is not in it belongs to a block whose settle is the default."""
+    is not in it belongs to a block whose settle is the default. `local_tiers`: the tiers `local`
+    is taken from, when not `tiers` (`window_tiers`: only the rows `local_latencies` counts)."""
     if lookup.count() <= BROADCAST_BLOCKS_MAX:
         lookup = F.broadcast(lookup)
-    rows = (tiers.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
-            .join(lookup, "bh", "left")
-            .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit(default))))
-            .drop("bh"))
+
+    def settled(df: DataFrame) -> DataFrame:
+        return (df.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
+                .join(lookup, "bh", "left")
+                .withColumn("settle", F.when(F.col("ktype") == 0, F.coalesce("settle", F.lit(default))))
+                .drop("bh"))
+
+    rows = settled(tiers)
     typed = (rows.where("ktype = 1 OR settle = 'dirty' OR (settle = 'clean' AND t <> 1)")
              .withColumn("cb", F.coalesce(F.col("settle") == "clean", F.lit(False))).drop("settle"))
+    local = rows if local_tiers is None else settled(local_tiers)
     return (typed, rows.where("ktype = 0 AND settle <> 'dirty' AND t = 1").drop("settle"),
-            rows.where("ktype = 0 AND settle = 'local' AND t <> 1").drop("settle"))
+            local.where("ktype = 0 AND settle = 'local' AND t <> 1").drop("settle"))
+
+
+def window_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
+                 shape: Shape, ws: datetime, we: datetime) -> DataFrame:
+    """`units.typed_tiers` of only the ledger, group and sink rows whose produce time -- the ledger's,
+    or the one a consumer or sink carries -- lies in [ws, we): the rows `local_latencies` counts
+    (it keeps the same condition). A literal range on each table's own column, so the scans skip
+    the files of the lookback hour (Delta's per-file statistics) instead of reading and dropping
+    them. Rows without a carried produce time have none to count; no log record is counted."""
+    def within(df: DataFrame) -> DataFrame:
+        return df.where((F.col("produce_ts") >= F.lit(ws)) & (F.col("produce_ts") < F.lit(we)))
+
+    carried = consumed if consumed is not None and "produce_ts" in consumed.columns else None
+    return typed_tiers(within(ledger), log.where(F.lit(False)), within(carried) if carried is not None else None,
+                       within(sinks) if sinks is not None else None, shape)
 
 
 def local_latencies(local: DataFrame, params: DataFrame, shape: Shape) -> DataFrame:
