@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.reconcile.params import Shape
-from spark_jobs.reconcile.units import gather_units, typed_tiers, unit_hash
+from spark_jobs.reconcile.units import gather_units, typed_tiers, unit_hash, unit_tiers
 
 # 2^3 = 8 seqs a block: small enough that an anomaly dirties few ordinary neighbours (at 0.1 % of
 # each of 16 codes, 9 % of the benchmark's blocks are dirty), large enough that the digests are an
@@ -197,19 +197,23 @@ def as_dirty(lookup: DataFrame) -> DataFrame:
     return lookup.withColumn("settle", F.regexp_replace("settle", "^clean$", "dirty"))
 
 
-def collect_blocks(tiers: DataFrame, lookup: DataFrame) -> DataFrame:
+def collect_blocks(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
+                   lookup: DataFrame) -> DataFrame:
     """The general path's units (`units.collect_units`' rows) for every unit of the 'dirty' blocks of
-    `lookup` and every unaudited record, from `tiers` (`units.unit_tiers`): the rows pass a
-    broadcast lookup of the dirty blocks' hashes (unless there are more than
-    BROADCAST_BLOCKS_MAX) before the one shuffle. Two blocks sharing a hash are both dirty
-    (`block_lookup`), so a unit is gathered here exactly when `split_by_block` keeps it from the
-    other paths."""
+    `lookup` and every unaudited record, from the inputs of `units.unit_tiers`: each table's rows
+    pass a broadcast lookup of the dirty blocks' hashes (unless there are more than
+    BROADCAST_BLOCKS_MAX) before their tier structs are built and the one shuffle. Two blocks
+    sharing a hash are both dirty (`block_lookup`), so a unit is gathered here exactly when
+    `split_by_block` keeps it from the other paths."""
     dirty = lookup.where("settle = 'dirty'").select("bh", F.lit(True).alias("_dirty"))
     if dirty.count() <= BROADCAST_BLOCKS_MAX:
         dirty = F.broadcast(dirty)
-    rows = (tiers.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
-            .join(dirty, "bh", "left").where("ktype = 1 OR _dirty").drop("bh", "_dirty"))
-    return gather_units(rows.withColumn("kh", unit_hash()))
+
+    def in_dirty_block(keyed: DataFrame) -> DataFrame:
+        return (keyed.withColumn("bh", F.when(F.col("ktype") == 0, block_hash()))
+                .join(dirty, "bh", "left").where("ktype = 1 OR _dirty").drop("bh", "_dirty"))
+
+    return gather_units(unit_tiers(ledger, log, consumed, sinks, in_dirty_block).withColumn("kh", unit_hash()))
 
 
 def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str = "clean",

@@ -13,6 +13,7 @@ must not read or write tables, and holds no rule deciding an anomaly code (`clas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame, Window
@@ -82,11 +83,16 @@ TIER_TYPES = {
 
 
 def unit_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
-               sinks: DataFrame | None) -> DataFrame:
+               sinks: DataFrame | None, where: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
     """Every tier's rows as (topic, ktype, k1, k2, L|R|C|S struct), ready to be gathered per unit.
-    `sinks`: every sink's rows with their sink's name in `sink` (`sink_rows`)."""
+    `sinks`: every sink's rows with their sink's name in `sink` (`sink_rows`). `where`: keeps only
+    some rows, given each table's rows with their key (topic, ktype, k1, k2) beside their own
+    columns -- applied before the tier structs are built, so the rows it drops cost no copy."""
 
     def shape(df: DataFrame, key: list[Any], tier: str, struct: Any) -> DataFrame:
+        if where is not None:
+            df = where(df.select("*", *key))
+            key = ["ktype", "k1", "k2"]
         return df.select("topic", *key, *[(struct if c == tier else F.lit(None)).cast(t).alias(c)
                                  for c, t in TIER_TYPES.items()])
 
@@ -123,16 +129,22 @@ def unit_hash() -> Any:
 BROADCAST_KEYS_MAX = 2_000_000
 
 
-def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
-    """The general path's shuffle, for the units in `keys` (topic, ktype, k1, k2; one row each) only: the
-    tiers' rows whose unit hash is one of the keys' pass a semi-join on those hashes (a broadcast
-    of one long per unit, unless there are more than `BROADCAST_KEYS_MAX`), are hashed by k1 (the
-    pid) and gathered per unit and tier; a unit that only shares a hash with one of `keys` is then
-    dropped by an exact join on the whole key."""
+def collect_units(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
+                  keys: DataFrame) -> DataFrame:
+    """The general path's shuffle, for the units in `keys` (topic, ktype, k1, k2; one row each) only:
+    each table's rows (`unit_tiers`' inputs) whose unit hash is one of the keys' pass a semi-join on
+    those hashes (a broadcast of one long per unit, unless there are more than
+    `BROADCAST_KEYS_MAX`) before their tier structs are built, are hashed by k1 (the pid) and
+    gathered per unit and tier; a unit that only shares a hash with one of `keys` is then dropped
+    by an exact join on the whole key."""
     hashes = keys.select(unit_hash().alias("kh"))
     if keys.count() <= BROADCAST_KEYS_MAX:
         hashes = F.broadcast(hashes)
-    units = gather_units(tiers.withColumn("kh", unit_hash()).join(hashes, "kh", "left_semi"))
+
+    def of_keys(keyed: DataFrame) -> DataFrame:
+        return keyed.withColumn("kh", unit_hash()).join(hashes, "kh", "left_semi").drop("kh")
+
+    units = gather_units(unit_tiers(ledger, log, consumed, sinks, of_keys).withColumn("kh", unit_hash()))
     return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in KEY], "left_semi")
 
 
