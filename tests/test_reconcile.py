@@ -744,3 +744,46 @@ def test_seq_gaps_from_bitmaps_equal_a_sort_of_every_present_seq(spark: Any) -> 
     assert got == sorted(want)
     # counted by hand: t/a 13..62, 64, 67..126, 129..199, two wide rows, 2505; t/b 65, 67..129; u/a 1..4
     assert len(want) == 50 + 1 + 60 + 71 + 2 + 1 + 1 + 63 + 4
+
+
+@pytest.mark.spark
+def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config: Callable[..., Config],
+                                                       tmp_path: Path) -> None:
+    """`window_tiers` gives the ledger and group rows whose own produce time lies in the window --
+    r's messages and w's first one, produced before it, are not among them, nor processings that
+    carry no produce time -- and asks each table for that range, so the files holding only the
+    lookback hour's rows are skipped by their statistics, not read and dropped."""
+    from datetime import timedelta
+
+    from spark_jobs.reconcile import Shape, read_window_inputs, restrict
+    from spark_jobs.reconcile.blocks import window_tiers
+
+    cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP]}})
+    tc = cfg.topic(TOPIC)
+    h = _blocks_history()
+    write_lake(spark, cfg.lake, h.inputs())
+    vis = restrict(read_window_inputs(spark, cfg, tc, T0), tc, T0)
+    assert vis.consumed is not None
+    df = window_tiers(vis.ledger, vis.log, vis.consumed, None, Shape((tc,)), T0, T0 + timedelta(hours=1))
+    qe = df._jdf.queryExecution()
+    got = sorted((r["t"], r["k1"], r["k2"]) for r in df.collect())
+    window = [(T0 <= r.produce_ts < T0 + timedelta(hours=1), r.pid, r.seq) for r in h.inputs().ledger]
+    carried = [(r.produce_ts is not None and T0 <= r.produce_ts < T0 + timedelta(hours=1), r.pid, r.seq)
+               for r in h.inputs().consumed]
+    assert got == sorted([(0, p, s) for ok, p, s in window if ok] + [(2, p, s) for ok, p, s in carried if ok])
+    assert {k for _, k, _ in got} == {"p", "q", "s", "u", "v", "w"} and (0, "r", 0) not in got
+    assert (0, "w", 0) not in got and (0, "w", 1) in got
+    read = {}
+    leaves = qe.executedPlan().collectLeaves()
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if leaf.getClass().getSimpleName() == "FileSourceScanExec":
+            table = Path(leaf.relation().location().rootPaths().head().toUri().getPath()).name
+            read[table] = leaf.metrics().get("numFiles").get().value()
+
+    def files(table: str, hour: str) -> int:
+        return len(list((Path(cfg.lake) / table / f"topic={TOPIC}" / f"part_hour={hour}").glob("*.parquet")))
+
+    lookback, inside = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H"), T0.strftime("%Y-%m-%dT%H")
+    assert {t: files(t, lookback) for t in read} == {"producer_ledger": 1, "consumed_records": 1}
+    assert read == {t: files(t, inside) for t in read}
