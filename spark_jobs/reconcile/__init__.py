@@ -47,9 +47,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    latency per stage from the aggregates, four narrow fields per row, and `summarise_delivered`
    sums them per (stage, partition, latency bucket) straight into the summary (step 6).
 4. General path, for the other units only: their key hashes (a broadcast of one long per unit,
-   unless there are millions) semi-join each table's rows before `unit_tiers` builds their tier
-   structs (a row it drops costs no copy) and before the shuffle of `collect_units`, which gathers
-   each unit's rows into arrays; `describe_units` + `classify`
+   unless there are millions) semi-join the tiers before the shuffle of `unit_tiers` +
+   `collect_units`, which gathers each unit's rows into arrays (the direct way, `collect_blocks`,
+   looks each table's rows up before `unit_tiers` builds their tier structs); `describe_units` + `classify`
    apply every rule of docs/design.md §5 with array expressions. The property test holds both paths,
    together, equal to the oracle.
 5. `narrow_units` puts one narrow row per message (either path) together, kept, beside the clean
@@ -150,6 +150,7 @@ from spark_jobs.reconcile.units import (
     reordered_processings,
     typed_tiers,
     typed_units,
+    unit_tiers,
     with_reorder,
 )
 
@@ -333,9 +334,10 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                              .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
                 typed = keep(typed)
                 # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
-                # on their key hashes before their structs and shuffle: the ordinary majority never reaches it).
+                # on their key hashes before their shuffle, so the ordinary majority never reaches it;
+                # Spark pushes a semi-join below the union and the tier structs itself).
                 keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
-                units = keep(describe_units(collect_units(ledger, vis.log, consumed, sinks, keys), params))
+                units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
             # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
             narrow = keep(narrow_units(typed, units, params, shape))
             if clean_f is not None:

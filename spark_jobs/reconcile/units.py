@@ -129,22 +129,16 @@ def unit_hash() -> Any:
 BROADCAST_KEYS_MAX = 2_000_000
 
 
-def collect_units(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
-                  keys: DataFrame) -> DataFrame:
-    """The general path's shuffle, for the units in `keys` (topic, ktype, k1, k2; one row each) only:
-    each table's rows (`unit_tiers`' inputs) whose unit hash is one of the keys' pass a semi-join on
-    those hashes (a broadcast of one long per unit, unless there are more than
-    `BROADCAST_KEYS_MAX`) before their tier structs are built, are hashed by k1 (the pid) and
-    gathered per unit and tier; a unit that only shares a hash with one of `keys` is then dropped
-    by an exact join on the whole key."""
+def collect_units(tiers: DataFrame, keys: DataFrame) -> DataFrame:
+    """The general path's shuffle, for the units in `keys` (topic, ktype, k1, k2; one row each) only: the
+    tiers' rows whose unit hash is one of the keys' pass a semi-join on those hashes (a broadcast
+    of one long per unit, unless there are more than `BROADCAST_KEYS_MAX`), are hashed by k1 (the
+    pid) and gathered per unit and tier; a unit that only shares a hash with one of `keys` is then
+    dropped by an exact join on the whole key."""
     hashes = keys.select(unit_hash().alias("kh"))
     if keys.count() <= BROADCAST_KEYS_MAX:
         hashes = F.broadcast(hashes)
-
-    def of_keys(keyed: DataFrame) -> DataFrame:
-        return keyed.withColumn("kh", unit_hash()).join(hashes, "kh", "left_semi").drop("kh")
-
-    units = gather_units(unit_tiers(ledger, log, consumed, sinks, of_keys).withColumn("kh", unit_hash()))
+    units = gather_units(tiers.withColumn("kh", unit_hash()).join(hashes, "kh", "left_semi"))
     return units.join(keys, [units[c].eqNullSafe(keys[c]) for c in KEY], "left_semi")
 
 
