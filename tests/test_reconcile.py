@@ -764,7 +764,7 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     write_lake(spark, cfg.lake, h.inputs())
     vis = restrict(read_window_inputs(spark, cfg, tc, T0), tc, T0)
     assert vis.consumed is not None
-    df = window_tiers(vis.ledger, vis.log, vis.consumed, None, Shape((tc,)), T0, T0 + timedelta(hours=1))
+    df = window_tiers(vis.ledger, vis.consumed, None, Shape((tc,)), T0, T0 + timedelta(hours=1))
     qe = df._jdf.queryExecution()
     got = sorted((r["t"], r["k1"], r["k2"]) for r in df.collect())
     window = [(T0 <= r.produce_ts < T0 + timedelta(hours=1), r.pid, r.seq) for r in h.inputs().ledger]

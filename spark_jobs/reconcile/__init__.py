@@ -310,10 +310,10 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 few = blocks.direct(counts, default)
                 lookup = keep(blocks.as_dirty(lookup) if few else lookup)
                 direct = lookup if few else None
-                # the local rows come from the window's files alone (`window_tiers`)
-                window_end = read_ranges(shape.topics[0], ws).message_hi
-                local_tiers = (blocks.window_tiers(ledger, vis.log, all_consumed, sinks, shape, ws, window_end)
-                               if default == "local" else None)
+                local_tiers = None  # the local rows come from the window's files alone
+                if default == "local":
+                    window_end = read_ranges(shape.topics[0], ws).message_hi
+                    local_tiers = blocks.window_tiers(ledger, all_consumed, sinks, shape, ws, window_end)
                 typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, local_tiers)
                 if default == "local":  # a clean block's latencies from each of its rows alone
                     local_f = beside(local_latencies(local_rows, params, shape))

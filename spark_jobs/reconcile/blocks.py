@@ -248,7 +248,7 @@ def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str = "clean",
             local.where("ktype = 0 AND settle = 'local' AND t <> 1").drop("settle"))
 
 
-def window_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
+def window_tiers(ledger: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
                  shape: Shape, ws: datetime, we: datetime) -> DataFrame:
     """`units.typed_tiers` of only the ledger, group and sink rows whose produce time -- the ledger's,
     or the one a consumer or sink carries -- lies in [ws, we): the rows `local_latencies` counts
@@ -259,7 +259,7 @@ def window_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, 
         return df.where((F.col("produce_ts") >= F.lit(ws)) & (F.col("produce_ts") < F.lit(we)))
 
     carried = consumed if consumed is not None and "produce_ts" in consumed.columns else None
-    return typed_tiers(within(ledger), log.where(F.lit(False)), within(carried) if carried is not None else None,
+    return typed_tiers(within(ledger), None, within(carried) if carried is not None else None,
                        within(sinks) if sinks is not None else None, shape)
 
 

@@ -159,13 +159,14 @@ def _fp_hash(fp: Any) -> list[Any]:
     return [F.when(fp.isNotNull(), F.xxhash64(fp)).alias("fph"), F.when(fp.isNotNull(), F.hash(fp)).alias("fph2")]
 
 
-def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
+def typed_tiers(ledger: DataFrame, log: DataFrame | None, consumed: DataFrame | None,
                 sinks: DataFrame | None, shape: Shape) -> DataFrame:
     """Every tier's rows as narrow fixed-width columns keyed like `unit_tiers`: what `typed_units`
     needs to recognise an ordinary delivered message and compute its facts without arrays. A
     consumption row's `gi` is its group's position in its topic's groups, a sink row's its sink's
     position in its topic's sinks (`Shape`: looked up per row, so topics share the plan). A
-    consumption or sink row's `ts2` is the produce time it carries (null without one, §4.2)."""
+    consumption or sink row's `ts2` is the produce time it carries (null without one, §4.2). `log`
+    None: no log records (`blocks.window_tiers` needs none)."""
     us = F.unix_micros
     none_l, none_i = F.lit(None).cast("bigint"), F.lit(None).cast("int")
     cols = ("t", "st", "part", "off", "ts1", "ts2", "ok", "gi", "fph", "fph2")
@@ -181,11 +182,12 @@ def typed_tiers(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None,
           .otherwise(2).cast("int"))
     parts = [shape_(ledger, [F.lit(0).alias("ktype"), F.col("pid").alias("k1"), F.col("seq").cast("bigint").alias("k2")],
                     t=0, st=st, part=F.col("partition"), off=F.col("offset"), ts1=us("produce_ts"), ts2=us("ack_ts"))]
-    valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
-    log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
-    fph, fph2 = _fp_hash(F.col("fingerprint"))
-    parts.append(shape_(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
-                        off=F.col("offset"), ts1=us("produce_ts"), ok=F.col("committed"), fph=fph, fph2=fph2))
+    if log is not None:
+        valid = F.col("header_error").isNull() & F.col("pid").isNotNull() & F.col("seq").isNotNull()
+        log_k = log.withColumn("_kpid", F.when(valid, F.col("pid"))).withColumn("_kseq", F.when(valid, F.col("seq")))
+        fph, fph2 = _fp_hash(F.col("fingerprint"))
+        parts.append(shape_(log_k, _key("_kpid", "_kseq", "partition", "offset"), t=1, part=F.col("partition"),
+                            off=F.col("offset"), ts1=us("produce_ts"), ok=F.col("committed"), fph=fph, fph2=fph2))
     def produced(df: DataFrame) -> Any:  # the optional produce time a consumer or sink carries (§4.2)
         return us("produce_ts") if "produce_ts" in df.columns else none_l
 
