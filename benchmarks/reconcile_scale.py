@@ -13,6 +13,9 @@ prints:
   the same scan: how much of the target is left for everything else;
 - whether every injected anomaly was found, exactly (count per code);
 - peak RSS of the driver JVM and of the Python driver;
+- with `--cpu`, where the driver JVM's CPU went during each timed 1x reconcile, by thread: the
+  tasks, the JIT compilers, the garbage collector, the driver's own threads (planning) and the
+  rest (Linux only);
 - with `--against REV`, `reconcile(current) / reconcile(REV)`: the window classified by this
   checkout's `spark_jobs/reconcile` and by that package as of git revision REV (copied into a
   temporary package; everything else is this checkout's), alternately in one session, medians.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import resource
 import shutil
@@ -297,16 +301,23 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
 
 
 def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
-            floors: list[dict[str, float]] | None = None) -> tuple[float, int, float, float, dict[str, int]]:
+            floors: list[dict[str, float]] | None = None,
+            cpu: list[dict[str, float]] | None = None) -> tuple[float, int, float, float, dict[str, int]]:
     """`reps` alternating (scan, reconcile) pairs: median scan, rows, median classify and total
-    reconcile seconds, and the anomalies found (identical in every rep, or the run is reported)."""
+    reconcile seconds, and the anomalies found (identical in every rep, or the run is reported).
+    `cpu`: gets each reconcile's `cpu_split` (when the JVM's threads can be read)."""
     scans, classes, totals, founds = [], [], [], []
     rows = 0
     for _ in range(reps):
         scan, rows = scan_baseline(spark, cfg)
         if floors is not None:
             floors.append(floor_baseline(spark, cfg))
+        before = jvm_thread_cpu(spark) if cpu is not None else None
         cls, total, result = reconcile_once(spark, cfg, as_of)
+        if cpu is not None and before is not None:
+            after = jvm_thread_cpu(spark)
+            if after is not None:
+                cpu.append({**cpu_split(before, after), "wall": total})
         founds.append(found_counts(spark, result))
         result.release()
         scans.append(scan)
@@ -363,6 +374,41 @@ def found_counts(spark: Any, result: Any) -> dict[str, int]:
     return {r["anomaly"]: int(r["count"]) for r in result.anomalies.groupBy("anomaly").count().collect()}
 
 
+# The driver JVM's threads by what they do, from their Linux names (at most 15 characters).
+CPU_KINDS = (("tasks", ("Executor task",)), ("JIT compilers", ("C1 CompilerThre", "C2 CompilerThre")),
+             ("GC", ("GC Thread", "G1 ", "VM Thread")), ("driver threads", ("Thread-",)))
+
+
+def jvm_thread_cpu(spark: Any) -> dict[str, tuple[str, float]] | None:
+    """CPU seconds used so far by each live thread of the driver JVM: {thread id: (name, seconds)}
+    (Linux /proc; None where it cannot be read)."""
+    try:
+        pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        return out
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def cpu_split(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per kind of thread (CPU_KINDS, the rest as 'other') between two `jvm_thread_cpu`
+    snapshots. A thread that ended between them is not counted (Spark's task threads are pooled)."""
+    split = {kind: 0.0 for kind, _ in CPU_KINDS} | {"other": 0.0}
+    for tid, (name, secs) in after.items():
+        used = secs - before.get(tid, (name, 0.0))[1]
+        kind = next((k for k, prefixes in CPU_KINDS if name.startswith(prefixes)), "other")
+        split[kind] += used
+    return split
+
+
 def jvm_peak_rss_mb(spark: Any) -> float | None:
     """VmHWM of the driver JVM (local mode: driver and executors are one JVM)."""
     try:
@@ -416,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="untimed reconciles before the timed 1x runs (default 2): the first compiles the "
                          "plan, the JIT compiles the generated code over the next few, so with one the 1x "
                          "runs are slower than the later 2x ones for the JVM alone")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also print where the driver JVM's CPU went during the timed 1x reconciles, by "
+                         "thread: tasks, JIT compilers, GC, the driver's own threads, the rest (Linux)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
     args = ap.parse_args(argv)
@@ -458,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(0 if args.no_warmup else args.warmups):
         reconcile_once(spark, cfg, as_of)[2].release()
     floors: list[dict[str, float]] | None = [] if args.floor else None
-    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, floors)
+    cpu: list[dict[str, float]] | None = [] if args.cpu else None
+    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, floors, cpu)
     expected = expected_counts(n, parts, window_ordinal)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
@@ -490,6 +540,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floor / scan baseline (1x)           : {sum(med.values()) / scan1:.2f}  ({parts_s}; "
               f"reconcile / floor {total1 / sum(med.values()):.2f})")
         print(f"reconcile / floor (1x)               : {total1 / sum(med.values()):.2f}")
+    if cpu:
+        med = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
+        cores = spark.sparkContext.defaultParallelism
+        used = sum(v for k, v in med.items() if k != "wall")
+        print(f"driver JVM CPU per 1x reconcile       : {used:.1f}s of {cores} cores x {med['wall']:.1f}s wall -- "
+              + ", ".join(f"{k} {v:.1f}s" for k, v in med.items() if k != "wall") + f" (medians of {len(cpu)})")
+    elif args.cpu:
+        print("driver JVM CPU per 1x reconcile       : not measured (needs Linux /proc and a local driver JVM)")
     if against is not None:
         print(f"reconcile(current) / reconcile({args.against}) : {against[0] / against[1]:.2f}  "
               f"(classification only, same session, alternating)")
