@@ -379,11 +379,21 @@ CPU_KINDS = (("tasks", ("Executor task",)), ("JIT compilers", ("C1 CompilerThre"
              ("GC", ("GC Thread", "G1 ", "VM Thread")), ("driver threads", ("Thread-",)))
 
 
+def driver_jvm_pid(spark: Any) -> int | None:
+    """The process id of the session's JVM, as the JVM itself reports it."""
+    try:
+        return int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+    except (AttributeError, ValueError):
+        return None
+
+
 def jvm_thread_cpu(spark: Any) -> dict[str, tuple[str, float]] | None:
     """CPU seconds used so far by each live thread of the driver JVM: {thread id: (name, seconds)}
     (Linux /proc; None where it cannot be read)."""
+    pid = driver_jvm_pid(spark)
+    if pid is None:
+        return None
     try:
-        pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
         tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -394,7 +404,7 @@ def jvm_thread_cpu(spark: Any) -> dict[str, tuple[str, float]] | None:
                 continue
             out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
         return out
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return None
 
 
@@ -411,25 +421,16 @@ def cpu_split(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, 
 
 def jvm_peak_rss_mb(spark: Any) -> float | None:
     """VmHWM of the driver JVM (local mode: driver and executors are one JVM)."""
-    try:
-        pid = spark.sparkContext._gateway.proc.pid
-    except AttributeError:
+    pid = driver_jvm_pid(spark)
+    if pid is None:
         return None
-    pids = [pid]
     try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     except OSError:
         pass
-    best = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    best = max(best, int(line.split()[1]))
-        except OSError:
-            continue
-    return best / 1024 if best else None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
