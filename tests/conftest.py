@@ -3,6 +3,7 @@ test session (each started only when a test asks for it), and a config factory p
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -19,6 +20,10 @@ from audit.runtime.local_kafka import LocalKafka
 # reads the profile to pick its own, larger example counts; at least an hour on two cores).
 settings.register_profile("soak", max_examples=20_000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# py4j says at INFO when a gateway connection is garbage-collected, which can be after pytest closed the
+# stream a handler writes to: a "Logging error" traceback at the end of the run, about nothing.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")

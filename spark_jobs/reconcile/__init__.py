@@ -203,16 +203,31 @@ def materialise(df: DataFrame) -> DataFrame:
     """Computes `df` now and keeps its rows (memory, then local disk) for the steps that read it
     again. A local checkpoint stores the rows as they are; `persist()` would first encode them into
     compressed column batches, which cost a third of the typed path's time at scale. Its lineage is
-    cut, so it must not be read after `release`."""
-    return df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    cut, so it must not be read after `release`. When computing them fails, the rows already kept
+    are freed before the error is raised (an eager checkpoint would leave them to the context
+    cleaner, whenever the JVM next collects garbage)."""
+    kept = df.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    rdd = _kept_rdd(kept)
+    try:
+        rdd.count()  # computes and keeps every partition; the job's end marks the rows checkpointed
+    except BaseException:
+        rdd.unpersist(False)
+        raise
+    return kept
+
+
+def _kept_rdd(df: DataFrame) -> Any:
+    """The JVM RDD holding a `materialise`d frame's rows, or None for any other frame."""
+    plan = df._jdf.queryExecution().analyzed()
+    return plan.rdd() if plan.getClass().getSimpleName() == "LogicalRDD" else None
 
 
 def release(df: DataFrame) -> None:
     """Frees the rows of a `materialise`d frame now (the context cleaner would only do it once the
     frame is garbage-collected, which a backfill over many windows should not wait for)."""
-    plan = df._jdf.queryExecution().analyzed()
-    if plan.getClass().getSimpleName() == "LogicalRDD":
-        plan.rdd().unpersist(False)
+    rdd = _kept_rdd(df)
+    if rdd is not None:
+        rdd.unpersist(False)
 
 
 @dataclass
