@@ -543,6 +543,29 @@ def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_ora
 
 
 @pytest.mark.spark
+def test_a_kept_step_that_fails_leaves_no_rows_kept(spark: Any) -> None:
+    """`materialise` of a frame whose computation fails raises the frame's error and keeps nothing:
+    the RDD it had begun to fill is unpersisted at once, not left to the garbage collector. A frame
+    that computes is kept until `release`."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import materialise, release
+
+    kept_before = _our_persisted_rdds(spark)
+    for _ in range(3):
+        failing = spark.range(0, 10_000, numPartitions=4).withColumn(
+            "x", F.when(F.col("id") == 9_999, F.raise_error(F.lit("kept step failed on purpose"))).otherwise(1))
+        with pytest.raises(Exception, match="kept step failed on purpose"):
+            materialise(failing)
+        assert _our_persisted_rdds(spark) == kept_before
+    kept = materialise(spark.range(0, 1_000, numPartitions=4).groupBy((F.col("id") % 7).alias("k")).count())
+    assert len(_our_persisted_rdds(spark) - kept_before) == 1
+    assert sorted((r["k"], r["count"]) for r in kept.collect()) == [(k, 143 if k < 6 else 142) for k in range(7)]
+    release(kept)
+    assert _our_persisted_rdds(spark) == kept_before
+
+
+@pytest.mark.spark
 def test_a_step_failing_beside_another_raises_its_own_error_and_frees_what_was_kept(
         spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The local blocks' latencies are kept from a second driver thread, beside the general path:
