@@ -245,7 +245,7 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
 
 
 @pytest.mark.spark
-def test_small_inputs_are_counted_on_the_plan_that_collects_them_larger_ones_by_sparks_count(
+def test_inputs_are_counted_on_the_plan_already_made_small_ones_on_the_plan_that_collects_them(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql import functions as F
 
@@ -254,26 +254,41 @@ def test_small_inputs_are_counted_on_the_plan_that_collects_them_larger_ones_by_
     path = str(tmp_path / "t")
     spark.range(0, 1000, numPartitions=4).withColumn("p", F.col("id") % 3).write.format("delta") \
         .partitionBy("p").save(path)
-    df = spark.read.format("delta").load(path).where("p = 1").unionByName(
-        spark.range(5000, 5001).withColumn("p", F.lit(1).cast("long")))
-    frame = type(df)
-    sparks_count = frame.count
-    counted: list[int] = []
+    sc = spark.sparkContext
+    groups = iter(range(1_000))
 
-    def count(self: Any) -> int:
-        counted.append(1)
-        return sparks_count(self)
+    def jobs(action: Callable[[], Any]) -> tuple[Any, int]:
+        """(action's result, how many Spark jobs it ran)"""
+        group = f"test-count-rows-{next(groups)}"
+        sc.setJobGroup(group, group)
+        try:
+            out = action()
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        return out, len(sc.statusTracker().getJobIdsForGroup(group))
 
-    monkeypatch.setattr(frame, "count", count)
-    assert driver.count_rows(df) == 334  # 333 rows with p = 1, and one
-    assert counted == []  # a few KB of files: counted on df's own plan
-    assert len(df.collect()) == 334  # which the collect reuses
-    # a scan of unknown size (a SQL sink's JDBC read is one; here rows handed over from Python): Spark's count
-    assert driver.count_rows(df.unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))) == 335
-    assert counted == [1]
-    monkeypatch.setattr(driver, "COUNT_IN_PLAN_MAX_BYTES", 100)  # now the files are larger than that
-    assert driver.count_rows(df) == 334
-    assert counted == [1, 1]
+    def frame() -> Any:
+        return spark.read.format("delta").load(path).where("p = 1").unionByName(
+            spark.range(5000, 5001).withColumn("p", F.lit(1).cast("long")))
+
+    frame().collect()  # the table's log is read once: from now on, planning a query only lists its files
+    planned = frame()
+    _, listing = jobs(lambda: planned._jdf.queryExecution().optimizedPlan().stats())
+    assert listing >= 1
+    df = frame()
+    assert jobs(lambda: driver.count_rows(df)) == (334, listing + 1)  # 333 rows with p = 1, and one
+    rows, n = jobs(df.collect)  # a few KB of files: counted on df's own plan, which the collect reuses
+    assert (len(rows), n) == (334, 1)
+    # larger files, or a scan of unknown size (a SQL sink's JDBC read is one; here rows handed over from
+    # Python): a count of no column, on the plan the size estimate made, whose scans keep their files
+    sparks_count = frame()
+    _, sparks = jobs(lambda: (sparks_count._jdf.queryExecution().optimizedPlan().stats(), sparks_count.count()))
+    monkeypatch.setattr(driver, "COUNT_IN_PLAN_MAX_BYTES", 100)
+    df = frame()
+    counted, n = jobs(lambda: driver.count_rows(df))
+    assert counted == 334 and n == sparks - listing  # Spark's count would list the files again
+    unknown = frame().unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))
+    assert driver.count_rows(unknown) == 335
 
 
 @pytest.mark.spark

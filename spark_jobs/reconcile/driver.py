@@ -55,17 +55,20 @@ COUNT_IN_PLAN_MAX_BYTES = 16 << 20
 
 
 def count_rows(df: DataFrame) -> int:
-    """How many rows `df` holds, before it is collected. A count is a query of its own, planned
-    anew: for Delta tables that is a listing of each table's files (a Spark job per table) that the
-    collect then repeats. So when the files `df` reads hold at most COUNT_IN_PLAN_MAX_BYTES (its
-    plan's size estimate, which for a Delta scan is the size of the files it keeps) the count runs
-    on `df`'s own plan, which the collect reuses; larger inputs get Spark's count, which reads no
-    column (a limit instead would first stream up to `limit` rows of every input partition). For
-    those the size estimate costs one listing more, small beside the Spark plan they go to."""
+    """How many rows `df` holds, before it is collected. Planning a query lists each Delta table's
+    files for it (a Spark job per table), and a count is a query of its own. So the count runs on
+    the plan the size estimate below already made, never on a new one: when the files `df` reads
+    hold at most COUNT_IN_PLAN_MAX_BYTES (its plan's size estimate, which for a Delta scan is the
+    size of the files it keeps) on that plan itself, which the collect then reuses; larger inputs,
+    or inputs of unknown size, get a count of no column on top of it (a limit instead would first
+    stream up to `limit` rows of every input partition), whose scans keep the files already listed."""
     qe = df._jdf.queryExecution()
-    if int(qe.optimizedPlan().stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
+    plan = qe.optimizedPlan()
+    if int(plan.stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
         return int(qe.toRdd().count())
-    return df.count()
+    session = df.sparkSession
+    planned = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan)
+    return int(planned.count())
 
 
 def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tuple[oracle.Inputs | None, int]:
