@@ -67,7 +67,8 @@ def count_rows(df: DataFrame) -> int:
     if int(plan.stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
         return int(qe.toRdd().count())
     session = df.sparkSession
-    planned = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan)
+    jvm: Any = session.sparkContext._jvm
+    planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan)
     return int(planned.count())
 
 
