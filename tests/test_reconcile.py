@@ -255,7 +255,7 @@ def test_inputs_are_counted_on_the_plan_already_made_small_ones_on_the_plan_that
     spark.range(0, 1000, numPartitions=4).withColumn("p", F.col("id") % 3).write.format("delta") \
         .partitionBy("p").save(path)
     sc = spark.sparkContext
-    groups = iter(range(1_000))
+    groups = itertools.count()
 
     def jobs(action: Callable[[], Any]) -> tuple[Any, int]:
         """(action's result, how many Spark jobs it ran)"""

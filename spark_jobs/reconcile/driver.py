@@ -55,13 +55,12 @@ COUNT_IN_PLAN_MAX_BYTES = 16 << 20
 
 
 def count_rows(df: DataFrame) -> int:
-    """How many rows `df` holds, before it is collected. Planning a query lists each Delta table's
-    files for it (a Spark job per table), and a count is a query of its own. So the count runs on
-    the plan the size estimate below already made, never on a new one: when the files `df` reads
-    hold at most COUNT_IN_PLAN_MAX_BYTES (its plan's size estimate, which for a Delta scan is the
-    size of the files it keeps) on that plan itself, which the collect then reuses; larger inputs,
-    or inputs of unknown size, get a count of no column on top of it (a limit instead would first
-    stream up to `limit` rows of every input partition), whose scans keep the files already listed."""
+    """How many rows `df` holds, before it is collected, counted on the plan whose size estimate chose
+    how -- never on a new one: planning a query over Delta tables lists each table's files (a Spark
+    job per table). Files of at most COUNT_IN_PLAN_MAX_BYTES (the estimate; for a Delta scan, the
+    files it keeps): counted on `df`'s own plan, which the collect then reuses. Larger, or of unknown
+    size: a count that reads no column on top of that optimised plan, whose scans keep the files
+    they listed (a limit instead would first stream up to `limit` rows of every input partition)."""
     qe = df._jdf.queryExecution()
     plan = qe.optimizedPlan()
     if int(plan.stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
