@@ -442,9 +442,11 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     from spark_jobs.reconcile import Shape, collect_lookups, restrict, sink_rows, typed_tiers
     from spark_jobs.reconcile.blocks import (
         BLOCK_BITS,
+        block_counts,
         block_digests,
         block_hash,
         block_lookup,
+        lookup_bound,
         mark_backwards,
     )
     from spark_jobs.reconcile.params import batch_params
@@ -472,8 +474,10 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         lookup, default = block_lookup(digests)
         # three local blocks against two clean ones, or none against five
         assert default == local
-        assert sorted(r["settle"] for r in lookup.collect()) == sorted(
-            ["dirty"] * 3 + ["out"] + ["clean"] * (2 if carried else 0))
+        settles = [r["settle"] for r in lookup.collect()]
+        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] + ["clean"] * (2 if carried else 0))
+        # what decides the broadcasts: the lookup's size from the counts, exact when no hashes collide
+        assert lookup_bound(block_counts(digests), default) == len(settles)
         report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
         oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs())
         assert anomalies == sorted_anomalies(oracle.anomalies)
@@ -500,13 +504,14 @@ def test_any_block_size_gives_the_oracles_rows(spark: Any, monkeypatch: pytest.M
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("direct_max", [0, 1])
+@pytest.mark.parametrize("direct_max, broadcast_max", [(0, 2_000_000), (1, 2_000_000), (1, 0)])
 def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monkeypatch: pytest.MonkeyPatch,
-                                                               direct_max: float) -> None:
+                                                               direct_max: float, broadcast_max: int) -> None:
     """Up to `DIRECT_SHARE_MAX` of the blocks neither local nor out of the window (and local ones in
     the majority), every unit of them goes to the general path and no typed aggregation runs;
-    above it (here: any), the typed path sorts them first. Either way the hand-written cases and
-    the blocks history, with and without carried produce times, equal the oracle."""
+    above it (here: any), the typed path sorts them first. Either way -- and with the block lookup
+    joined by a shuffle instead of a broadcast (`BROADCAST_BLOCKS_MAX` 0) -- the hand-written cases
+    and the blocks history, with and without carried produce times, equal the oracle."""
     import spark_jobs.reconcile as reconcile
     from spark_jobs.reconcile import blocks
 
@@ -518,6 +523,7 @@ def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monke
         return real(*args)
 
     monkeypatch.setattr(blocks, "DIRECT_SHARE_MAX", direct_max)
+    monkeypatch.setattr(blocks, "BROADCAST_BLOCKS_MAX", broadcast_max)
     monkeypatch.setattr(reconcile, "typed_units", counted)
     tc = topic_config()
     for history, typed in ((_blocks_history(), direct_max == 0), (_blocks_history(carried=False), True),

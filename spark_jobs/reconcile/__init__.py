@@ -325,11 +325,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 few = blocks.direct(counts, default)
                 lookup = keep(blocks.as_dirty(lookup) if few else lookup)
                 direct = lookup if few else None
+                bound = blocks.lookup_bound(counts, default)  # decides the broadcasts without a count
                 local_tiers = None  # the local rows come from the window's files alone
                 if default == "local":
                     window_end = read_ranges(shape.topics[0], ws).message_hi
                     local_tiers = blocks.window_tiers(ledger, all_consumed, sinks, shape, ws, window_end)
-                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, local_tiers)
+                typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, bound, local_tiers)
                 if default == "local":  # a clean block's latencies from each of its rows alone
                     local_f = beside(local_latencies(local_rows, params, shape))
                 clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
@@ -338,7 +339,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
             typed: DataFrame | None = None
             if direct is not None:  # every unit of the dirty blocks, and every unaudited record
-                units = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct), params))
+                units = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct, bound), params))
             else:
                 # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
                 # times for their latencies; ordinary messages end here.

@@ -179,6 +179,14 @@ def block_lookup(digests: DataFrame, counts: dict[str, int] | None = None) -> tu
     return lookup, default
 
 
+def lookup_bound(counts: dict[str, int], default: str) -> int:
+    """At most how many rows `block_lookup(digests, counts)`'s lookup holds (`default`: its default):
+    the blocks whose settle is not the default (blocks sharing a hash share a row). What decides
+    whether the lookup is broadcast, without counting it."""
+    settled_by_default = {default, "local"} if default == "clean" else {default}
+    return sum(n for settle, n in counts.items() if settle not in settled_by_default)
+
+
 def block_counts(digests: DataFrame) -> dict[str, int]:
     """How many blocks each settle has (one small job; `digests` is kept)."""
     return {r["settle"]: int(r["n"]) for r in digests.groupBy("settle").agg(F.count(F.lit(1)).alias("n")).collect()}
@@ -198,15 +206,15 @@ def as_dirty(lookup: DataFrame) -> DataFrame:
 
 
 def collect_blocks(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None, sinks: DataFrame | None,
-                   lookup: DataFrame) -> DataFrame:
+                   lookup: DataFrame, bound: int) -> DataFrame:
     """The general path's units (`units.collect_units`' rows) for every unit of the 'dirty' blocks of
     `lookup` and every unaudited record, from the inputs of `units.unit_tiers`: each table's rows
-    pass a broadcast lookup of the dirty blocks' hashes (unless there are more than
-    BROADCAST_BLOCKS_MAX) before their tier structs are built and the one shuffle. Two blocks
-    sharing a hash are both dirty (`block_lookup`), so a unit is gathered here exactly when
-    `split_by_block` keeps it from the other paths."""
+    pass a broadcast lookup of the dirty blocks' hashes (unless the lookup may hold more than
+    BROADCAST_BLOCKS_MAX blocks: `bound`, from `lookup_bound`) before their tier structs are built
+    and the one shuffle. Two blocks sharing a hash are both dirty (`block_lookup`), so a unit is gathered here
+    exactly when `split_by_block` keeps it from the other paths."""
     dirty = lookup.where("settle = 'dirty'").select("bh", F.lit(True).alias("_dirty"))
-    if dirty.count() <= BROADCAST_BLOCKS_MAX:
+    if bound <= BROADCAST_BLOCKS_MAX:
         dirty = F.broadcast(dirty)
 
     def in_dirty_block(keyed: DataFrame) -> DataFrame:
@@ -216,7 +224,7 @@ def collect_blocks(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None
     return gather_units(unit_tiers(ledger, log, consumed, sinks, in_dirty_block).withColumn("kh", unit_hash()))
 
 
-def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str = "clean",
+def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str, bound: int,
                    local_tiers: DataFrame | None = None) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(typed, clean_log, local) from `tiers`:
 
@@ -227,11 +235,12 @@ def split_by_block(tiers: DataFrame, lookup: DataFrame, default: str = "clean",
     - `clean_log`, the log records of every clean block (for `clean_narrow`);
     - `local`, the ledger, group and sink rows of the 'local' blocks (for `local_latencies`).
 
-    `lookup`, `default`: `block_lookup`. The lookup is broadcast unless it holds more than
-    BROADCAST_BLOCKS_MAX blocks; every audited row's block is in the digests, so a row whose hash
-    is not in it belongs to a block whose settle is the default. `local_tiers`: the tiers `local`
-    is taken from, when not `tiers` (`window_tiers`: only the rows `local_latencies` counts)."""
-    if lookup.count() <= BROADCAST_BLOCKS_MAX:
+    `lookup`, `default`: `block_lookup`. The lookup is broadcast unless it may hold more than
+    BROADCAST_BLOCKS_MAX blocks (`bound`: `lookup_bound`); every audited row's block is in the
+    digests, so a row whose hash is not in it belongs to a block whose settle is the default.
+    `local_tiers`: the tiers `local` is taken from, when not `tiers` (`window_tiers`: only the rows
+    `local_latencies` counts)."""
+    if bound <= BROADCAST_BLOCKS_MAX:
         lookup = F.broadcast(lookup)
 
     def settled(df: DataFrame) -> DataFrame:
