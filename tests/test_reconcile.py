@@ -510,8 +510,8 @@ def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monke
     """Up to `DIRECT_SHARE_MAX` of the blocks neither local nor out of the window (and local ones in
     the majority), every unit of them goes to the general path and no typed aggregation runs;
     above it (here: any), the typed path sorts them first. Either way -- and with the block lookup
-    joined by a shuffle instead of a broadcast (`BROADCAST_BLOCKS_MAX` 0) -- the hand-written cases
-    and the blocks history, with and without carried produce times, equal the oracle."""
+    not hinted for a broadcast (`BROADCAST_BLOCKS_MAX` 0: Spark picks the join) -- the hand-written
+    cases and the blocks history, with and without carried produce times, equal the oracle."""
     import spark_jobs.reconcile as reconcile
     from spark_jobs.reconcile import blocks
 

@@ -211,8 +211,8 @@ def collect_blocks(ledger: DataFrame, log: DataFrame, consumed: DataFrame | None
     `lookup` and every unaudited record, from the inputs of `units.unit_tiers`: each table's rows
     pass a broadcast lookup of the dirty blocks' hashes (unless the lookup may hold more than
     BROADCAST_BLOCKS_MAX blocks: `bound`, from `lookup_bound`) before their tier structs are built
-    and the one shuffle. Two blocks sharing a hash are both dirty (`block_lookup`), so a unit is gathered here
-    exactly when `split_by_block` keeps it from the other paths."""
+    and the one shuffle. Two blocks sharing a hash are both dirty (`block_lookup`), so a unit is
+    gathered here exactly when `split_by_block` keeps it from the other paths."""
     dirty = lookup.where("settle = 'dirty'").select("bh", F.lit(True).alias("_dirty"))
     if bound <= BROADCAST_BLOCKS_MAX:
         dirty = F.broadcast(dirty)
