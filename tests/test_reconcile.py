@@ -504,14 +504,15 @@ def test_any_block_size_gives_the_oracles_rows(spark: Any, monkeypatch: pytest.M
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("direct_max, broadcast_max", [(0, 2_000_000), (1, 2_000_000), (1, 0)])
+@pytest.mark.parametrize("direct_max, broadcast", [(0, True), (1, True), (1, False)])
 def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monkeypatch: pytest.MonkeyPatch,
-                                                               direct_max: float, broadcast_max: int) -> None:
+                                                               direct_max: float, broadcast: bool) -> None:
     """Up to `DIRECT_SHARE_MAX` of the blocks neither local nor out of the window (and local ones in
     the majority), every unit of them goes to the general path and no typed aggregation runs;
     above it (here: any), the typed path sorts them first. Either way -- and with the block lookup
-    not hinted for a broadcast (`BROADCAST_BLOCKS_MAX` 0: Spark picks the join) -- the hand-written
-    cases and the blocks history, with and without carried produce times, equal the oracle."""
+    joined by a shuffle, as when it may hold more than `BROADCAST_BLOCKS_MAX` blocks -- the
+    hand-written cases and the blocks history, with and without carried produce times, equal the
+    oracle."""
     import spark_jobs.reconcile as reconcile
     from spark_jobs.reconcile import blocks
 
@@ -523,18 +524,24 @@ def test_the_typed_path_runs_only_when_many_blocks_need_a_look(spark: Any, monke
         return real(*args)
 
     monkeypatch.setattr(blocks, "DIRECT_SHARE_MAX", direct_max)
-    monkeypatch.setattr(blocks, "BROADCAST_BLOCKS_MAX", broadcast_max)
     monkeypatch.setattr(reconcile, "typed_units", counted)
+    auto = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    if not broadcast:  # no broadcast hint on the lookup, and Spark's own size rule off: a shuffle join
+        monkeypatch.setattr(blocks, "BROADCAST_BLOCKS_MAX", -1)
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     tc = topic_config()
-    for history, typed in ((_blocks_history(), direct_max == 0), (_blocks_history(carried=False), True),
-                           (build_cases()[0], None)):
-        calls.clear()
-        report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, history.inputs())
-        oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
-        assert anomalies == sorted_anomalies(oracle.anomalies)
-        assert report == norm_rows(oracle.report)
-        if typed is not None:
-            assert bool(calls) == typed
+    try:
+        for history, typed in ((_blocks_history(), direct_max == 0), (_blocks_history(carried=False), True),
+                               (build_cases()[0], None)):
+            calls.clear()
+            report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, history.inputs())
+            oracle = oracle_reconcile(tc, T0, AS_OF_FINAL, history.inputs())
+            assert anomalies == sorted_anomalies(oracle.anomalies)
+            assert report == norm_rows(oracle.report)
+            if typed is not None:
+                assert bool(calls) == typed
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", auto)
 
 
 @pytest.mark.spark
