@@ -72,7 +72,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    other's results are kept side by side, from two more driver threads: the order of consumption
    beside the digests, the local blocks' latencies and the clean blocks' narrow rows beside the
    general path. One job's last tasks, and the driver's planning of the next, leave a core idle
-   that the other's tasks take (docs/benchmarks.md).
+   that the other's tasks take (docs/benchmarks.md). The first two start before the window's
+   watermarks, group offsets and commits are collected (`window_lookups`): neither reads them, and
+   those small jobs run between their tasks.
 
 Modules, by concern (each docstring says what it must not do):
 
@@ -270,23 +272,13 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     wanted ranks). `rows`: how many rows the inputs hold, when counted (`collect_inputs`); fewer
     than `blocks.BLOCKS_MIN_ROWS` skip the blocks (docs/design.md §5.9)."""
     vis = restrict(inputs, shape, ws)
-    wm_rows = [r.asDict() for r in vis.watermarks.collect()] if vis.watermarks is not None else []
-    go_rows = [r.asDict() for r in vis.group_offsets.collect()] if vis.group_offsets is not None else []
-    commit_rows = [r.asDict() for r in vis.commits.groupBy("topic", "group", "partition")
-                   .agg(F.max("offset").alias("offset")).collect()] if vis.commits is not None else []
-    lookups = {tc.name: collect_lookups([r for r in wm_rows if r["topic"] == tc.name],
-                                        [r for r in go_rows if r["topic"] == tc.name], tc.groups,
-                                        [r for r in commit_rows if r["topic"] == tc.name])
-               for tc in shape.topics}
     valid = ledger_is_valid()
     ledger = vis.ledger.where(valid)
     all_consumed = vis.consumed
+    failover: dict[str, dict[str, Any]] = {}  # topic -> group -> its failover
     if vis.failover is not None and vis.consumed is not None:  # §5.5: groups that failed over to a mirror
-        for t, per_group in failover_lookups(vis.failover, ledger, vis.log, vis.mirror_log, vis.mirror_group_offsets,
-                                             shape, ws).items():
-            lookups[t].failover = per_group
+        failover = failover_lookups(vis.failover, ledger, vis.log, vis.mirror_log, vis.mirror_group_offsets, shape, ws)
         all_consumed = vis.consumed.unionByName(translate(vis.failover, ledger, vis.log, shape, vis.consumed.columns))
-    params = batch_params(spark, shape, ws, as_of, lookups)
     sinks = sink_rows(vis)
     cached: list[DataFrame] = []
 
@@ -302,18 +294,28 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             def beside(df: DataFrame) -> Future[DataFrame]:
                 return pool.submit(keep, df)
 
-            # A unit one of whose processings went backwards is not ordinary: the order check runs once,
-            # over the consumption rows alone, and only its flagged rows come back.
+            # The first two steps start before the window's small lookups are collected (their jobs
+            # then run between those steps' tasks): neither reads them. A unit one of whose
+            # processings went backwards is not ordinary: the order check runs once, over the
+            # consumption rows alone, and only its flagged rows come back.
             flagged_f = beside(reordered_processings(vis.consumed)) if vis.consumed is not None else None
+            tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
+            # below the row threshold the shuffle the digests spare costs less than computing them
+            blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
+            digests_f = None
+            if blocks_on:  # beside the flagging; the digests read the window's constants, not its lookups
+                constants = batch_params(spark, shape, ws, as_of, {tc.name: collect_lookups([], [], tc.groups)
+                                                                   for tc in shape.topics})
+                digests_f = beside(block_digests(tiers, shape, constants))
+            lookups = window_lookups(vis, shape)
+            for t, per_group in failover.items():
+                lookups[t].failover = per_group
+            params = batch_params(spark, shape, ws, as_of, lookups)
             # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
             # rows of the other blocks (and unaudited records) go on to the exact paths below.
-            tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
             local_f: Future[DataFrame] | None = None
             clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
             direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
-            # below the row threshold the shuffle the digests spare costs less than computing them
-            blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
-            digests_f = beside(block_digests(tiers, shape, params)) if blocks_on else None  # beside the flagging
             flagged = flagged_f.result() if flagged_f is not None else None
             if digests_f is not None:
                 digests = digests_f.result()
@@ -414,6 +416,19 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         out[tc.name] = Classified(report, anomalies, count, quarantined.get(tc.name, 0), empty, summary,
                                   t_ignored, ignored_rows_lines(tc, t_ignored))
     return out
+
+
+def window_lookups(vis: WindowInputs, shape: Shape) -> dict[str, Lookups]:
+    """Each topic's per-partition lookups (`params.collect_lookups`) from the window's watermarks,
+    group offsets and the consumer interceptor's commits: three small collects."""
+    wm_rows = [r.asDict() for r in vis.watermarks.collect()] if vis.watermarks is not None else []
+    go_rows = [r.asDict() for r in vis.group_offsets.collect()] if vis.group_offsets is not None else []
+    commit_rows = [r.asDict() for r in vis.commits.groupBy("topic", "group", "partition")
+                   .agg(F.max("offset").alias("offset")).collect()] if vis.commits is not None else []
+    return {tc.name: collect_lookups([r for r in wm_rows if r["topic"] == tc.name],
+                                     [r for r in go_rows if r["topic"] == tc.name], tc.groups,
+                                     [r for r in commit_rows if r["topic"] == tc.name])
+            for tc in shape.topics}
 
 
 def anomaly_rows(summary: DataFrame, ws: datetime, run_ids: Mapping[str, str], as_of: datetime) -> DataFrame:
