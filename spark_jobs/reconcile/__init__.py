@@ -60,7 +60,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    `content_duplicates` (one shuffle by the fingerprint's 96-bit hash; a collision would need
    ~2^48 distinct fingerprints in one window's reach).
 6. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
-   anomaly rows as they are; that result is small and is persisted, so the heavy part runs once.
+   anomaly rows as they are; that result is small and is persisted, so the heavy part runs once
+   (rebalanced first: few partitions, so each small job that reads it runs a task or two, not one per
+   shuffle partition).
    Exact percentiles (`stage_stats`): the bucket counts locate each wanted rank; a bucket whose
    smallest and largest latency are equal holds one value (clients stamp whole milliseconds, so
    most do), and only the latencies of the other wanted buckets are read again and sorted --
@@ -385,7 +387,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     if vis.ignored is not None:  # rows read on a mirror the group does not fail over to: kind 'I', counted
         x = x.unionByName(ignored_x(vis.ignored))
     summary = (summarise(x).unionByName(with_stage_names(summarise_delivered(simple), params, shape))
-               .persist(StorageLevel.MEMORY_AND_DISK))
+               .hint("rebalance").persist(StorageLevel.MEMORY_AND_DISK))  # few partitions: see step 6
 
     latencies = (with_stage_names(simple, params, shape).withColumn("kind", F.lit("F"))
                  .unionByName(facts.select("topic", "kind", "stage", "partition", "latency",
