@@ -114,7 +114,7 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
 from audit.core.errors import InputError, ResultReleased
-from audit.core.failover import ignored_rows_lines
+from audit.core.failover import Failover, ignored_rows_lines
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import read_ranges, run_id_for, windows
@@ -277,7 +277,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     valid = ledger_is_valid()
     ledger = vis.ledger.where(valid)
     all_consumed = vis.consumed
-    failover: dict[str, dict[str, Any]] = {}  # topic -> group -> its failover
+    failover: dict[str, dict[str, Failover]] = {}  # topic -> group -> its failover
     if vis.failover is not None and vis.consumed is not None:  # §5.5: groups that failed over to a mirror
         failover = failover_lookups(vis.failover, ledger, vis.log, vis.mirror_log, vis.mirror_group_offsets, shape, ws)
         all_consumed = vis.consumed.unionByName(translate(vis.failover, ledger, vis.log, shape, vis.consumed.columns))
