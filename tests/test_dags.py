@@ -554,7 +554,8 @@ def _wait_until(t: datetime) -> None:
 def injected(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Injected, Path]:
     """Window A: 6 messages + 2 resends (content_duplicate) + a hand-made copy of seq 0
     (duplicate_in_log) + 2 header-less records and 1 with garbage headers (unaudited).
-    Window B: 3 clean messages. Returns the facts and the ledger folder."""
+    Window B: 3 clean messages. Returns the facts and the ledger folder once B's messages are in:
+    each run waits for its own window's as_of, so window A's run overlaps B's grace."""
     from confluent_kafka import Producer
 
     from audit import AuditedProducer
@@ -603,7 +604,6 @@ def injected(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
     producer.flush()
     producer.close()
     assert datetime.now(UTC) < a + 2 * WINDOW, "window B closed before its messages were in"
-    _wait_until(a + 2 * WINDOW + GRACE + timedelta(seconds=1))  # B is final too
     facts = Injected(topic=topic, windows=[a, a + WINDOW], pid=pid, resent_seqs=[6, 7],
                      resent_offsets=[offsets["r1"], offsets["r2"]], forged_offset=offsets["forged"],
                      unaudited_offsets=[offsets["plain1"], offsets["plain2"], offsets["garbage"]],
@@ -654,8 +654,10 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
     backfill = _e2e_config(root, "backfill", kafka_bootstrap, facts.topic, root / "ledger-backfill")
     alert_log = root / "alerts.jsonl"
     variables = {"msgaudit_config": str(scheduled), "msgaudit_alert_log": str(alert_log)}
-    runs = [run_dag(dagbag, "msgaudit_window_1m", variables, logical_date=w + WINDOW + timedelta(seconds=30))
-            for w in facts.windows]
+    runs = []
+    for w in facts.windows:  # each as soon as its window is final (as a scheduler would start it)
+        _wait_until(w + WINDOW + GRACE + timedelta(seconds=1))
+        runs.append(run_dag(dagbag, "msgaudit_window_1m", variables, logical_date=w + WINDOW + timedelta(seconds=30)))
     alerts_after_scheduled = alert_log.read_text().splitlines() if alert_log.exists() else []
     bf = run_dag(dagbag, "msgaudit_backfill", {**variables, "msgaudit_config": str(backfill)},
                  conf={"start": facts.windows[0].isoformat(), "end": (facts.windows[1] + WINDOW).isoformat()})
