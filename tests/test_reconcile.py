@@ -387,7 +387,7 @@ def test_only_ordinary_messages_take_the_typed_path(spark: Any) -> None:
     assert sorted(a[1] for a in brief(anomalies)) == ["duplicate_in_sink", "missed", "redelivered"]
 
 
-def _blocks_history(carried: bool = True) -> History:
+def _blocks_history(carried: bool = True, stray: bool = False) -> History:
     """Blocks of 8 seqs (BLOCK_BITS 3): p's first and third clean (the third holds two seqs), its
     second dirtied by one redelivery; q's first dirtied by seq 2 at another offset than acked, after
     seq 3 in the log and in the group (the same seqs everywhere: only the hashes differ); r's first clean but wholly before the window;
@@ -395,7 +395,9 @@ def _blocks_history(carried: bool = True) -> History:
     clean, but one sink row carries a produce time ten minutes off the ledger's, and v's first
     clean with no produce time carried: both get their latencies from the typed path; w's first
     clean, one seq before the window and one inside. `carried`: whether the clean messages'
-    consumption and sink rows carry their produce time (then p's, and w's, blocks are 'local')."""
+    consumption and sink rows carry their produce time (then p's, and w's, blocks are 'local', and
+    r's 'outl'). `stray`: with y's first block too, clean and wholly before the window, but one of
+    its processings carries a produce time inside it (so the block is not local)."""
     from datetime import timedelta
 
     h = History()
@@ -423,6 +425,12 @@ def _blocks_history(carried: bool = True) -> History:
         h.sink("q", seq, 1, off, at(22 + seq / 10))
     for seq in range(3):
         h.clean("r", seq, 3, seq, at(-30 + seq / 10), carried=carried)
+    for seq in range(2 if stray else 0):
+        t = at(-20 + seq / 10)
+        h.produce("y", seq, 3, 5 + seq, t)
+        h.record("y", seq, 3, 5 + seq, t)
+        h.consume("y", seq, 3, 5 + seq, t + timedelta(seconds=1), produce_ts=at(5) if seq == 0 else t)
+        h.sink("y", seq, 3, 5 + seq, t + timedelta(seconds=2), produce_ts=t)
     for seq in range(2):
         h.produce("s", seq, 2, seq, at(40))
         h.record("s", seq, 2, seq, at(40))
@@ -435,8 +443,9 @@ def _blocks_history(carried: bool = True) -> History:
 @pytest.mark.spark
 def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(spark: Any) -> None:
     """`block_digests` calls a block clean exactly when each of its units is an ordinary delivered
-    message: 'out' when it is clean but wholly before the window, 'local' when every consumption
-    and sink row also carries the ledger's produce time; the window's result equals the oracle's,
+    message: 'out' when it is clean but wholly before the window ('outl' when also local: left out of
+    the lookup when local is the default), 'local' when every consumption and sink row also
+    carries the ledger's produce time; the window's result equals the oracle's,
     with the local blocks in the majority (their latencies from each row) and in the minority (from
     the typed path, as every clean block without a carried produce time)."""
     from spark_jobs.reconcile import Shape, collect_lookups, restrict, sink_rows, typed_tiers
@@ -457,25 +466,28 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     tc = topic_config()
     shape = Shape((tc,))
     params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
-    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0)]
+    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0), ("y", 0)]
     # the digests name a block by its hash: the blocks (pid, block number) of the history by theirs
     named = {r["bh"]: (r["k1"], r["k2"] >> BLOCK_BITS) for r in spark.createDataFrame(
         [(tc.name, k1, blk << BLOCK_BITS) for k1, blk in blocks], "topic string, k1 string, k2 bigint")
         .select("k1", "k2", block_hash().alias("bh")).collect()}
     for carried, local in ((True, "local"), (False, "clean")):
-        h = _blocks_history(carried)
+        h = _blocks_history(carried, stray=True)
         vis = restrict(window_inputs(spark, h.inputs(), tc), tc, T0)
         assert vis.consumed is not None
         tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
         digests = mark_backwards(block_digests(tiers, shape, params), reordered_processings(vis.consumed))
         assert sorted((*named[r["bh"]], r["settle"]) for r in digests.collect()) == [
-            ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"), ("r", 0, "out"),
-            ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"), ("w", 0, local)]
+            ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"),
+            ("r", 0, "outl" if carried else "out"), ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"),
+            ("w", 0, local), ("y", 0, "out")]
         lookup, default = block_lookup(digests)
         # three local blocks against two clean ones, or none against five
         assert default == local
         settles = [r["settle"] for r in lookup.collect()]
-        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] + ["clean"] * (2 if carried else 0))
+        # r's block passes for a local one when local is the default; y's must not: its processing
+        # carrying a produce time in the window would be counted, and the report below differ from the oracle's
+        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] * (1 if carried else 2) + ["clean"] * (2 if carried else 0))
         # what decides the broadcasts: the lookup's size from the counts, exact when no hashes collide
         assert lookup_bound(block_counts(digests), default) == len(settles)
         report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())

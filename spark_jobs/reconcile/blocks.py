@@ -88,8 +88,9 @@ def _block_hash2() -> Any:
 
 def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFrame:
     """(topic, bh, settle) per block of the audited rows of `tiers` (`units.typed_tiers`): `settle` is
-    'clean' for a clean block that reaches into the window (its facts are wanted), 'out' for a
-    clean one wholly outside it (nothing to compute but its narrow rows), 'dirty' otherwise -- before
+    'clean' for a clean block that reaches into the window (its facts are wanted), 'local' for one
+    that is also local, 'out' for a clean one wholly outside it (nothing to compute but its narrow
+    rows), 'outl' for one that is also local, 'dirty' otherwise -- before
     the blocks with a processing that went backwards are made dirty (`mark_backwards`). The blocks are
     grouped by their two hashes and the topic's index (`Shape.topic_index`), not by (topic, pid,
     block number): fixed-width keys keep the aggregation on Spark's fixed-width hash map (a fifth
@@ -146,8 +147,8 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFram
                .join(F.broadcast(params.select("ti", "topic", "n_groups", "n_sinks", "ws_us", "we_us")), "ti")
                .select("topic", "bh",
                        F.when(F.coalesce(clean, F.lit(False)),
-                              F.when(~inside, "out").when(F.coalesce(local, F.lit(False)), "local")
-                              .otherwise("clean"))
+                              F.when(~inside, F.when(F.coalesce(local, F.lit(False)), "outl").otherwise("out"))
+                              .when(F.coalesce(local, F.lit(False)), "local").otherwise("clean"))
                        .otherwise("dirty").alias("settle")))
     return digests
 
@@ -168,11 +169,17 @@ def block_lookup(digests: DataFrame, counts: dict[str, int] | None = None) -> tu
     and the settle of a row whose block is not in it. The default is whichever of 'local' and
     'clean' more blocks have (a 'local' block counts as 'clean' when 'clean' is the default: its
     latencies then come from the typed path), so the lookup holds the other blocks: the dirty, the
-    out-of-window and the minority. Two blocks sharing a hash (odds ~2^-64 a pair) would share an
-    entry: both are 'dirty'. `counts`: `block_counts(digests)`, if known."""
+    out-of-window and the minority. When 'local' is the default, an out-of-window block that is
+    local ('outl') is left out too, and its rows pass for a local block's: its log records give
+    narrow rows as every clean block's do, and none of its ledger, group or sink rows has a produce
+    time in the window (each carries the ledger's), which is all `local_latencies` reads (at 10M
+    messages a window's lookback hour alone is a million such blocks). Two blocks sharing a hash
+    (odds ~2^-64 a pair) would share an entry: both are 'dirty'. `counts`: `block_counts(digests)`,
+    if known."""
     counts = block_counts(digests) if counts is None else counts
     default = "local" if counts.get("local", 0) >= counts.get("clean", 0) else "clean"
-    settle = F.col("settle") if default == "local" else F.regexp_replace("settle", "^local$", "clean")
+    settle = (F.regexp_replace("settle", "^outl$", "local") if default == "local"
+              else F.regexp_replace(F.regexp_replace("settle", "^local$", "clean"), "^outl$", "out"))
     per_hash = digests.groupBy("bh").agg(F.count(F.lit(1)).alias("_n"), F.min(settle).alias("settle"))
     lookup = per_hash.where(f"_n > 1 OR settle <> '{default}'").select(
         "bh", F.when(F.col("_n") > 1, F.lit("dirty")).otherwise(F.col("settle")).alias("settle"))
@@ -183,7 +190,7 @@ def lookup_bound(counts: dict[str, int], default: str) -> int:
     """At most how many rows `block_lookup(digests, counts)`'s lookup holds (`default`: its default):
     the blocks whose settle is not the default (blocks sharing a hash share a row). What decides
     whether the lookup is broadcast, without counting it."""
-    settled_by_default = {default, "local"} if default == "clean" else {default}
+    settled_by_default = {default, "local"} if default == "clean" else {default, "outl"}
     return sum(n for settle, n in counts.items() if settle not in settled_by_default)
 
 
