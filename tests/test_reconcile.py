@@ -486,8 +486,10 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         assert default == local
         settles = [r["settle"] for r in lookup.collect()]
         # r's block passes for a local one when local is the default; y's must not: its processing
-        # carrying a produce time in the window would be counted, and the report below differ from the oracle's
-        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] * (1 if carried else 2) + ["clean"] * (2 if carried else 0))
+        # carrying a produce time in the window would be counted, and the report below differ from
+        # the oracle's
+        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] * (1 if carried else 2)
+                                         + ["clean"] * (2 if carried else 0))
         # what decides the broadcasts: the lookup's size from the counts, exact when no hashes collide
         assert lookup_bound(block_counts(digests), default) == len(settles)
         report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())

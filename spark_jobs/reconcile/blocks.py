@@ -140,6 +140,7 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFram
         local = local & ((ng <= i) | (col(f"p{i}") == col("hL4")))
     for i in range(shape.max_sinks):
         local = local & ((ns <= i) | (col(f"r{i}") == col("hL4")))
+    local = F.coalesce(local, F.lit(False))
     inside = (col("pthi") >= col("ws_us")) & (col("ptlo") < col("we_us"))
     digests = (tiers.where("ktype = 0")
                .groupBy(block_hash().alias("bh"), _block_hash2().alias("bh2"), shape.topic_index().alias("ti"))
@@ -147,8 +148,8 @@ def block_digests(tiers: DataFrame, shape: Shape, params: DataFrame) -> DataFram
                .join(F.broadcast(params.select("ti", "topic", "n_groups", "n_sinks", "ws_us", "we_us")), "ti")
                .select("topic", "bh",
                        F.when(F.coalesce(clean, F.lit(False)),
-                              F.when(~inside, F.when(F.coalesce(local, F.lit(False)), "outl").otherwise("out"))
-                              .when(F.coalesce(local, F.lit(False)), "local").otherwise("clean"))
+                              F.when(~inside, F.when(local, "outl").otherwise("out"))
+                              .when(local, "local").otherwise("clean"))
                        .otherwise("dirty").alias("settle")))
     return digests
 
