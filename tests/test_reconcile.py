@@ -394,9 +394,11 @@ def _blocks_history(carried: bool = True, stray: bool = False) -> History:
     s's first clean in every count, but one of its processings goes backwards in offset; u's first
     clean, but one sink row carries a produce time ten minutes off the ledger's, and v's first
     clean with no produce time carried: both get their latencies from the typed path; w's first
-    clean, one seq before the window and one inside. `carried`: whether the clean messages'
-    consumption and sink rows carry their produce time (then p's, and w's, blocks are 'local', and
-    r's 'outl'). `stray`: with y's first block too, clean and wholly before the window, but one of
+    clean, one seq before the window and one inside; z's two blocks clean, written in offset order
+    but with seq 3 after seq 9 (across the blocks) and 13 before 12 (inside one), so both are
+    reordered in the log although every tier agrees. `carried`: whether the clean messages'
+    consumption and sink rows carry their produce time (then p's, w's and z's blocks are 'local',
+    and r's 'outl'). `stray`: with y's first block too, clean and wholly before the window, but one of
     its processings carries a produce time inside it (so the block is not local)."""
     from datetime import timedelta
 
@@ -416,6 +418,8 @@ def _blocks_history(carried: bool = True, stray: bool = False) -> History:
         h.clean("v", seq, 4, 3 + seq, at(50 + seq), carried=False)
     for seq, minute in enumerate((-1, 1)):
         h.clean("w", seq, 5, 10 + seq, at(minute), carried=carried)
+    for pos, seq in enumerate((0, 1, 2, 4, 5, 6, 7, 8, 9, 3, 10, 11, 13, 12, 14, 15)):
+        h.clean("z", seq, 5, 20 + pos, at(50 + pos / 10), carried=carried)
     h.consume("p", 9, 0, 9, at(30), consumer="c2")  # redelivered
     for seq in range(4):
         off = 10 if seq == 2 else seq
@@ -466,7 +470,8 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     tc = topic_config()
     shape = Shape((tc,))
     params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
-    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0), ("y", 0)]
+    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0), ("y", 0),
+              ("z", 0), ("z", 1)]
     # the digests name a block by its hash: the blocks (pid, block number) of the history by theirs
     named = {r["bh"]: (r["k1"], r["k2"] >> BLOCK_BITS) for r in spark.createDataFrame(
         [(tc.name, k1, blk << BLOCK_BITS) for k1, blk in blocks], "topic string, k1 string, k2 bigint")
@@ -480,9 +485,9 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         assert sorted((*named[r["bh"]], r["settle"]) for r in digests.collect()) == [
             ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"),
             ("r", 0, "outl" if carried else "out"), ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"),
-            ("w", 0, local), ("y", 0, "out")]
+            ("w", 0, local), ("y", 0, "out"), ("z", 0, local), ("z", 1, local)]
         lookup, default = block_lookup(digests)
-        # three local blocks against two clean ones, or none against five
+        # five local blocks against two clean ones, or none against seven
         assert default == local
         settles = [r["settle"] for r in lookup.collect()]
         # r's block passes for a local one when local is the default; y's must not: its processing
@@ -498,7 +503,7 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         assert report == norm_rows(oracle.report)
         assert sorted((a[1], a[3], a[4]) for a in brief(anomalies)) == [
             ("redelivered", "p", 9), ("reordered_in_consumption", "q", 3), ("reordered_in_consumption", "s", 0),
-            ("reordered_in_log", "q", 2)]
+            ("reordered_in_log", "q", 2), ("reordered_in_log", "z", 3), ("reordered_in_log", "z", 12)]
 
 
 @pytest.mark.spark
@@ -836,7 +841,7 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     carried = [(r.produce_ts is not None and T0 <= r.produce_ts < T0 + timedelta(hours=1), r.pid, r.seq)
                for r in h.inputs().consumed]
     assert got == sorted([(0, p, s) for ok, p, s in window if ok] + [(2, p, s) for ok, p, s in carried if ok])
-    assert {k for _, k, _ in got} == {"p", "q", "s", "u", "v", "w"} and (0, "r", 0) not in got
+    assert {k for _, k, _ in got} == {"p", "q", "s", "u", "v", "w", "z"} and (0, "r", 0) not in got
     assert (0, "w", 0) not in got and (0, "w", 1) in got
     read = {}
     leaves = qe.executedPlan().collectLeaves()
@@ -850,5 +855,7 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
         return len(list((Path(cfg.lake) / table / f"topic={TOPIC}" / f"part_hour={hour}").glob("*.parquet")))
 
     lookback, inside = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H"), T0.strftime("%Y-%m-%dT%H")
-    assert {t: files(t, lookback) for t in read} == {"producer_ledger": 1, "consumed_records": 1}
+    # the lookback hour has files of its own in both tables (how many is up to the writer), none read
+    skipped = {t: files(t, lookback) for t in read}
+    assert sorted(skipped) == ["consumed_records", "producer_ledger"] and min(skipped.values()) >= 1
     assert read == {t: files(t, inside) for t in read}
