@@ -1,16 +1,21 @@
-"""On-demand backfill: `msgaudit_backfill`, triggered by hand with params `start`, `end`, `topics`.
+"""On-demand backfill: `msgaudit_backfill`, triggered by hand with params `start`, `end`, `topics`, `force`.
 
-    plan -> ingest -> capture[w] -> reconcile[w] -> sla[w]     (one mapped task per window w)
+    plan -> ingest -> backfill
 
 `plan` lists every UTC-aligned window of each selected topic's size that overlaps [start, end)
-(`spark_jobs.pipeline.plan.plan_windows`), groups the topics that share a window, and gives each
-window the as_of a scheduled run of `msgaudit_window_<size>` uses (`plan.final_as_of`) -- so a
-backfill produces the same report rows as the scheduled runs, SLA `checked_at` included, and
-re-running it replaces them with identical rows. Windows that are not final yet (as_of still in the future) are refused:
-those belong to the scheduled DAG.
+(`spark_jobs.pipeline.plan.plan_windows`), refuses the range if any of them is not final yet (its
+as_of still in the future: those belong to the scheduled DAG), and returns the windows with the
+as_of each is judged at -- the instant a scheduled run of `msgaudit_window_<size>` uses
+(`plan.final_as_of`), so a backfill produces the same report rows as the scheduled runs, SLA
+`checked_at` included.
 
-Spark steps are `spark-submit spark_jobs/pipeline/submit.py <step>` through the `spark_default`
-connection, one window at a time (Delta tables get one writer at a time).
+`backfill` is one `spark-submit spark_jobs/pipeline/submit.py backfill` over the range: capture,
+reconcile and SLA of every window in one Spark application (the topics sharing a window together),
+so the range pays the JVM and session start once instead of three times per window. Finished
+windows are recorded in `<home>/backfill-state.json`: a retry resumes where the failed try stopped,
+and a new run skips windows an earlier run finished (their rows would be identical) unless `force`
+is set. An SLA breach in any window fails the task once every window has run (exit 3, no retry;
+the alert lists the failed rules of the whole range).
 
 This file only declares: no I/O, no Spark, no config parsing at import time.
 """
@@ -24,31 +29,15 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Param, task
 
 from spark_jobs.pipeline.airflow import default_args, submit_target
-from spark_jobs.pipeline.plan import WINDOW_STEPS
-
-
-# What each mapped step takes from a window of `plan` (named functions: DAG serialization needs them).
-def capture_args(window: dict[str, list[str]]) -> list[str]:
-    return window["capture"]
-
-
-def reconcile_args(window: dict[str, list[str]]) -> list[str]:
-    return window["reconcile"]
-
-
-def sla_args(window: dict[str, list[str]]) -> list[str]:
-    return window["sla"]
-
-
-STEP_ARGS = {"capture": capture_args, "reconcile": reconcile_args, "sla": sla_args}
 
 
 @task
-def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = None) -> list[dict[str, list[str]]]:
-    """Per-window spark-submit arguments for [start, end) (no Spark, no Kafka).
+def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = None) -> list[dict[str, Any]]:
+    """The windows of [start, end) and the spark-submit arguments that run them (no Spark, no Kafka).
 
-    Returns one {capture, reconcile, sla: argv} per window (the list the steps map over) and
-    pushes `ingest` (argv), `application` and `env` as XComs of their own."""
+    Returns one {start, end, topics, as_of} per window (what the backfill step will run, for the
+    run's record) and pushes `ingest` and `backfill` (argv), `application`, `jars`, `py_files`,
+    `conf` and `env` as XComs of their own."""
     from datetime import UTC, datetime
     from pathlib import Path
 
@@ -58,7 +47,7 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
     from audit.core import config as config_mod
     from audit.core.errors import MsgauditError
     from audit.core.windows import parse_instant
-    from spark_jobs.pipeline.plan import not_final, plan_windows
+    from spark_jobs.pipeline.plan import backfill_argv, not_final, plan_windows
 
     params = params or {}
     path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()
@@ -76,12 +65,14 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
         raise AirflowFailException(
             f"window [{w.start.isoformat()}, {w.end.isoformat()}) is not final until {w.as_of.isoformat()}; "
             "backfill past windows only (the scheduled msgaudit_window DAG handles the rest)")
-    per_window = [{step: run.argv(step, str(path)) for step in WINDOW_STEPS} for run in runs]
     ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", runs[0].start.isoformat(),
                                       "--end", max(r.end for r in runs).isoformat()])
+    ti.xcom_push(key="backfill", value=backfill_argv(str(path), start, end, params.get("topics") or None,
+                                                     force=bool(params.get("force"))))
     for key, value in submit_target(cfg).items():
         ti.xcom_push(key=key, value=value)
-    return per_window
+    return [{"start": r.start.isoformat(), "end": r.end.isoformat(), "topics": list(r.topics),
+             "as_of": r.as_of.isoformat()} for r in runs]
 
 
 with DAG(
@@ -95,34 +86,23 @@ with DAG(
         "end": Param(type="string", format="date-time", description="range end (exclusive), ISO 8601 UTC"),
         "topics": Param([], type="array", items={"type": "string"},
                         description="only these topics (default: every configured topic)"),
+        "force": Param(False, type="boolean",
+                       description="redo windows an earlier backfill finished (default: skip them)"),
     },
     default_args=default_args(),
     tags=["msgaudit", "backfill"],
     doc_md=__doc__,
 ) as dag:
     planned: Any = plan()
-    previous: Any = SparkSubmitOperator(
-        task_id="ingest",
+    steps = {step: SparkSubmitOperator(
+        task_id=step,
         conn_id="spark_default",
         application=planned["application"],
         jars=planned["jars"],
         py_files=planned["py_files"],
         conf=planned["conf"],
-        application_args=planned["ingest"],
+        application_args=planned[step],
         env_vars=planned["env"],
-        name="msgaudit-ingest",
-    )
-    for step in WINDOW_STEPS:
-        mapped = SparkSubmitOperator.partial(
-            task_id=step,
-            conn_id="spark_default",
-            application=planned["application"],
-            jars=planned["jars"],
-            py_files=planned["py_files"],
-            conf=planned["conf"],
-            env_vars=planned["env"],
-            name=f"msgaudit-{step}",
-            max_active_tis_per_dagrun=1,
-        ).expand(application_args=planned.map(STEP_ARGS[step]))
-        previous >> mapped
-        previous = mapped
+        name=f"msgaudit-{step}",
+    ) for step in ("ingest", "backfill")}
+    steps["ingest"] >> steps["backfill"]

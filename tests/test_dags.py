@@ -137,9 +137,8 @@ def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
 @pytest.mark.airflow
 def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
     dag = import_probe["msgaudit_backfill.py"]["dags"]["msgaudit_backfill"]
-    assert dag["tasks"] == {"plan": [], "ingest": ["plan"], "capture": ["ingest", "plan"],
-                            "reconcile": ["capture", "plan"], "sla": ["plan", "reconcile"]}
-    assert dag["params"] == ["end", "start", "topics"]
+    assert dag["tasks"] == {"plan": [], "ingest": ["plan"], "backfill": ["ingest", "plan"]}
+    assert dag["params"] == ["end", "force", "start", "topics"]
     assert dag["timetable"] is None
 
 
@@ -416,57 +415,50 @@ def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path:
 
 
 @pytest.mark.airflow
-def test_backfill_maps_over_windows_with_scheduled_as_of(dagbag: Any, tmp_path: Path) -> None:
+def test_backfill_runs_the_range_in_one_submission_and_lists_its_windows(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {
         "spark": {"spark.driver.memory": "6g"},
         "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "20s"},
                    "hourly": {"window": "1h", "grace": "10m"}}})
     r = run_dag(dagbag, "msgaudit_backfill", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 conf={"start": "2026-05-01T10:06:30Z", "end": "2026-05-01T10:08:00Z", "topics": ["orders", "hourly"]},
-                mark_success=SPARK_STEPS)
+                mark_success="ingest|backfill")
     assert r.state == "success"
-    assert r.states == {("plan", -1): "success", ("ingest", -1): "success",
-                        **{(s, i): "success" for s in ("capture", "reconcile", "sla") for i in range(3)}}
+    assert r.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "success"}
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
-
-    def args(start: str, end: str, *topics: str) -> list[str]:
-        return ["--config", str(cfg), "--start", start, "--end", end,
-                *[a for t in topics for a in ("--topic", t)]]
-
+    rng = ["--config", str(cfg), "--start", "2026-05-01T10:06:30+00:00", "--end", "2026-05-01T10:08:00+00:00"]
     w = ["2026-05-01T10:00:00+00:00", "2026-05-01T10:06:00+00:00", "2026-05-01T10:07:00+00:00",
          "2026-05-01T10:08:00+00:00", "2026-05-01T11:00:00+00:00"]
-    windows = [args(w[0], w[4], "hourly"), args(w[1], w[2], "orders"), args(w[2], w[3], "orders")]
-    assert plan["ingest"] == ["ingest", *args(w[0], w[4])]
+    assert plan["ingest"] == ["ingest", "--config", str(cfg), "--start", w[0], "--end", w[4]]
+    assert plan["backfill"] == ["backfill", *rng, "--topic", "orders", "--topic", "hourly"]
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
     assert plan["application"] == APPLICATION
     assert plan["conf"] == {"spark.driver.memory": "6g", "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
-    # orders alone is judged with the grace of all 1m topics (payments: 20s), as its scheduled run is
-    as_of = ["2026-05-01T11:10:00+00:00", "2026-05-01T10:07:20+00:00", "2026-05-01T10:08:20+00:00"]
+    # the windows the backfill judges, each at its scheduled as_of: orders alone is judged with the
+    # grace of all 1m topics (payments: 20s), as its scheduled run is
     assert plan["return_value"] == [
-        {"capture": ["capture", *a], "reconcile": ["reconcile", *a, "--as-of", t], "sla": ["sla", *a, "--as-of", t]}
-        for a, t in zip(windows, as_of, strict=True)]
+        {"start": w[0], "end": w[4], "topics": ["hourly"], "as_of": "2026-05-01T11:10:00+00:00"},
+        {"start": w[1], "end": w[2], "topics": ["orders"], "as_of": "2026-05-01T10:07:20+00:00"},
+        {"start": w[2], "end": w[3], "topics": ["orders"], "as_of": "2026-05-01T10:08:20+00:00"}]
 
 
 @pytest.mark.airflow
 def test_backfill_without_topics_covers_every_topic_after_a_run_with_topics(dagbag: Any, tmp_path: Path) -> None:
-    """Each run's `topics` is its own: an earlier run's conf never becomes a later run's default."""
+    """Each run's `topics` (and `force`) is its own: an earlier run's conf never becomes a later run's default."""
     cfg = _write_config(tmp_path / "msgaudit.yaml", {
         "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "20s"}}})
     variables = {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION}
     window = {"start": "2026-05-01T10:06:00Z", "end": "2026-05-01T10:07:00Z"}
     args = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00"]
-    as_of = ["--as-of", "2026-05-01T10:07:20+00:00"]
-    expected = {}
-    for run, topics in (("one", ["orders"]), ("all", ["orders", "payments"])):
-        a = [*args, *[x for t in topics for x in ("--topic", t)]]
-        expected[run] = [{"capture": ["capture", *a], "reconcile": ["reconcile", *a, *as_of],
-                          "sla": ["sla", *a, *as_of]}]
-    one = run_dag(dagbag, "msgaudit_backfill", variables, conf={**window, "topics": ["orders"]},
-                  mark_success=SPARK_STEPS)
-    every = run_dag(dagbag, "msgaudit_backfill", variables, conf=window, mark_success=SPARK_STEPS)
+    one = run_dag(dagbag, "msgaudit_backfill", variables, conf={**window, "topics": ["orders"], "force": True},
+                  mark_success="ingest|backfill")
+    every = run_dag(dagbag, "msgaudit_backfill", variables, conf=window, mark_success="ingest|backfill")
+    expected = {"one": ["backfill", *args, "--topic", "orders", "--force"], "all": ["backfill", *args]}
+    topics = {"one": ["orders"], "all": ["orders", "payments"]}
     for r, run in ((one, "one"), (every, "all")):
         assert (r.state, r.states[("plan", -1)]) == ("success", "success"), r.states
-        assert r.xcom[("plan", -1, "return_value")] == expected[run]
+        assert r.xcom[("plan", -1, "backfill")] == expected[run]
+        assert [x["topics"] for x in r.xcom[("plan", -1, "return_value")]] == [topics[run]]
 
 
 @pytest.mark.airflow
@@ -478,11 +470,10 @@ def test_backfill_refuses_windows_that_are_not_final(dagbag: Any, tmp_path: Path
     before = datetime.now(UTC)
     r = run_dag(dagbag, "msgaudit_backfill", {"msgaudit_config": str(cfg), "msgaudit_alert_log": str(alert_log)},
                 conf={"start": (before - timedelta(hours=3)).isoformat(), "end": before.isoformat()},
-                mark_success=SPARK_STEPS)
+                mark_success="ingest|backfill")
     after = datetime.now(UTC)
     assert r.state == "failed"
-    assert r.states == {("plan", -1): "failed", ("ingest", -1): "upstream_failed",
-                        **{(s, -1): "upstream_failed" for s in ("capture", "reconcile", "sla")}}
+    assert r.states == {("plan", -1): "failed", ("ingest", -1): "upstream_failed", ("backfill", -1): "upstream_failed"}
 
     def refusal(now: datetime) -> str:  # the first window whose as_of (end + 15m) is after `now`
         ws = floor_window(before - timedelta(hours=3), timedelta(hours=1))
@@ -512,7 +503,9 @@ def test_retry_policy_fails_an_sla_breach_at_once_and_retries_the_rest(airflow_h
     policy = alerts.spark_submit_retry_policy()
     exc = RuntimeError("Cannot execute: spark-submit ...")
     assert policy.evaluate(exc, 1, 4, {"task": task("sla", 3)}).action == RetryAction.FAIL
+    assert policy.evaluate(exc, 1, 4, {"task": task("backfill", 3)}).action == RetryAction.FAIL
     assert policy.evaluate(exc, 1, 4, {"task": task("sla", 1)}).action == RetryAction.DEFAULT
+    assert policy.evaluate(exc, 1, 4, {"task": task("backfill", 2)}).action == RetryAction.DEFAULT
     assert policy.evaluate(exc, 1, 4, {"task": task("reconcile", 3)}).action == RetryAction.DEFAULT
     assert policy.evaluate(exc, 1, 4, None).action == RetryAction.DEFAULT
 
@@ -642,7 +635,8 @@ def submit_entry_point() -> Path:
 def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstrap: str, dagbag: Any,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two scheduled runs (A, B) on one lake + report store, one backfill over A..B on another
-    (each run is four spark-submits: the empty window's zero rows are held by the reconcile tests)."""
+    (each scheduled run is four spark-submits, the backfill two: the empty window's zero rows are
+    held by the reconcile tests)."""
     from audit.core import config as config_mod
 
     facts, ledger = injected
@@ -727,10 +721,9 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
     bf: RunResult = e2e["backfill"]
     new_alerts = e2e["alerts_all"][len(e2e["alerts_scheduled"]):]
     why = (bf.states, [(x["task_id"], x["map_index"], x["error"]) for x in new_alerts])
-    assert bf.state == "failed", why  # window A breaches its SLA here too
-    assert bf.states == {("plan", -1): "success", ("ingest", -1): "success",
-                         **{(s, i): "success" for s in ("capture", "reconcile", "sla") for i in range(2)},
-                         ("sla", 0): "failed"}, why
+    # window A breaches its SLA here too: the one backfill submission runs both windows, then fails
+    assert bf.state == "failed", why
+    assert bf.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "failed"}, why
     for table in ("audit_partition_report", "audit_anomalies", "sla_results"):
         scheduled = _rows(e2e["scheduled_store"], table, facts.topic, WALL_CLOCK)
         assert scheduled  # the comparison below must compare something
@@ -740,5 +733,10 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
         facts.windows[0] + WINDOW + GRACE}  # checked_at is the window's as_of, not the wall clock
     report = _rows(e2e["scheduled_store"], "audit_partition_report", facts.topic, WALL_CLOCK)
     assert all(r["latency_p99_ms"] is not None for r in report if r["expected"])  # latency compared too
-    assert [(x["dag_id"], x["task_id"], x["map_index"], x["window_start"]) for x in new_alerts] == [
-        ("msgaudit_backfill", "sla", 0, facts.windows[0].isoformat())]
+    [alert] = new_alerts  # not retried: one alert, naming the range and the rule that failed in it
+    assert (alert["dag_id"], alert["task_id"], alert["map_index"], alert["step"], alert["sla_breach"],
+            alert["exit_code"]) == ("msgaudit_backfill", "backfill", -1, "backfill", True, 3)
+    assert (alert["window_start"], alert["window_end"]) == (
+        facts.windows[0].isoformat(), (facts.windows[1] + WINDOW).isoformat())
+    assert [(r["window_start"], r["rule"]) for r in alert["failed_rules"]] == [
+        (facts.windows[0].isoformat(), "max_duplicate_ratio")]

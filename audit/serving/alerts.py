@@ -15,7 +15,8 @@ Airflow's notifiers when they are configured:
 A notifier that fails is logged and skipped: the task already failed, the alert must not hide why.
 
 `spark_submit_retry_policy()` returns the retry policy of those steps: exit code 3 of
-`spark_jobs/pipeline/submit.py` (an error-severity SLA rule failed) fails the task at once -- the same
+`spark_jobs/pipeline/submit.py sla` or `... backfill` (an error-severity SLA rule failed; the
+backfill's alert lists the failed rules of its whole range) fails the task at once -- the same
 report would fail again -- and everything else (broker, cluster, store hiccups) is retried with
 the task's exponential backoff.
 
@@ -39,6 +40,7 @@ from audit.core.vocabulary import ERROR, ExitCode, rule_explanations, stage_kind
 log = logging.getLogger("msgaudit.alerts")
 
 SLA_EXIT_CODE = ExitCode.SLA_FAILED.value  # spark_jobs/pipeline/submit.py: an error-severity SLA rule failed
+SLA_STEPS = ("sla", "backfill")  # the submit.py steps that check SLAs (backfill: of every window of its range)
 
 VAR_CONFIG = "msgaudit_config"
 VAR_ALERT_LOG = "msgaudit_alert_log"
@@ -210,7 +212,7 @@ def build_alert(context: Mapping[str, Any]) -> Alert:
     start = _instant(submit["start"], context.get("data_interval_start"))
     end = _instant(submit["end"], context.get("data_interval_end"))
     code = exit_code_of(exception, task)
-    breach = submit["step"] == "sla" and code == SLA_EXIT_CODE
+    breach = submit["step"] in SLA_STEPS and code == SLA_EXIT_CODE
     rules: tuple[FailedRule, ...] = ()
     producers: tuple[str, ...] = ()
     if breach and start is not None and end is not None:
@@ -290,7 +292,7 @@ def spark_submit_retry_policy() -> Any:
                      context: Any = None) -> RetryDecision:
             task = (context or {}).get("task")
             step = parse_submit_args(getattr(task, "application_args", None))["step"]
-            if step == "sla" and exit_code_of(exception, task) == SLA_EXIT_CODE:
+            if step in SLA_STEPS and exit_code_of(exception, task) == SLA_EXIT_CODE:
                 return RetryDecision.fail("SLA breach: the same report would fail again")
             return RetryDecision.default()
 

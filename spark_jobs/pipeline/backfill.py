@@ -4,7 +4,8 @@ reconcile plan, one SLA check per window), so the fixed cost is paid per window,
 
 Resumable: every finished (topic, window_start, as_of) is recorded in a small JSON state file
 (`<home>/backfill-state.json`, replaced atomically after each window), and a rerun skips those
-unless forced. Idempotent: every step replaces its window's rows, so redoing a window (forced, or
+unless forced -- still counting the SLA failures they recorded, so a rerun ends as the first run
+did (exit 3 when an error-severity rule failed in the range). Idempotent: every step replaces its window's rows, so redoing a window (forced, or
 after a crash between a step and the state write) gives the same rows.
 
 as_of: an explicit `--as-of` is used for every window. Without one, each window is judged exactly as
@@ -120,8 +121,11 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
     for unit_topics, ws, we, w_as_of in units:
         todo = []
         for t in unit_topics:
-            if state_key(t, ws, w_as_of) in state and not force:
+            key = state_key(t, ws, w_as_of)
+            if key in state and not force:
                 result.skipped.append((t, ws))
+                # a rerun reports what the finished window found: its SLA failures still count
+                result.sla_errors += int(state.done[key].get("sla", {}).get("failed_errors", 0))
                 bar.update(1)
             else:
                 todo.append(t)
@@ -139,10 +143,9 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
                 result.failed.append((t, ws, f"{type(e).__name__}: {e}"))
             bar.update(len(todo))
             continue
-        sla = _describe("sla", info.get("sla"))
-        result.sla_errors += int(sla.get("failed_errors", 0))
         for t in todo:
             described = {name: _describe(name, out, t) for name, out in info.items()}
+            result.sla_errors += int(described.get("sla", {}).get("failed_errors", 0))
             state.mark(state_key(t, ws, w_as_of), described)
             result.done.append((t, ws))
             bar.update(1)
@@ -158,12 +161,40 @@ def _describe(step: str, out: Any, topic: str | None = None) -> dict[str, Any]:
         return {"anomalies": sum(r.anomaly_count for r in mine), "report_rows": sum(len(r.report) for r in mine),
                 "run_id": mine[0].run_id}
     if step == "sla" and out is not None:
-        return {"failed_errors": out.failed_errors, "failed_warnings": out.failed_warnings}
+        from audit.core.vocabulary import ERROR, WARN
+
+        failed = [r for r in out.rows if not r["passed"] and (topic is None or r["topic"] == topic)]
+        return {"failed_errors": sum(1 for r in failed if r["severity"] == ERROR),
+                "failed_warnings": sum(1 for r in failed if r["severity"] == WARN)}
     return {}
 
 
-def cli_backfill(args: argparse.Namespace, cfg: Config) -> int:
+def run_backfill(spark: Any, cfg: Config, start: datetime, end: datetime, as_of: datetime | None = None,
+                 topics: Sequence[str] | None = None, *, force: bool = False,
+                 say: Callable[[str], None] = print) -> BackfillResult:
+    """`backfill_range` with its summary line, then the outcome as the CLI and spark-submit report it:
+    a window that failed raises `InputError` (exit 2: fix and rerun, finished windows are skipped),
+    an error-severity SLA failure raises `SlaFailed` (exit 3: alert, do not retry)."""
     from audit.core.errors import SlaFailed
+
+    if end <= start:
+        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
+    for t in topics or []:
+        cfg.topic(t)
+    result = backfill_range(spark, cfg, start, end, as_of, topics, force=force)
+    say(f"backfill: {len(result.done)} windows done, {len(result.skipped)} already done (skipped), "
+        f"{len(result.failed)} failed")
+    if result.failed:
+        t, ws, why = result.failed[0]
+        raise InputError(f"{len(result.failed)} window(s) failed, first {t} {ws.isoformat()}: {why} "
+                         "(fix it and rerun: finished windows are skipped)")
+    if result.sla_errors:
+        raise SlaFailed(f"{result.sla_errors} error-severity SLA rule(s) failed in the range "
+                        "(see `msgaudit dashboard`)")
+    return result
+
+
+def cli_backfill(args: argparse.Namespace, cfg: Config) -> int:
     from spark_jobs.io.session import build_spark
 
     start = parse_instant(args.start, "--start")
@@ -175,14 +206,5 @@ def cli_backfill(args: argparse.Namespace, cfg: Config) -> int:
     if end <= start:
         raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
     spark = build_spark(cfg, app_name="msgaudit-backfill")
-    result = backfill_range(spark, cfg, start, end, as_of, topics, force=bool(getattr(args, "force", False)))
-    print(f"backfill: {len(result.done)} windows done, {len(result.skipped)} already done (skipped), "
-          f"{len(result.failed)} failed")
-    if result.failed:
-        t, ws, why = result.failed[0]
-        raise InputError(f"{len(result.failed)} window(s) failed, first {t} {ws.isoformat()}: {why} "
-                         "(fix it and rerun: finished windows are skipped)")
-    if result.sla_errors:
-        raise SlaFailed(f"{result.sla_errors} error-severity SLA rule(s) failed in the range "
-                        "(see `msgaudit dashboard`)")
+    run_backfill(spark, cfg, start, end, as_of, topics, force=bool(getattr(args, "force", False)))
     return 0

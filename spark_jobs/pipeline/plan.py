@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 STEPS: tuple[str, ...] = ("ingest", "capture", "reconcile", "sla")
 WINDOW_STEPS: tuple[str, ...] = STEPS[1:]  # the steps that run per window
+# What one spark-submit runs (`submit.py`): a step, or `backfill` -- the window steps of every window
+# of a range in one application, so a range pays the JVM and session start once, not 3 x windows.
+SUBMIT_STEPS: tuple[str, ...] = (*STEPS, "backfill")
 
 
 def grace_for(cfg: Config, size: timedelta) -> timedelta:
@@ -64,6 +67,15 @@ class WindowRun:
             return args  # ingest lands every segment, whatever the topic
         args += [a for t in self.topics for a in ("--topic", t)]
         return args + ["--as-of", self.as_of.isoformat()] if step in ("reconcile", "sla") else args
+
+
+def backfill_argv(config_path: str, start: datetime, end: datetime, topics: Sequence[str] | None = None,
+                  *, force: bool = False) -> list[str]:
+    """`spark_jobs/pipeline/submit.py` arguments of a backfill of [start, end): every window judged
+    by the rule above (no --as-of), finished windows skipped unless `force`."""
+    args = ["backfill", "--config", config_path, "--start", start.isoformat(), "--end", end.isoformat()]
+    args += [a for t in topics or () for a in ("--topic", t)]
+    return [*args, "--force"] if force else args
 
 
 def plan_windows(cfg: Config, start: datetime, end: datetime, topics: Sequence[str] | None = None,

@@ -2,11 +2,19 @@
 
     spark-submit spark_jobs/pipeline/submit.py <ingest|capture|reconcile|sla> --config FILE \\
         --start S --end E [--topic T ...] [--as-of A]
+    spark-submit spark_jobs/pipeline/submit.py backfill --config FILE --start S --end E \\
+        [--topic T ...] [--as-of A] [--force]
 
 It builds the session with `spark_jobs.io.session.build_spark` and runs the step through
 `spark_jobs.pipeline.steps.run_step`, exactly as the `msgaudit` CLI commands do. Exit codes:
 0 ok; 2 bad input (one line on stderr: config, topic, window, missing table, broker); 3 an
 error-severity SLA rule failed (schedulers alert, and should not retry); any other failure is a traceback and exit 1, which a scheduler may retry.
+
+`backfill` is `msgaudit backfill` (`spark_jobs.pipeline.backfill`): capture, reconcile and SLA of
+every window of the range in this one application, each window judged at its end + grace unless
+--as-of is given, finished windows skipped unless --force (so a retry resumes). It exits 3 when an
+error-severity SLA rule failed in any window, after every window has run; 2 when a window failed
+on bad input, after the others have run.
 
 `ingest` lands every sealed ledger segment whatever the window, so it accepts and ignores
 --start/--end/--topic (the DAGs pass the same argument shape to every step). The DAGs always
@@ -35,16 +43,19 @@ if __package__ in (None, ""):
 
 from audit.core.errors import MsgauditError  # noqa: E402
 from audit.core.vocabulary import ExitCode  # noqa: E402
-from spark_jobs.pipeline.plan import STEPS  # noqa: E402
+from spark_jobs.pipeline.plan import STEPS, SUBMIT_STEPS  # noqa: E402
 from spark_jobs.pipeline.steps import StepRange, run_step, sla_breach_message  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spark_jobs/pipeline/submit.py",
-        description="Run one msgaudit Spark step (for spark-submit / Airflow's SparkSubmitOperator).",
+        description="Run one msgaudit Spark step, or the backfill of a past range, in one Spark application "
+                    "(for spark-submit / Airflow's SparkSubmitOperator).",
+        epilog="example: spark-submit spark_jobs/pipeline/submit.py reconcile --config msgaudit.yaml "
+               "--start 2026-11-20T10:00Z --end 2026-11-20T11:00Z --as-of 2026-11-20T11:10Z",
     )
-    p.add_argument("step", choices=STEPS)
+    p.add_argument("step", choices=SUBMIT_STEPS)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="config file (default: ./msgaudit.yaml if present, else embedded defaults)")
     p.add_argument("--start", default=None, help="window range start, ISO 8601 UTC (not used by ingest)")
@@ -52,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every configured topic)")
     p.add_argument("--as-of", default=None,
-                   help="reconcile: judge as of this instant; sla: its checked_at (default: now)")
+                   help="reconcile: judge as of this instant; sla: its checked_at (default: now); "
+                        "backfill: judge every window as of this instant (default: its end + grace)")
+    p.add_argument("--force", action="store_true", help="backfill: redo windows finished by an earlier run")
     return p
 
 
@@ -87,6 +100,12 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
             from spark_jobs.io.session import build_spark
 
             spark = build_spark(cfg, app_name=f"msgaudit-{args.step}")
+        if args.step == "backfill":
+            from spark_jobs.pipeline.backfill import run_backfill
+
+            start, end = rng.window_range("backfill")
+            run_backfill(spark, cfg, start, end, rng.as_of, rng.topics, force=args.force)
+            return int(ExitCode.OK)
         result = run_step(spark, cfg, args.step, rng, progress=True, say=print)
         breach = sla_breach_message(result, *rng.window_range("sla")) if args.step == "sla" else None
         if breach:
