@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
              "as --py-files, the step's output on the terminal, Spark's logs in the cluster folder).")
     cl.add_argument("action", choices=["start", "stop", "status", "submit"])
     cl.add_argument("step", nargs="?", metavar="STEP",
-                    help="submit: the pipeline step (ingest, capture, reconcile, sla)")
+                    help="submit: the pipeline step (ingest, capture, reconcile, sla), window (all four for "
+                         "one window) or backfill (every window of a past range)")
     for flag, what in (("--start", "window range start, ISO 8601 UTC"), ("--end", "window range end (exclusive)"),
                        ("--as-of", "reconcile: judge as of this instant; sla: its checked_at")):
         cl.add_argument(flag, default=None, help=f"submit: {what}")

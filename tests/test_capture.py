@@ -483,6 +483,9 @@ def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any
         (["sla", "--start", "yesterday", "--end", "2026-11-21T10:00Z"], "--start: 'yesterday' is not an ISO 8601"),
         (["capture", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z", "--topic", "x"],
          "unknown topic 'x'"),
+        (["window", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z", "--topic", "x"],
+         "unknown topic 'x'"),
+        (["backfill", "--end", "2026-11-21T11:00Z"], "backfill needs --start and --end"),
     ],
 )
 def test_submit_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Any,

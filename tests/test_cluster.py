@@ -214,6 +214,6 @@ def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (f"msgaudit cluster: error: no Spark cluster is running from {d}; "
                                        "run `msgaudit cluster start` first\n")
     assert main(["cluster", "submit", "--dir", d]) == 2
-    assert "needs a step: one of ingest, capture, reconcile, sla" in capsys.readouterr().err
+    assert "needs a step: one of ingest, capture, reconcile, sla, window, backfill" in capsys.readouterr().err
     assert main(["cluster", "stop", "--dir", d]) == 0
     assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"

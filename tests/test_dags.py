@@ -4,7 +4,7 @@
   database query, no file written and none of Spark/Kafka/GE loaded.
 * unit: the pure parts of audit.serving.alerts (argument parsing, exit codes, failed SLA rules, alerts).
 * airflow: `dag.test()` runs with the Spark steps marked successful, to check what each run hands
-  to spark-submit (topics, window, as_of, environment) and how the backfill maps over windows.
+  to spark-submit (topics, window, as_of, environment) and which windows a backfill runs.
 * airflow + e2e: real `dag.test()` runs against the local broker, Spark with Delta and the report
   store -- known injected anomalies, backfill == scheduled runs, SLA breach -> failed run + alert.
 
@@ -123,8 +123,7 @@ def test_dag_file_imports_fast_without_db_or_heavy_modules(import_probe: dict[st
 @pytest.mark.airflow
 def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
     dags = import_probe["msgaudit_window.py"]["dags"]
-    chain = {"plan": [], "wait_for_grace": ["plan"], "ingest": ["plan", "wait_for_grace"],
-             "capture": ["ingest", "plan"], "reconcile": ["capture", "plan"], "sla": ["plan", "reconcile"]}
+    chain = {"plan": [], "wait_for_grace": ["plan"], "window": ["plan", "wait_for_grace"]}
     assert dags["msgaudit_window_1m"]["tasks"] == chain
     assert dags["msgaudit_window_1h"]["tasks"] == chain
     assert dags["msgaudit_window_1m"]["timetable"] == "*/1 * * * *"
@@ -235,15 +234,15 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
             {**settings, "pid": "p-9", "producer": None, "acks": "0", "enable_idempotence": True}]) == 3
 
     class TI:
-        dag_id, run_id, task_id, map_index = "msgaudit_window_1h", "scheduled__x", "sla", -1
+        dag_id, run_id, task_id, map_index = "msgaudit_window_1h", "scheduled__x", "window", -1
 
     class Task:
-        application_args = ["sla", "--config", str(tmp_path / "m.yaml"), "--start", w10.isoformat(),
+        application_args = ["window", "--config", str(tmp_path / "m.yaml"), "--start", w10.isoformat(),
                             "--end", w11.isoformat(), "--topic", "a"]
 
     exc = RuntimeError("Cannot execute: spark-submit ... Error code is: 3.")
     alert = alerts.build_alert({"ti": TI(), "task": Task(), "exception": exc})
-    assert alert.sla_breach and alert.exit_code == 3 and alert.step == "sla"
+    assert alert.sla_breach and alert.exit_code == 3 and alert.step == "window"
     assert (alert.window_start, alert.window_end, alert.topics) == (w10.isoformat(), w11.isoformat(), ("a",))
     assert alert.failed_rules == (
         alerts.FailedRule(w10.isoformat(), "a", 0, "log", "max_lost", 2.0, 0.0, "error"),
@@ -251,7 +250,7 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
     )
     assert alert.text().splitlines() == [
         "msgaudit SLA breach: msgaudit_window_1h [2026-05-01T10:00:00+00:00 .. 2026-05-01T11:00:00+00:00)",
-        "run scheduled__x, task sla, topics a",
+        "run scheduled__x, task window, topics a",
         "  - a[0] log max_lost: observed 2 vs threshold 0 (error, window 2026-05-01T10:00:00+00:00)",
         "  - a[0] log max_reordered: observed 1 vs threshold 0 (warn, window 2026-05-01T10:00:00+00:00)",
         *(f"  why log {rule} <- {code}: {e.cause}; fix: {e.remedy}"
@@ -264,7 +263,7 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
     ]
     other = alerts.build_alert({"ti": TI(), "task": Task(), "exception": RuntimeError("Error code is: 1.")})
     assert (other.sla_breach, other.failed_rules, other.error) == (False, (), "Error code is: 1.")
-    assert other.subject.startswith("msgaudit sla failed: ")
+    assert other.subject.startswith("msgaudit window failed: ")
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,7 +337,7 @@ def _write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-SPARK_STEPS = "ingest|capture|reconcile|sla"
+SPARK_STEPS = "ingest|window|backfill"  # the Spark tasks of both DAGs
 
 
 @pytest.mark.airflow
@@ -349,16 +348,14 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
     assert r.state == "success"
-    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", *SPARK_STEPS.split("|"))}
+    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", "window")}
     window = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00"]
-    args = [*window, "--topic", "orders", "--topic", "payments"]
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
     assert plan["topics"] == ["orders", "payments"]
     assert plan["as_of"] == "2026-05-01T10:07:20+00:00"
-    assert plan["ingest"] == ["ingest", *window]
-    assert plan["capture"] == ["capture", *args]
-    assert plan["reconcile"] == ["reconcile", *args, "--as-of", "2026-05-01T10:07:20+00:00"]
-    assert plan["sla"] == ["sla", *args, "--as-of", "2026-05-01T10:07:20+00:00"]  # checked_at = as_of
+    # one submission runs ingest, capture, reconcile and sla; as_of is also the SLA results' checked_at
+    assert plan["window"] == ["window", *window, "--topic", "orders", "--topic", "payments",
+                              "--as-of", "2026-05-01T10:07:20+00:00"]
     assert plan["application"] == APPLICATION
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable
     # spark-submit starts the driver JVM: its heap and collector go as --conf (its own default heap is 1g)
@@ -388,8 +385,8 @@ def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, 
         monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT",
                            json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:7077"}))
         hook = SparkSubmitHook(conn_id="spark_default", conf=plan["conf"], jars=plan["jars"],
-                               py_files=plan["py_files"], env_vars=plan["env"], name="msgaudit-capture",
-                               application_args=plan["capture"])
+                               py_files=plan["py_files"], env_vars=plan["env"], name="msgaudit-window-1m",
+                               application_args=plan["window"])
         argv = hook._build_spark_submit_command(plan["application"])
     finally:
         airflow_env.set_connection("spark_default", "spark", "local[2]")
@@ -401,7 +398,7 @@ def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, 
         names = set(zf.namelist())
     assert {"audit/__init__.py", "spark_jobs/pipeline/submit.py", "spark_jobs/reconcile/__init__.py"} <= names
     assert not any("__pycache__" in n for n in names)
-    assert argv[-len(plan["capture"]) - 1:] == [plan["application"], *plan["capture"]]
+    assert argv[-len(plan["window"]) - 1:] == [plan["application"], *plan["window"]]
     assert plan["application"].endswith("spark_jobs/pipeline/submit.py")
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable  # the executors' Python
 
@@ -411,7 +408,7 @@ def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"hourly": {"window": "1h"}}})
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
-    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", *SPARK_STEPS.split("|"))}
+    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window")}
 
 
 @pytest.mark.airflow
@@ -503,6 +500,7 @@ def test_retry_policy_fails_an_sla_breach_at_once_and_retries_the_rest(airflow_h
     policy = alerts.spark_submit_retry_policy()
     exc = RuntimeError("Cannot execute: spark-submit ...")
     assert policy.evaluate(exc, 1, 4, {"task": task("sla", 3)}).action == RetryAction.FAIL
+    assert policy.evaluate(exc, 1, 4, {"task": task("window", 3)}).action == RetryAction.FAIL
     assert policy.evaluate(exc, 1, 4, {"task": task("backfill", 3)}).action == RetryAction.FAIL
     assert policy.evaluate(exc, 1, 4, {"task": task("sla", 1)}).action == RetryAction.DEFAULT
     assert policy.evaluate(exc, 1, 4, {"task": task("backfill", 2)}).action == RetryAction.DEFAULT
@@ -635,7 +633,7 @@ def submit_entry_point() -> Path:
 def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstrap: str, dagbag: Any,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two scheduled runs (A, B) on one lake + report store, one backfill over A..B on another
-    (each scheduled run is four spark-submits, the backfill two: the empty window's zero rows are
+    (a scheduled run is one spark-submit, the backfill two: the empty window's zero rows are
     held by the reconcile tests)."""
     from audit.core import config as config_mod
 
@@ -702,12 +700,11 @@ def test_sla_breach_fails_the_run_and_fires_one_alert(e2e: dict[str, Any]) -> No
     run_a, run_b = e2e["runs"]
     assert run_a.state == "failed"
     assert {k: v for k, v in run_a.states.items()} == {
-        ("plan", -1): "success", ("wait_for_grace", -1): "success", ("ingest", -1): "success",
-        ("capture", -1): "success", ("reconcile", -1): "success", ("sla", -1): "failed"}
+        ("plan", -1): "success", ("wait_for_grace", -1): "success", ("window", -1): "failed"}
     assert run_b.state == "success"
     [alert] = e2e["alerts_scheduled"]
     assert (alert["dag_id"], alert["task_id"], alert["step"], alert["sla_breach"], alert["exit_code"]) == (
-        "msgaudit_window_1m", "sla", "sla", True, 3)
+        "msgaudit_window_1m", "window", "window", True, 3)
     assert (alert["window_start"], alert["window_end"]) == (a.isoformat(), (a + WINDOW).isoformat())
     assert alert["failed_rules"] == [{
         "window_start": a.isoformat(), "topic": facts.topic, "partition": 0, "stage": "log",

@@ -15,8 +15,8 @@ Airflow's notifiers when they are configured:
 A notifier that fails is logged and skipped: the task already failed, the alert must not hide why.
 
 `spark_submit_retry_policy()` returns the retry policy of those steps: exit code 3 of
-`spark_jobs/pipeline/submit.py sla` or `... backfill` (an error-severity SLA rule failed; the
-backfill's alert lists the failed rules of its whole range) fails the task at once -- the same
+`spark_jobs/pipeline/submit.py sla`, `... window` or `... backfill` (an error-severity SLA rule
+failed; the alert lists the failed rules of the task's window or range) fails the task at once -- the same
 report would fail again -- and everything else (broker, cluster, store hiccups) is retried with
 the task's exponential backoff.
 
@@ -40,7 +40,8 @@ from audit.core.vocabulary import ERROR, ExitCode, rule_explanations, stage_kind
 log = logging.getLogger("msgaudit.alerts")
 
 SLA_EXIT_CODE = ExitCode.SLA_FAILED.value  # spark_jobs/pipeline/submit.py: an error-severity SLA rule failed
-SLA_STEPS = ("sla", "backfill")  # the submit.py steps that check SLAs (backfill: of every window of its range)
+# the submit.py steps that check SLAs: `window` (the scheduled DAGs' task) and `backfill` (every window of its range)
+SLA_STEPS = ("sla", "window", "backfill")
 
 VAR_CONFIG = "msgaudit_config"
 VAR_ALERT_LOG = "msgaudit_alert_log"

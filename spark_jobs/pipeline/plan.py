@@ -33,9 +33,11 @@ if TYPE_CHECKING:
 
 STEPS: tuple[str, ...] = ("ingest", "capture", "reconcile", "sla")
 WINDOW_STEPS: tuple[str, ...] = STEPS[1:]  # the steps that run per window
-# What one spark-submit runs (`submit.py`): a step, or `backfill` -- the window steps of every window
-# of a range in one application, so a range pays the JVM and session start once, not 3 x windows.
-SUBMIT_STEPS: tuple[str, ...] = (*STEPS, "backfill")
+# What one spark-submit runs (`submit.py`): a step; `window` -- every step of one window in one
+# application (the scheduled DAGs' one Spark task); or `backfill` -- the window steps of every window
+# of a range in one application. A JVM and Spark session start costs more than a small window's
+# work, so a scheduled window pays it once, not four times, and a range once, not 3 x windows.
+SUBMIT_STEPS: tuple[str, ...] = (*STEPS, "window", "backfill")
 
 
 def grace_for(cfg: Config, size: timedelta) -> timedelta:
@@ -61,12 +63,12 @@ class WindowRun:
     as_of: datetime
 
     def argv(self, step: str, config_path: str) -> list[str]:
-        """`spark_jobs/pipeline/submit.py` arguments of one step of this window."""
+        """`spark_jobs/pipeline/submit.py` arguments of one step of this window (or of `window`: all of them)."""
         args = [step, "--config", config_path, "--start", self.start.isoformat(), "--end", self.end.isoformat()]
         if step == "ingest":
             return args  # ingest lands every segment, whatever the topic
         args += [a for t in self.topics for a in ("--topic", t)]
-        return args + ["--as-of", self.as_of.isoformat()] if step in ("reconcile", "sla") else args
+        return args + ["--as-of", self.as_of.isoformat()] if step in ("reconcile", "sla", "window") else args
 
 
 def backfill_argv(config_path: str, start: datetime, end: datetime, topics: Sequence[str] | None = None,

@@ -2,6 +2,8 @@
 
     spark-submit spark_jobs/pipeline/submit.py <ingest|capture|reconcile|sla> --config FILE \\
         --start S --end E [--topic T ...] [--as-of A]
+    spark-submit spark_jobs/pipeline/submit.py window --config FILE --start S --end E \\
+        [--topic T ...] [--as-of A]
     spark-submit spark_jobs/pipeline/submit.py backfill --config FILE --start S --end E \\
         [--topic T ...] [--as-of A] [--force]
 
@@ -9,6 +11,11 @@ It builds the session with `spark_jobs.io.session.build_spark` and runs the step
 `spark_jobs.pipeline.steps.run_step`, exactly as the `msgaudit` CLI commands do. Exit codes:
 0 ok; 2 bad input (one line on stderr: config, topic, window, missing table, broker); 3 an
 error-severity SLA rule failed (schedulers alert, and should not retry); any other failure is a traceback and exit 1, which a scheduler may retry.
+
+`window` runs the four steps in order in this one application, as the scheduled DAGs do for their
+window (a JVM and session start, and a cold JIT, cost more than a small window's work): the
+lines and exit code are those of the four steps run one by one, and the first failing step stops
+it.
 
 `backfill` is `msgaudit backfill` (`spark_jobs.pipeline.backfill`): capture, reconcile and SLA of
 every window of the range in this one application, each window judged at its end + grace unless
@@ -106,8 +113,9 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
             start, end = rng.window_range("backfill")
             run_backfill(spark, cfg, start, end, rng.as_of, rng.topics, force=args.force)
             return int(ExitCode.OK)
-        result = run_step(spark, cfg, args.step, rng, progress=True, say=print)
-        breach = sla_breach_message(result, *rng.window_range("sla")) if args.step == "sla" else None
+        for step in STEPS if args.step == "window" else (args.step,):
+            result = run_step(spark, cfg, step, rng, progress=True, say=print)
+        breach = sla_breach_message(result, *rng.window_range("sla")) if args.step in ("sla", "window") else None
         if breach:
             print(f"sla: {breach}", file=sys.stderr)
             return int(ExitCode.SLA_FAILED)
@@ -142,8 +150,8 @@ def cli_cluster_submit(args: argparse.Namespace, cfg: Any) -> int:
     from audit.core.errors import InputError
     from audit.runtime.local_spark import cluster_for, running_state
 
-    if args.step not in STEPS:
-        raise InputError(f"cluster submit needs a step: one of {', '.join(STEPS)}")
+    if args.step not in SUBMIT_STEPS:
+        raise InputError(f"cluster submit needs a step: one of {', '.join(SUBMIT_STEPS)}")
     step_argv = [args.step, "--config", str(Path(cfg.source).resolve())] if args.config else [args.step]
     for flag, value in (("--start", args.start), ("--end", args.end), ("--as-of", args.as_of)):
         if value is not None:
