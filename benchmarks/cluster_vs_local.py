@@ -8,9 +8,10 @@ arguments, each step one `spark-submit` (as the Airflow DAGs run them), into two
 - `--master spark://127.0.0.1:<port>`: a master and two workers of 1 core each
   (`audit.runtime.local_spark`), jars on --jars, the project's code as a zip on --py-files.
 
-It prints each step's wall time on both (JVM starts included: that is what a scheduled run pays),
-the totals and their ratio (cluster / local), and the local-file ingest rate of each run, then
-checks that both runs published the same report rows. It also times `ingest` inside an already
+It prints each step's wall time on both (JVM starts included), the totals and their ratio
+(cluster / local), and the local-file ingest rate of each run. A third run on `local[2]` does the
+four steps in one submission (`submit.py window`, what a scheduled DAG run pays) and its ratio to
+the four submissions is printed too; all three runs must publish the same report rows. It also times `ingest` inside an already
 running local[2] session (no JVM start) for the rate of the landing itself.
 
     .venv/bin/python benchmarks/cluster_vs_local.py --n 50000
@@ -91,7 +92,7 @@ def run(name: str, argvs: list[tuple[list[str], dict[str, str]]], cwd: Path) -> 
         t0 = time.monotonic()
         out = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
         elapsed = time.monotonic() - t0
-        label = next(a for a in argv if a in ("ingest", "capture", "reconcile", "sla"))
+        label = next(a for a in argv if a in ("ingest", "capture", "reconcile", "sla", "window"))
         if out.returncode != 0:
             # spark-submit merges the Python driver's stderr (a traceback) into its stdout
             raise SystemExit(f"{name} {label} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
@@ -171,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                                      for s in steps(conf_local, start, end, as_of)], root / "local")
             remote = run("cluster", [cluster_submit(config_mod.load(conf_cluster), state, s)
                                      for s in steps(conf_cluster, start, end, as_of)], root / "cluster")
-            same = report_rows(conf_local) == report_rows(conf_cluster)
+            conf_window = config_file(root / "window", kafka.bootstrap_servers, ledger)
+            one = run("window", [local_argv(conf_window, ["window", *steps(conf_window, start, end, as_of)[-1][1:]],
+                                            state.driver_log4j)], root / "window")
+            same = report_rows(conf_local) == report_rows(conf_cluster) == report_rows(conf_window)
             warm_s, warm_rows = warm_ingest(kafka.bootstrap_servers, ledger, root / "warm")
         finally:
             cluster.stop()
@@ -182,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {step:9} local[2] {local[step]:6.1f}s   cluster {remote[step]:6.1f}s   "
               f"cluster/local {remote[step] / local[step]:.2f}")
     print(f"  total     local[2] {tl:6.1f}s   cluster {tc:6.1f}s   cluster/local {tc / tl:.2f}")
+    print(f"  the four steps in one spark-submit (`window`, as the scheduled DAGs run them): local[2] "
+          f"{one['window']:6.1f}s   four submissions / one {tl / one['window']:.2f}")
     print(f"local-file ingest, one spark-submit (JVM start included): local[2] {args.n / local['ingest']:,.0f} rows/s, "
           f"cluster {args.n / remote['ingest']:,.0f} rows/s")
     print(f"local-file ingest in a running local[2] session: {warm_rows} rows in {warm_s:.1f}s = "
           f"{warm_rows / warm_s:,.0f} rows/s")
-    print(f"same report, anomaly and SLA rows on both: {same}")
+    print(f"same report, anomaly and SLA rows on all three: {same}")
     return 0 if same else 1
 
 
