@@ -5,8 +5,9 @@ reconcile plan, one SLA check per window), so the fixed cost is paid per window,
 Resumable: every finished (topic, window_start, as_of) is recorded in a small JSON state file
 (`<home>/backfill-state.json`, replaced atomically after each window), and a rerun skips those
 unless forced -- still counting the SLA failures they recorded, so a rerun ends as the first run
-did (exit 3 when an error-severity rule failed in the range). Idempotent: every step replaces its window's rows, so redoing a window (forced, or
-after a crash between a step and the state write) gives the same rows.
+did (exit 3 when an error-severity rule failed in the range). Idempotent: every step replaces its
+window's rows, so redoing a window (forced, or after a crash between a step and the state write)
+gives the same rows.
 
 as_of: an explicit `--as-of` is used for every window. Without one, each window is judged exactly as
 the schedule judges it (`plan.final_as_of`: window end + grace), so a backfill writes the rows a
@@ -172,15 +173,12 @@ def _describe(step: str, out: Any, topic: str | None = None) -> dict[str, Any]:
 def run_backfill(spark: Any, cfg: Config, start: datetime, end: datetime, as_of: datetime | None = None,
                  topics: Sequence[str] | None = None, *, force: bool = False,
                  say: Callable[[str], None] = print) -> BackfillResult:
-    """`backfill_range` with its summary line, then the outcome as the CLI and spark-submit report it:
+    """`backfill_range` with its summary line, then the outcome as the CLI and spark-submit report it
+    (both check the range and the topics before they start Spark):
     a window that failed raises `InputError` (exit 2: fix and rerun, finished windows are skipped),
     an error-severity SLA failure raises `SlaFailed` (exit 3: alert, do not retry)."""
     from audit.core.errors import SlaFailed
 
-    if end <= start:
-        raise InputError(f"--end ({end.isoformat()}) must be after --start ({start.isoformat()})")
-    for t in topics or []:
-        cfg.topic(t)
     result = backfill_range(spark, cfg, start, end, as_of, topics, force=force)
     say(f"backfill: {len(result.done)} windows done, {len(result.skipped)} already done (skipped), "
         f"{len(result.failed)} failed")

@@ -57,8 +57,9 @@ from spark_jobs.pipeline.steps import StepRange, run_step, sla_breach_message  #
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spark_jobs/pipeline/submit.py",
-        description="Run one msgaudit Spark step, or the backfill of a past range, in one Spark application "
-                    "(for spark-submit / Airflow's SparkSubmitOperator).",
+        description="Run one msgaudit Spark step, the four steps of a window (`window`) or the backfill of a "
+                    "past range (`backfill`) in one Spark application (for spark-submit / Airflow's "
+                    "SparkSubmitOperator).",
         epilog="example: spark-submit spark_jobs/pipeline/submit.py reconcile --config msgaudit.yaml "
                "--start 2026-11-20T10:00Z --end 2026-11-20T11:00Z --as-of 2026-11-20T11:10Z",
     )
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every configured topic)")
     p.add_argument("--as-of", default=None,
-                   help="reconcile: judge as of this instant; sla: its checked_at (default: now); "
+                   help="reconcile: judge as of this instant; sla: its checked_at; window: both "
+                        "(default: now); "
                         "backfill: judge every window as of this instant (default: its end + grace)")
     p.add_argument("--force", action="store_true", help="backfill: redo windows finished by an earlier run")
     return p
