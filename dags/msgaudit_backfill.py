@@ -47,7 +47,7 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
     from audit.core import config as config_mod
     from audit.core.errors import MsgauditError
     from audit.core.windows import parse_instant
-    from spark_jobs.pipeline.plan import backfill_argv, not_final, plan_windows
+    from spark_jobs.pipeline.plan import backfill_argv, not_final, plan_windows, range_argv
 
     params = params or {}
     path = Path(Variable.get("msgaudit_config", default="msgaudit.yaml")).resolve()
@@ -65,8 +65,7 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
         raise AirflowFailException(
             f"window [{w.start.isoformat()}, {w.end.isoformat()}) is not final until {w.as_of.isoformat()}; "
             "backfill past windows only (the scheduled msgaudit_window DAG handles the rest)")
-    ti.xcom_push(key="ingest", value=["ingest", "--config", str(path), "--start", runs[0].start.isoformat(),
-                                      "--end", max(r.end for r in runs).isoformat()])
+    ti.xcom_push(key="ingest", value=range_argv("ingest", str(path), runs[0].start, max(r.end for r in runs)))
     ti.xcom_push(key="backfill", value=backfill_argv(str(path), start, end, params.get("topics") or None,
                                                      force=bool(params.get("force"))))
     for key, value in submit_target(cfg).items():

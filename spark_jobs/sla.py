@@ -82,13 +82,18 @@ class SlaOutcome:
     # (`ReportStore.failure_producer_lines`).
     producer_lines: list[str] = field(default_factory=list)
 
+    def failed(self, severity: str, topic: str | None = None) -> int:
+        """How many rows of this severity failed (of one topic, or of all)."""
+        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == severity
+                   and (topic is None or r["topic"] == topic))
+
     @property
     def failed_errors(self) -> int:
-        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == ERROR)
+        return self.failed(ERROR)
 
     @property
     def failed_warnings(self) -> int:
-        return sum(1 for r in self.rows if not r["passed"] and r["severity"] == WARN)
+        return self.failed(WARN)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -164,9 +164,7 @@ def _describe(step: str, out: Any, topic: str | None = None) -> dict[str, Any]:
     if step == "sla" and out is not None:
         from audit.core.vocabulary import ERROR, WARN
 
-        failed = [r for r in out.rows if not r["passed"] and (topic is None or r["topic"] == topic)]
-        return {"failed_errors": sum(1 for r in failed if r["severity"] == ERROR),
-                "failed_warnings": sum(1 for r in failed if r["severity"] == WARN)}
+        return {"failed_errors": out.failed(ERROR, topic), "failed_warnings": out.failed(WARN, topic)}
     return {}
 
 

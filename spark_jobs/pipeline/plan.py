@@ -64,19 +64,24 @@ class WindowRun:
 
     def argv(self, step: str, config_path: str) -> list[str]:
         """`spark_jobs/pipeline/submit.py` arguments of one step of this window (or of `window`: all of them)."""
-        args = [step, "--config", config_path, "--start", self.start.isoformat(), "--end", self.end.isoformat()]
-        if step == "ingest":
-            return args  # ingest lands every segment, whatever the topic
-        args += [a for t in self.topics for a in ("--topic", t)]
+        if step == "ingest":  # ingest lands every segment, whatever the topic
+            return range_argv(step, config_path, self.start, self.end)
+        args = range_argv(step, config_path, self.start, self.end, self.topics)
         return args + ["--as-of", self.as_of.isoformat()] if step in ("reconcile", "sla", "window") else args
+
+
+def range_argv(step: str, config_path: str, start: datetime, end: datetime,
+               topics: Sequence[str] | None = None) -> list[str]:
+    """`spark_jobs/pipeline/submit.py <step> --config F --start S --end E [--topic T ...]`."""
+    return [step, "--config", config_path, "--start", start.isoformat(), "--end", end.isoformat(),
+            *(a for t in topics or () for a in ("--topic", t))]
 
 
 def backfill_argv(config_path: str, start: datetime, end: datetime, topics: Sequence[str] | None = None,
                   *, force: bool = False) -> list[str]:
     """`spark_jobs/pipeline/submit.py` arguments of a backfill of [start, end): every window judged
     by the rule above (no --as-of), finished windows skipped unless `force`."""
-    args = ["backfill", "--config", config_path, "--start", start.isoformat(), "--end", end.isoformat()]
-    args += [a for t in topics or () for a in ("--topic", t)]
+    args = range_argv("backfill", config_path, start, end, topics)
     return [*args, "--force"] if force else args
 
 
