@@ -1,11 +1,13 @@
 """Log capture (docs/design.md §2, §4): what the Kafka log holds for a window range -> Delta.
 
 For every configured topic, `capture` plans an offset range per partition in the driver
-(confluent_kafka AdminClient: describe_topics, list_offsets), batch-reads that range twice with
+(confluent_kafka AdminClient: describe_topics, list_offsets), batch-reads those ranges twice with
 Spark's Kafka source (read_uncommitted for every record, read_committed to tell which records
 belong to aborted transactions), parses the audit headers with Spark expressions that mirror
 `audit.core.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
-`log_records` keyed on (topic, partition, offset), so a rerun changes nothing. It also appends
+`log_records` keyed on (topic, partition, offset), so a rerun changes nothing. Up to BATCH_TOPICS
+topics share each read and the MERGE (one Delta commit), so many small topics cost about what one
+does. It also appends
 snapshots of the configured groups' committed offsets (`group_offsets`) and of every
 partition's watermarks (`partition_watermarks`, with the offset range this capture read:
 `captured_from`/`captured_to`, which is what reconcile takes as "covered by a capture").
@@ -68,6 +70,11 @@ GROUP_OFFSETS_TABLE = "group_offsets"
 WATERMARKS_TABLE = "partition_watermarks"
 LOG_PARTITION_COLUMNS = ("topic", PART_HOUR)
 DATA_COLUMNS = tuple(f.name for f in LOG_RECORDS.fields if f.name != "captured_at")
+# Topics read from Kafka and MERGEd into log_records together: one read per isolation level and one
+# Delta commit per batch, not per topic, so a capture's fixed cost does not grow with its topics
+# (docs/benchmarks.md). The cap keeps the MERGE's literal range condition (every partition's offset
+# bounds) of a bounded size.
+BATCH_TOPICS = 50
 
 
 
@@ -154,9 +161,9 @@ def plan_partition(partition: int, log_start: int, high: int, lso: int,
     return PartitionRange(partition, start, end, log_start, high, lso, time_end)
 
 
-def offsets_json(topic: str, ranges: Iterable[PartitionRange], which: str) -> str:
-    """Spark's startingOffsets / endingOffsets JSON for the given ranges ('start' or 'end')."""
-    return json.dumps({topic: {str(r.partition): getattr(r, which) for r in ranges}})
+def offsets_json(ranges: Mapping[str, Iterable[PartitionRange]], which: str) -> str:
+    """Spark's startingOffsets / endingOffsets JSON for every topic's ranges ('start' or 'end')."""
+    return json.dumps({topic: {str(r.partition): getattr(r, which) for r in rs} for topic, rs in ranges.items()})
 
 
 _JAAS = {
@@ -535,14 +542,15 @@ def group_offsets(cfg: Config, topic: str, partitions: Sequence[int]) -> list[tu
 # Spark / Delta edge
 
 
-def _read_kafka(spark: SparkSession, cfg: Config, topic: str, ranges: Sequence[PartitionRange],
+def _read_kafka(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequence[PartitionRange]],
                 isolation: str) -> DataFrame:
+    """One batch read of every topic's planned ranges (`ranges`: topic -> the partitions to read)."""
     return (
         spark.read.format("kafka")
         .options(**java_kafka_options(cfg.kafka))
-        .option("assign", json.dumps({topic: [r.partition for r in ranges]}))
-        .option("startingOffsets", offsets_json(topic, ranges, "start"))
-        .option("endingOffsets", offsets_json(topic, ranges, "end"))
+        .option("assign", json.dumps({topic: [r.partition for r in rs] for topic, rs in ranges.items()}))
+        .option("startingOffsets", offsets_json(ranges, "start"))
+        .option("endingOffsets", offsets_json(ranges, "end"))
         .option("includeHeaders", "true")
         .option("kafka.isolation.level", isolation)
         .option("groupIdPrefix", "msgaudit-capture")
@@ -573,14 +581,27 @@ def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
-def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFrame,
-                      ranges: Sequence[PartitionRange]) -> int:
-    """MERGE rows into log_records on (topic, partition, offset); return how many were written.
+def _in_ranges(alias: str, ranges: Mapping[str, Sequence[PartitionRange]]) -> Column:
+    """`alias`'s rows inside the planned ranges of every topic of `ranges`: the topics as a literal list
+    (Delta prunes the table's topic partitions), then each topic's partitions and offset bounds
+    (Delta skips files by their statistics)."""
+    col = lambda c: F.col(f"{alias}.{c}")  # noqa: E731
+    per_topic = [(col("topic") == F.lit(topic))
+                 & reduce(lambda x, y: x | y, [(col("partition") == r.partition) & col("offset").between(r.start, r.end - 1)
+                                               for r in rs])
+                 for topic, rs in ranges.items()]
+    return col("topic").isin(list(ranges)) & reduce(lambda x, y: x | y, per_topic)
+
+
+def merge_log_records(spark: SparkSession, cfg: Config, rows: DataFrame,
+                      ranges: Mapping[str, Sequence[PartitionRange]]) -> dict[str, int]:
+    """MERGE rows into log_records on (topic, partition, offset) in one commit; return how many rows
+    of each topic were written (`ranges`: topic -> the ranges read, each with offsets).
 
     Rows already stored with the same content are dropped first (left anti join against the
     stored rows of the same offset ranges), so a rerun over the same log writes nothing, not
     even an empty Delta commit, and keeps the first captured_at. A stored row whose content
-    differs (a topic deleted and recreated reuses offsets) is updated. The literal topic and
+    differs (a topic deleted and recreated reuses offsets) is updated. The literal topics and
     offset bounds let Delta prune partitions and skip files by their statistics.
     """
     from delta.tables import DeltaTable
@@ -589,16 +610,14 @@ def merge_log_records(spark: SparkSession, cfg: Config, topic: str, rows: DataFr
 
     ensure_log_table(spark, cfg)
     t, s = "t", "s"
-    bounds = [(F.col(f"{t}.partition") == r.partition) & F.col(f"{t}.offset").between(r.start, r.end - 1)
-              for r in ranges if r.offsets > 0]
-    in_ranges = (F.col(f"{t}.topic") == F.lit(topic)) & reduce(lambda x, y: x | y, bounds)
+    in_ranges = _in_ranges(t, ranges)
     same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
                                        for c in (*DATA_COLUMNS, PART_HOUR)])
     table = DeltaTable.forPath(spark, table_path(cfg, LOG_TABLE))
     stored = table.toDF().alias(t).where(in_ranges)
     changes = rows.alias(s).join(stored, same, "left_anti").persist()
     try:
-        written = changes.count()
+        written = {r["topic"]: int(r["n"]) for r in changes.groupBy("topic").agg(F.count(F.lit(1)).alias("n")).collect()}
         if written:
             key = in_ranges & reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
                                                           for c in ("topic", "partition", "offset")])
@@ -632,46 +651,60 @@ class _Snapshots:
         _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS, self.watermarks)
 
 
-def capture_topic(spark: SparkSession, cfg: Config, admin: Any, topic: str, partitions: Sequence[int],
-                  start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> TopicCapture:
-    """Snapshot group offsets and watermarks (into `snapshots`), then read and MERGE one topic."""
+def read_and_merge(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequence[PartitionRange]],
+                   captured_at: datetime) -> dict[str, tuple[int, int, int, int]]:
+    """Read the planned ranges of every topic of `ranges` in one pass per isolation level and MERGE
+    them into log_records in one commit: topic -> (records, aborted, header errors, written), for
+    the topics that had offsets to read."""
+    to_read = {t: [r for r in rs if r.offsets > 0] for t, rs in ranges.items()}
+    to_read = {t: rs for t, rs in to_read.items() if rs}
+    if not to_read:
+        return {}
+    everything = _read_kafka(spark, cfg, to_read, "read_uncommitted")
+    committed = _read_kafka(spark, cfg, to_read, "read_committed").select("topic", "partition", "offset")
+    tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
+    rows = to_log_records(everything, committed, captured_at, tz).persist()
+    try:
+        counts = {r["topic"]: (int(r[1]), int(r[2]), int(r[3])) for r in rows.groupBy("topic").agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
+            F.count(F.col("header_error")).alias("header_errors"),
+        ).collect()}
+        written = merge_log_records(spark, cfg, rows, to_read) if counts else {}
+    finally:
+        rows.unpersist()
+    return {t: (*counts.get(t, (0, 0, 0)), written.get(t, 0)) for t in to_read}
+
+
+def capture_batch(spark: SparkSession, cfg: Config, admin: Any, partitions: Mapping[str, Sequence[int]],
+                  start: datetime, end: datetime, captured_at: datetime,
+                  snapshots: _Snapshots) -> dict[str, TopicCapture]:
+    """Snapshot group offsets and watermarks of the topics of `partitions` (into `snapshots`), then
+    read and MERGE all of them together (`read_and_merge`)."""
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
-    groups = group_offsets(cfg, topic, partitions)
-    ranges = plan_topic(admin, cfg, topic, partitions, start, end)
-    snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups]
-    snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
-                             for r in ranges]
-    to_read = [r for r in ranges if r.offsets > 0]
-    records = aborted = header_errors = written = 0
-    if to_read:
-        everything = _read_kafka(spark, cfg, topic, to_read, "read_uncommitted")
-        committed = _read_kafka(spark, cfg, topic, to_read, "read_committed").select("topic", "partition", "offset")
-        tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
-        rows = to_log_records(everything, committed, captured_at, tz).persist()
-        try:
-            counts = rows.agg(
-                F.count(F.lit(1)).alias("records"),
-                F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
-                F.count(F.col("header_error")).alias("header_errors"),
-            ).first()
-            assert counts is not None
-            records, aborted, header_errors = int(counts[0]), int(counts[1]), int(counts[2])
-            if records:
-                written = merge_log_records(spark, cfg, topic, rows, to_read)
-        finally:
-            rows.unpersist()
-    return TopicCapture(
-        topic=topic,
-        partitions=len(ranges),
-        offsets_read=sum(r.offsets for r in ranges),
-        records=records,
-        aborted=aborted,
-        header_errors=header_errors,
-        written=written,
-        deferred=sum(r.deferred for r in ranges),
-        groups=len(groups),
-        ranges=tuple(ranges),
-    )
+    groups = {topic: group_offsets(cfg, topic, ps) for topic, ps in partitions.items()}
+    ranges = {topic: plan_topic(admin, cfg, topic, ps, start, end) for topic, ps in partitions.items()}
+    for topic, rs in ranges.items():
+        snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups[topic]]
+        snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start,
+                                  r.end) for r in rs]
+    read = read_and_merge(spark, cfg, ranges, captured_at)
+    results = {}
+    for topic, rs in ranges.items():
+        records, aborted, header_errors, written = read.get(topic, (0, 0, 0, 0))
+        results[topic] = TopicCapture(
+            topic=topic,
+            partitions=len(rs),
+            offsets_read=sum(r.offsets for r in rs),
+            records=records,
+            aborted=aborted,
+            header_errors=header_errors,
+            written=written,
+            deferred=sum(r.deferred for r in rs),
+            groups=len(groups[topic]),
+            ranges=tuple(rs),
+        )
+    return results
 
 
 def topic_partitions(cfg: Config, topics: Sequence[str], admin: Any = None) -> dict[str, list[int]]:
@@ -707,16 +740,20 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     snapshots = _Snapshots()
     mirror_marks: list[tuple[Any, ...]] = []
     mirror_groups: list[tuple[Any, ...]] = []
-    with tqdm(names, desc="capture", unit="topic", disable=not progress) as bar:
-        for name in bar:
-            bar.set_postfix_str(name)
-            r = capture_topic(spark, cfg, admin, name, partitions[name], start, end, captured_at, snapshots)
-            results[name] = r
-            bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
-                      f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
-            for m in cfg.topic(name).mirrors:  # stage mirror:<m>: the copy on the mirror's target cluster
-                bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks,
-                                         mirror_groups))
+    with tqdm(total=len(names), desc="capture", unit="topic", disable=not progress) as bar:
+        for i in range(0, len(names), BATCH_TOPICS):
+            batch = names[i:i + BATCH_TOPICS]
+            bar.set_postfix_str(batch[0] if len(batch) == 1 else f"{batch[0]} .. {batch[-1]}")
+            captured = capture_batch(spark, cfg, admin, {n: partitions[n] for n in batch}, start, end, captured_at,
+                                     snapshots)
+            for name, r in captured.items():
+                results[name] = r
+                bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
+                          f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
+                for m in cfg.topic(name).mirrors:  # stage mirror:<m>: the copy on the mirror's target cluster
+                    bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks,
+                                             mirror_groups))
+                bar.update(1)
     snapshots.write(spark, cfg)
     _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, mirror_marks)
     _append_snapshot(spark, cfg, MIRROR_GROUP_OFFSETS_TABLE, MIRROR_GROUP_OFFSETS, mirror_groups)
@@ -769,8 +806,8 @@ def capture_mirror(spark: SparkSession, cfg: Config, tc: TopicConfig, m: MirrorC
     to_read = [r for r in ranges if r.offsets > 0]
     records = 0
     if to_read:
-        everything = _read_kafka(spark, mcfg, m.topic, to_read, "read_uncommitted")
-        committed = _read_kafka(spark, mcfg, m.topic, to_read, "read_committed").select("topic", "partition", "offset")
+        everything = _read_kafka(spark, mcfg, {m.topic: to_read}, "read_uncommitted")
+        committed = _read_kafka(spark, mcfg, {m.topic: to_read}, "read_committed").select("topic", "partition", "offset")
         tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
         rows = (to_log_records(everything, committed, captured_at, tz)
                 .withColumns({"topic": F.lit(tc.name), "mirror": F.lit(m.name)})

@@ -57,8 +57,10 @@ def test_time_range_adds_lookback_grace_and_skew() -> None:
 @pytest.mark.unit
 def test_offsets_json() -> None:
     ranges = [C.plan_partition(0, 0, 9, 9, 2, 7), C.plan_partition(3, 0, 9, 9, 4, -1)]
-    assert C.offsets_json("orders", ranges, "start") == '{"orders": {"0": 2, "3": 4}}'
-    assert C.offsets_json("orders", ranges, "end") == '{"orders": {"0": 7, "3": 9}}'
+    assert C.offsets_json({"orders": ranges}, "start") == '{"orders": {"0": 2, "3": 4}}'
+    assert C.offsets_json({"orders": ranges}, "end") == '{"orders": {"0": 7, "3": 9}}'
+    both = {"orders": ranges, "refunds": [C.plan_partition(1, 3, 5, 5, -1, -1)]}
+    assert C.offsets_json(both, "start") == '{"orders": {"0": 2, "3": 4}, "refunds": {"1": 5}}'
 
 
 @pytest.mark.unit
@@ -418,6 +420,58 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
     assert version() == before  # not even an empty commit
     # Snapshots are appended: the latest one per captured_at.
     assert len(_rows(spark, cfg, "partition_watermarks", topic, "partition")) == 4
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_topics_captured_together_equal_topics_captured_one_by_one(
+        spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three topics -- the aborted transaction and garbage headers above, two plain audited records, and
+    an empty topic -- in one read and one MERGE give the rows, snapshots and counts that one capture
+    per topic (a batch of one) gives; a rerun of the batch writes nothing."""
+    from tests.conftest import new_topic
+
+    a, t0 = audited_topic["topic"], audited_topic["t0"]
+    b, empty = new_topic(kafka_bootstrap, partitions=2), new_topic(kafka_bootstrap)
+    plain = _producer(kafka_bootstrap)
+    for seq in range(2):
+        _send(plain, b, seq, f"b{seq}".encode(), H.stamp(None, "plain:2", seq, to_millis(t0) + seq))
+    topics = {t: {"window": "1h", "grace": "15m", "groups": ["g1"]} for t in (a, b, empty)}
+    span = (t0, t0 + timedelta(minutes=1))
+    together_cfg = make_config(tmp_path / "together", topics=topics)
+    together = C.capture(spark, together_cfg, *span)
+    monkeypatch.setattr(C, "BATCH_TOPICS", 1)
+    apart_cfg = make_config(tmp_path / "apart", topics=topics)
+    apart = C.capture(spark, apart_cfg, *span)
+
+    def counts(r: Any) -> dict[str, tuple[int, ...]]:
+        return {t: (c.partitions, c.records, c.written, c.aborted, c.header_errors, c.offsets_read, c.deferred,
+                    c.groups) for t, c in r.topics.items()}
+
+    assert counts(together) == counts(apart) == {
+        a: (2, 8, 8, 2, 2, 10, 0, 2), b: (2, 2, 2, 0, 0, 2, 0, 2), empty: (1, 0, 0, 0, 0, 0, 0, 1)}
+
+    def rows(cfg: Any, table: str, order: str, drop: int) -> list[tuple[Any, ...]]:
+        """Every topic's rows without the captured_at column (at index `drop`): the two captures ran
+        at different times."""
+        return [r[:drop] + r[drop + 1:] for t in (a, b, empty) for r in _rows(spark, cfg, table, t, order)]
+
+    log = rows(together_cfg, "log_records", "partition,offset", 10)
+    assert len(log) == 10 and {r[0] for r in log} == {a, b}
+    assert log == rows(apart_cfg, "log_records", "partition,offset", 10)
+    assert (rows(together_cfg, "partition_watermarks", "partition", 4)
+            == rows(apart_cfg, "partition_watermarks", "partition", 4)
+            == [(a, 0, 0, 8, 0, 8), (a, 1, 0, 2, 0, 2), (b, 0, 0, 1, 0, 1), (b, 1, 0, 1, 0, 1),
+                (empty, 0, 0, 0, 0, 0)])
+    assert (rows(together_cfg, "group_offsets", "group,partition", 4)
+            == rows(apart_cfg, "group_offsets", "group,partition", 4)
+            == [("g1", a, 0, 2), ("g1", a, 1, None), ("g1", b, 0, None), ("g1", b, 1, None), ("g1", empty, 0, None)])
+
+    monkeypatch.setattr(C, "BATCH_TOPICS", 50)
+    again = C.capture(spark, together_cfg, *span)
+    assert {t: (c.records, c.written) for t, c in again.topics.items()} == {a: (8, 0), b: (2, 0), empty: (0, 0)}
+    assert rows(together_cfg, "log_records", "partition,offset", 10) == log
 
 
 @pytest.mark.kafka

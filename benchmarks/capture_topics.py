@@ -1,0 +1,144 @@
+"""Fixed cost of `msgaudit capture`: many small topics read and MERGEd together or one by one.
+
+Starts its own broker, creates K topics (default 50) of 2 partitions and produces M audited
+messages (default 1,000) to each, then, in one Spark session, times each capture of the window
+into a fresh lake (so every capture writes every row, as a scheduled window's first capture does),
+interleaved:
+
+- `one topic`: the capture of one of the topics alone;
+- `together`: all K topics, `capture.BATCH_TOPICS` of them per Kafka read and MERGE (the default);
+- `one by one`: all K topics, one read and one MERGE per topic (`BATCH_TOPICS = 1`, how every
+  capture ran before the batches).
+
+It prints the medians, the ratios one by one / together and K topics / one topic, and whether the
+lakes of both K-topic ways hold the same log_records rows (every produced message once).
+
+    .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 3
+
+A measurement script, not a test: it asserts nothing about time, it prints ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from audit.core import config as config_mod  # noqa: E402
+from audit.core.config import Config  # noqa: E402
+from audit.core.windows import floor_window  # noqa: E402
+from audit.runtime.local_kafka import LocalKafka  # noqa: E402
+
+WINDOW = timedelta(hours=1)
+PARTITIONS = 2
+
+
+def produce(bootstrap: str, ledger_dir: Path, topics: list[str], m: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from audit.clients.producer import AuditedProducer
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for f in admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=1)
+                                  for t in topics]).values():
+        f.result(60)
+    p = AuditedProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0},
+                        producer_name="bench", ledger_dir=ledger_dir)
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
+    for t in topics:
+        for i in range(m):
+            p.produce(t, b'{"n": %d}' % i, on_delivery=delivered)
+        p.poll(0)
+    if p.flush(120) != 0 or failed:
+        raise SystemExit(f"bench: {len(failed)} messages not delivered")
+    p.close()
+
+
+def config(work: Path, name: str, bootstrap: str, topics: list[str]) -> Config:
+    return config_mod.from_dict({
+        "home": str(work / "home"), "lake": str(work / "lakes" / name),
+        "report_store": f"sqlite:///{work / 'report.db'}", "kafka": {"bootstrap.servers": bootstrap},
+        "spark": {"master": "local[2]"},
+        "topics": {t: {"window": "1h", "grace": "1m"} for t in topics}}, source="<benchmark>", base=work)
+
+
+def log_rows(spark: Any, cfg: Config) -> list[tuple[Any, ...]]:
+    from spark_jobs.io.lake import read_table
+
+    df = read_table(spark, cfg, "log_records").drop("captured_at")
+    return sorted(tuple(r) for r in df.collect())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topics", type=int, default=50, help="small topics (default 50)")
+    ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the three captures; medians printed")
+    args = ap.parse_args(argv)
+    from spark_jobs import capture as C
+    from spark_jobs.io.session import build_spark
+
+    with tempfile.TemporaryDirectory(prefix="msgaudit-bench-capture-") as tmp:
+        work = Path(tmp)
+        kafka = LocalKafka(work / "kafka", port=None)
+        kafka.start(300)
+        try:
+            names = [f"cap{k:03d}" for k in range(args.topics)]
+            t0 = datetime.now(UTC)
+            tp = time.perf_counter()
+            produce(kafka.bootstrap_servers, work / "ledger", names, args.messages)
+            print(f"{args.topics} topics x {args.messages:,} audited messages produced in "
+                  f"{time.perf_counter() - tp:.1f}s", flush=True)
+            start = floor_window(t0, WINDOW)
+            end = floor_window(datetime.now(UTC), WINDOW) + WINDOW
+            spark = build_spark(config(work, "warm", kafka.bootstrap_servers, names), app_name="msgaudit-capture-bench")
+            with contextlib.redirect_stdout(io.StringIO()):  # capture's line per topic
+                C.capture(spark, config(work, "warm", kafka.bootstrap_servers, names), start, end)  # compiles plans
+            ways = {"one topic": (names[:1], C.BATCH_TOPICS), "together": (names, C.BATCH_TOPICS),
+                    "one by one": (names, 1)}
+            batch = C.BATCH_TOPICS
+            times: dict[str, list[float]] = {w: [] for w in ways}
+            last: dict[str, Config] = {}
+            for i in range(args.reps):
+                order = list(ways) if i % 2 == 0 else list(reversed(ways))
+                for way in order:
+                    topics, C.BATCH_TOPICS = ways[way]
+                    cfg = last[way] = config(work, f"{way.replace(' ', '-')}-{i}", kafka.bootstrap_servers, topics)
+                    t = time.perf_counter()
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        C.capture(spark, cfg, start, end)
+                    times[way].append(time.perf_counter() - t)
+                    print(f"  round {i + 1}: {way:<10} {times[way][-1]:6.2f}s", flush=True)
+            C.BATCH_TOPICS = batch
+            together, apart = log_rows(spark, last["together"]), log_rows(spark, last["one by one"])
+            same = together == apart and len(together) == args.topics * args.messages
+            spark.stop()
+        finally:
+            kafka.stop()
+    med = {w: statistics.median(v) for w, v in times.items()}
+    for way, v in times.items():
+        print(f"{way:<10}: {med[way]:6.2f}s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
+    print(f"same log_records rows both ways ({args.topics * args.messages:,} expected): {'yes' if same else 'NO'}")
+    print(f"ratio one by one / together ({args.topics} topics, {batch} per batch): "
+          f"{med['one by one'] / med['together']:.2f}")
+    print(f"ratio {args.topics} topics / one topic: together {med['together'] / med['one topic']:.2f}, "
+          f"one by one {med['one by one'] / med['one topic']:.2f}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
