@@ -7,11 +7,12 @@ interleaved:
 
 - `one topic`: the capture of one of the topics alone;
 - `together`: all K topics, `capture.BATCH_TOPICS` of them per Kafka read and MERGE (the default);
-- `one by one`: all K topics, one read and one MERGE per topic (`BATCH_TOPICS = 1`, how every
-  capture ran before the batches).
+- `one by one`: all K topics, one read and one MERGE per topic (`BATCH_TOPICS = 1`);
+- `before`: one by one with the Java consumer's default `fetch.max.wait.ms` of 500 ms
+  (`FETCH_MAX_WAIT_MS = 500`): how every capture ran before the batches (`--no-before` skips it).
 
-It prints the medians, the ratios one by one / together and K topics / one topic, and whether the
-lakes of both K-topic ways hold the same log_records rows (every produced message once).
+It prints the medians, the ratios between the ways and K topics / one topic, and whether the lakes
+of every K-topic way hold the same log_records rows (every produced message once).
 
     .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 3
 
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topics", type=int, default=50, help="small topics (default 50)")
     ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the three captures; medians printed")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the captures; medians printed")
+    ap.add_argument("--no-before", action="store_true", help="skip the `before` way (the longest)")
     args = ap.parse_args(argv)
     from spark_jobs import capture as C
     from spark_jobs.io.session import build_spark
@@ -108,33 +110,39 @@ def main(argv: list[str] | None = None) -> int:
             spark = build_spark(config(work, "warm", kafka.bootstrap_servers, names), app_name="msgaudit-capture-bench")
             with contextlib.redirect_stdout(io.StringIO()):  # capture's line per topic
                 C.capture(spark, config(work, "warm", kafka.bootstrap_servers, names), start, end)  # compiles plans
-            ways = {"one topic": (names[:1], C.BATCH_TOPICS), "together": (names, C.BATCH_TOPICS),
-                    "one by one": (names, 1)}
-            batch = C.BATCH_TOPICS
+            batch, wait = C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS
+            ways = {"one topic": (names[:1], batch, wait), "together": (names, batch, wait),
+                    "one by one": (names, 1, wait)}
+            if not args.no_before:
+                ways["before"] = (names, 1, 500)
             times: dict[str, list[float]] = {w: [] for w in ways}
             last: dict[str, Config] = {}
             for i in range(args.reps):
                 order = list(ways) if i % 2 == 0 else list(reversed(ways))
                 for way in order:
-                    topics, C.BATCH_TOPICS = ways[way]
+                    topics, C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = ways[way]
                     cfg = last[way] = config(work, f"{way.replace(' ', '-')}-{i}", kafka.bootstrap_servers, topics)
                     t = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):
                         C.capture(spark, cfg, start, end)
                     times[way].append(time.perf_counter() - t)
                     print(f"  round {i + 1}: {way:<10} {times[way][-1]:6.2f}s", flush=True)
-            C.BATCH_TOPICS = batch
-            together, apart = log_rows(spark, last["together"]), log_rows(spark, last["one by one"])
-            same = together == apart and len(together) == args.topics * args.messages
+            C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = batch, wait
+            together = log_rows(spark, last["together"])
+            same = (len(together) == args.topics * args.messages
+                    and all(log_rows(spark, last[w]) == together for w in ways if w not in ("one topic", "together")))
             spark.stop()
         finally:
             kafka.stop()
     med = {w: statistics.median(v) for w, v in times.items()}
     for way, v in times.items():
         print(f"{way:<10}: {med[way]:6.2f}s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
-    print(f"same log_records rows both ways ({args.topics * args.messages:,} expected): {'yes' if same else 'NO'}")
+    print(f"same log_records rows every way ({args.topics * args.messages:,} expected): {'yes' if same else 'NO'}")
     print(f"ratio one by one / together ({args.topics} topics, {batch} per batch): "
           f"{med['one by one'] / med['together']:.2f}")
+    if "before" in med:
+        print(f"ratio before / one by one (fetch.max.wait.ms 500 against {wait}): {med['before'] / med['one by one']:.2f}")
+        print(f"ratio before / together (this change as a whole): {med['before'] / med['together']:.2f}")
     print(f"ratio {args.topics} topics / one topic: together {med['together'] / med['one topic']:.2f}, "
           f"one by one {med['one by one'] / med['one topic']:.2f}")
     return 0 if same else 1
