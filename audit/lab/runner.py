@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.core.config import Config
-from audit.core.windows import floor_window
+from audit.core.windows import floor_window, windows
 from audit.lab.env import Lab
 from audit.lab.scenarios import SCENARIOS, Context, with_bootstrap
 from audit.lab.truth import Comparison, Truth, compare
@@ -41,7 +41,6 @@ class ScenarioRun:
     topics: tuple[str, ...] = ()
     first: datetime | None = None
     last: datetime | None = None
-    audit_seconds: float = 0.0
 
 
 @dataclass
@@ -168,17 +167,26 @@ def _audit(result: LabResult, spark_factory: Callable[[], Any], start: datetime,
             _sleep_with_bar(wait, progress)
     result.as_of = as_of
     t0 = time.monotonic()
+    # Scenarios whose traffic falls in the same windows are reconciled in one call: their topics
+    # share each window's plan (docs/design.md §2), and every topic gets exactly its own windows.
+    together: dict[tuple[datetime, datetime], list[ScenarioRun]] = {}
     for run in result.runs:
         if run.truth is None or not run.topics or run.first is None or run.last is None:
             continue
-        say(f"audit: reconciling {run.name}")
-        t1 = time.monotonic()
+        spans = list(windows(run.first, run.last, window))
+        together.setdefault((spans[0][0], spans[-1][1]), []).append(run)
+    for (first, last), runs in together.items():
+        say(f"audit: reconciling {', '.join(r.name for r in runs)}")
         try:
-            run_step(spark, cfg, "reconcile", StepRange(run.first, run.last, run.topics, as_of), progress=progress)
-        except Exception as e:  # noqa: BLE001 - a reconcile bug on one scenario must not hide the others
-            run.error = f"reconcile failed: {type(e).__name__}: {str(e)[:500]}"
-            say(f"{run.name}: {run.error}")
-        run.audit_seconds = time.monotonic() - t1
+            run_step(spark, cfg, "reconcile", StepRange(first, last, tuple(t for r in runs for t in r.topics), as_of),
+                     progress=progress)
+        except Exception:  # noqa: BLE001 - a reconcile bug on one scenario must not hide the others
+            for run in runs:  # one by one, to name the scenario that fails
+                try:
+                    run_step(spark, cfg, "reconcile", StepRange(first, last, run.topics, as_of), progress=progress)
+                except Exception as e:  # noqa: BLE001
+                    run.error = f"reconcile failed: {type(e).__name__}: {str(e)[:500]}"
+                    say(f"{run.name}: {run.error}")
     result.timings["reconcile_s"] = time.monotonic() - t0
     t0 = time.monotonic()
     result.sla = run_step(spark, cfg, "sla", StepRange(start, end, None, as_of))
