@@ -2,7 +2,8 @@
 
 For a window range, the report rows are read from the Delta lake, given one observed column per
 rule (`with_sla_observations`, a pure transform), and validated with Great Expectations 1.x: one
-ExpectationSuite per topic, one `expect_column_values_to_be_between` per configured rule, run on
+ExpectationSuite per SLA -- the topics with the same rules, thresholds and severities share one, and
+one validation over all their rows -- one `expect_column_values_to_be_between` per rule, run on
 the Spark DataFrame through an ephemeral context (Spark datasource, whole-dataframe batch
 definition, ValidationDefinition). GE's row-level unexpected index list decides pass or fail of
 every (window_start, topic, partition, stage, rule); one row each goes to `sla_results` in the
@@ -131,17 +132,20 @@ def _in_range(topics: Iterable[TopicConfig], start: datetime, end: datetime) -> 
 # Great Expectations
 # ---------------------------------------------------------------------------------------------
 
-def topic_suite(topic: TopicConfig) -> ExpectationSuite:
-    """The Great Expectations suite of one topic's SLA (one expectation per configured rule)."""
+def rules_suite(topics: Sequence[TopicConfig]) -> ExpectationSuite:
+    """The Great Expectations suite of `topics`, which share one SLA (one expectation per configured
+    rule): named after the first topic, and after how many more share it."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
     from great_expectations.expectations.row_conditions import Column as GxColumn
 
-    suite = gx.ExpectationSuite(name=f"sla_{topic.name}")
-    for rule in topic.sla:
+    first = topics[0]
+    names = ", ".join(t.name for t in topics)
+    suite = gx.ExpectationSuite(name=f"sla_{first.name}" + (f"_and_{len(topics) - 1}_more" if len(topics) > 1 else ""))
+    for rule in first.sla:
         spec = RULES[rule.rule]
         kwargs: dict[str, Any] = {"column": spec.observed_column,
-                                  "meta": {"rule": rule.rule, "severity": rule.severity, "topic": topic.name}}
+                                  "meta": {"rule": rule.rule, "severity": rule.severity, "topic": names}}
         kwargs["max_value" if spec.bound == "max" else "min_value"] = rule.threshold
         if spec.stage_kinds != ALL_STAGE_KINDS:
             kwargs["row_condition"] = GxColumn("stage_kind").is_in(list(spec.stage_kinds))
@@ -149,8 +153,18 @@ def topic_suite(topic: TopicConfig) -> ExpectationSuite:
     return suite
 
 
+def same_sla(topics: Iterable[TopicConfig]) -> list[list[TopicConfig]]:
+    """`topics` grouped by their SLA (the same rules, thresholds and severities, in any order), each
+    group in the order given: one validation checks a whole group's rows."""
+    groups: dict[frozenset[SlaRule], list[TopicConfig]] = {}
+    for t in topics:
+        groups.setdefault(frozenset(t.sla), []).append(t)
+    return list(groups.values())
+
+
 class _GxRunner:
-    """One ephemeral GE context for a check: a Spark datasource and one validation per topic."""
+    """One ephemeral GE context for a check: a Spark datasource and one validation per group of
+    topics that share an SLA (`same_sla`)."""
 
     def __init__(self) -> None:
         import great_expectations as gx
@@ -169,11 +183,12 @@ class _GxRunner:
         asset = self.context.data_sources.add_spark("audit_report").add_dataframe_asset("audit_partition_report")
         self.batch_definition = asset.add_batch_definition_whole_dataframe("window_range")
 
-    def unexpected_keys(self, topic: TopicConfig, df: DataFrame) -> dict[str, set[str]]:
-        """Validate `df` (one topic's rows) against the topic's suite: rule -> keys of failing rows."""
-        suite = self.context.suites.add(topic_suite(topic))
+    def unexpected_keys(self, topics: Sequence[TopicConfig], df: DataFrame) -> dict[str, set[str]]:
+        """Validate `df` (the rows of `topics`, which share one SLA) against their suite: rule -> keys
+        of failing rows."""
+        suite = self.context.suites.add(rules_suite(topics))
         validation = self.context.validation_definitions.add(self._gx.ValidationDefinition(
-            name=f"sla_{topic.name}", data=self.batch_definition, suite=suite))
+            name=suite.name, data=self.batch_definition, suite=suite))
         result = validation.run(batch_parameters={"dataframe": df}, result_format={
             "result_format": "COMPLETE", "unexpected_index_column_names": [_KEY],
             "return_unexpected_index_query": False})
@@ -183,7 +198,9 @@ class _GxRunner:
             rule = r.expectation_config.meta["rule"]
             if r.exception_info.get("raised_exception"):
                 # A rule GE could not evaluate is an error, never a silent pass.
-                raise InputError(f"SLA rule {rule} of topic {topic.name!r} could not be evaluated: "
+                which = f"topic {topics[0].name!r}" if len(topics) == 1 else \
+                    f"topics {', '.join(repr(t.name) for t in topics)}"
+                raise InputError(f"SLA rule {rule} of {which} could not be evaluated: "
                                  f"{r.exception_info.get('exception_message')}")
             failing[rule] = {row[_KEY] for row in r.result.get("unexpected_index_list") or []}
         return failing
@@ -251,20 +268,26 @@ def check_sla(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
         runner = _GxRunner() if any(t.sla for t in selected) else None
         store = ReportStore(cfg.report_store)
         try:
+            observed = sorted({RULES[r.rule].observed_column for t in selected for r in t.sla})
+            collected: dict[str, list[Any]] = defaultdict(list)
+            for row in rows_df.select(_KEY, _WINDOW_US, "topic", "partition", "stage", "status", *observed).collect():
+                collected[row["topic"]].append(row)
+            failing: dict[str, set[str]] = defaultdict(set)  # rule -> keys of failing rows, every topic's
+            # one validation per group of topics that share an SLA, not one per topic
+            for group in same_sla(t for t in selected if t.sla and collected[t.name]):
+                assert runner is not None  # a topic with rules
+                names = [t.name for t in group]
+                for name, keys in runner.unexpected_keys(group, rows_df.filter(F.col("topic").isin(names))).items():
+                    failing[name] |= keys
             for topic in _progress(selected):
-                topic_df = rows_df.filter(F.col("topic") == topic.name)
-                collected = topic_df.select(
-                    _KEY, _WINDOW_US, "topic", "partition", "stage", "status",
-                    *sorted({RULES[r.rule].observed_column for r in topic.sla})).collect()
-                outcome.report_rows += len(collected)
-                failing = runner.unexpected_keys(topic, topic_df) if (runner and topic.sla and collected) else {}
+                outcome.report_rows += len(collected[topic.name])
                 by_window: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
-                for row in collected:
+                for row in collected[topic.name]:
                     kind = row["stage"].split(":", 1)[0]
                     for rule in topic.sla:
                         if kind in RULES[rule.rule].stage_kinds:
                             by_window[EPOCH + timedelta(microseconds=row[_WINDOW_US])].append(
-                                _result_row(rule, row, failing.get(rule.rule, set()), checked_at))
+                                _result_row(rule, row, failing[rule.rule], checked_at))
                 # Every window of the range is replaced, so a rerun also clears results of rows that vanished.
                 targets = {w for w, _ in windows(start, end, topic.window)} | set(by_window)
                 for w in sorted(targets):

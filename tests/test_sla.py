@@ -20,7 +20,7 @@ from audit.core.config import Config
 from audit.core.errors import InputError
 from audit.core.vocabulary import REPORT_CODE_COLUMNS
 from audit.serving.report_store import ReportStore
-from spark_jobs.sla import SlaOutcome, check_sla, format_table, with_sla_observations
+from spark_jobs.sla import SlaOutcome, check_sla, format_table, same_sla, with_sla_observations
 
 W0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
 W1 = W0 + timedelta(hours=1)
@@ -34,6 +34,7 @@ TOPICS: dict[str, Any] = {
                        "max_reordered": {"threshold": 0, "severity": "warn"},
                        "max_p99_latency_ms": 1000, "min_completeness": 0.99}},
     "payments": {"sla": {"max_lost": {"threshold": 5, "severity": "warn"}}},
+    "refunds": {"sla": {"max_lost": {"threshold": 5, "severity": "warn"}}},  # payments' SLA: one validation
     "quiet": {},  # no SLA: nothing is written for it
 }
 
@@ -62,6 +63,8 @@ REPORT_ROWS = [
     report(W2, "orders", 0, "log", 10, 0, lost=10),  # outside [W0, W2): not checked
     report(W0, "payments", 0, "log", 10, 4, lost=6),
     report(W0, "payments", 1, "log", 10, 5, lost=5),
+    report(W0, "refunds", 0, "log", 10, 3, lost=7),
+    report(W0, "refunds", 1, "log", 10, 10),
     report(W0, "quiet", 0, "log", 10, 0, lost=10),
 ]
 
@@ -100,6 +103,8 @@ EXPECTED = [
                   compl=(None, True)),
     sla(W0, "payments", 0, "log", "max_lost", 6.0, 5.0, False, "warn"),
     sla(W0, "payments", 1, "log", "max_lost", 5.0, 5.0, True, "warn"),
+    sla(W0, "refunds", 0, "log", "max_lost", 7.0, 5.0, False, "warn"),
+    sla(W0, "refunds", 1, "log", "max_lost", 0.0, 5.0, True, "warn"),
     *orders_rules(W1, 0, "log", dup=(0.0, True), lost=(3.0, False), p99=(5.0, True), reord=(0.0, True),
                   compl=(7 / 10, False), provisional=True),
 ]
@@ -155,7 +160,8 @@ KEPT_OUT_OF_RANGE = sla(W2, "orders", 0, "log", "max_lost", 10.0, 0.0, False)
 
 @pytest.fixture(scope="module")
 def checked(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checked]:
-    """One check over [W0, W2) of a report covering every rule's pass and fail (one GE run per topic)."""
+    """One check over [W0, W2) of a report covering every rule's pass and fail (one GE run per SLA:
+    payments and refunds share theirs)."""
     root = tmp_path_factory.mktemp("sla")
     cfg = make_cfg(root, TOPICS)
     write_report(spark, cfg, REPORT_ROWS)
@@ -183,9 +189,9 @@ def test_rows_are_stored_replacing_the_range_only(checked: Checked) -> None:
 @pytest.mark.spark
 def test_counts_of_failures_by_severity(checked: Checked) -> None:
     # error: group lost + p99; p1 log dup + lost + completeness; p1 sink dup. warn: p1 log reordered,
-    # provisional lost + completeness, payments p0 lost.
-    assert (checked.outcome.failed_errors, checked.outcome.failed_warnings) == (6, 4)
-    assert checked.outcome.report_rows == 9  # quiet's row is read too, it just has no rules
+    # provisional lost + completeness, payments p0 lost, refunds p0 lost.
+    assert (checked.outcome.failed_errors, checked.outcome.failed_warnings) == (6, 5)
+    assert checked.outcome.report_rows == 11  # quiet's row is read too, it just has no rules
 
 
 @pytest.mark.spark
@@ -193,24 +199,25 @@ def test_data_docs_are_built(checked: Checked) -> None:
     docs = checked.cfg.home.parent / "docs"
     assert (docs / "index.html").is_file()
     pages = sorted(p.name for p in (docs / "expectations").rglob("*.html"))
-    assert pages == ["sla_orders.html", "sla_payments.html"]
+    assert pages == ["sla_orders.html", "sla_payments_and_1_more.html"]  # payments' suite is refunds' too
 
 
 @pytest.mark.spark
 def test_table_summarises_and_lists_failures(checked: Checked) -> None:
     text = format_table(checked.outcome)
     lines = text.splitlines()
-    assert lines[0] == ("SLA 2026-11-21T10:00:00+00:00 .. 2026-11-21T12:00:00+00:00: 30 checks on 9 report rows, "
-                        "6 failed (error), 4 failed (warn)")
+    assert lines[0] == ("SLA 2026-11-21T10:00:00+00:00 .. 2026-11-21T12:00:00+00:00: 32 checks on 11 report rows, "
+                        "6 failed (error), 5 failed (warn)")
     summary = {tuple(line.split()[:3]): line.split()[3:] for line in lines[3:lines.index("Failed checks:") - 1]}
     assert summary[("orders", "log", "max_lost")] == ["0", "3", "2", "3", "FAIL"]  # threshold checks failed worst
     assert summary[("orders", "log", "min_completeness")] == ["0.99", "3", "2", "0.7", "FAIL"]
     assert summary[("orders", "log", "max_reordered")] == ["0", "3", "1", "1", "WARN"]
     assert summary[("payments", "log", "max_lost")] == ["5", "2", "1", "6", "WARN"]
+    assert summary[("refunds", "log", "max_lost")] == ["5", "2", "1", "7", "WARN"]
     assert summary[("orders", "sink:s", "max_lost")] == ["0", "2", "0", "0", "PASS"]
-    assert len(summary) == 15
+    assert len(summary) == 16
     failures = lines[lines.index("Failed checks:") + 1:lines.index("Likely causes (docs/design.md §5):") - 1]
-    assert len(failures) == 10
+    assert len(failures) == 11
     assert ("  ERROR  2026-11-21T10:00:00+00:00  orders[1]  log  min_completeness: 0.98 (expected >= 0.99)"
             in failures)
     producers = "Producer settings behind them (producer_settings):"
@@ -295,3 +302,15 @@ def test_naive_range_is_rejected(tmp_path: Path) -> None:
     cfg = make_cfg(tmp_path, {"orders": {"sla": {"max_lost": 0}}})
     with pytest.raises(InputError, match="start: expected a timezone-aware UTC datetime"):
         check_sla(None, cfg, datetime(2026, 11, 21, 10), W1)  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+def test_topics_with_the_same_rules_share_a_validation(tmp_path: Path) -> None:
+    cfg = make_cfg(tmp_path, {
+        "a": {"sla": {"max_lost": 0, "max_reordered": 1}},
+        "b": {"sla": {"max_reordered": 1, "max_lost": 0}},  # a's rules in another order
+        "c": {"sla": {"max_lost": 0, "max_reordered": {"threshold": 1, "severity": "warn"}}},  # another severity
+        "d": {"sla": {"max_lost": 1, "max_reordered": 1}},  # another threshold
+        "e": {"sla": {"max_lost": 0, "max_reordered": 1}}})
+    groups = same_sla(cfg.topic(t) for t in "abcde")
+    assert [[t.name for t in g] for g in groups] == [["a", "b", "e"], ["c"], ["d"]]
