@@ -13,9 +13,11 @@ driver (`reconcile.driver_rows` at its default, which these windows fit) and by 
 
 and prints the four medians, the ratios driver/plan and K topics/one topic (target: K topics <= 5x
 one topic; one small window <= 4 s) and whether every injected anomaly was found exactly (one
-`missed` per topic, nothing else) in all four. With `--against REV`, the driver way of both sides
-is also timed with `spark_jobs/reconcile` as of git revision REV, alternating with this checkout's,
-and the ratio `this checkout / REV` is printed.
+`missed` per topic, nothing else) in all four. Then it times the SLA check of the window (every
+topic has `max_lost: 0`, which each topic's `missed` fails once) for one topic and for all K. With
+`--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` as of git
+revision REV, and the SLA check with `spark_jobs/sla.py` as of REV, alternating with this
+checkout's, and the ratios `this checkout / REV` are printed.
 
     .venv/bin/python benchmarks/many_topics.py --topics 50 --messages 1000
     .venv/bin/python benchmarks/many_topics.py --reps 8 --against HEAD   # the checkout vs its last commit
@@ -27,8 +29,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,6 +115,23 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, topics: int, m: int) -> No
         .save(table_path(cfg, "group_offsets"))
 
 
+def module_at(rev: str, path: str, into: Path) -> Any:
+    """The module at `path` as of git revision `rev`, loaded under a name of its own."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"--against {rev}: git show {rev}:{path}: {done.stderr.strip()}")
+    name = Path(path).stem + "_at_" + re.sub(r"\W", "_", rev)
+    into.mkdir(parents=True, exist_ok=True)
+    (into / f"{name}.py").write_text(done.stdout)
+    spec = importlib.util.spec_from_file_location(name, into / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def run(spark: Any, cfg: Config, topics: list[str], as_of: datetime) -> tuple[float, dict[str, int]]:
     from spark_jobs.pipeline.steps import StepRange, run_step
 
@@ -166,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
         "spark": {"master": "local[2]", **dict(c.split("=", 1) for c in args.conf)},
-        "topics": {t: {"window": "1h", "grace": "15m", "groups": [GROUP], "sinks": [sink]} for t in names}},
+        "topics": {t: {"window": "1h", "grace": "15m", "groups": [GROUP], "sinks": [sink], "sla": {"max_lost": 0}}
+                   for t in names}},
         source="<benchmark>", base=work)
     from spark_jobs.io.session import build_spark
 
@@ -204,6 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         for topics in sides.values():  # warm-up: the other package's plans compiled once
             other.reconcile_range(spark, cfg, WINDOW, WINDOW + HOUR, as_of, topics)
         against = compare(spark, cfg, sides, as_of, args.reps, other)
+    sla_modules: dict[str, Any] = {"this checkout": importlib.import_module("spark_jobs.sla")}
+    if args.against:
+        sla_modules[args.against] = module_at(args.against, "spark_jobs/sla.py", work / "against")
+    sla_times: dict[tuple[str, str], list[float]] = {}
+    for i in range(args.reps + 1):  # the first round compiles the plans: not timed
+        for side, topics in sides.items():
+            for name, module in (sla_modules.items() if i % 2 == 0 else reversed(sla_modules.items())):
+                t = time.perf_counter()
+                outcome = module.check_sla(spark, cfg, WINDOW, WINDOW + HOUR, topics, checked_at=as_of)
+                if i:
+                    sla_times.setdefault((side, name), []).append(time.perf_counter() - t)
+                if outcome.failed_errors != len(topics):
+                    raise SystemExit(f"sla ({name}): {outcome.failed_errors} failed checks, {len(topics)} expected")
     med = {k: statistics.median(v) for k, v in times.items()}
     # per topic: one `missed` in the group stage (lost there); the sink does not expect what its group
     # never processed, so nothing else
@@ -220,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
             label = "one topic" if side == "one" else f"{args.topics} topics"
             print(f"{label:<10} driver: {mine:.2f}s with this checkout, {theirs:.2f}s with {args.against} "
                   f"(medians of {args.reps} alternating)")
+    for (side, name), v in sla_times.items():
+        label = "one topic" if side == "one" else f"{args.topics} topics"
+        print(f"{label:<10} sla ({name}): {statistics.median(v):.2f}s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
     spark.stop()
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
@@ -229,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio {args.topics} topics / one topic: driver {every / one:.2f}, plan "
           f"{med[('all', 'plan')] / med[('one', 'plan')]:.2f}  (target <= 5; one small window {one:.2f}s in the "
           f"driver, {med[('one', 'plan')]:.2f}s by the plan, target <= 4 s)")
+    sla_med = {k: statistics.median(v) for k, v in sla_times.items()}
+    print(f"ratio sla {args.topics} topics / one topic: "
+          f"{sla_med[('all', 'this checkout')] / sla_med[('one', 'this checkout')]:.2f}")
+    if args.against:
+        print(f"ratio sla this checkout / {args.against}: one topic "
+              f"{sla_med[('one', 'this checkout')] / sla_med[('one', args.against)]:.2f}, {args.topics} topics "
+              f"{sla_med[('all', 'this checkout')] / sla_med[('all', args.against)]:.2f}")
     if against is not None:
         print(f"ratio this checkout / {args.against} (driver): one topic {against['one'][0] / against['one'][1]:.2f}, "
               f"{args.topics} topics {against['all'][0] / against['all'][1]:.2f}")
