@@ -7,9 +7,8 @@ belong to aborted transactions), parses the audit headers with Spark expressions
 `audit.core.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
 `log_records` keyed on (topic, partition, offset), so a rerun changes nothing. Up to BATCH_TOPICS
 topics share each read and the MERGE (one Delta commit), so many small topics cost about what one
-does. It also appends
-snapshots of the configured groups' committed offsets (`group_offsets`) and of every
-partition's watermarks (`partition_watermarks`, with the offset range this capture read:
+does. It also appends snapshots of the configured groups' committed offsets (`group_offsets`) and
+of every partition's watermarks (`partition_watermarks`, with the offset range this capture read:
 `captured_from`/`captured_to`, which is what reconcile takes as "covered by a capture").
 
 Offset planning (`plan_partition`):
