@@ -26,7 +26,7 @@ from audit.core.config import Config
 from audit.lab.env import ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
 from audit.runtime.local_kafka import free_port
-from audit.runtime.local_spark import ClusterState, LocalSparkCluster
+from audit.runtime.local_spark import ClusterState, LocalSparkCluster, master_ui_port
 from spark_jobs.pipeline.submit import cluster_submit
 
 SCENARIOS = ["at_least_once"]
@@ -217,3 +217,47 @@ def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFix
     assert "needs a step: one of ingest, capture, reconcile, sla, window, backfill" in capsys.readouterr().err
     assert main(["cluster", "stop", "--dir", d]) == 0
     assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"
+
+
+@pytest.mark.unit
+def test_a_master_ui_moved_to_another_port_is_found_in_its_log(tmp_path: Path) -> None:
+    """Another process took the UI port `launch` picked, so Spark bound the next one and logged it:
+    `wait_ready` reads the master's log, asks that port and records it for `status` and `stop`."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Master(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's name
+            body = json.dumps({"aliveworkers": 2}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Master)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    moved = server.server_address[1]
+    master = subprocess.Popen(["sleep", "60"])  # a live pid to stand for the master's
+    try:
+        cluster = LocalSparkCluster(tmp_path)
+        (tmp_path / "logs").mkdir()
+        log = tmp_path / "logs" / "master.log"
+        log.write_text("INFO Utils: Successfully started service 'MasterUI' on port 4100.\n"  # an earlier master
+                       "INFO Master: Starting Spark master at spark://127.0.0.1:7077\n"
+                       "WARN Utils: Service 'MasterUI' could not bind on port 4200. Attempting port 4201.\n"
+                       f"INFO Utils: Successfully started service 'MasterUI' on port {moved}.\n")
+        assert master_ui_port(log) == moved
+        assert master_ui_port(tmp_path / "logs" / "absent.log") is None
+        picked = free_port()
+        state = ClusterState("spark://127.0.0.1:7077", master.pid, picked, [], 2, dir=str(tmp_path))
+        assert cluster.alive_workers(state) == -1  # nothing answers on the picked port
+        ready = cluster.wait_ready(state, timeout_s=10)
+        assert ready.master_ui_port == moved
+        assert json.loads((tmp_path / "cluster.json").read_text())["master_ui_port"] == moved
+    finally:
+        server.shutdown()
+        master.kill()
+        master.wait()

@@ -24,12 +24,13 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +190,18 @@ class LocalSparkCluster:
         return state
 
     def wait_ready(self, state: ClusterState, timeout_s: float = 300.0) -> ClusterState:
-        """Wait until the master sees every worker ALIVE; a dead daemon or the timeout stops them all."""
+        """Wait until the master sees every worker ALIVE; a dead daemon or the timeout stops them all.
+
+        The master's web UI may not be on the port `launch` picked: when another process takes that
+        port first, Spark binds the next free one and logs it. While the UI does not answer, the
+        port the master's log names last is taken (and recorded) instead."""
         deadline = time.monotonic() + timeout_s
-        while self.alive_workers(state) != state.workers:
+        while (alive := self.alive_workers(state)) != state.workers:
+            moved = master_ui_port(state.logs / "master.log") if alive < 0 else None
+            if moved is not None and moved != state.master_ui_port:
+                state = replace(state, master_ui_port=moved)
+                self._write(state)
+                continue
             dead = [p for p in state.pids() if not _pid_alive(p)]
             if dead or time.monotonic() > deadline:
                 why = "a daemon exited" if dead else f"not ready after {timeout_s:.0f}s"
@@ -227,6 +237,19 @@ class LocalSparkCluster:
                 os.waitpid(pid, os.WNOHANG)
         self.state_path.unlink(missing_ok=True)
         return len(running)
+
+
+_UI_PORT = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+
+
+def master_ui_port(log: Path) -> int | None:
+    """The port the master's web UI bound, as the last line of its log that says so (None: no such
+    line yet)."""
+    try:
+        found = _UI_PORT.findall(log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found[-1]) if found else None
 
 
 def submit_command(state: ClusterState, application: str, app_args: list[str], *, jars: list[str],
