@@ -26,7 +26,7 @@ from audit.core.config import Config
 from audit.lab.env import ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
 from audit.runtime.local_kafka import free_port
-from audit.runtime.local_spark import ClusterState, LocalSparkCluster, master_ui_port
+from audit.runtime.local_spark import ClusterState, LocalSparkCluster, master_ports
 from spark_jobs.pipeline.submit import cluster_submit
 
 SCENARIOS = ["at_least_once"]
@@ -219,45 +219,113 @@ def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"
 
 
+class _StandInMaster:
+    """A master's web UI on a free port that reports `alive` workers ALIVE."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        outer = self
+        self.alive = 2
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the handler's name
+                body = json.dumps({"aliveworkers": outer.alive}).encode()
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+_EARLIER_MASTER = ("INFO Utils: Successfully started service 'sparkMaster' on port 7000.\n"
+                   "INFO Utils: Successfully started service 'MasterUI' on port 4100.\n")
+
+
 @pytest.mark.unit
 def test_a_master_ui_moved_to_another_port_is_found_in_its_log(tmp_path: Path) -> None:
     """Another process took the UI port `launch` picked, so Spark bound the next one and logged it:
-    `wait_ready` reads the master's log, asks that port and records it for `status` and `stop`."""
+    `wait_ready` reads the master's log (after what an earlier master wrote), asks that port and
+    records it for `status` and `stop`."""
     import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    class Master(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the handler's name
-            body = json.dumps({"aliveworkers": 2}).encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Master)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    moved = server.server_address[1]
+    ui = _StandInMaster()
     master = subprocess.Popen(["sleep", "60"])  # a live pid to stand for the master's
     try:
         cluster = LocalSparkCluster(tmp_path)
         (tmp_path / "logs").mkdir()
         log = tmp_path / "logs" / "master.log"
-        log.write_text("INFO Utils: Successfully started service 'MasterUI' on port 4100.\n"  # an earlier master
-                       "INFO Master: Starting Spark master at spark://127.0.0.1:7077\n"
-                       "WARN Utils: Service 'MasterUI' could not bind on port 4200. Attempting port 4201.\n"
-                       f"INFO Utils: Successfully started service 'MasterUI' on port {moved}.\n")
-        assert master_ui_port(log) == moved
-        assert master_ui_port(tmp_path / "logs" / "absent.log") is None
+        log.write_text(_EARLIER_MASTER)
+        since = log.stat().st_size
+        with open(log, "a") as f:
+            f.write("INFO Utils: Successfully started service 'sparkMaster' on port 7077.\n"
+                    "INFO Master: Starting Spark master at spark://127.0.0.1:7077\n"
+                    "WARN Utils: Service 'MasterUI' could not bind on port 4200. Attempting port 4201.\n"
+                    f"INFO Utils: Successfully started service 'MasterUI' on port {ui.port}.\n")
+        assert master_ports(log) == {"sparkMaster": 7077, "MasterUI": ui.port}
+        assert master_ports(log, since=len("INFO Utils: Successfully started service 'sparkMaster' on port 7000.\n")) \
+            == {"sparkMaster": 7077, "MasterUI": ui.port}
+        assert master_ports(tmp_path / "logs" / "absent.log") == {}
         picked = free_port()
-        state = ClusterState("spark://127.0.0.1:7077", master.pid, picked, [], 2, dir=str(tmp_path))
+        state = ClusterState("spark://127.0.0.1:7077", master.pid, picked, [], 2, dir=str(tmp_path),
+                             master_log_from=since)
         assert cluster.alive_workers(state) == -1  # nothing answers on the picked port
         ready = cluster.wait_ready(state, timeout_s=10)
-        assert ready.master_ui_port == moved
-        assert json.loads((tmp_path / "cluster.json").read_text())["master_ui_port"] == moved
+        assert (ready.master_url, ready.master_ui_port) == ("spark://127.0.0.1:7077", ui.port)
+        assert json.loads((tmp_path / "cluster.json").read_text())["master_ui_port"] == ui.port
     finally:
-        server.shutdown()
+        ui.server.shutdown()
         master.kill()
         master.wait()
+
+
+@pytest.mark.unit
+def test_workers_are_started_again_on_the_port_the_master_bound_when_its_picked_one_was_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master's RPC port was taken between `launch`'s check and the master's bind: Spark bound
+    the next one, and the workers, given the picked URL, would never register. `wait_ready` finds
+    the bound port in the master's log, stops those workers, starts new ones on the master's URL
+    and records it."""
+    import json
+
+    ui = _StandInMaster()
+    ui.alive = 0  # the master is up on the UI port `launch` picked; no worker has registered
+    master = subprocess.Popen(["sleep", "60"])
+    stale = subprocess.Popen(["sleep", "60"])  # a worker started on the picked URL
+    fresh = subprocess.Popen(["sleep", "60"])
+    started: list[str] = []
+
+    def launch_workers(url: str, env: dict[str, str]) -> list[int]:
+        started.append(url)
+        ui.alive = 1  # the new worker registers
+        return [fresh.pid]
+
+    try:
+        cluster = LocalSparkCluster(tmp_path, workers=1)
+        monkeypatch.setattr(cluster, "_launch_workers", launch_workers)
+        (tmp_path / "logs").mkdir()
+        log = tmp_path / "logs" / "master.log"
+        log.write_text(_EARLIER_MASTER + "WARN Utils: Service 'sparkMaster' could not bind on port 7077. "
+                       "Attempting port 7078.\nINFO Utils: Successfully started service 'sparkMaster' on port 7078.\n"
+                       f"INFO Utils: Successfully started service 'MasterUI' on port {ui.port}.\n")
+        state = ClusterState("spark://127.0.0.1:7077", master.pid, ui.port, [stale.pid], 1, dir=str(tmp_path),
+                             master_log_from=len(_EARLIER_MASTER))
+        ready = cluster.wait_ready(state, timeout_s=10)
+        assert started == ["spark://127.0.0.1:7078"]
+        assert (ready.master_url, ready.master_ui_port, ready.worker_pids) == ("spark://127.0.0.1:7078", ui.port,
+                                                                             [fresh.pid])
+        assert stale.poll() is not None and fresh.poll() is None  # the stale worker stopped (and reaped)
+        recorded = json.loads((tmp_path / "cluster.json").read_text())
+        assert (recorded["master_url"], recorded["worker_pids"]) == ("spark://127.0.0.1:7078", [fresh.pid])
+    finally:
+        ui.server.shutdown()
+        for p in (master, stale, fresh):
+            p.kill()
+            p.wait()

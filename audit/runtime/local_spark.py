@@ -83,6 +83,7 @@ class ClusterState:
     memory: str = "1g"
     python: str = sys.executable
     dir: str = ""
+    master_log_from: int = 0  # master.log's size when this master started: its lines come after it
 
     @property
     def logs(self) -> Path:
@@ -173,34 +174,57 @@ class LocalSparkCluster:
         env = self._env()
         ui = free_port()
         url = f"spark://127.0.0.1:{self.port}"
+        master_log = self.dir / "logs" / "master.log"
+        since = master_log.stat().st_size if master_log.exists() else 0
         master = self._launch("master", [MASTER_CLASS, "--host", "127.0.0.1", "--port", str(self.port),
                                          "--webui-port", str(ui)], env)
         state = ClusterState(url, master.pid, ui, [], self.workers, self.cores, self.memory, sys.executable,
-                             str(self.dir))
+                             str(self.dir), since)
         state.driver_log4j.write_text(_DRIVER_LOG4J2.format(log=state.logs / "driver.log"))
         # The workers start beside the master (they retry until it answers): one JVM start less to wait.
+        state.worker_pids = self._launch_workers(url, env)
+        self._write(state)
+        return state
+
+    def _launch_workers(self, url: str, env: dict[str, str]) -> list[int]:
+        pids = []
         for i in range(1, self.workers + 1):
             work = self.dir / f"work-{i}"
             work.mkdir(exist_ok=True)
             w = self._launch(f"worker-{i}", [
                 WORKER_CLASS, "--host", "127.0.0.1", "--webui-port", str(free_port()),
                 "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work), url], env)
-            state.worker_pids.append(w.pid)
-        self._write(state)
-        return state
+            pids.append(w.pid)
+        return pids
+
+    def _moved(self, state: ClusterState) -> ClusterState | None:
+        """`state` with the ports the master's log says it bound, when they are not the picked ones
+        (another process took a picked port first and Spark bound the next one); None otherwise.
+        Workers given the old URL would never register: they are stopped and started again on the
+        new one."""
+        bound = master_ports(state.logs / "master.log", state.master_log_from)
+        url = f"spark://127.0.0.1:{bound['sparkMaster']}" if "sparkMaster" in bound else state.master_url
+        ui = bound.get("MasterUI", state.master_ui_port)
+        if (url, ui) == (state.master_url, state.master_ui_port):
+            return None
+        moved = replace(state, master_url=url, master_ui_port=ui)
+        if url != state.master_url:
+            _terminate(state.worker_pids, timeout_s=30.0)
+            moved.worker_pids = self._launch_workers(url, self._env())
+        self._write(moved)
+        return moved
 
     def wait_ready(self, state: ClusterState, timeout_s: float = 300.0) -> ClusterState:
         """Wait until the master sees every worker ALIVE; a dead daemon or the timeout stops them all.
 
-        The master's web UI may not be on the port `launch` picked: when another process takes that
-        port first, Spark binds the next free one and logs it. While the UI does not answer, the
-        port the master's log names last is taken (and recorded) instead."""
+        The master may not be on the ports `launch` picked: when another process takes one first,
+        Spark binds the next free port and logs it. While the UI does not answer, the ports the
+        master's log names are taken (and recorded) instead, and the workers are restarted on the
+        master's new URL (`_moved`)."""
         deadline = time.monotonic() + timeout_s
-        while (alive := self.alive_workers(state)) != state.workers:
-            moved = master_ui_port(state.logs / "master.log") if alive < 0 else None
-            if moved is not None and moved != state.master_ui_port:
-                state = replace(state, master_ui_port=moved)
-                self._write(state)
+        while self.alive_workers(state) != state.workers:
+            if (moved := self._moved(state)) is not None:
+                state = moved
                 continue
             dead = [p for p in state.pids() if not _pid_alive(p)]
             if dead or time.monotonic() > deadline:
@@ -221,35 +245,43 @@ class LocalSparkCluster:
             state = ClusterState(**json.loads(self.state_path.read_text()))
         except (OSError, ValueError):
             return 0
-        running = [p for p in state.pids() if _pid_alive(p)]
-        for pid in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while any(_pid_alive(p) for p in running) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in running:
-            if _pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        for pid in running:  # reap our own children (no-op for a cluster started by another process)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+        running = _terminate(state.pids(), timeout_s)
         self.state_path.unlink(missing_ok=True)
         return len(running)
 
 
-_UI_PORT = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+def _terminate(pids: list[int], timeout_s: float) -> list[int]:
+    """TERM the live ones of `pids`, KILL those still alive after `timeout_s`; the ones that were alive."""
+    running = [p for p in pids if _pid_alive(p)]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(_pid_alive(p) for p in running) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in running:
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in running:  # reap our own children (no-op for a cluster started by another process)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    return running
 
 
-def master_ui_port(log: Path) -> int | None:
-    """The port the master's web UI bound, as the last line of its log that says so (None: no such
-    line yet)."""
+_BOUND = re.compile(r"Successfully started service '(sparkMaster|MasterUI)' on port (\d+)")
+
+
+def master_ports(log: Path, since: int = 0) -> dict[str, int]:
+    """The ports the master bound, by service ('sparkMaster': its RPC, 'MasterUI': its web UI), as the
+    last lines of its log after byte `since` that say so (a service without such a line yet is absent)."""
     try:
-        found = _UI_PORT.findall(log.read_text(errors="replace"))
+        with open(log, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
     except OSError:
-        return None
-    return int(found[-1]) if found else None
+        return {}
+    return {service: int(port) for service, port in _BOUND.findall(text)}
 
 
 def submit_command(state: ClusterState, application: str, app_args: list[str], *, jars: list[str],
