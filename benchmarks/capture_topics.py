@@ -11,10 +11,16 @@ interleaved:
 - `before`: one by one with the Java consumer's default `fetch.max.wait.ms` of 500 ms
   (`FETCH_MAX_WAIT_MS = 500`): how every capture ran before the batches (`--no-before` skips it).
 
+With `--mirrors`, every topic also has a mirror whose copy is another topic on the same broker
+(holding the same messages), captured with it into `mirror_records`: together the copies of a batch
+share one read and one MERGE, one by one each copy has its own.
+
 It prints the medians, the ratios between the ways and K topics / one topic, and whether the lakes
-of every K-topic way hold the same log_records rows (every produced message once).
+of every K-topic way hold the same log_records (and mirror_records) rows (every produced message
+once).
 
     .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 3
+    .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 2 --mirrors --no-before
 
 A measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -69,19 +75,28 @@ def produce(bootstrap: str, ledger_dir: Path, topics: list[str], m: int) -> None
     p.close()
 
 
-def config(work: Path, name: str, bootstrap: str, topics: list[str]) -> Config:
+def copy_of(topic: str) -> str:
+    return f"copy-{topic}"
+
+
+def config(work: Path, name: str, bootstrap: str, topics: list[str], mirrors: bool) -> Config:
+    mirror = lambda t: {"mirrors": [{"name": "dr", "kafka": {"bootstrap.servers": bootstrap},  # noqa: E731
+                                     "topic": copy_of(t)}]} if mirrors else {}
     return config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lakes" / name),
         "report_store": f"sqlite:///{work / 'report.db'}", "kafka": {"bootstrap.servers": bootstrap},
         "spark": {"master": "local[2]"},
-        "topics": {t: {"window": "1h", "grace": "1m"} for t in topics}}, source="<benchmark>", base=work)
+        "topics": {t: {"window": "1h", "grace": "1m", **mirror(t)} for t in topics}}, source="<benchmark>", base=work)
 
 
-def log_rows(spark: Any, cfg: Config) -> list[tuple[Any, ...]]:
+def captured_rows(spark: Any, cfg: Config, mirrors: bool) -> list[tuple[Any, ...]]:
+    """log_records' rows (and mirror_records' with --mirrors), without captured_at."""
     from spark_jobs.io.lake import read_table
 
-    df = read_table(spark, cfg, "log_records").drop("captured_at")
-    return sorted(tuple(r) for r in df.collect())
+    rows = [tuple(r) for r in read_table(spark, cfg, "log_records").drop("captured_at").collect()]
+    if mirrors:
+        rows += [tuple(r) for r in read_table(spark, cfg, "mirror_records").drop("captured_at").collect()]
+    return sorted(rows, key=repr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the captures; medians printed")
     ap.add_argument("--no-before", action="store_true", help="skip the `before` way (the longest)")
+    ap.add_argument("--mirrors", action="store_true",
+                    help="give every topic a mirror (a copy on the same broker) captured with it")
     args = ap.parse_args(argv)
     from spark_jobs import capture as C
     from spark_jobs.io.session import build_spark
@@ -102,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             names = [f"cap{k:03d}" for k in range(args.topics)]
             t0 = datetime.now(UTC)
             tp = time.perf_counter()
-            produce(kafka.bootstrap_servers, work / "ledger", names, args.messages)
-            print(f"{args.topics} topics x {args.messages:,} audited messages produced in "
+            produced = [*names, *(copy_of(t) for t in names)] if args.mirrors else names
+            produce(kafka.bootstrap_servers, work / "ledger", produced, args.messages)
+            print(f"{len(produced)} topics x {args.messages:,} audited messages produced in "
                   f"{time.perf_counter() - tp:.1f}s", flush=True)
             start = floor_window(t0, WINDOW)
             end = floor_window(datetime.now(UTC), WINDOW) + WINDOW
-            spark = build_spark(config(work, "warm", kafka.bootstrap_servers, names), app_name="msgaudit-capture-bench")
+            warm = config(work, "warm", kafka.bootstrap_servers, names, args.mirrors)
+            spark = build_spark(warm, app_name="msgaudit-capture-bench")
             with contextlib.redirect_stdout(io.StringIO()):  # capture's line per topic
-                C.capture(spark, config(work, "warm", kafka.bootstrap_servers, names), start, end)  # compiles plans
+                C.capture(spark, warm, start, end)  # compiles plans
             batch, wait = C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS
             ways = {"one topic": (names[:1], batch, wait), "together": (names, batch, wait),
                     "one by one": (names, 1, wait)}
@@ -121,23 +140,27 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(ways) if i % 2 == 0 else list(reversed(ways))
                 for way in order:
                     topics, C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = ways[way]
-                    cfg = last[way] = config(work, f"{way.replace(' ', '-')}-{i}", kafka.bootstrap_servers, topics)
+                    cfg = last[way] = config(work, f"{way.replace(' ', '-')}-{i}", kafka.bootstrap_servers, topics,
+                                             args.mirrors)
                     t = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):
                         C.capture(spark, cfg, start, end)
                     times[way].append(time.perf_counter() - t)
                     print(f"  round {i + 1}: {way:<10} {times[way][-1]:6.2f}s", flush=True)
             C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = batch, wait
-            together = log_rows(spark, last["together"])
-            same = (len(together) == args.topics * args.messages
-                    and all(log_rows(spark, last[w]) == together for w in ways if w not in ("one topic", "together")))
+            expected = args.topics * args.messages * (2 if args.mirrors else 1)
+            together = captured_rows(spark, last["together"], args.mirrors)
+            same = (len(together) == expected
+                    and all(captured_rows(spark, last[w], args.mirrors) == together
+                            for w in ways if w not in ("one topic", "together")))
             spark.stop()
         finally:
             kafka.stop()
     med = {w: statistics.median(v) for w, v in times.items()}
     for way, v in times.items():
         print(f"{way:<10}: {med[way]:6.2f}s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
-    print(f"same log_records rows every way ({args.topics * args.messages:,} expected): {'yes' if same else 'NO'}")
+    what = "log_records and mirror_records" if args.mirrors else "log_records"
+    print(f"same {what} rows every way ({expected:,} expected): {'yes' if same else 'NO'}")
     print(f"ratio one by one / together ({args.topics} topics, {batch} per batch): "
           f"{med['one by one'] / med['together']:.2f}")
     if "before" in med:

@@ -7,9 +7,11 @@ belong to aborted transactions), parses the audit headers with Spark expressions
 `audit.core.headers.parse` rule for rule, computes the content fingerprint and MERGEs the rows into
 `log_records` keyed on (topic, partition, offset), so a rerun changes nothing. Up to BATCH_TOPICS
 topics share each read and the MERGE (one Delta commit), so many small topics cost about what one
-does. It also appends snapshots of the configured groups' committed offsets (`group_offsets`) and
-of every partition's watermarks (`partition_watermarks`, with the offset range this capture read:
-`captured_from`/`captured_to`, which is what reconcile takes as "covered by a capture").
+does; their mirrors' copies (docs/design.md §5.5) are read the same way, the copies on one target
+cluster together, into `mirror_records` (`capture_mirrors`, `Landing`). It also appends snapshots
+of the configured groups' committed offsets (`group_offsets`) and of every partition's watermarks
+(`partition_watermarks`, with the offset range this capture read: `captured_from`/`captured_to`,
+which is what reconcile takes as "covered by a capture").
 
 Offset planning (`plan_partition`):
 * The time range read is [first window start - lookback - SKEW, last window end + grace + SKEW)
@@ -30,8 +32,8 @@ Kafka client settings: the driver uses cfg.kafka as is (librdkafka names). Spark
 the Java client, so `java_kafka_options` maps the settings it needs (see its docstring); a
 security setting it cannot map is a ConfigError, never silently dropped.
 
-This module must not decide anomalies (reconcile does), write any table other than the three
-above, or commit offsets for any consumer group (Spark's Kafka source never commits).
+This module must not decide anomalies (reconcile does), write any table other than the ones
+above (and the mirrors' `mirror_watermarks`, `mirror_group_offsets`), or commit offsets for any consumer group (Spark's Kafka source never commits).
 """
 
 from __future__ import annotations
@@ -563,70 +565,102 @@ def _read_kafka(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequence[
     )
 
 
-def _log_table_schema() -> Any:
+def _table_schema(schema: Any) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    return StructType([*LOG_RECORDS.fields, StructField(PART_HOUR, StringType(), False)])
+    return StructType([*schema.fields, StructField(PART_HOUR, StringType(), False)])
 
 
-def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
+def ensure_table(spark: SparkSession, cfg: Config, name: str, schema: Any) -> None:
+    """Create table `name` (`schema` + part_hour, partitioned by topic and part_hour) unless it exists;
+    add the columns of `schema` an older version of it lacks."""
     from delta.tables import DeltaTable
 
     from spark_jobs.io.lake import table_path
 
-    path = table_path(cfg, LOG_TABLE)
+    path = table_path(cfg, name)
     (DeltaTable.createIfNotExists(spark).location(path)
-     .addColumns(_log_table_schema()).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
+     .addColumns(_table_schema(schema)).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
     # A table captured by an older version lacks the contract's later (nullable) columns: add them,
-    # so the MERGE below can write them (its older rows read them as null).
+    # so the MERGE can write them (its older rows read them as null).
     present = set(DeltaTable.forPath(spark, path).toDF().columns)
-    absent = [f for f in LOG_RECORDS.fields if f.name not in present]
+    absent = [f for f in schema.fields if f.name not in present]
     if absent:
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in absent)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
-def _in_ranges(alias: str, ranges: Mapping[str, Sequence[PartitionRange]]) -> Column:
-    """`alias`'s rows inside the planned ranges of every topic of `ranges`: the topics as a literal list
-    (Delta prunes the table's topic partitions), then each topic's partitions and offset bounds
-    (Delta skips files by their statistics)."""
+def ensure_log_table(spark: SparkSession, cfg: Config) -> None:
+    ensure_table(spark, cfg, LOG_TABLE, LOG_RECORDS)
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Where the records of one read go: `table` (`schema` + part_hour), keyed on `scope` + (partition,
+    offset); `names`: each topic read -> the values of `scope` its rows are stored under. The log:
+    `log_records` on (topic); a mirror's target cluster: `mirror_records` on (mirror, source topic)."""
+
+    table: str
+    schema: Any
+    scope: tuple[str, ...]
+    names: Mapping[str, tuple[str, ...]]
+
+    @staticmethod
+    def log(topics: Iterable[str]) -> Landing:
+        return Landing(LOG_TABLE, LOG_RECORDS, ("topic",), {t: (t,) for t in topics})
+
+    def relabel(self, rows: DataFrame) -> DataFrame:
+        """`rows` (to_log_records' columns, `topic` the topic read) under their stored names."""
+        if self.scope == ("topic",) and all(names == (t,) for t, names in self.names.items()):
+            return rows
+        names = {c: F.create_map(*[F.lit(v) for t, names in self.names.items() for v in (t, names[i])])[F.col("topic")]
+                 for i, c in enumerate(self.scope)}
+        return rows.withColumns(names).select(*_table_schema(self.schema).fieldNames())
+
+
+def _in_ranges(alias: str, scope: Sequence[str], ranges: Mapping[tuple[str, ...], Sequence[PartitionRange]]) -> Column:
+    """`alias`'s rows inside the planned ranges of every key of `ranges` (the values of `scope`, which
+    names `topic`): the topics as a literal list (Delta prunes the table's topic partitions), then
+    each key's partitions and offset bounds (Delta skips files by their statistics)."""
     col = lambda c: F.col(f"{alias}.{c}")  # noqa: E731
-    per_topic = [(col("topic") == F.lit(topic))
-                 & reduce(lambda x, y: x | y, [(col("partition") == r.partition) & col("offset").between(r.start, r.end - 1)
-                                               for r in rs])
-                 for topic, rs in ranges.items()]
-    return col("topic").isin(list(ranges)) & reduce(lambda x, y: x | y, per_topic)
+    per_key = [reduce(lambda x, y: x & y, [col(c) == F.lit(v) for c, v in zip(scope, key, strict=True)])
+               & reduce(lambda x, y: x | y, [(col("partition") == r.partition) & col("offset").between(r.start, r.end - 1)
+                                             for r in rs])
+               for key, rs in ranges.items()]
+    topic = list(scope).index("topic")
+    return col("topic").isin(sorted({key[topic] for key in ranges})) & reduce(lambda x, y: x | y, per_key)
 
 
-def merge_log_records(spark: SparkSession, cfg: Config, rows: DataFrame,
-                      ranges: Mapping[str, Sequence[PartitionRange]]) -> dict[str, int]:
-    """MERGE rows into log_records on (topic, partition, offset) in one commit; return how many rows
-    of each topic were written (`ranges`: topic -> the ranges read, each with offsets).
+def merge_records(spark: SparkSession, cfg: Config, rows: DataFrame, landing: Landing,
+                  ranges: Mapping[tuple[str, ...], Sequence[PartitionRange]]) -> dict[tuple[str, ...], int]:
+    """MERGE rows into `landing.table` on (scope, partition, offset) in one commit; return how many
+    rows of each scope key were written (`ranges`: scope key -> the ranges read).
 
     Rows already stored with the same content are dropped first (left anti join against the
     stored rows of the same offset ranges), so a rerun over the same log writes nothing, not
     even an empty Delta commit, and keeps the first captured_at. A stored row whose content
     differs (a topic deleted and recreated reuses offsets) is updated. The literal topics and
-    offset bounds let Delta prune partitions and skip files by their statistics.
+    offset bounds let Delta prune partitions and skip files by their statistics. The table exists
+    (`ensure_table`).
     """
     from delta.tables import DeltaTable
 
     from spark_jobs.io.lake import table_path
 
-    ensure_log_table(spark, cfg)
     t, s = "t", "s"
-    in_ranges = _in_ranges(t, ranges)
+    in_ranges = _in_ranges(t, landing.scope, ranges)
     same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
                                        for c in (*DATA_COLUMNS, PART_HOUR)])
-    table = DeltaTable.forPath(spark, table_path(cfg, LOG_TABLE))
+    table = DeltaTable.forPath(spark, table_path(cfg, landing.table))
     stored = table.toDF().alias(t).where(in_ranges)
     changes = rows.alias(s).join(stored, same, "left_anti").persist()
     try:
-        written = {r["topic"]: int(r["n"]) for r in changes.groupBy("topic").agg(F.count(F.lit(1)).alias("n")).collect()}
+        written = {tuple(r[:-1]): int(r[-1]) for r in
+                   changes.groupBy(*landing.scope).agg(F.count(F.lit(1)).alias("n")).collect()}
         if written:
             key = in_ranges & reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
-                                                          for c in ("topic", "partition", "offset")])
-            columns = [*LOG_RECORDS.fieldNames(), PART_HOUR]
+                                                          for c in (*landing.scope, "partition", "offset")])
+            columns = _table_schema(landing.schema).fieldNames()
             (table.alias(t).merge(changes.alias(s), key)
              .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in columns})
              .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in columns})
@@ -646,21 +680,27 @@ def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, r
 
 @dataclass
 class _Snapshots:
-    """Offset snapshots of every topic of one capture, written together (two Delta commits)."""
+    """Offset snapshots of every topic (and mirror) of one capture, written together (a Delta commit per
+    table)."""
 
     groups: list[tuple[Any, ...]] = field(default_factory=list)
     watermarks: list[tuple[Any, ...]] = field(default_factory=list)
+    mirror_groups: list[tuple[Any, ...]] = field(default_factory=list)
+    mirror_watermarks: list[tuple[Any, ...]] = field(default_factory=list)
 
     def write(self, spark: SparkSession, cfg: Config) -> None:
         _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS, self.groups)
         _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS, self.watermarks)
+        _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, self.mirror_watermarks)
+        _append_snapshot(spark, cfg, MIRROR_GROUP_OFFSETS_TABLE, MIRROR_GROUP_OFFSETS, self.mirror_groups)
 
 
 def read_and_merge(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequence[PartitionRange]],
-                   captured_at: datetime) -> dict[str, tuple[int, int, int, int]]:
-    """Read the planned ranges of every topic of `ranges` in one pass per isolation level and MERGE
-    them into log_records in one commit: topic -> (records, aborted, header errors, written), for
-    the topics that had offsets to read."""
+                   captured_at: datetime, landing: Landing | None = None) -> dict[str, tuple[int, int, int, int]]:
+    """Read the planned ranges of every topic of `ranges` (on `cfg`'s cluster) in one pass per isolation
+    level and MERGE them in one commit where `landing` says (default: log_records): topic read ->
+    (records, aborted, header errors, written), for the topics that had offsets to read."""
+    landing = landing or Landing.log(ranges)
     to_read = {t: [r for r in rs if r.offsets > 0] for t, rs in ranges.items()}
     to_read = {t: rs for t, rs in to_read.items() if rs}
     if not to_read:
@@ -668,17 +708,18 @@ def read_and_merge(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequen
     everything = _read_kafka(spark, cfg, to_read, "read_uncommitted")
     committed = _read_kafka(spark, cfg, to_read, "read_committed").select("topic", "partition", "offset")
     tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
-    rows = to_log_records(everything, committed, captured_at, tz).persist()
+    rows = landing.relabel(to_log_records(everything, committed, captured_at, tz)).persist()
     try:
-        counts = {r["topic"]: (int(r[1]), int(r[2]), int(r[3])) for r in rows.groupBy("topic").agg(
+        counts = {tuple(r[:-3]): (int(r[-3]), int(r[-2]), int(r[-1])) for r in rows.groupBy(*landing.scope).agg(
             F.count(F.lit(1)).alias("records"),
             F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
             F.count(F.col("header_error")).alias("header_errors"),
         ).collect()}
-        written = merge_log_records(spark, cfg, rows, to_read) if counts else {}
+        written = (merge_records(spark, cfg, rows, landing, {landing.names[t]: rs for t, rs in to_read.items()})
+                   if counts else {})
     finally:
         rows.unpersist()
-    return {t: (*counts.get(t, (0, 0, 0)), written.get(t, 0)) for t in to_read}
+    return {t: (*counts.get(landing.names[t], (0, 0, 0)), written.get(landing.names[t], 0)) for t in to_read}
 
 
 def capture_batch(spark: SparkSession, cfg: Config, admin: Any, partitions: Mapping[str, Sequence[int]],
@@ -741,10 +782,10 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     from tqdm import tqdm
 
     ensure_log_table(spark, cfg)  # an empty capture still leaves a readable (empty) table
+    if any(cfg.topic(n).mirrors for n in names):
+        ensure_table(spark, cfg, MIRROR_TABLE, MIRROR_RECORDS)
     results: dict[str, TopicCapture] = {}
     snapshots = _Snapshots()
-    mirror_marks: list[tuple[Any, ...]] = []
-    mirror_groups: list[tuple[Any, ...]] = []
     with tqdm(total=len(names), desc="capture", unit="topic", disable=not progress) as bar:
         for i in range(0, len(names), BATCH_TOPICS):
             batch = names[i:i + BATCH_TOPICS]
@@ -755,13 +796,12 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
                 results[name] = r
                 bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
                           f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
-                for m in cfg.topic(name).mirrors:  # stage mirror:<m>: the copy on the mirror's target cluster
-                    bar.write(capture_mirror(spark, cfg, cfg.topic(name), m, start, end, captured_at, mirror_marks,
-                                             mirror_groups))
-                bar.update(1)
+            # stage mirror:<m>: the copies of the batch's topics on the mirrors' target clusters
+            copies = [(cfg.topic(n), m) for n in batch for m in cfg.topic(n).mirrors]
+            for line in capture_mirrors(spark, cfg, copies, start, end, captured_at, snapshots):
+                bar.write(line)
+            bar.update(len(batch))
     snapshots.write(spark, cfg)
-    _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, mirror_marks)
-    _append_snapshot(spark, cfg, MIRROR_GROUP_OFFSETS_TABLE, MIRROR_GROUP_OFFSETS, mirror_groups)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
 
 
@@ -774,63 +814,61 @@ MIRROR_WATERMARKS_TABLE = "mirror_watermarks"
 MIRROR_GROUP_OFFSETS_TABLE = "mirror_group_offsets"
 
 
-def mirror_config(cfg: Config, tc: TopicConfig, m: MirrorConfig) -> Config:
-    """`cfg` as seen from the mirror's target cluster: its Kafka settings, and the copy's name as the
-    one topic (with the source topic's window, grace and lookback), so the log capture's planning
-    and reading apply unchanged."""
-    return replace(cfg, source=f"{cfg.source}: topics.{tc.name}.mirrors[{m.name}]", kafka=dict(m.kafka),
-                   topics={m.topic: replace(tc, name=m.topic, mirrors=())})
+def mirror_config(cfg: Config, copies: Sequence[tuple[TopicConfig, MirrorConfig]]) -> Config:
+    """`cfg` as seen from the target cluster of `copies` (source topic, mirror) -- every mirror of them
+    on that cluster: its Kafka settings, and each copy's name as a topic (with its source topic's
+    window, grace and lookback), so the log capture's planning and reading apply unchanged."""
+    kafka = dict(copies[0][1].kafka)
+    where = ", ".join(f"topics.{tc.name}.mirrors[{m.name}]" for tc, m in copies)
+    return replace(cfg, source=f"{cfg.source}: {where}", kafka=kafka,
+                   topics={m.topic: replace(tc, name=m.topic, mirrors=()) for tc, m in copies})
 
 
-def capture_mirror(spark: SparkSession, cfg: Config, tc: TopicConfig, m: MirrorConfig, start: datetime,
-                   end: datetime, captured_at: datetime, marks: list[tuple[Any, ...]],
-                   groups: list[tuple[Any, ...]] | None = None) -> str:
-    """Read the copy of `tc` on mirror `m`'s target cluster like the log (same time range, both
-    isolation levels, same header parsing) and MERGE it into `mirror_records` keyed on (mirror,
-    topic, partition, offset), `topic` being the source topic; append its watermarks to `marks` and
-    the committed offsets of its `failover_groups` on the target to `groups` (§5.5). Returns the
-    progress line."""
-    from delta.tables import DeltaTable
-    from pyspark.sql.types import StringType, StructField, StructType
+def mirror_batches(copies: Sequence[tuple[TopicConfig, MirrorConfig]]) -> list[list[tuple[TopicConfig, MirrorConfig]]]:
+    """`copies` in batches read together: the same target cluster (the same Kafka settings) and no copy
+    named twice in a batch (two mirrors may name the same copy), at most BATCH_TOPICS each; in the
+    order given."""
+    batches: list[list[tuple[TopicConfig, MirrorConfig]]] = []
+    open_: dict[tuple[tuple[str, str], ...], list[int]] = {}  # cluster -> its batches' indexes
+    for tc, m in copies:
+        cluster = tuple(sorted(m.kafka.items()))
+        fits = [i for i in open_.get(cluster, [])
+                if len(batches[i]) < BATCH_TOPICS and all(other.topic != m.topic for _, other in batches[i])]
+        if fits:
+            batches[fits[0]].append((tc, m))
+        else:
+            open_.setdefault(cluster, []).append(len(batches))
+            batches.append([(tc, m)])
+    return batches
 
-    from spark_jobs.io.lake import table_path
 
-    mcfg = mirror_config(cfg, tc, m)
-    admin = _admin(mcfg)
-    target_partitions = _partitions(admin, mcfg, m.topic)
-    if m.failover_groups and groups is not None:  # before the read, as for the source groups
-        gcfg = replace(mcfg, topics={m.topic: replace(mcfg.topic(m.topic), groups=m.failover_groups)})
-        groups += [(m.name, g, tc.name, p, off, captured_at)
-                   for g, p, off in group_offsets(gcfg, m.topic, target_partitions)]
-    ranges = plan_topic(admin, mcfg, m.topic, target_partitions, start, end)
-    marks += [(m.name, tc.name, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
-              for r in ranges]
-    schema = StructType([*MIRROR_RECORDS.fields, StructField(PART_HOUR, StringType(), False)])
-    (DeltaTable.createIfNotExists(spark).location(table_path(cfg, MIRROR_TABLE)).addColumns(schema)
-     .partitionedBy("topic", PART_HOUR).execute())
-    to_read = [r for r in ranges if r.offsets > 0]
-    records = 0
-    if to_read:
-        everything = _read_kafka(spark, mcfg, {m.topic: to_read}, "read_uncommitted")
-        committed = _read_kafka(spark, mcfg, {m.topic: to_read}, "read_committed").select("topic", "partition", "offset")
-        tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
-        rows = (to_log_records(everything, committed, captured_at, tz)
-                .withColumns({"topic": F.lit(tc.name), "mirror": F.lit(m.name)})
-                .select(*schema.fieldNames())).persist()
-        try:
-            records = rows.count()
-            if records:
-                t, s = "t", "s"
-                key = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
-                                                  for c in ("mirror", "topic", "partition", "offset")])
-                key = key & (F.col(f"{t}.topic") == F.lit(tc.name)) & (F.col(f"{t}.mirror") == F.lit(m.name))
-                same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
-                                                   for c in (*DATA_COLUMNS, PART_HOUR)])
-                (DeltaTable.forPath(spark, table_path(cfg, MIRROR_TABLE)).alias(t).merge(rows.alias(s), key)
-                 .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in schema.fieldNames()})
-                 .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in schema.fieldNames()})
-                 .execute())
-        finally:
-            rows.unpersist()
-    return (f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): "
-            f"{records} records, {sum(r.offsets for r in ranges)} offsets")
+def capture_mirrors(spark: SparkSession, cfg: Config, copies: Sequence[tuple[TopicConfig, MirrorConfig]],
+                    start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> list[str]:
+    """Read the copies of (source topic, mirror) `copies` on their mirrors' target clusters like the log
+    (same time range, both isolation levels, same header parsing) and MERGE them into
+    `mirror_records` keyed on (mirror, topic, partition, offset), `topic` being the source topic --
+    the copies on one cluster together (`mirror_batches`: one read per isolation level and one
+    commit per batch); add their watermarks and the committed offsets of their `failover_groups` on
+    the target to `snapshots` (§5.5). Returns a progress line per copy, in the order given."""
+    lines: dict[tuple[str, str], str] = {}
+    for batch in mirror_batches(copies):
+        mcfg = mirror_config(cfg, batch)
+        admin = _admin(mcfg)
+        ranges: dict[str, list[PartitionRange]] = {}
+        for tc, m in batch:
+            target_partitions = _partitions(admin, mcfg, m.topic)
+            if m.failover_groups:  # before the read, as for the source groups
+                gcfg = replace(mcfg, topics={m.topic: replace(mcfg.topic(m.topic), groups=m.failover_groups)})
+                snapshots.mirror_groups += [(m.name, g, tc.name, p, off, captured_at)
+                                            for g, p, off in group_offsets(gcfg, m.topic, target_partitions)]
+            ranges[m.topic] = plan_topic(admin, mcfg, m.topic, target_partitions, start, end)
+            snapshots.mirror_watermarks += [(m.name, tc.name, r.partition, r.log_start_offset, r.high_watermark,
+                                             captured_at, r.start, r.end) for r in ranges[m.topic]]
+        landing = Landing(MIRROR_TABLE, MIRROR_RECORDS, ("mirror", "topic"),
+                          {m.topic: (m.name, tc.name) for tc, m in batch})
+        read = read_and_merge(spark, mcfg, ranges, captured_at, landing)
+        for tc, m in batch:
+            lines[(tc.name, m.name)] = (
+                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): "
+                f"{read.get(m.topic, (0, 0, 0, 0))[0]} records, {sum(r.offsets for r in ranges[m.topic])} offsets")
+    return [lines[(tc.name, m.name)] for tc, m in copies]

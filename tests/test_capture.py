@@ -16,6 +16,7 @@ from audit.core.config import from_dict
 from audit.core.errors import ConfigError, InputError
 from audit.core.windows import from_millis, to_millis
 from spark_jobs import capture as C
+from spark_jobs.io.schemas import LOG_RECORDS
 
 # --------------------------------------------------------------------------------------------
 # unit: planning
@@ -243,8 +244,6 @@ def test_fingerprint_is_audit_key_or_sha256_of_key_nul_value(spark: Any) -> None
 def test_to_log_records_marks_aborted_and_partitions_by_produce_hour(spark: Any) -> None:
     from chispa import assert_df_equality
 
-    from spark_jobs.io.schemas import LOG_RECORDS
-
     kafka_ts = datetime(2026, 11, 21, 10, 59, 59, tzinfo=UTC)
     produce = datetime(2026, 11, 21, 11, 0, 0, 500000, tzinfo=UTC)
     audited = H.stamp([("app", b"1")], "p:1", 3, to_millis(produce))
@@ -264,7 +263,7 @@ def test_to_log_records_marks_aborted_and_partitions_by_produce_hour(spark: Any)
          ("t", 0, 6, kafka_ts, "p:1", None, None, fp6, False, "missing audit.seq", captured_at, None,
           "2026-11-21T10"),
          ("t", 1, 0, kafka_ts, None, None, None, fp, True, "no audit headers", captured_at, "k", "2026-11-21T10")],
-        C._log_table_schema(),
+        C._table_schema(LOG_RECORDS),
     )
     assert [f.name for f in got.schema.fields] == [*LOG_RECORDS.fieldNames(), "part_hour"]
     assert_df_equality(got.orderBy("partition", "offset"), want, ignore_nullable=True)
@@ -278,7 +277,7 @@ def test_a_log_table_captured_before_keys_were_recorded_gets_the_key_column(
     from spark_jobs.io.lake import read_table, table_path
 
     cfg = make_config(tmp_path, topics={"t": {"window": "1h"}})
-    old = [f for f in C._log_table_schema().fields if f.name != "key"]
+    old = [f for f in C._table_schema(LOG_RECORDS).fields if f.name != "key"]
     from pyspark.sql.types import StructType
 
     row = ("t", 0, 0, None, "p", 0, None, "fp", True, None, datetime(2026, 11, 21, 10, tzinfo=UTC), "2026-11-21T10")
@@ -472,6 +471,87 @@ def test_topics_captured_together_equal_topics_captured_one_by_one(
     again = C.capture(spark, together_cfg, *span)
     assert {t: (c.records, c.written) for t, c in again.topics.items()} == {a: (8, 0), b: (2, 0), empty: (0, 0)}
     assert rows(together_cfg, "log_records", "partition,offset", 10) == log
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_by_one(
+        spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three mirrors' copies on one target cluster (the test broker): a's copy `ca` on mirror dr, b's
+    copy `cb` on dr, and `ca` again as b's copy on mirror eu (so it cannot share a read with a's). Read
+    together (two batches) they give mirror_records rows under (mirror, source topic) and watermark
+    rows equal to one batch per copy; a rerun writes nothing, not even an empty commit."""
+    from delta.tables import DeltaTable
+
+    from spark_jobs.io.lake import table_path
+    from tests.conftest import new_topic
+
+    a, t0 = audited_topic["topic"], audited_topic["t0"]
+    b, ca, cb = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap, partitions=2), new_topic(kafka_bootstrap)
+    plain = _producer(kafka_bootstrap)
+    base = to_millis(t0)
+    for seq in range(3):  # a's copy: partition seq % 2
+        _send(plain, ca, seq % 2, f"a{seq}".encode(), H.stamp(None, "plain:1", seq, base + seq), key=b"k")
+    _send(plain, cb, 0, b"b0", H.stamp(None, "plain:2", 0, base))
+    _send(plain, b, 0, b"b0", H.stamp(None, "plain:2", 0, base))
+    target = {"bootstrap.servers": kafka_bootstrap}
+    topics = {a: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": ca}]},
+              b: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": cb},
+                                                 {"name": "eu", "kafka": target, "topic": ca}]}}
+    cfg = make_config(tmp_path / "together", topics=topics)
+    copies = [(cfg.topic(t), m) for t in (a, b) for m in cfg.topic(t).mirrors]
+    assert [[(tc.name, m.name) for tc, m in batch] for batch in C.mirror_batches(copies)] == [
+        [(a, "dr"), (b, "dr")], [(b, "eu")]]
+    span = (t0, t0 + timedelta(minutes=1))
+    C.capture(spark, cfg, *span)
+    monkeypatch.setattr(C, "BATCH_TOPICS", 1)
+    apart_cfg = make_config(tmp_path / "apart", topics=topics)
+    C.capture(spark, apart_cfg, *span)
+
+    def rows(c: Any, table: str, columns: str) -> list[tuple[Any, ...]]:
+        from spark_jobs.io.lake import read_table
+
+        return [tuple(r) for r in read_table(spark, c, table).selectExpr(*columns.split(","))
+                .orderBy(*columns.split(",")).collect()]
+
+    columns = "mirror,topic,partition,offset,pid,seq,fingerprint,committed,header_error,key,part_hour"
+    together = rows(cfg, "mirror_records", columns)
+    assert [r[:6] for r in together] == sorted([
+        ("dr", a, 0, 0, "plain:1", 0), ("dr", a, 0, 1, "plain:1", 2), ("dr", a, 1, 0, "plain:1", 1),
+        ("dr", b, 0, 0, "plain:2", 0),
+        ("eu", b, 0, 0, "plain:1", 0), ("eu", b, 0, 1, "plain:1", 2), ("eu", b, 1, 0, "plain:1", 1)])
+    assert together == rows(apart_cfg, "mirror_records", columns)
+    marks = "mirror,topic,partition,log_start_offset,high_watermark,captured_from,captured_to"
+    assert rows(cfg, "mirror_watermarks", marks) == rows(apart_cfg, "mirror_watermarks", marks) == sorted([
+        ("dr", a, 0, 0, 2, 0, 2), ("dr", a, 1, 0, 1, 0, 1), ("dr", b, 0, 0, 1, 0, 1),
+        ("eu", b, 0, 0, 2, 0, 2), ("eu", b, 1, 0, 1, 0, 1)])
+
+    def version() -> int:
+        last = DeltaTable.forPath(spark, table_path(cfg, "mirror_records")).history(1).first()
+        assert last is not None
+        return int(last["version"])
+
+    monkeypatch.setattr(C, "BATCH_TOPICS", 50)
+    before = version()
+    C.capture(spark, cfg, *span)
+    assert version() == before
+    assert rows(cfg, "mirror_records", columns) == together
+
+
+@pytest.mark.unit
+def test_mirror_batches_share_a_cluster_never_a_copy_and_hold_at_most_batch_topics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from audit.core.config import MirrorConfig, TopicConfig
+
+    x, y = {"bootstrap.servers": "x:9092"}, {"bootstrap.servers": "y:9092"}
+    copies = [(TopicConfig(t), MirrorConfig(name, cluster, copy)) for t, name, cluster, copy in (
+        ("t1", "dr", x, "c1"), ("t2", "dr", x, "c2"), ("t3", "eu", y, "c3"), ("t4", "dr", x, "c1"),
+        ("t5", "dr", x, "c5"), ("t6", "dr", x, "c6"))]
+    monkeypatch.setattr(C, "BATCH_TOPICS", 3)
+    assert [[tc.name for tc, _ in batch] for batch in C.mirror_batches(copies)] == [
+        ["t1", "t2", "t5"], ["t3"], ["t4", "t6"]]
+    assert C.mirror_batches([]) == []
 
 
 @pytest.mark.kafka
