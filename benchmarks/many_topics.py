@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,23 +110,6 @@ def generate(spark: Any, cfg: Config, sink_dir: Path, topics: int, m: int) -> No
                               "captured_at timestamp, part_hour string") \
         .write.format("delta").mode("overwrite").partitionBy("topic", "part_hour") \
         .save(table_path(cfg, "group_offsets"))
-
-
-def module_at(rev: str, path: str, into: Path) -> Any:
-    """The module at `path` as of git revision `rev`, loaded under a name of its own."""
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"--against {rev}: git show {rev}:{path}: {done.stderr.strip()}")
-    name = Path(path).stem + "_at_" + re.sub(r"\W", "_", rev)
-    into.mkdir(parents=True, exist_ok=True)
-    (into / f"{name}.py").write_text(done.stdout)
-    spec = importlib.util.spec_from_file_location(name, into / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(spark: Any, cfg: Config, topics: list[str], as_of: datetime) -> tuple[float, dict[str, int]]:
@@ -220,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 times.setdefault((side, way), []).append(s)
     against = None
     if args.against:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from reconcile_scale import package_at
+        from revisions import package_at
 
         other = importlib.import_module(package_at(args.against, work / "against"))
         for topics in sides.values():  # warm-up: the other package's plans compiled once
@@ -229,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         against = compare(spark, cfg, sides, as_of, args.reps, other)
     sla_modules: dict[str, Any] = {"this checkout": importlib.import_module("spark_jobs.sla")}
     if args.against:
+        from revisions import module_at
+
         sla_modules[args.against] = module_at(args.against, "spark_jobs/sla.py", work / "against")
     sla_times: dict[tuple[str, str], list[float]] = {}
     for i in range(args.reps + 1):  # the first round compiles the plans: not timed

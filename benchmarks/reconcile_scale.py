@@ -31,11 +31,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -329,28 +327,6 @@ def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
             founds[0])
 
 
-def package_at(rev: str, into: Path) -> str:
-    """`spark_jobs/reconcile` as of git revision `rev`, written under `into` as a package of its own
-    (its imports of itself renamed) and importable; returns its module name."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*a: str) -> str:
-        done = subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"--against {rev}: git {' '.join(a)}: {done.stderr.strip()}")
-        return done.stdout
-
-    files = git("ls-tree", "--name-only", rev, "spark_jobs/reconcile/").split()
-    if not files:
-        raise SystemExit(f"--against {rev}: that revision has no spark_jobs/reconcile package")
-    name = "reconcile_at_" + re.sub(r"\W", "_", rev)
-    (into / name).mkdir(parents=True)
-    for f in files:
-        (into / name / Path(f).name).write_text(re.sub(r"\bspark_jobs\.reconcile\b", name, git("show", f"{rev}:{f}")))
-    sys.path.insert(0, str(into))
-    return name
-
-
 def compare(spark: Any, cfg: Config, as_of: datetime, reps: int, other: Any,
             expected: dict[str, int]) -> tuple[float, float, bool]:
     """Median classification seconds of this checkout's reconcile and of `other` (a package with the
@@ -516,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
 
     against = None
     if args.against:
+        from revisions import package_at
+
         other = importlib.import_module(package_at(args.against, work / "against"))
         if not args.no_warmup:
             other.reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False).release()

@@ -1,0 +1,52 @@
+"""Code of another git revision, loaded beside this checkout's for the benchmarks' `--against REV`:
+`package_at` (a package, its imports of itself renamed) and `module_at` (one module)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(rev: str, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"--against {rev}: git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _name(prefix: str, rev: str) -> str:
+    return f"{prefix}_at_" + re.sub(r"\W", "_", rev)
+
+
+def package_at(rev: str, into: Path, package: str = "spark_jobs/reconcile") -> str:
+    """`package` as of git revision `rev`, written under `into` as a package of its own (its imports
+    of itself renamed) and importable; returns its module name."""
+    files = _git(rev, "ls-tree", "--name-only", rev, f"{package}/").split()
+    if not files:
+        raise SystemExit(f"--against {rev}: that revision has no {package} package")
+    name = _name(Path(package).name, rev)
+    dotted = re.escape(package.replace("/", "."))
+    (into / name).mkdir(parents=True)
+    for f in files:
+        (into / name / Path(f).name).write_text(re.sub(rf"\b{dotted}\b", name, _git(rev, "show", f"{rev}:{f}")))
+    sys.path.insert(0, str(into))
+    return name
+
+
+def module_at(rev: str, path: str, into: Path) -> Any:
+    """The module at `path` as of git revision `rev`, loaded under a name of its own."""
+    name = _name(Path(path).stem, rev)
+    into.mkdir(parents=True, exist_ok=True)
+    (into / f"{name}.py").write_text(_git(rev, "show", f"{rev}:{path}"))
+    spec = importlib.util.spec_from_file_location(name, into / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
