@@ -33,7 +33,8 @@ the Java client, so `java_kafka_options` maps the settings it needs (see its doc
 security setting it cannot map is a ConfigError, never silently dropped.
 
 This module must not decide anomalies (reconcile does), write any table other than the ones
-above (and the mirrors' `mirror_watermarks`, `mirror_group_offsets`), or commit offsets for any consumer group (Spark's Kafka source never commits).
+above (and the mirrors' `mirror_watermarks`, `mirror_group_offsets`), or commit offsets for any
+consumer group (Spark's Kafka source never commits).
 """
 
 from __future__ import annotations
@@ -649,8 +650,9 @@ def merge_records(spark: SparkSession, cfg: Config, rows: DataFrame, landing: La
 
     t, s = "t", "s"
     in_ranges = _in_ranges(t, landing.scope, ranges)
+    # the scope too: two mirrors' copies of one topic may hold the same records at the same offsets
     same = reduce(lambda x, y: x & y, [F.col(f"{t}.{c}").eqNullSafe(F.col(f"{s}.{c}"))
-                                       for c in (*DATA_COLUMNS, PART_HOUR)])
+                                       for c in dict.fromkeys((*landing.scope, *DATA_COLUMNS, PART_HOUR))])
     table = DeltaTable.forPath(spark, table_path(cfg, landing.table))
     stored = table.toDF().alias(t).where(in_ranges)
     changes = rows.alias(s).join(stored, same, "left_anti").persist()

@@ -301,10 +301,12 @@ def _producer(bootstrap: str, **extra: str) -> Any:
     return Producer({"bootstrap.servers": bootstrap, "linger.ms": "0", **extra})
 
 
-def _send(producer: Any, topic: str, partition: int, value: bytes, headers: Any, key: bytes | None = None) -> None:
-    """Produce and flush one record, failing the test if the broker did not ack it."""
+def _send(producer: Any, topic: str, partition: int, value: bytes, headers: Any, key: bytes | None = None,
+          timestamp: int = 0) -> None:
+    """Produce and flush one record (`timestamp`: its CreateTime in ms, 0 = now), failing the test if
+    the broker did not ack it."""
     errors: list[Any] = []
-    producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
+    producer.produce(topic, value=value, key=key, partition=partition, headers=headers, timestamp=timestamp,
                      on_delivery=lambda err, msg: errors.append(err))
     producer.flush(30)
     assert errors == [None]
@@ -478,54 +480,69 @@ def test_topics_captured_together_equal_topics_captured_one_by_one(
 def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_by_one(
         spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three mirrors' copies on one target cluster (the test broker): a's copy `ca` on mirror dr, b's
-    copy `cb` on dr, and `ca` again as b's copy on mirror eu (so it cannot share a read with a's). Read
-    together (two batches) they give mirror_records rows under (mirror, source topic) and watermark
-    rows equal to one batch per copy; a rerun writes nothing, not even an empty commit."""
+    """Four mirrors' copies on one target cluster (the test broker): a's copy `ca` on mirror dr and its
+    twin `ca2` (the same records at the same offsets) on mirror eu, b's copy `cb` on dr, and `ca`
+    again as b's copy on eu (so it cannot share a read with a's). Read together (two batches) they
+    give mirror_records rows under (mirror, source topic) and watermark rows equal to one batch per
+    copy -- also when a's mirror eu is added after dr's rows are stored (the twin's rows are new, not
+    the stored ones); a rerun writes nothing, not even an empty commit."""
     from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     from spark_jobs.io.lake import table_path
     from tests.conftest import new_topic
 
     a, t0 = audited_topic["topic"], audited_topic["t0"]
-    b, ca, cb = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap, partitions=2), new_topic(kafka_bootstrap)
+    b, cb = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
+    ca, ca2 = new_topic(kafka_bootstrap, partitions=2), new_topic(kafka_bootstrap, partitions=2)
     plain = _producer(kafka_bootstrap)
     base = to_millis(t0)
-    for seq in range(3):  # a's copy: partition seq % 2
-        _send(plain, ca, seq % 2, f"a{seq}".encode(), H.stamp(None, "plain:1", seq, base + seq), key=b"k")
+    for seq in range(3):  # a's copies: partition seq % 2
+        for copy in (ca, ca2):
+            _send(plain, copy, seq % 2, f"a{seq}".encode(), H.stamp(None, "plain:1", seq, base + seq), key=b"k",
+                  timestamp=base + seq)
     _send(plain, cb, 0, b"b0", H.stamp(None, "plain:2", 0, base))
     _send(plain, b, 0, b"b0", H.stamp(None, "plain:2", 0, base))
     target = {"bootstrap.servers": kafka_bootstrap}
-    topics = {a: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": ca}]},
+    topics = {a: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": ca},
+                                                 {"name": "eu", "kafka": target, "topic": ca2}]},
               b: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": cb},
                                                  {"name": "eu", "kafka": target, "topic": ca}]}}
     cfg = make_config(tmp_path / "together", topics=topics)
     copies = [(cfg.topic(t), m) for t in (a, b) for m in cfg.topic(t).mirrors]
     assert [[(tc.name, m.name) for tc, m in batch] for batch in C.mirror_batches(copies)] == [
-        [(a, "dr"), (b, "dr")], [(b, "eu")]]
+        [(a, "dr"), (a, "eu"), (b, "dr")], [(b, "eu")]]
     span = (t0, t0 + timedelta(minutes=1))
+    first = {**topics, a: {"groups": ["g1"], "mirrors": topics[a]["mirrors"][:1]}}  # before eu was added
+    C.capture(spark, make_config(tmp_path / "together", topics=first), *span)
     C.capture(spark, cfg, *span)
     monkeypatch.setattr(C, "BATCH_TOPICS", 1)
     apart_cfg = make_config(tmp_path / "apart", topics=topics)
     C.capture(spark, apart_cfg, *span)
 
-    def rows(c: Any, table: str, columns: str) -> list[tuple[Any, ...]]:
+    def rows(c: Any, table: str, columns: str, latest: bool = False) -> list[tuple[Any, ...]]:
+        """`columns` of `table`'s rows, sorted; `latest`: of the last capture's snapshot only."""
         from spark_jobs.io.lake import read_table
 
-        return [tuple(r) for r in read_table(spark, c, table).selectExpr(*columns.split(","))
-                .orderBy(*columns.split(",")).collect()]
+        df = read_table(spark, c, table)
+        if latest:
+            df = df.where(F.col("captured_at") == df.agg(F.max("captured_at")).first()[0])
+        return [tuple(r) for r in df.selectExpr(*columns.split(",")).orderBy(*columns.split(",")).collect()]
 
     columns = "mirror,topic,partition,offset,pid,seq,fingerprint,committed,header_error,key,part_hour"
     together = rows(cfg, "mirror_records", columns)
     assert [r[:6] for r in together] == sorted([
         ("dr", a, 0, 0, "plain:1", 0), ("dr", a, 0, 1, "plain:1", 2), ("dr", a, 1, 0, "plain:1", 1),
         ("dr", b, 0, 0, "plain:2", 0),
+        ("eu", a, 0, 0, "plain:1", 0), ("eu", a, 0, 1, "plain:1", 2), ("eu", a, 1, 0, "plain:1", 1),
         ("eu", b, 0, 0, "plain:1", 0), ("eu", b, 0, 1, "plain:1", 2), ("eu", b, 1, 0, "plain:1", 1)])
+    # the twins' rows differ in their mirror alone
+    assert [r[2:] for r in together if r[:2] == ("dr", a)] == [r[2:] for r in together if r[:2] == ("eu", a)]
     assert together == rows(apart_cfg, "mirror_records", columns)
     marks = "mirror,topic,partition,log_start_offset,high_watermark,captured_from,captured_to"
-    assert rows(cfg, "mirror_watermarks", marks) == rows(apart_cfg, "mirror_watermarks", marks) == sorted([
+    assert rows(cfg, "mirror_watermarks", marks, latest=True) == rows(apart_cfg, "mirror_watermarks", marks) == sorted([
         ("dr", a, 0, 0, 2, 0, 2), ("dr", a, 1, 0, 1, 0, 1), ("dr", b, 0, 0, 1, 0, 1),
-        ("eu", b, 0, 0, 2, 0, 2), ("eu", b, 1, 0, 1, 0, 1)])
+        ("eu", a, 0, 0, 2, 0, 2), ("eu", a, 1, 0, 1, 0, 1), ("eu", b, 0, 0, 2, 0, 2), ("eu", b, 1, 0, 1, 0, 1)])
 
     def version() -> int:
         last = DeltaTable.forPath(spark, table_path(cfg, "mirror_records")).history(1).first()
