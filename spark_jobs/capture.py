@@ -870,7 +870,9 @@ def capture_mirrors(spark: SparkSession, cfg: Config, copies: Sequence[tuple[Top
                           {m.topic: (m.name, tc.name) for tc, m in batch})
         read = read_and_merge(spark, mcfg, ranges, captured_at, landing)
         for tc, m in batch:
+            records, aborted, header_errors, written = read.get(m.topic, (0, 0, 0, 0))
             lines[(tc.name, m.name)] = (
-                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): "
-                f"{read.get(m.topic, (0, 0, 0, 0))[0]} records, {sum(r.offsets for r in ranges[m.topic])} offsets")
+                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): {records} records "
+                f"({written} new or changed), {aborted} aborted, {header_errors} header errors, "
+                f"{sum(r.offsets for r in ranges[m.topic])} offsets")
     return [lines[(tc.name, m.name)] for tc, m in copies]

@@ -479,7 +479,7 @@ def test_topics_captured_together_equal_topics_captured_one_by_one(
 @pytest.mark.spark
 def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_by_one(
         spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Four mirrors' copies on one target cluster (the test broker): a's copy `ca` on mirror dr and its
     twin `ca2` (the same records at the same offsets) on mirror eu, b's copy `cb` on dr, and `ca`
     again as b's copy on eu (so it cannot share a read with a's). Read together (two batches) they
@@ -515,7 +515,15 @@ def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_
     span = (t0, t0 + timedelta(minutes=1))
     first = {**topics, a: {"groups": ["g1"], "mirrors": topics[a]["mirrors"][:1]}}  # before eu was added
     C.capture(spark, make_config(tmp_path / "together", topics=first), *span)
+    capsys.readouterr()
     C.capture(spark, cfg, *span)
+    said = [line for line in capsys.readouterr().out.splitlines() if " mirror " in line]
+    assert said == [  # in the configuration's order; only eu's copy of a is new
+        f"{a} mirror dr ({ca} at {kafka_bootstrap}): 3 records (0 new or changed), 0 aborted, 0 header errors, 3 offsets",
+        f"{a} mirror eu ({ca2} at {kafka_bootstrap}): 3 records (3 new or changed), 0 aborted, 0 header errors, "
+        "3 offsets",
+        f"{b} mirror dr ({cb} at {kafka_bootstrap}): 1 records (0 new or changed), 0 aborted, 0 header errors, 1 offsets",
+        f"{b} mirror eu ({ca} at {kafka_bootstrap}): 3 records (0 new or changed), 0 aborted, 0 header errors, 3 offsets"]
     monkeypatch.setattr(C, "BATCH_TOPICS", 1)
     apart_cfg = make_config(tmp_path / "apart", topics=topics)
     C.capture(spark, apart_cfg, *span)
