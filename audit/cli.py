@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
              "segments are sealed first); exit 2 when the topic cannot take them (run it again later).")
     sh.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one segment's acknowledgements "
                     "(default 60)")
-    _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, watermarks)."))
+    _range_args(add("capture", "Capture what the Kafka log holds for a window range into Delta (log_records, offsets, "
+                               "watermarks), and each configured mirror's copy on its target cluster (mirror_records)."))
     _range_args(add("reconcile", "Reconcile a window range and publish the report (audit_partition_report, audit_anomalies)."),
                 as_of="judge as of this instant (default: now); same inputs + same as-of = same rows")
     bf = add("backfill", "Run capture + reconcile + SLA for every window in a past range (resumable, idempotent). "
