@@ -218,9 +218,9 @@ class LocalSparkCluster:
         """Wait until the master sees every worker ALIVE; a dead daemon or the timeout stops them all.
 
         The master may not be on the ports `launch` picked: when another process takes one first,
-        Spark binds the next free port and logs it. While the UI does not answer, the ports the
-        master's log names are taken (and recorded) instead, and the workers are restarted on the
-        master's new URL (`_moved`)."""
+        Spark binds the next free port and logs it. While the workers are not all alive, the ports
+        the master's log names are taken (and recorded) instead, and the workers are restarted on
+        the master's new URL (`_moved`)."""
         deadline = time.monotonic() + timeout_s
         while self.alive_workers(state) != state.workers:
             if (moved := self._moved(state)) is not None:
