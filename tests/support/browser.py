@@ -21,6 +21,13 @@ from websockets.sync.client import ClientConnection, connect
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
          "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "--remote-allow-origins=*"]
+# What Chromium answers a script sent while the page is being replaced: asked again, the new page answers.
+NAVIGATING = ("Inspected target navigated or closed", "Execution context was destroyed",
+              "Cannot find context with specified id")
+
+
+class Navigating(AssertionError):
+    """The page went away under a script (a navigation was under way)."""
 
 
 class Browser:
@@ -66,7 +73,8 @@ class Browser:
                 self.requests.append(msg["params"]["request"]["url"])
             if msg.get("id") == self._id:
                 if "error" in msg:
-                    raise AssertionError(f"{method}: {msg['error']}")
+                    error = str(msg["error"].get("message", ""))
+                    raise (Navigating if error.startswith(NAVIGATING) else AssertionError)(f"{method}: {msg['error']}")
                 return dict(msg["result"])
 
     def evaluate(self, expression: str, timeout: float = 60) -> Any:
@@ -77,34 +85,36 @@ class Browser:
             raise AssertionError(f"page script failed: {res['exceptionDetails']}")
         return res["result"].get("value")
 
+    def _poll(self, expression: str, what: str, timeout: float) -> Any:
+        """The first non-null value of `expression`, asked every 50 ms; a navigation under way
+        counts as null."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Navigating):
+                value = self.evaluate(expression)
+                if value is not None:
+                    return value
+            time.sleep(0.05)
+        raise AssertionError(f"{what} within {timeout}s")
+
     def open(self, url: str, timeout: float = 60) -> int:
         """Navigate and wait until every chart is drawn; returns the page's data-rendered-ms."""
         self.requests = []
         self.send("Page.navigate", {"url": url})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = self.evaluate("document.readyState === 'complete' && location.href === " + json.dumps(url)
-                                  + " ? document.body.getAttribute('data-rendered-ms') : null")
-            if value is not None:
-                return int(value)
-            time.sleep(0.05)
-        raise AssertionError(f"{url}: charts not drawn within {timeout}s")
+        return int(self._poll("document.readyState === 'complete' && location.href === " + json.dumps(url)
+                              + " ? document.body.getAttribute('data-rendered-ms') : null",
+                              f"{url}: charts not drawn", timeout))
 
     def click(self, selector: str, timeout: float = 60) -> str:
         """Click the first element matching `selector` (a link to another page) and wait until that
         page's charts are drawn; returns its URL (with the fragment)."""
         before = self.evaluate("location.href.split('#')[0]")
         self.requests = []
-        self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = self.evaluate("location.href.split('#')[0] !== " + json.dumps(before) + " && document.readyState "
-                                  "=== 'complete' && document.body.getAttribute('data-rendered-ms') !== null "
-                                  "? location.href : null")
-            if value is not None:
-                return str(value)
-            time.sleep(0.05)
-        raise AssertionError(f"{selector}: the linked page did not load within {timeout}s")
+        with contextlib.suppress(Navigating):  # the click's navigation may replace the page before the answer
+            self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+        return str(self._poll("location.href.split('#')[0] !== " + json.dumps(before) + " && document.readyState "
+                              "=== 'complete' && document.body.getAttribute('data-rendered-ms') !== null "
+                              "? location.href : null", f"{selector}: the linked page did not load", timeout))
 
     def screenshot(self, path: Path, full_height: int | None = None) -> None:
         params: dict[str, Any] = {"format": "png"}
