@@ -14,10 +14,12 @@ must stay about linear in the rows.
 Decisions where docs/design.md leaves a choice (the Spark job implements exactly these):
 
 Visibility (what one window's run reads; `L` = the topic's lookback, default one window)
-- ledger rows: produce_ts in [window_start - L, window_end); log records: natural time
+- ledger rows: produce_ts in [window_start - L, window_end + grace); log records: natural time
   (produce_ts, else kafka_ts, else captured_at) in the same range. Copies of one message share
-  their produce time, so a window always sees all its copies; the lookback gives the order,
-  gap and content-duplicate checks their context.
+  their produce time, so a window always sees all its copies. Messages outside the window are
+  context only: the lookback gives the order, gap and content-duplicate checks theirs; the grace
+  after the window lets the order checks see a later batch a retried batch of the window landed
+  behind.
 - consumed_records: consume_ts in [window_start - L, window_end + grace + L); sink rows: sink_ts
   in the same range (or NULL). A message first processed later than that is judged unprocessed.
 - group_offsets and partition_watermarks: every row of the topic (they are small).

@@ -282,7 +282,12 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.clean("reo", 0, 5, 0, at(5))
     h.clean("reo", 2, 5, 1, at(5.1))
     h.clean("reo", 1, 5, 2, at(5.2))
-    exp["reordered_in_log"] = [("log", "reordered_in_log", 5, "reo", 1, 2)]
+    # and across the window's end: seq 0 (stamped in this window) was retried and landed behind
+    # seq 1, stamped in the next one (within grace: read as context)
+    h.clean("reob", 1, 5, 3, at(60.1))
+    h.clean("reob", 0, 5, 4, at(59.9))
+    exp["reordered_in_log"] = [("log", "reordered_in_log", 5, "reo", 1, 2),
+                               ("log", "reordered_in_log", 5, "reob", 0, 4)]
 
     # p6: an audited record nobody ledgered
     h.record("unl", 0, 6, 0, at(5))
@@ -478,7 +483,14 @@ def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
         h.produce("mreo", i, 3, i, at(5 + i))
         h.record("mreo", i, 3, i, at(5 + i))
         h.mirrored("mreo", i, 3, 1 - i, at(5 + i))
-    exp["reordered_in_mirror"] = [(M, "reordered_in_mirror", 3, "mreo", 0, 1)]
+    # and across the window's end: source offset 2 (stamped in this window) was copied after source
+    # offset 3, stamped in the next one (within grace: read as context)
+    for i, t in ((0, at(59.9)), (1, at(60.1))):
+        h.produce("mreob", i, 3, 2 + i, t)
+        h.record("mreob", i, 3, 2 + i, t)
+        h.mirrored("mreob", i, 3, 3 - i, t)
+    exp["reordered_in_mirror"] = [(M, "reordered_in_mirror", 3, "mreo", 0, 1),
+                                  (M, "reordered_in_mirror", 3, "mreob", 0, 3)]
 
     # p4: never copied, but the last capture of the target partition ran before produce time + grace
     h.produce("mnocap", 0, 4, 0, at(5))

@@ -58,7 +58,12 @@ def from_millis(ms: int) -> datetime:
 @dataclass(frozen=True)
 class ReadRanges:
     """What one window's run reads (see the docstring of `audit/oracle.py`): ledger and log rows by
-    their natural time in [message_lo, message_hi); consumption and sink rows in [event_lo, event_hi)."""
+    their natural time in [message_lo, message_hi); consumption and sink rows in [event_lo, event_hi).
+
+    Messages outside the window are context: the lookback's (before it) for the order, gap and
+    content-duplicate checks, and those of the grace after it for the order checks -- a retried
+    batch of the window can land behind a batch stamped after the window's end (it lands within
+    the delivery timeout, which grace covers), and the window must see that batch to flag it."""
 
     message_lo: datetime
     message_hi: datetime
@@ -69,7 +74,7 @@ class ReadRanges:
 def read_ranges(tc: TopicConfig, window_start: datetime) -> ReadRanges:
     lookback = tc.lookback_or_window
     window_end = window_start + tc.window
-    return ReadRanges(window_start - lookback, window_end, window_start - lookback,
+    return ReadRanges(window_start - lookback, window_end + tc.grace, window_start - lookback,
                       window_end + tc.grace + lookback)
 
 

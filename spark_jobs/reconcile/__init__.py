@@ -117,7 +117,7 @@ from audit.core.errors import InputError, ResultReleased
 from audit.core.failover import Failover, ignored_rows_lines
 from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
-from audit.core.windows import read_ranges, run_id_for, windows
+from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
 from spark_jobs.reconcile import blocks
 from spark_jobs.reconcile.blocks import (
@@ -332,7 +332,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 bound = blocks.lookup_bound(counts, default)  # decides the broadcasts without a count
                 local_tiers = None  # the local rows come from the window's files alone
                 if default == "local":
-                    window_end = read_ranges(shape.topics[0], ws).message_hi
+                    window_end = ws + shape.topics[0].window
                     local_tiers = blocks.window_tiers(ledger, all_consumed, sinks, shape, ws, window_end)
                 typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, bound, local_tiers)
                 if default == "local":  # a clean block's latencies from each of its rows alone
