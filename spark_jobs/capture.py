@@ -610,9 +610,17 @@ class Landing:
     def log(topics: Iterable[str]) -> Landing:
         return Landing(LOG_TABLE, LOG_RECORDS, ("topic",), {t: (t,) for t in topics})
 
+    @staticmethod
+    def mirror(copies: Iterable[tuple[TopicConfig, MirrorConfig]]) -> Landing:
+        return Landing(MIRROR_TABLE, MIRROR_RECORDS, ("mirror", "topic"), {m.topic: (m.name, tc.name) for tc, m in copies})
+
+    @property
+    def is_log(self) -> bool:
+        return self.table == LOG_TABLE
+
     def relabel(self, rows: DataFrame) -> DataFrame:
         """`rows` (to_log_records' columns, `topic` the topic read) under their stored names."""
-        if self.scope == ("topic",) and all(names == (t,) for t, names in self.names.items()):
+        if self.is_log:
             return rows
         names = {c: F.create_map(*[F.lit(v) for t, names in self.names.items() for v in (t, names[i])])[F.col("topic")]
                  for i, c in enumerate(self.scope)}
@@ -690,6 +698,21 @@ class _Snapshots:
     mirror_groups: list[tuple[Any, ...]] = field(default_factory=list)
     mirror_watermarks: list[tuple[Any, ...]] = field(default_factory=list)
 
+    def add(self, landing: Landing, topic: str, groups: Iterable[tuple[str, int, int | None]],
+            ranges: Iterable[PartitionRange], captured_at: datetime) -> None:
+        """The group offsets and watermarks of `topic` read for `landing`: a mirror's rows lead with the
+        mirror's name and name the source topic (`landing.names`)."""
+        *lead, stored = landing.names[topic]
+        g_rows = [(*lead, g, stored, p, off, captured_at) for g, p, off in groups]
+        w_rows = [(*lead, stored, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start, r.end)
+                  for r in ranges]
+        if landing.is_log:
+            self.groups += g_rows
+            self.watermarks += w_rows
+        else:
+            self.mirror_groups += g_rows
+            self.mirror_watermarks += w_rows
+
     def write(self, spark: SparkSession, cfg: Config) -> None:
         _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS, self.groups)
         _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS, self.watermarks)
@@ -726,17 +749,16 @@ def read_and_merge(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequen
 
 def capture_batch(spark: SparkSession, cfg: Config, admin: Any, partitions: Mapping[str, Sequence[int]],
                   start: datetime, end: datetime, captured_at: datetime,
-                  snapshots: _Snapshots) -> dict[str, TopicCapture]:
+                  snapshots: _Snapshots, landing: Landing | None = None) -> dict[str, TopicCapture]:
     """Snapshot group offsets and watermarks of the topics of `partitions` (into `snapshots`), then
-    read and MERGE all of them together (`read_and_merge`)."""
+    read and MERGE all of them together (`read_and_merge`) where `landing` says (default: the log)."""
+    landing = landing or Landing.log(partitions)
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
     groups = {topic: group_offsets(cfg, topic, ps) for topic, ps in partitions.items()}
     ranges = {topic: plan_topic(admin, cfg, topic, ps, start, end) for topic, ps in partitions.items()}
     for topic, rs in ranges.items():
-        snapshots.groups += [(g, topic, p, off, captured_at) for g, p, off in groups[topic]]
-        snapshots.watermarks += [(topic, r.partition, r.log_start_offset, r.high_watermark, captured_at, r.start,
-                                  r.end) for r in rs]
-    read = read_and_merge(spark, cfg, ranges, captured_at)
+        snapshots.add(landing, topic, groups[topic], rs, captured_at)
+    read = read_and_merge(spark, cfg, ranges, captured_at, landing)
     results = {}
     for topic, rs in ranges.items():
         records, aborted, header_errors, written = read.get(topic, (0, 0, 0, 0))
@@ -819,11 +841,13 @@ MIRROR_GROUP_OFFSETS_TABLE = "mirror_group_offsets"
 def mirror_config(cfg: Config, copies: Sequence[tuple[TopicConfig, MirrorConfig]]) -> Config:
     """`cfg` as seen from the target cluster of `copies` (source topic, mirror) -- every mirror of them
     on that cluster: its Kafka settings, and each copy's name as a topic (with its source topic's
-    window, grace and lookback), so the log capture's planning and reading apply unchanged."""
+    window, grace and lookback, and the mirror's `failover_groups` as its groups), so the log
+    capture's planning, snapshots and reading apply unchanged."""
     kafka = dict(copies[0][1].kafka)
     where = ", ".join(f"topics.{tc.name}.mirrors[{m.name}]" for tc, m in copies)
     return replace(cfg, source=f"{cfg.source}: {where}", kafka=kafka,
-                   topics={m.topic: replace(tc, name=m.topic, mirrors=()) for tc, m in copies})
+                   topics={m.topic: replace(tc, name=m.topic, mirrors=(), groups=m.failover_groups)
+                           for tc, m in copies})
 
 
 def mirror_batches(copies: Sequence[tuple[TopicConfig, MirrorConfig]]) -> list[list[tuple[TopicConfig, MirrorConfig]]]:
@@ -856,23 +880,12 @@ def capture_mirrors(spark: SparkSession, cfg: Config, copies: Sequence[tuple[Top
     for batch in mirror_batches(copies):
         mcfg = mirror_config(cfg, batch)
         admin = _admin(mcfg)
-        ranges: dict[str, list[PartitionRange]] = {}
+        captured = capture_batch(spark, mcfg, admin, topic_partitions(mcfg, [m.topic for _, m in batch], admin),
+                                 start, end, captured_at, snapshots, Landing.mirror(batch))
         for tc, m in batch:
-            target_partitions = _partitions(admin, mcfg, m.topic)
-            if m.failover_groups:  # before the read, as for the source groups
-                gcfg = replace(mcfg, topics={m.topic: replace(mcfg.topic(m.topic), groups=m.failover_groups)})
-                snapshots.mirror_groups += [(m.name, g, tc.name, p, off, captured_at)
-                                            for g, p, off in group_offsets(gcfg, m.topic, target_partitions)]
-            ranges[m.topic] = plan_topic(admin, mcfg, m.topic, target_partitions, start, end)
-            snapshots.mirror_watermarks += [(m.name, tc.name, r.partition, r.log_start_offset, r.high_watermark,
-                                             captured_at, r.start, r.end) for r in ranges[m.topic]]
-        landing = Landing(MIRROR_TABLE, MIRROR_RECORDS, ("mirror", "topic"),
-                          {m.topic: (m.name, tc.name) for tc, m in batch})
-        read = read_and_merge(spark, mcfg, ranges, captured_at, landing)
-        for tc, m in batch:
-            records, aborted, header_errors, written = read.get(m.topic, (0, 0, 0, 0))
+            r = captured[m.topic]
             lines[(tc.name, m.name)] = (
-                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): {records} records "
-                f"({written} new or changed), {aborted} aborted, {header_errors} header errors, "
-                f"{sum(r.offsets for r in ranges[m.topic])} offsets")
+                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): {r.records} records "
+                f"({r.written} new or changed), {r.aborted} aborted, {r.header_errors} header errors, "
+                f"{r.offsets_read} offsets")
     return [lines[(tc.name, m.name)] for tc, m in copies]
