@@ -396,9 +396,11 @@ def _blocks_history(carried: bool = True, stray: bool = False) -> History:
     clean with no produce time carried: both get their latencies from the typed path; w's first
     clean, one seq before the window and one inside; z's two blocks clean, written in offset order
     but with seq 3 after seq 9 (across the blocks) and 13 before 12 (inside one), so both are
-    reordered in the log although every tier agrees. `carried`: whether the clean messages'
-    consumption and sink rows carry their produce time (then p's, w's and z's blocks are 'local',
-    and r's 'outl'). `stray`: with y's first block too, clean and wholly before the window, but one of
+    reordered in the log although every tier agrees; a's two blocks clean, carrying no produce time,
+    the first in the window, the second wholly after it (within grace: 'out'), its seq 7 retried and
+    landed behind the whole second block (read in offset order by the group), so reordered in the
+    log. `carried`: whether the other clean messages' consumption and sink rows carry their produce
+    time (then p's, w's and z's blocks are 'local', and r's 'outl'). `stray`: with y's first block too, clean and wholly before the window, but one of
     its processings carries a produce time inside it (so the block is not local)."""
     from datetime import timedelta
 
@@ -420,6 +422,13 @@ def _blocks_history(carried: bool = True, stray: bool = False) -> History:
         h.clean("w", seq, 5, 10 + seq, at(minute), carried=carried)
     for pos, seq in enumerate((0, 1, 2, 4, 5, 6, 7, 8, 9, 3, 10, 11, 13, 12, 14, 15)):
         h.clean("z", seq, 5, 20 + pos, at(50 + pos / 10), carried=carried)
+    for pos, seq in enumerate((0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 7)):
+        t = at(59 + seq / 10) if seq < 8 else at(60 + (seq - 8) / 10)
+        done = at(61) + timedelta(seconds=pos)
+        h.produce("a", seq, 3, 10 + pos, t)
+        h.record("a", seq, 3, 10 + pos, t)
+        h.consume("a", seq, 3, 10 + pos, done)
+        h.sink("a", seq, 3, 10 + pos, done + timedelta(seconds=1))
     h.consume("p", 9, 0, 9, at(30), consumer="c2")  # redelivered
     for seq in range(4):
         off = 10 if seq == 2 else seq
@@ -470,8 +479,8 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
     tc = topic_config()
     shape = Shape((tc,))
     params = batch_params(spark, shape, T0, AS_OF_FINAL, {tc.name: collect_lookups([], [], tc.groups)})
-    blocks = [("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0), ("w", 0), ("y", 0),
-              ("z", 0), ("z", 1)]
+    blocks = [("a", 0), ("a", 1), ("p", 0), ("p", 1), ("p", 2), ("q", 0), ("r", 0), ("s", 0), ("u", 0), ("v", 0),
+              ("w", 0), ("y", 0), ("z", 0), ("z", 1)]
     # the digests name a block by its hash: the blocks (pid, block number) of the history by theirs
     named = {r["bh"]: (r["k1"], r["k2"] >> BLOCK_BITS) for r in spark.createDataFrame(
         [(tc.name, k1, blk << BLOCK_BITS) for k1, blk in blocks], "topic string, k1 string, k2 bigint")
@@ -483,18 +492,18 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         tiers = typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), shape)
         digests = mark_backwards(block_digests(tiers, shape, params), reordered_processings(vis.consumed))
         assert sorted((*named[r["bh"]], r["settle"]) for r in digests.collect()) == [
-            ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"),
+            ("a", 0, "clean"), ("a", 1, "out"), ("p", 0, local), ("p", 1, "dirty"), ("p", 2, local), ("q", 0, "dirty"),
             ("r", 0, "outl" if carried else "out"), ("s", 0, "dirty"), ("u", 0, "clean"), ("v", 0, "clean"),
             ("w", 0, local), ("y", 0, "out"), ("z", 0, local), ("z", 1, local)]
         lookup, default = block_lookup(digests)
-        # five local blocks against two clean ones, or none against seven
+        # five local blocks against three clean ones, or none against eight
         assert default == local
         settles = [r["settle"] for r in lookup.collect()]
         # r's block passes for a local one when local is the default; y's must not: its processing
         # carrying a produce time in the window would be counted, and the report below differ from
         # the oracle's
-        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] * (1 if carried else 2)
-                                         + ["clean"] * (2 if carried else 0))
+        assert sorted(settles) == sorted(["dirty"] * 3 + ["out"] * (2 if carried else 3)
+                                         + ["clean"] * (3 if carried else 0))
         # what decides the broadcasts: the lookup's size from the counts, exact when no hashes collide
         assert lookup_bound(block_counts(digests), default) == len(settles)
         report, anomalies, _ = spark_reconcile(spark, tc, T0, AS_OF_FINAL, h.inputs())
@@ -503,7 +512,8 @@ def test_clean_blocks_are_settled_from_digests_and_the_rest_take_the_exact_path(
         assert report == norm_rows(oracle.report)
         assert sorted((a[1], a[3], a[4]) for a in brief(anomalies)) == [
             ("redelivered", "p", 9), ("reordered_in_consumption", "q", 3), ("reordered_in_consumption", "s", 0),
-            ("reordered_in_log", "q", 2), ("reordered_in_log", "z", 3), ("reordered_in_log", "z", 12)]
+            ("reordered_in_log", "a", 7), ("reordered_in_log", "q", 2), ("reordered_in_log", "z", 3),
+            ("reordered_in_log", "z", 12)]
 
 
 @pytest.mark.spark
@@ -841,7 +851,8 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     carried = [(r.produce_ts is not None and T0 <= r.produce_ts < T0 + timedelta(hours=1), r.pid, r.seq)
                for r in h.inputs().consumed]
     assert got == sorted([(0, p, s) for ok, p, s in window if ok] + [(2, p, s) for ok, p, s in carried if ok])
-    assert {k for _, k, _ in got} == {"p", "q", "s", "u", "v", "w", "z"} and (0, "r", 0) not in got
+    assert {k for _, k, _ in got} == {"a", "p", "q", "s", "u", "v", "w", "z"} and (0, "r", 0) not in got
+    assert (0, "a", 7) in got and (0, "a", 8) not in got  # the block after the window: context only
     assert (0, "w", 0) not in got and (0, "w", 1) in got
     read = {}
     leaves = qe.executedPlan().collectLeaves()
