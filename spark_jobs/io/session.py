@@ -29,6 +29,11 @@ DEFAULTS: Mapping[str, str] = {
     # predicates); with Spark's default cache of 100 every run evicted the previous one's and
     # compiled them all again, most of a small window's executor time.
     "spark.sql.codegen.cache.maxEntries": "2000",
+    # pyspark's DataFrame debugging wraps every DataFrame and Column call to record its Python call
+    # site in the JVM: four gateway round trips and a walk of the Python stack per call. A window's
+    # plan makes about a thousand such calls, about a second of its driver time (docs/benchmarks.md);
+    # msgaudit's errors name their step themselves.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
