@@ -30,9 +30,9 @@ DEFAULTS: Mapping[str, str] = {
     # compiled them all again, most of a small window's executor time.
     "spark.sql.codegen.cache.maxEntries": "2000",
     # pyspark's DataFrame debugging wraps every DataFrame and Column call to record its Python call
-    # site in the JVM: four gateway round trips and a walk of the Python stack per call. A window's
-    # plan makes about a thousand such calls, about a second of its driver time (docs/benchmarks.md);
-    # msgaudit's errors name their step themselves.
+    # site in the JVM: a walk of the Python stack and about ten gateway round trips per call. A
+    # window's plan makes about a thousand such calls, about a second of its driver time
+    # (docs/benchmarks.md); msgaudit's errors name their step themselves.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
