@@ -123,11 +123,10 @@ def test_driver_jvm_gets_the_default_heap_and_collector(spark: Any) -> None:
 
 @pytest.mark.spark
 def test_dataframe_calls_record_no_python_call_site(spark: Any) -> None:
-    """pyspark's DataFrame debugging is off in msgaudit sessions: a DataFrame call makes no gateway
-    round trips of its own to record where in Python it was made."""
+    """pyspark's DataFrame debugging is off in msgaudit sessions (the switch pyspark's call wrappers
+    read before they record each call's Python call site in the JVM)."""
     import pyspark.errors.utils as debugging
 
-    spark.range(1).select("id")
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert debugging.is_debugging_enabled() is False
 
