@@ -827,6 +827,97 @@ def test_seq_gaps_from_bitmaps_equal_a_sort_of_every_present_seq(spark: Any) -> 
 
 
 @pytest.mark.spark
+def test_reordered_in_log_equals_a_walk_of_every_record_by_offset(spark: Any) -> None:
+    """`reordered_in_log`'s rows must be those of walking each (pid, partition)'s records by offset
+    with the highest seq seen so far (the detail names it): neighbours swapped, one early high seq
+    making the next 22 late, a low seq appended 94 records late, an early high seq outside the
+    window that still makes in-window ones late, a late record outside the window (not reported),
+    a record without its log record (ignored), the same pid in two partitions and two topics, and
+    random pids with a few records moved."""
+    import random
+
+    from spark_jobs.reconcile.order import reordered_in_log
+
+    rng = random.Random(7)
+    rows: list[tuple[str, str, int, int, int, bool, bool]] = []  # topic, pid, part, seq, off, has_orig, in_w
+
+    def stream(topic: str, pid: str, part: int, seqs: list[int], start: int = 0,
+               out: set[int] = frozenset(), orphan: set[int] = frozenset()) -> None:
+        off = start
+        for seq in seqs:
+            off += rng.randint(1, 3)  # other pids' records in between
+            rows.append((topic, pid, part, seq, off, seq not in orphan, seq not in out))
+
+    stream("t", "a", 0, [0, 1, 3, 2, *range(4, 15), 16, 15, 17, 40, *range(18, 40), 41])
+    stream("t", "a", 1, [*range(0, 30), 2000, *range(30, 50)], out={2000})
+    stream("t", "b", 0, [5, *range(0, 5), *range(6, 20)], out={5, 0})
+    stream("t", "c", 0, [*range(0, 10), 12, 11, 13], orphan={12})
+    stream("t", "d", 0, [*range(0, 5), *range(6, 100), 5])
+    stream("u", "a", 0, [1, 0, 2])
+    for k in range(6):
+        seqs = list(range(rng.randint(50, 400)))
+        for _ in range(rng.randint(0, 4)):
+            i, j = rng.randrange(len(seqs)), rng.randrange(len(seqs))
+            seqs.insert(j, seqs.pop(i))
+        stream("t", f"r{k}", k % 2, seqs, start=1000 * k, out={s for s in seqs if rng.random() < 0.05})
+    narrow = spark.createDataFrame(
+        rows, "topic string, k1 string, o_part int, k2 bigint, o_off bigint, has_orig boolean, in_w boolean")
+    got = sorted((r["topic"], r["pid"], r["partition"], r["seq"], r["offset"], r["detail"])
+                 for r in reordered_in_log(narrow).collect())
+    want = []
+    by_pair: dict[tuple[str, str, int], list[tuple[int, int, bool]]] = {}
+    for topic, pid, part, seq, off, has_orig, in_w in rows:
+        if has_orig:
+            by_pair.setdefault((topic, pid, part), []).append((off, seq, in_w))
+    for (topic, pid, part), recs in by_pair.items():
+        high = None
+        for off, seq, in_w in sorted(recs):
+            if in_w and high is not None and seq < high:
+                want.append((topic, pid, part, seq, off, high))
+            high = seq if high is None else max(high, seq)
+    assert [g[:5] for g in got] == sorted(w[:5] for w in want)
+    assert all(f"seq {w[3]} after seq {w[5]}" in g[5] for g, w in zip(got, sorted(want), strict=True))
+    # by hand: t/a/0 seqs 2, 15 and 18..39 (40 came before them); t/a/1 30..49 (2000 came first, out
+    # of the window); t/b/0 1..4 (5 came first, out of the window: 0 is late too, and out); t/c/0
+    # none (11 would follow 12, whose log record is not there); t/d/0 5, after 99, six blocks on
+    assert {(g[0], g[1], g[2], g[3]) for g in got if g[1] in ("a", "b", "c", "d")} == {
+        ("t", "a", 0, 2), ("t", "a", 0, 15), *(("t", "a", 0, s) for s in range(18, 40)),
+        *(("t", "a", 1, s) for s in range(30, 50)), *(("t", "b", 0, s) for s in range(1, 5)), ("t", "d", 0, 5),
+        ("u", "a", 0, 0)}
+    assert len(want) > 40
+
+
+@pytest.mark.spark
+def test_content_duplicates_ranked_only_among_repeated_hashes_are_all_of_them(spark: Any) -> None:
+    """`content_duplicates` given `repeated_hashes` ranks only the units whose 64-bit hash another
+    unit holds; its rows must be those of ranking every unit: three copies of one content (the two
+    later ones reported), a 64-bit collision whose second hash differs (no duplicate), one content
+    in two topics (none), a later copy outside the window (not reported), a unit without its log
+    record (ignored), and unique contents."""
+    from spark_jobs.reconcile.order import content_duplicates, repeated_hashes
+
+    cols = "topic string, fph bigint, fph2 int, pt_us bigint, k1 string, k2 bigint, in_w boolean, " \
+           "o_part int, o_off bigint, has_orig boolean"
+    rows = [("t", 1, 1, 10, "a", 0, True, 0, 100, True), ("t", 1, 1, 30, "b", 4, True, 1, 300, True),
+            ("t", 1, 1, 20, "a", 1, True, 0, 200, True), ("t", 1, 1, 40, "c", 0, False, 2, 400, True),
+            ("t", 1, 1, 5, "z", 0, True, 0, 50, False),
+            ("t", 2, 5, 10, "a", 2, True, 0, 210, True), ("t", 2, 6, 20, "a", 3, True, 0, 220, True),
+            ("t", 3, 3, 10, "a", 5, True, 0, 230, True), ("u", 3, 3, 20, "a", 0, True, 0, 10, True),
+            *[("t", 100 + i, i, i, "d", i, True, 3, i, True) for i in range(20)]]
+    narrow = spark.createDataFrame(rows, cols)
+
+    def got(df: Any) -> list[tuple[Any, ...]]:
+        return sorted((r["topic"], r["pid"], r["seq"], r["partition"], r["offset"], r["detail"]) for r in df.collect())
+
+    repeated = repeated_hashes(narrow)
+    assert sorted(r["fph"] for r in repeated.collect()) == [1, 2, 3]
+    ranked = got(content_duplicates(narrow, repeated))
+    assert ranked == got(content_duplicates(narrow))
+    assert [r[:5] for r in ranked] == [("t", "a", 1, 0, 200), ("t", "b", 4, 1, 300)]
+    assert all("same content as a:0" in r[5] for r in ranked)  # both name the first copy
+
+
+@pytest.mark.spark
 def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config: Callable[..., Config],
                                                        tmp_path: Path) -> None:
     """`window_tiers` gives the ledger and group rows whose own produce time lies in the window --

@@ -57,8 +57,9 @@ publishes each batch with one commit per output table. Shape of the computation,
    neighbours: `reordered_in_log` (one sort per (pid, partition) of the log records'
    seq and offset), `seq_gap` (each pid's present seqs as bitmaps of 64 reduced map-side; only a
    bitmap with a hole, or not following on from the one before, is decoded) and
-   `content_duplicates` (one shuffle by the fingerprint's 96-bit hash; a collision would need
-   ~2^48 distinct fingerprints in one window's reach).
+   `content_duplicates` (one shuffle by the fingerprint's 96-bit hash -- a collision would need
+   ~2^48 distinct fingerprints in one window's reach -- of only the units whose 64-bit hash
+   another unit holds, `repeated_hashes`, when the narrow rows are not too many).
 6. One small aggregation turns facts into per-(stage, partition, latency bucket) counts and keeps
    anomaly rows as they are; that result is small and is persisted, so the heavy part runs once
    (rebalanced first: few partitions, so each small job that reads it runs a task or two, not one per
@@ -141,7 +142,13 @@ from spark_jobs.reconcile.inputs import (
     sink_rows,
 )
 from spark_jobs.reconcile.mirror import mirror_x
-from spark_jobs.reconcile.order import content_duplicates, narrow_rows, narrow_units, order_checks
+from spark_jobs.reconcile.order import (
+    content_duplicates,
+    narrow_rows,
+    narrow_units,
+    order_checks,
+    repeated_hashes,
+)
 from spark_jobs.reconcile.outputs import write_outputs, write_window_outputs
 from spark_jobs.reconcile.params import Lookups, Shape, batch_params, collect_lookups
 from spark_jobs.reconcile.sql import X_FIELDS, _q
@@ -204,20 +211,25 @@ class WindowResult:
 
 
 def materialise(df: DataFrame) -> DataFrame:
+    """`materialise_counted` without the count."""
+    return materialise_counted(df)[0]
+
+
+def materialise_counted(df: DataFrame) -> tuple[DataFrame, int]:
     """Computes `df` now and keeps its rows (memory, then local disk) for the steps that read it
-    again. A local checkpoint stores the rows as they are; `persist()` would first encode them into
-    compressed column batches, which cost a third of the typed path's time at scale. Its lineage is
-    cut, so it must not be read after `release`. When computing them fails, the rows already kept
+    again; returns the kept frame and how many rows it holds. A local checkpoint stores the rows as
+    they are; `persist()` would first encode them into compressed column batches, which cost a third
+    of the typed path's time at scale. Its lineage is cut, so it must not be read after `release`. When computing them fails, the rows already kept
     are freed before the error is raised (an eager checkpoint would leave them to the context
     cleaner, whenever the JVM next collects garbage)."""
     kept = df.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rdd = _kept_rdd(kept)
     try:
-        rdd.count()  # computes and keeps every partition; the job's end marks the rows checkpointed
+        n = int(rdd.count())  # computes and keeps every partition; the job's end marks the rows checkpointed
     except BaseException:
         rdd.unpersist(False)
         raise
-    return kept
+    return kept, n
 
 
 def _kept_rdd(df: DataFrame) -> Any:
@@ -259,6 +271,15 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
     return classify_batch(spark, inputs, Shape((tc,)), ws, as_of, rows)[tc.name]
 
 
+# Up to this many narrow rows (one per message in a window's reach), the fingerprint hashes two
+# units share are found first (`order.repeated_hashes`: a hash aggregation of one long per
+# message, kept) and, up to BROADCAST_HASHES of them, broadcast to pick the only units
+# `content_duplicates` ranks; otherwise every unit is ranked. At 2M narrow rows (1M messages, rate
+# 1e-4) that is 0.97 of the time of ranking them all, at 32,000 1.01 (docs/benchmarks.md); a count
+# per fingerprint of 20M rows spilled and cost more than the ranking it spares.
+PREFILTER_MAX_ROWS = 4_000_000
+BROADCAST_HASHES = 1_000_000
+
 # At most this many topics share one plan: a window's Spark jobs are a handful per batch, whatever
 # its topic count, and one plan's size (its union branches, the literal lookup maps) stays bounded.
 MAX_TOPICS_PER_PLAN = 64
@@ -284,9 +305,13 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     sinks = sink_rows(vis)
     cached: list[DataFrame] = []
 
+    rows_kept: dict[int, int] = {}  # id of a kept frame -> its rows
+
     def keep(df: DataFrame) -> DataFrame:
-        cached.append(materialise(df))
-        return cached[-1]
+        kept, n = materialise_counted(df)
+        cached.append(kept)
+        rows_kept[id(kept)] = n
+        return kept
 
     try:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-reconcile") as pool:
@@ -360,8 +385,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
             # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
             narrow = keep(narrow_units(typed, units, params, shape))
+            n_narrow = rows_kept[id(narrow)]
             if clean_f is not None:
+                n_narrow += rows_kept[id(clean_f.result())]
                 narrow = narrow.unionByName(clean_f.result())
+            # the fingerprints more than one unit holds: only their units are ranked for content duplicates
+            repeated = keep(repeated_hashes(narrow)) if n_narrow <= PREFILTER_MAX_ROWS else None
             local = local_f.result() if local_f is not None else None
     except BaseException:
         for df in cached:  # a step failed: what the others kept is freed now, not left behind
@@ -382,7 +411,9 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     quarantine = vis.ledger.where(~valid).select(
         *[F.col("topic") if n == "topic" else F.lit("Q").alias("kind") if n == "kind" else nulls[n].alias(n)
           for n, _ in X_FIELDS])
-    x = (facts.unionByName(order_checks(narrow)).unionByName(content_duplicates(narrow))
+    few = repeated is not None and rows_kept[id(repeated)] <= BROADCAST_HASHES
+    dups = content_duplicates(narrow, repeated if few else None)
+    x = (facts.unionByName(order_checks(narrow)).unionByName(dups)
          .unionByName(quarantine))
     if vis.ignored is not None:  # rows read on a mirror the group does not fail over to: kind 'I', counted
         x = x.unionByName(ignored_x(vis.ignored))

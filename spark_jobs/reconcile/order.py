@@ -115,11 +115,23 @@ CONTENT_DUPLICATE_SQL = anomaly_sql(_LOG, LOG, "content_duplicate", "p", "k1", "
                                     first_seq="first.k2")
 
 
-def content_duplicates(narrow: DataFrame) -> DataFrame:
-    """`content_duplicate` X rows: one shuffle of the narrow units by their fingerprint's 96-bit hash."""
+def repeated_hashes(narrow: DataFrame) -> DataFrame:
+    """The 64-bit fingerprint hashes (`fph`) held by two or more narrow units: one hash aggregation
+    of a long per message, no sort. Every content duplicate's hash is among them (a 64-bit
+    collision only lets a few more units through to `content_duplicates`' exact ranking)."""
+    return narrow.where("has_orig AND fph IS NOT NULL").groupBy("fph").count().where("count > 1").select("fph")
+
+
+def content_duplicates(narrow: DataFrame, repeated: DataFrame | None = None) -> DataFrame:
+    """`content_duplicate` X rows: the narrow units ranked within their fingerprint's 96-bit hash
+    (one shuffle by it). With `repeated` (`repeated_hashes`, few enough to broadcast) only the units
+    holding one of those hashes are ranked: the rest have no other unit with their content."""
     # the 64-bit hash leads the sort: its prefix alone orders almost every pair of rows
     w = Window.partitionBy("fph", "fph2", "topic").orderBy("pt_us", "k1", "k2")
-    narrow = (narrow.where("has_orig AND fph IS NOT NULL")
+    narrow = narrow.where("has_orig AND fph IS NOT NULL")
+    if repeated is not None:
+        narrow = narrow.join(F.broadcast(repeated), "fph", "left_semi")
+    narrow = (narrow
               .select("topic", "fph", "fph2", "pt_us", "k1", "k2", "in_w", F.col("o_part").alias("p"),
                       F.col("o_off").alias("o")))
     ranked = (narrow.withColumn("rn", F.row_number().over(w))
