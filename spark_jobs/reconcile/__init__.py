@@ -70,8 +70,8 @@ publishes each batch with one commit per output table. Shape of the computation,
    bounded memory, unlike Spark's `percentile`.
    What more than one step reads (the flagged processings, the block digests and lookup, the
    local blocks' latency counts, the typed units, the general path's keys, the described units,
-   the narrow rows) is kept as a local checkpoint
-   (`materialise`) and freed (`release`) once the summary is in. Steps that do not read each
+   the narrow rows), and the repeated fingerprint hashes (their count decides the broadcast), is
+   kept as a local checkpoint (`materialise`) and freed (`release`) once the summary is in. Steps that do not read each
    other's results are kept side by side, from two more driver threads: the order of consumption
    beside the digests, the local blocks' latencies and the clean blocks' narrow rows beside the
    general path. One job's last tasks, and the driver's planning of the next, leave a core idle
@@ -219,9 +219,9 @@ def materialise_counted(df: DataFrame) -> tuple[DataFrame, int]:
     """Computes `df` now and keeps its rows (memory, then local disk) for the steps that read it
     again; returns the kept frame and how many rows it holds. A local checkpoint stores the rows as
     they are; `persist()` would first encode them into compressed column batches, which cost a third
-    of the typed path's time at scale. Its lineage is cut, so it must not be read after `release`. When computing them fails, the rows already kept
-    are freed before the error is raised (an eager checkpoint would leave them to the context
-    cleaner, whenever the JVM next collects garbage)."""
+    of the typed path's time at scale. Its lineage is cut, so it must not be read after `release`.
+    When computing them fails, the rows already kept are freed before the error is raised (an eager
+    checkpoint would leave them to the context cleaner, whenever the JVM next collects garbage)."""
     kept = df.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rdd = _kept_rdd(kept)
     try:
@@ -275,8 +275,8 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
 # units share are found first (`order.repeated_hashes`: a hash aggregation of one long per
 # message, kept) and, up to BROADCAST_HASHES of them, broadcast to pick the only units
 # `content_duplicates` ranks; otherwise every unit is ranked. At 2M narrow rows (1M messages, rate
-# 1e-4) that is 0.97 of the time of ranking them all, at 32,000 1.01 (docs/benchmarks.md); a count
-# per fingerprint of 20M rows spilled and cost more than the ranking it spares.
+# 1e-4) a window took 0.95-0.97 of the time of ranking them all, at 32,000 1.01 (docs/benchmarks.md);
+# a count per fingerprint of 20M rows spilled and cost more than the ranking it spares.
 PREFILTER_MAX_ROWS = 4_000_000
 BROADCAST_HASHES = 1_000_000
 
