@@ -879,7 +879,7 @@ def test_reordered_in_log_equals_a_walk_of_every_record_by_offset(spark: Any) ->
     assert all(f"seq {w[3]} after seq {w[5]}" in g[5] for g, w in zip(got, sorted(want), strict=True))
     # by hand: t/a/0 seqs 2, 15 and 18..39 (40 came before them); t/a/1 30..49 (2000 came first, out
     # of the window); t/b/0 1..4 (5 came first, out of the window: 0 is late too, and out); t/c/0
-    # none (11 would follow 12, whose log record is not there); t/d/0 5, after 99, six blocks on
+    # none (11 would follow 12, whose log record is not there); t/d/0 5, after 99
     assert {(g[0], g[1], g[2], g[3]) for g in got if g[1] in ("a", "b", "c", "d")} == {
         ("t", "a", 0, 2), ("t", "a", 0, 15), *(("t", "a", 0, s) for s in range(18, 40)),
         *(("t", "a", 1, s) for s in range(30, 50)), *(("t", "b", 0, s) for s in range(1, 5)), ("t", "d", 0, 5),
