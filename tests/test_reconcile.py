@@ -603,7 +603,7 @@ def test_a_window_below_the_blocks_row_count_skips_the_digests_and_gives_the_ora
 def test_a_kept_step_that_fails_leaves_no_rows_kept(spark: Any) -> None:
     """`materialise` of a frame whose computation fails raises the frame's error and keeps nothing:
     the RDD it had begun to fill is unpersisted at once, not left to the garbage collector. A frame
-    that computes is kept until `release`."""
+    that computes is kept, with its row count, until `release`."""
     from pyspark.sql import functions as F
 
     from spark_jobs.reconcile import materialise, release
@@ -615,7 +615,8 @@ def test_a_kept_step_that_fails_leaves_no_rows_kept(spark: Any) -> None:
         with pytest.raises(Exception, match="kept step failed on purpose"):
             materialise(failing)
         assert _our_persisted_rdds(spark) == kept_before
-    kept = materialise(spark.range(0, 1_000, numPartitions=4).groupBy((F.col("id") % 7).alias("k")).count())
+    kept, rows = materialise(spark.range(0, 1_000, numPartitions=4).groupBy((F.col("id") % 7).alias("k")).count())
+    assert rows == 7
     assert len(_our_persisted_rdds(spark) - kept_before) == 1
     assert sorted((r["k"], r["count"]) for r in kept.collect()) == [(k, 143 if k < 6 else 142) for k in range(7)]
     release(kept)

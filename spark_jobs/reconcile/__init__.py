@@ -210,12 +210,7 @@ class WindowResult:
         self.released = True
 
 
-def materialise(df: DataFrame) -> DataFrame:
-    """`materialise_counted` without the count."""
-    return materialise_counted(df)[0]
-
-
-def materialise_counted(df: DataFrame) -> tuple[DataFrame, int]:
+def materialise(df: DataFrame) -> tuple[DataFrame, int]:
     """Computes `df` now and keeps its rows (memory, then local disk) for the steps that read it
     again; returns the kept frame and how many rows it holds. A local checkpoint stores the rows as
     they are; `persist()` would first encode them into compressed column batches, which cost a third
@@ -275,8 +270,9 @@ def classify_window(spark: SparkSession, inputs: WindowInputs, tc: TopicConfig, 
 # units share are found first (`order.repeated_hashes`: a hash aggregation of one long per
 # message, kept) and, up to BROADCAST_HASHES of them, broadcast to pick the only units
 # `content_duplicates` ranks; otherwise every unit is ranked. At 2M narrow rows (1M messages, rate
-# 1e-4) a window took 0.95-0.97 of the time of ranking them all, at 32,000 1.01 (docs/benchmarks.md);
-# a count per fingerprint of 20M rows spilled and cost more than the ranking it spares.
+# 1e-4) a window took 0.95-0.97 of the time of ranking them all, at 32,000 1.01; at 20M (10M
+# messages, the benchmark's default mix) 1.03-1.04: the count of 20M hashes costs more than the
+# ranking it spares (docs/benchmarks.md).
 PREFILTER_MAX_ROWS = 4_000_000
 BROADCAST_HASHES = 1_000_000
 
@@ -308,7 +304,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     rows_kept: dict[int, int] = {}  # id of a kept frame -> its rows
 
     def keep(df: DataFrame) -> DataFrame:
-        kept, n = materialise_counted(df)
+        kept, n = materialise(df)
         cached.append(kept)
         rows_kept[id(kept)] = n
         return kept
