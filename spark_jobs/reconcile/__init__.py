@@ -301,20 +301,18 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     sinks = sink_rows(vis)
     cached: list[DataFrame] = []
 
-    rows_kept: dict[int, int] = {}  # id of a kept frame -> its rows
-
-    def keep(df: DataFrame) -> DataFrame:
+    def keep(df: DataFrame) -> tuple[DataFrame, int]:
+        """`materialise`s `df` (the kept frame and its rows) and frees it with the window's other kept frames."""
         kept, n = materialise(df)
         cached.append(kept)
-        rows_kept[id(kept)] = n
-        return kept
+        return kept, n
 
     try:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-reconcile") as pool:
             # Steps that do not read each other's results are materialised side by side (`beside`):
             # one job's last tasks, and the driver's planning of the next, leave a core idle that the
             # other job's tasks take.
-            def beside(df: DataFrame) -> Future[DataFrame]:
+            def beside(df: DataFrame) -> Future[tuple[DataFrame, int]]:
                 return pool.submit(keep, df)
 
             # The first two steps start before the window's small lookups are collected (their jobs
@@ -336,19 +334,19 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             params = batch_params(spark, shape, ws, as_of, lookups)
             # Summary first: blocks of seqs whose tiers agree are settled from their digests; only the
             # rows of the other blocks (and unaudited records) go on to the exact paths below.
-            local_f: Future[DataFrame] | None = None
-            clean_f: Future[DataFrame] | None = None  # the clean blocks' narrow rows
+            local_f: Future[tuple[DataFrame, int]] | None = None
+            clean_f: Future[tuple[DataFrame, int]] | None = None  # the clean blocks' narrow rows
             direct: DataFrame | None = None  # the block lookup, when every unit of its dirty blocks goes straight to step 4
-            flagged = flagged_f.result() if flagged_f is not None else None
+            flagged = flagged_f.result()[0] if flagged_f is not None else None
             if digests_f is not None:
-                digests = digests_f.result()
+                digests, _ = digests_f.result()
                 if flagged is not None:
                     digests = blocks.mark_backwards(digests, flagged)
                 counts = blocks.block_counts(digests)
                 lookup, default = block_lookup(digests, counts)
                 # few blocks to look at: all their units take the general path, and no typed path runs
                 few = blocks.direct(counts, default)
-                lookup = keep(blocks.as_dirty(lookup) if few else lookup)
+                lookup, _ = keep(blocks.as_dirty(lookup) if few else lookup)
                 direct = lookup if few else None
                 bound = blocks.lookup_bound(counts, default)  # decides the broadcasts without a count
                 local_tiers = None  # the local rows come from the window's files alone
@@ -364,7 +362,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
             typed: DataFrame | None = None
             if direct is not None:  # every unit of the dirty blocks, and every unaudited record
-                units = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct, bound), params))
+                units, _ = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct, bound), params))
             else:
                 # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
                 # times for their latencies; ordinary messages end here.
@@ -373,21 +371,20 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                     marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
                     typed = (typed.join(F.broadcast(marks), KEY, "left")
                              .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
-                typed = keep(typed)
+                typed, _ = keep(typed)
                 # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
                 # on their key hashes before their shuffle, so the ordinary majority never reaches it;
                 # Spark pushes a semi-join below the union and the tier structs itself).
-                keys = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
-                units = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
+                keys, _ = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
+                units, _ = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
             # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-            narrow = keep(narrow_units(typed, units, params, shape))
-            n_narrow = rows_kept[id(narrow)]
+            narrow, n_narrow = keep(narrow_units(typed, units, params, shape))
             if clean_f is not None:
-                n_narrow += rows_kept[id(clean_f.result())]
-                narrow = narrow.unionByName(clean_f.result())
+                clean, n_clean = clean_f.result()
+                narrow, n_narrow = narrow.unionByName(clean), n_narrow + n_clean
             # the fingerprints more than one unit holds: only their units are ranked for content duplicates
-            repeated = keep(repeated_hashes(narrow)) if n_narrow <= PREFILTER_MAX_ROWS else None
-            local = local_f.result() if local_f is not None else None
+            repeated, n_repeated = keep(repeated_hashes(narrow)) if n_narrow <= PREFILTER_MAX_ROWS else (None, 0)
+            local = local_f.result()[0] if local_f is not None else None
     except BaseException:
         for df in cached:  # a step failed: what the others kept is freed now, not left behind
             release(df)
@@ -407,7 +404,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     quarantine = vis.ledger.where(~valid).select(
         *[F.col("topic") if n == "topic" else F.lit("Q").alias("kind") if n == "kind" else nulls[n].alias(n)
           for n, _ in X_FIELDS])
-    few = repeated is not None and rows_kept[id(repeated)] <= BROADCAST_HASHES
+    few = repeated is not None and n_repeated <= BROADCAST_HASHES
     dups = content_duplicates(narrow, repeated if few else None)
     x = (facts.unionByName(order_checks(narrow)).unionByName(dups)
          .unionByName(quarantine))
