@@ -395,6 +395,57 @@ def cpu_split(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, 
     return split
 
 
+def step_profile(spark: Any, run: Any) -> tuple[float, list[tuple[str, int, float, float]], float, float]:
+    """Runs `run()` and reads what its Spark jobs did from the driver's status store, by the step
+    each job's description names (`<label>: <step>`, docs/design.md §5.9; Delta's file listings
+    are "Delta: <label>: <step>: Filtering files for query", counted under "Delta file listing"):
+    (wall seconds, [(step, jobs, seconds with one of its jobs running, task-seconds)] in the order
+    the steps started, seconds with no job running, task-seconds in all)."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+
+    def seq(xs: Any) -> list[Any]:
+        return [xs.apply(i) for i in range(xs.size())]
+
+    def ms(opt: Any) -> float:
+        return opt.get().getTime() / 1000 if opt.isDefined() else float("nan")
+
+    before = {j.jobId() for j in seq(store.jobsList(None))}
+    t0 = time.time()
+    run()
+    t1 = time.time()
+    jobs = sorted((j for j in seq(store.jobsList(None)) if j.jobId() not in before), key=lambda j: j.jobId())
+
+    def task_seconds(stage_id: int) -> float:
+        """The stage's task time, if it ran in this run (a skipped one ran before, or not at all)."""
+        st = store.lastStageAttempt(stage_id)
+        ran = st.status().toString() == "COMPLETE" and st.submissionTime().isDefined()
+        return st.executorRunTime() / 1000 if ran and ms(st.submissionTime()) >= t0 else 0.0
+
+    steps: dict[str, list[Any]] = {}
+    counted: set[int] = set()
+    for j in jobs:
+        desc = j.description().get() if j.description().isDefined() else ""
+        step = ("Delta file listing" if desc.startswith("Delta:")
+                else desc.rsplit(": ", 1)[1] if ": " in desc else "(the window, no step)")
+        stages = [s for s in seq(j.stageIds()) if s not in counted]
+        task_s = sum(task_seconds(s) for s in stages)
+        counted.update(stages)
+        steps.setdefault(step, []).append((ms(j.submissionTime()), ms(j.completionTime()), task_s))
+
+    def covered(spans: list[tuple[float, float]]) -> float:
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(spans):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
+    rows = sorted(((name, len(v), covered([(a, b) for a, b, _ in v]), sum(t for *_, t in v), min(a for a, *_ in v))
+                   for name, v in steps.items()), key=lambda r: r[4])
+    busy = covered([(a, b) for v in steps.values() for a, b, _ in v])
+    return t1 - t0, [r[:4] for r in rows], max(0.0, (t1 - t0) - busy), sum(r[3] for r in rows)
+
+
 def jvm_peak_rss_mb(spark: Any) -> float | None:
     """VmHWM of the driver JVM (local mode: driver and executors are one JVM)."""
     pid = driver_jvm_pid(spark)
@@ -442,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true",
                     help="also print where the driver JVM's CPU went during the timed 1x reconciles, by "
                          "thread: tasks, JIT compilers, GC, the driver's own threads, the rest (Linux)")
+    ap.add_argument("--steps", action="store_true",
+                    help="also classify the 1x window once more and print where its time went by step: "
+                         "each step's Spark jobs, the seconds one of them was running, their task-seconds, "
+                         "and the seconds with no job running (the driver planning)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
     args = ap.parse_args(argv)
@@ -489,6 +544,19 @@ def main(argv: list[str] | None = None) -> int:
     expected = expected_counts(n, parts, window_ordinal)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
+
+    if args.steps:
+        from spark_jobs.reconcile import reconcile_window
+
+        wall, steps, idle, task_s = step_profile(
+            spark, lambda: reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False).release())
+        cores = spark.sparkContext.defaultParallelism
+        print(f"1x classification once more, {wall:.1f}s by step (steps run side by side, so their seconds overlap):")
+        print(f"  {'step':28s} {'jobs':>5s} {'running s':>10s} {'task-s':>8s}")
+        for name, jobs, running, busy in steps:
+            print(f"  {name:28s} {jobs:5d} {running:10.2f} {busy:8.2f}")
+        print(f"  {'no job running':28s} {'':5s} {idle:10.2f}")
+        print(f"  task-seconds {task_s:.1f} of {cores} cores x {wall:.1f}s = {cores * wall:.1f} core-seconds")
 
     against = None
     if args.against:

@@ -26,6 +26,7 @@ from spark_jobs.ingest import (
 from spark_jobs.io import lake
 from spark_jobs.io.schemas import CONSUMED_RECORDS, PART_HOUR, PRODUCER_LEDGER
 from spark_jobs.pipeline.steps import StepRange, run_step
+from tests.support.jobs import job_descriptions, ours
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCER = SOURCES[0]
@@ -217,7 +218,12 @@ def test_corrupt_segment_is_quarantined_counted_and_the_rest_lands(
         f.write(json.dumps(prow(3, status="maybe")) + "\n")
         f.write(truncated + "\n")
 
+    before = set(job_descriptions(spark))
     run_step(spark, cfg, "ingest", StepRange(), say=print)
+    # every Spark job of the step is named after it in the Spark UI, or after its streaming query
+    # (Delta's own ones after "Delta: ")
+    named = [d for i, d in job_descriptions(spark).items() if i not in before]
+    assert named and all(ours(d).startswith(("msgaudit ingest", "msgaudit_ingest_")) for d in named), named
     out = capsys.readouterr().out
     assert "ingest producer_ledger: 2 rows landed from 1 segments, 3 lines quarantined" in out
     assert "ingest consumed_records: 0 rows landed from 0 segments, 0 lines quarantined" in out

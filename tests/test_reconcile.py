@@ -34,6 +34,7 @@ from tests.reconcile_cases import (
     write_delta_sink,
     write_lake,
 )
+from tests.support.jobs import job_descriptions, ours
 
 
 @pytest.mark.spark
@@ -187,6 +188,15 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
     return {int(k) for k, r in rdds.items() if not str(r.name() or "").startswith("Delta Table State")}
 
 
+# The steps a window's Spark jobs are named after (Spark UI: "msgaudit reconcile <topic> <window>:
+# <step>"), on each path, for `_io_history` (few rows: no block digests, the typed path).
+STEPS = {
+    "driver": {"inputs counted / collected", "published"},
+    "spark": {"inputs counted / collected", "consumption order", "lookups", "typed path", "general path keys",
+              "general path", "narrow rows", "repeated hashes", "summary", "published"},
+}
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the_window(
@@ -210,8 +220,15 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     ]
 
     kept_before = _our_persisted_rdds(spark)
+    jobs_before = set(job_descriptions(spark))
     first = reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
     assert norm_rows(first.report) == norm_rows(oracle.report)
+    # every job of the window is named after it (Delta's file listings after the step they serve), and
+    # its steps are the path's
+    label = "msgaudit reconcile t 2026-11-21T10:00:00+00:00"
+    named = [d for i, d in job_descriptions(spark).items() if i not in jobs_before]
+    assert named and all(ours(d).startswith(label) for d in named), named
+    assert {d.split(": ")[-1] for d in named if d.startswith(f"{label}: ")} == STEPS[path]
     # the summary the result holds, nothing else (the driver path holds its rows in the driver)
     assert len(_our_persisted_rdds(spark) - kept_before) == (1 if path == "spark" else 0)
     report_1 = _delta_rows(spark, cfg, "audit_partition_report")

@@ -4,7 +4,7 @@ The jars come from `msgaudit setup` (audit/runtime/jars.py), never from the netw
 master and any extra Spark settings come from the config's `spark:` section. Under spark-submit
 the driver JVM already exists, so the jars must be passed as `--jars` (see `spark_jar_paths`,
 which the Airflow DAGs use) and the master is spark-submit's. This module only
-builds sessions; it reads and writes nothing.
+builds sessions and names the jobs a thread starts (`described`); it reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
@@ -100,3 +101,17 @@ def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str
     jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
         "org.apache.spark.rdd.MapPartitionsRDD", jvm.org.apache.logging.log4j.Level.ERROR)
     return spark
+
+
+@contextmanager
+def described(spark: SparkSession, text: str) -> Iterator[None]:
+    """Names the Spark jobs this thread starts inside the block -- `spark.job.description`, the
+    Description column of the Spark UI and the history server -- then restores the name before it.
+    Each Python thread has its own (pyspark pins one JVM thread to it)."""
+    sc = spark.sparkContext
+    before = sc.getLocalProperty("spark.job.description")
+    sc.setJobDescription(text)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.job.description", before)  # type: ignore[arg-type]  # None removes it

@@ -51,9 +51,20 @@ def check_topics(cfg: Config, topics: Sequence[str] | None) -> None:
 
 def run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: bool = False,
              say: Callable[[str], None] | None = None, data_docs: Path | None = None) -> Any:
-    """Run `step` over `rng`; `say` (e.g. print) receives the step's summary lines."""
+    """Run `step` over `rng`; `say` (e.g. print) receives the step's summary lines. Its Spark jobs
+    are named `msgaudit <step> <start>..<end>` in the Spark UI (reconcile's, more precisely, after
+    their window and step: docs/design.md §9)."""
     if step not in STEPS:
         raise InputError(f"unknown step {step!r}; the steps are {', '.join(STEPS)}")
+    from spark_jobs.io.session import described
+
+    span = f" {rng.start.isoformat()}..{rng.end.isoformat()}" if rng.start and rng.end and step != "ingest" else ""
+    with described(spark, f"msgaudit {step}{span}"):
+        return _run_step(spark, cfg, step, rng, progress=progress, say=say, data_docs=data_docs)
+
+
+def _run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: bool,
+              say: Callable[[str], None] | None, data_docs: Path | None) -> Any:
     out = say or (lambda _line: None)
     topics = list(rng.topics) if rng.topics else None
     if step == "ingest":

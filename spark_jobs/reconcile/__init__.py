@@ -77,7 +77,8 @@ publishes each batch with one commit per output table. Shape of the computation,
    general path. One job's last tasks, and the driver's planning of the next, leave a core idle
    that the other's tasks take (docs/benchmarks.md). The first two start before the window's
    watermarks, group offsets and commits are collected (`window_lookups`): neither reads them, and
-   those small jobs run between their tasks.
+   those small jobs run between their tasks. Every job is named after the window and its step
+   (`job_label`, `session.described`; the Spark UI's Description, docs/design.md §9).
 
 Modules, by concern (each docstring says what it must not do):
 
@@ -120,6 +121,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
+from spark_jobs.io.session import described
 from spark_jobs.reconcile import blocks
 from spark_jobs.reconcile.blocks import (
     block_digests,
@@ -301,9 +303,13 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     sinks = sink_rows(vis)
     cached: list[DataFrame] = []
 
-    def keep(df: DataFrame) -> tuple[DataFrame, int]:
-        """`materialise`s `df` (the kept frame and its rows) and frees it with the window's other kept frames."""
-        kept, n = materialise(df)
+    label = job_label(shape, ws)
+
+    def keep(df: DataFrame, step: str) -> tuple[DataFrame, int]:
+        """`materialise`s `df` (the kept frame and its rows), its jobs named after `step`; the frame is
+        freed with the window's other kept frames."""
+        with described(spark, f"{label}: {step}"):
+            kept, n = materialise(df)
         cached.append(kept)
         return kept, n
 
@@ -312,14 +318,14 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             # Steps that do not read each other's results are materialised side by side (`beside`):
             # one job's last tasks, and the driver's planning of the next, leave a core idle that the
             # other job's tasks take.
-            def beside(df: DataFrame) -> Future[tuple[DataFrame, int]]:
-                return pool.submit(keep, df)
+            def beside(df: DataFrame, step: str) -> Future[tuple[DataFrame, int]]:
+                return pool.submit(keep, df, step)
 
             # The first two steps start before the window's small lookups are collected (their jobs
             # then run between those steps' tasks): neither reads them. A unit one of whose
             # processings went backwards is not ordinary: the order check runs once, over the
             # consumption rows alone, and only its flagged rows come back.
-            flagged_f = beside(reordered_processings(vis.consumed)) if vis.consumed is not None else None
+            flagged_f = beside(reordered_processings(vis.consumed), "consumption order") if vis.consumed is not None else None
             tiers = typed_tiers(ledger, vis.log, all_consumed, sinks, shape)
             # below the row threshold the shuffle the digests spare costs less than computing them
             blocks_on = rows is None or rows >= blocks.BLOCKS_MIN_ROWS
@@ -327,8 +333,9 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
             if blocks_on:  # beside the flagging; the digests read the window's constants, not its lookups
                 constants = batch_params(spark, shape, ws, as_of, {tc.name: collect_lookups([], [], tc.groups)
                                                                    for tc in shape.topics})
-                digests_f = beside(block_digests(tiers, shape, constants))
-            lookups = window_lookups(vis, shape)
+                digests_f = beside(block_digests(tiers, shape, constants), "block digests")
+            with described(spark, f"{label}: lookups"):
+                lookups = window_lookups(vis, shape)
             for t, per_group in failover.items():
                 lookups[t].failover = per_group
             params = batch_params(spark, shape, ws, as_of, lookups)
@@ -342,11 +349,12 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                 digests, _ = digests_f.result()
                 if flagged is not None:
                     digests = blocks.mark_backwards(digests, flagged)
-                counts = blocks.block_counts(digests)
+                with described(spark, f"{label}: block lookup"):
+                    counts = blocks.block_counts(digests)
                 lookup, default = block_lookup(digests, counts)
                 # few blocks to look at: all their units take the general path, and no typed path runs
                 few = blocks.direct(counts, default)
-                lookup, _ = keep(blocks.as_dirty(lookup) if few else lookup)
+                lookup, _ = keep(blocks.as_dirty(lookup) if few else lookup, "block lookup")
                 direct = lookup if few else None
                 bound = blocks.lookup_bound(counts, default)  # decides the broadcasts without a count
                 local_tiers = None  # the local rows come from the window's files alone
@@ -355,14 +363,14 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                     local_tiers = blocks.window_tiers(ledger, all_consumed, sinks, shape, ws, window_end)
                 typed_rows, clean_log, local_rows = split_by_block(tiers, lookup, default, bound, local_tiers)
                 if default == "local":  # a clean block's latencies from each of its rows alone
-                    local_f = beside(local_latencies(local_rows, params, shape))
-                clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape))
+                    local_f = beside(local_latencies(local_rows, params, shape), "local latencies")
+                clean_f = beside(narrow_rows(clean_narrow(clean_log), params, shape), "clean narrow rows")
             else:
                 typed_rows = tiers.withColumn("cb", F.lit(False))
             consumed = with_reorder(all_consumed, flagged) if all_consumed is not None and flagged is not None else None
             typed: DataFrame | None = None
             if direct is not None:  # every unit of the dirty blocks, and every unaudited record
-                units, _ = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct, bound), params))
+                units, _ = keep(describe_units(blocks.collect_blocks(ledger, vis.log, consumed, sinks, direct, bound), params), "general path")
             else:
                 # Typed path: every other unit's tiers as fixed-width aggregates, and the clean blocks'
                 # times for their latencies; ordinary messages end here.
@@ -371,19 +379,19 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
                     marks = flagged.select(*KEY).distinct().withColumn("_reordered", F.lit(True))
                     typed = (typed.join(F.broadcast(marks), KEY, "left")
                              .withColumn("simple", F.col("simple") & F.col("_reordered").isNull()).drop("_reordered"))
-                typed, _ = keep(typed)
+                typed, _ = keep(typed, "typed path")
                 # General path: only the other units' rows are gathered into arrays (a broadcast semi-join
                 # on their key hashes before their shuffle, so the ordinary majority never reaches it;
                 # Spark pushes a semi-join below the union and the tier structs itself).
-                keys, _ = keep(typed.where("NOT simple").select(*KEY))  # read thrice below: counted, broadcast, joined
-                units, _ = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params))
+                keys, _ = keep(typed.where("NOT simple").select(*KEY), "general path keys")  # read thrice below: counted, broadcast, joined
+                units, _ = keep(describe_units(collect_units(unit_tiers(ledger, vis.log, consumed, sinks), keys), params), "general path")
             # read by three checks: kept, so the clean blocks' log records are read once more, not thrice
-            narrow, n_narrow = keep(narrow_units(typed, units, params, shape))
+            narrow, n_narrow = keep(narrow_units(typed, units, params, shape), "narrow rows")
             if clean_f is not None:
                 clean, n_clean = clean_f.result()
                 narrow, n_narrow = narrow.unionByName(clean), n_narrow + n_clean
             # the fingerprints more than one unit holds: only their units are ranked for content duplicates
-            repeated, n_repeated = keep(repeated_hashes(narrow)) if n_narrow <= PREFILTER_MAX_ROWS else (None, 0)
+            repeated, n_repeated = keep(repeated_hashes(narrow), "repeated hashes") if n_narrow <= PREFILTER_MAX_ROWS else (None, 0)
             local = local_f.result()[0] if local_f is not None else None
     except BaseException:
         for df in cached:  # a step failed: what the others kept is freed now, not left behind
@@ -416,12 +424,14 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     latencies = (with_stage_names(simple, params, shape).withColumn("kind", F.lit("F"))
                  .unionByName(facts.select("topic", "kind", "stage", "partition", "latency",
                                            F.lit(1).cast("bigint").alias("n"))))
-    stats = stage_stats(spark, summary, latencies)  # may read the checkpoints once more: before `release`
+    with described(spark, f"{label}: summary"):  # the checks above run in its first job
+        stats = stage_stats(spark, summary, latencies)  # may read the checkpoints once more: before `release`
+        counted = (summary.where("kind IN ('A', 'Q', 'I')").groupBy("topic", "kind", "stage", "partition", "anomaly")
+                   .agg(F.sum("n").alias("n")).collect())
     codes: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
     quarantined: dict[str, int] = {}
     ignored: dict[str, dict[tuple[str, str], int]] = {}
-    for r in (summary.where("kind IN ('A', 'Q', 'I')").groupBy("topic", "kind", "stage", "partition", "anomaly")
-              .agg(F.sum("n").alias("n")).collect()):
+    for r in counted:
         if r["kind"] == "Q":
             quarantined[r["topic"]] = quarantined.get(r["topic"], 0) + int(r["n"])
         elif r["kind"] == "I":
@@ -442,6 +452,13 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         out[tc.name] = Classified(report, anomalies, count, quarantined.get(tc.name, 0), empty, summary,
                                   t_ignored, ignored_rows_lines(tc, t_ignored))
     return out
+
+
+def job_label(shape: Shape, ws: datetime) -> str:
+    """What a window's Spark jobs are called in the Spark UI (`<label>: <step>`, `session.described`)."""
+    names = shape.names
+    who = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more topics"
+    return f"msgaudit reconcile {who} {ws.isoformat()}"
 
 
 def window_lookups(vis: WindowInputs, shape: Shape) -> dict[str, Lookups]:
@@ -481,17 +498,21 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
     for the whole batch. The results share one cached summary: `release()` of any frees it. A batch
     whose inputs hold at most `cfg.driver_rows` rows is classified in the driver instead
     (`driver`, docs/design.md §5.8)."""
-    inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
-    collected, rows = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else (None, None)
-    if collected is not None:
-        classified = classify_in_driver(spark, collected, shape, ws, as_of)
-        anomalies = next(iter(classified.values())).summary
-    else:
-        classified = classify_batch(spark, inputs, shape, ws, as_of, rows)
-        summary = next(iter(classified.values())).summary
-        anomalies = anomaly_rows(summary, ws, {t: run_id_for(t, ws, as_of) for t in shape.names}, as_of)
-    if publish:
-        write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies)
+    label = job_label(shape, ws)
+    with described(spark, label):  # every job of the window is named after it, its steps after them
+        inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
+        with described(spark, f"{label}: inputs counted / collected"):
+            collected, rows = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else (None, None)
+        if collected is not None:
+            classified = classify_in_driver(spark, collected, shape, ws, as_of)
+            anomalies = next(iter(classified.values())).summary
+        else:
+            classified = classify_batch(spark, inputs, shape, ws, as_of, rows)
+            summary = next(iter(classified.values())).summary
+            anomalies = anomaly_rows(summary, ws, {t: run_id_for(t, ws, as_of) for t in shape.names}, as_of)
+        if publish:
+            with described(spark, f"{label}: published"):
+                write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies)
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, [c.summary], ignored_mirror_rows=c.ignored, notes=c.notes)
             for t, c in classified.items()]

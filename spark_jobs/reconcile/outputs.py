@@ -38,6 +38,8 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     store."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from pyspark.util import inheritable_thread_target
+
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.io.lake import write_table
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
@@ -48,9 +50,9 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     where = f"{which} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
+    commit = inheritable_thread_target(spark)(write_table)  # its jobs keep this thread's name (Spark UI)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
-        delta = [pool.submit(write_table, df, cfg, name, mode="overwrite", partition_by=["topic"],
-                             replace_where=where)
+        delta = [pool.submit(commit, df, cfg, name, mode="overwrite", partition_by=["topic"], replace_where=where)
                  for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
         anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
         settings = _settings_of(spark, cfg, anomaly_rows)
