@@ -397,7 +397,7 @@ def cpu_split(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, 
 
 def step_profile(spark: Any, run: Any) -> tuple[float, list[tuple[str, int, float, float]], float, float]:
     """Runs `run()` and reads what its Spark jobs did from the driver's status store, by the step
-    each job's description names (`<label>: <step>`, docs/design.md §5.9; Delta's file listings
+    each job's description names (`<label>: <step>`, docs/design.md §9; Delta's file listings
     are "Delta: <label>: <step>: Filtering files for query", counted under "Delta file listing"):
     (wall seconds, [(step, jobs, seconds with one of its jobs running, task-seconds)] in the order
     the steps started, seconds with no job running, task-seconds in all)."""
