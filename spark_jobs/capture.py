@@ -63,6 +63,7 @@ from spark_jobs.io.schemas import (
     PART_HOUR_FORMAT,
     PARTITION_WATERMARKS,
 )
+from spark_jobs.io.session import local_frame
 
 # How far Kafka timestamps may sit from audit.ts (see module docstring).
 SKEW = timedelta(minutes=5)
@@ -684,7 +685,7 @@ def _append_snapshot(spark: SparkSession, cfg: Config, name: str, schema: Any, r
     from spark_jobs.io.lake import write_table
 
     if rows:
-        write_table(spark.createDataFrame(rows, schema), cfg, name, mode="append", partition_by=("topic",),
+        write_table(local_frame(spark, rows, schema), cfg, name, mode="append", partition_by=("topic",),
                     add_columns=True)
 
 

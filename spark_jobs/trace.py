@@ -29,6 +29,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from audit.core.config import Config
 from audit.core.errors import InputError
+from spark_jobs.io.session import local_frame
 
 # lake table -> the key of the traced rows it contributes, in timeline order
 TRACE_TABLES: tuple[tuple[str, str], ...] = (
@@ -72,8 +73,8 @@ class Resolved:
     positions: frozenset[tuple[int, str, int, int]]
 
     def frames(self, spark: SparkSession) -> tuple[DataFrame, DataFrame]:
-        return (F.broadcast(spark.createDataFrame(sorted(self.ids), _IDS)),
-                F.broadcast(spark.createDataFrame(sorted(self.positions), _POSITIONS)))
+        return (F.broadcast(local_frame(spark, sorted(self.ids), _IDS)),
+                F.broadcast(local_frame(spark, sorted(self.positions), _POSITIONS)))
 
 
 def _matching(df: DataFrame, ids: DataFrame, positions: DataFrame) -> DataFrame:

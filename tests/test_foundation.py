@@ -131,6 +131,48 @@ def test_dataframe_calls_record_no_python_call_site(spark: Any) -> None:
     assert debugging.is_debugging_enabled() is False
 
 
+def _python_rdd_in_lineage(df: Any) -> bool:
+    """Whether computing `df` runs a PythonRDD (rows only a Python worker can decode)."""
+    return "PythonRDD" in df._jdf.queryExecution().toRdd().toDebugString()
+
+
+@pytest.mark.spark
+def test_local_frame_round_trips_the_drivers_rows_without_a_python_worker(spark: Any) -> None:
+    """`local_frame` gives the rows back exactly, in the schema's types (None, a naive and a tz-aware
+    datetime, both UTC; an empty frame keeps its columns), and its rows are decoded in the JVM: no
+    PythonRDD in what Spark runs, where `createDataFrame` of the same list has one."""
+    from datetime import UTC, datetime
+
+    from spark_jobs.io.session import local_frame
+
+    schema = "topic string, ws timestamp, partition int, n bigint, p50 double, ok boolean"
+    rows = [("t1", datetime(2026, 11, 21, 10, 0, tzinfo=UTC), 0, 7, 1.5, True),
+            ("t2", datetime(2026, 11, 21, 11, 30), 3, None, None, None),
+            (None, None, None, 2**40, -0.25, False)]
+    got = local_frame(spark, rows, schema)
+    assert got.schema.simpleString() == f"struct<{schema.replace(' ', ':').replace(',:', ',')}>"
+    assert [tuple(r) for r in got.collect()] == [
+        ("t1", datetime(2026, 11, 21, 10, 0), 0, 7, 1.5, True),
+        ("t2", datetime(2026, 11, 21, 11, 30), 3, None, None, None),
+        (None, None, None, 2**40, -0.25, False)]
+    empty = local_frame(spark, [], schema)
+    assert empty.columns == ["topic", "ws", "partition", "n", "p50", "ok"] and empty.count() == 0
+    assert not _python_rdd_in_lineage(got) and not _python_rdd_in_lineage(empty)
+    assert _python_rdd_in_lineage(spark.createDataFrame(rows, schema))  # the check can fail
+
+
+@pytest.mark.unit
+def test_no_dataframe_is_made_of_python_rows_outside_local_frame() -> None:
+    """Every DataFrame msgaudit makes of the driver's rows goes through `local_frame`, so no Spark job
+    of the product starts a Python worker (nor needs msgaudit's Python on an executor)."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = sorted(str(p.relative_to(root)) for d in ("audit", "spark_jobs", "dags")
+                       for p in (root / d).rglob("*.py")
+                       if ".createDataFrame(" in p.read_text(encoding="utf-8")
+                       and p.relative_to(root).as_posix() != "spark_jobs/io/session.py")
+    assert offenders == []
+
+
 @pytest.mark.spark
 def test_delta_write_and_read_back(spark: Any, tmp_path: Path) -> None:
     from delta.tables import DeltaTable

@@ -56,6 +56,7 @@ from audit.clients.sinks import (
 )
 from audit.core.config import SinkConfig
 from audit.core.errors import ConfigError, InputError
+from spark_jobs.io.session import local_frame
 
 DELTA_MODES = ("append", "merge")
 _META_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -165,7 +166,7 @@ class DeltaSink:
         schema = StructType(fields + audit)
         self._payload = StructType(fields)
         names = schema.fieldNames()
-        return self.spark.createDataFrame([tuple(row.get(n) for n in names) for row in rows], schema)
+        return local_frame(self.spark, [tuple(row.get(n) for n in names) for row in rows], schema)
 
     def write(self, records: Sequence[SinkRecord], *, group: str | None = None,
               positions: Sequence[Position] = (),

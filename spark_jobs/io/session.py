@@ -4,7 +4,8 @@ The jars come from `msgaudit setup` (audit/runtime/jars.py), never from the netw
 master and any extra Spark settings come from the config's `spark:` section. Under spark-submit
 the driver JVM already exists, so the jars must be passed as `--jars` (see `spark_jar_paths`,
 which the Airflow DAGs use) and the master is spark-submit's. This module only
-builds sessions and names the jobs a thread starts (`described`); it reads and writes nothing.
+builds sessions, names the jobs a thread starts (`described`) and turns the driver's own rows into a
+DataFrame (`local_frame`); it reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from audit.core.config import Config
 from audit.runtime import jars, quiet
@@ -115,3 +118,22 @@ def described(spark: SparkSession, text: str) -> Iterator[None]:
         yield
     finally:
         sc.setLocalProperty("spark.job.description", before)  # type: ignore[arg-type]  # None removes it
+
+
+def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: StructType | str) -> DataFrame:
+    """A DataFrame of rows the driver holds (tuples in the schema's order), decoded in the JVM: the
+    rows travel as Arrow columns, so no Spark job reading them starts a Python worker.
+    `spark.createDataFrame` of a Python list pickles the rows into an RDD that only Python workers
+    decode -- a Python process per executor core, started for a handful of report rows, and an
+    executor that must have msgaudit's Python at all. Values are converted to the schema's types as
+    `createDataFrame` converts them (a naive datetime is in the session's time zone, UTC)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+    assert isinstance(struct, StructType)
+    arrow = to_arrow_schema(struct, timezone="UTC")
+    data = list(rows)
+    columns = [pa.array([r[i] for r in data], type=arrow.field(i).type) for i in range(len(struct.fields))]
+    return spark.createDataFrame(pa.Table.from_arrays(columns, schema=arrow), struct)

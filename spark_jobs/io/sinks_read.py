@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig
 from audit.core.errors import ConfigError, InputError
+from spark_jobs.io.session import local_frame
 
 _TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
           "sink_ts": "timestamp", "produce_ts": "timestamp"}
@@ -164,7 +165,7 @@ def read_delta_consumption(spark: SparkSession, location: str, after_version: in
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, location):
-        empty = spark.createDataFrame([], f"version BIGINT, {_CONSUMED_FIELDS.replace(':', '')}")
+        empty = local_frame(spark, [], f"version BIGINT, {_CONSUMED_FIELDS.replace(':', '')}")
         return empty, -1
     history = DeltaTable.forPath(spark, location).history()
     newest = history.agg(F.max("version")).first()

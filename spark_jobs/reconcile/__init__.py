@@ -121,7 +121,7 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
-from spark_jobs.io.session import described
+from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile import blocks
 from spark_jobs.reconcile.blocks import (
     block_digests,
@@ -526,7 +526,7 @@ def classify_in_driver(spark: SparkSession, collected: OracleInputs, shape: Shap
 
     results = classify_collected(collected, shape.topics, ws, as_of)
     rows = [a for r in results.values() for a in r.anomalies]
-    frame = spark.createDataFrame([tuple(a[f.name] for f in AUDIT_ANOMALIES.fields) for a in rows], AUDIT_ANOMALIES)
+    frame = local_frame(spark, [tuple(a[f.name] for f in AUDIT_ANOMALIES.fields) for a in rows], AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}
     for tc in shape.topics:
         r = results[tc.name]

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 
 from audit.core.failover import Failover
 from audit.core.vocabulary import COMMITTED, PROCESSED
+from spark_jobs.io.session import local_frame
 from spark_jobs.reconcile.mirror import mirror_copies, source_units
 from spark_jobs.reconcile.params import Shape
 from spark_jobs.reconcile.sql import X_FIELDS
@@ -119,7 +120,7 @@ def failover_lookups(rows: DataFrame, ledger: DataFrame, log: DataFrame, mirror_
                 position: dict[int, int] = {}
                 if resume and mirror_log is not None:
                     spark = rows.sparkSession
-                    res = spark.createDataFrame(list(resume.items()), "partition int, resume bigint")
+                    res = local_frame(spark, list(resume.items()), "partition int, resume bigint")
                     firsts = mirror_copies(mirror_log, tc, m, ws).where("k = 1").select("pid", "seq", "partition", "offset")
                     units = source_units(ledger.where(one), log.where(one))
                     position = {int(r[0]): int(r[1]) + 1 for r in (

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from audit.core.config import MirrorConfig, TopicConfig
 from audit.core.vocabulary import ACKED, MIRROR, mirror_stage
 from audit.core.windows import EPOCH, read_ranges
+from spark_jobs.io.session import local_frame
 from spark_jobs.reconcile.sql import _f, _q, anomaly_sql
 
 _US = timedelta(microseconds=1)
@@ -122,12 +123,12 @@ def mirror_x(ledger: DataFrame, log: DataFrame, mirror_log: DataFrame | None, mi
         empty_copies = "pid string, seq bigint, partition int, offset bigint, kafka_ts timestamp, k int, n bigint, " \
                        "first struct<partition:int,offset:bigint,kafka_ts:timestamp>"
         copies = (mirror_copies(mirror_log, tc, m, ws) if mirror_log is not None
-                  else units.sparkSession.createDataFrame([], empty_copies))
+                  else local_frame(units.sparkSession, [], empty_copies))
         if mirror_watermarks is not None:
             last_capture = (mirror_watermarks.where((F.col("mirror") == m.name) & (F.col("topic") == tc.name))
                             .groupBy("partition").agg(F.unix_micros(F.max("captured_at")).alias("cap_us")))
         else:
-            last_capture = units.sparkSession.createDataFrame([], "partition int, cap_us bigint")
+            last_capture = local_frame(units.sparkSession, [], "partition int, cap_us bigint")
         firsts = copies.where("k = 1").select("pid", "seq", "n", F.col("kafka_ts").alias("first_kts"))
         per_unit = (units.where(in_w).join(firsts, ["pid", "seq"], "left")
                     .join(F.broadcast(last_capture.withColumnRenamed("partition", "op")), ["op"], "left")

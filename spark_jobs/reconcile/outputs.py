@@ -15,11 +15,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config
+from spark_jobs.io.session import local_frame
 from spark_jobs.reconcile.sql import _q
 
 
 def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) -> DataFrame:
-    return spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
+    return local_frame(spark, [tuple(r[f.name] for f in schema.fields) for r in rows], schema)
 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,

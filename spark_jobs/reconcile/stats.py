@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from audit.core.percentiles import PERCENTILES, interpolate, percentile_position
+from spark_jobs.io.session import local_frame
 
 
 def latency_bucket(latency: Any) -> Any:
@@ -126,13 +127,13 @@ def stage_stats(spark: SparkSession, summary: DataFrame,
             xs.sort()
         values = {(t, s, p, rank): by_key[(t, s, p)][rank] for t, s, p, rank in ranks}
     elif ranks:
-        rdf = spark.createDataFrame(ranks, "topic string, stage string, partition int, rank bigint")
+        rdf = local_frame(spark, ranks, "topic string, stage string, partition int, rank bigint")
         located = rank_buckets(summary, rdf).collect()
         values = {(r["topic"], r["stage"], r["partition"], r["rank"]): r["lo"] for r in located if r["lo"] == r["hi"]}
         several = [(r["topic"], r["stage"], r["partition"], r["bucket"], r["rank"], r["off"])
                    for r in located if r["lo"] != r["hi"]]
         if several:  # buckets holding more than one value: their facts are read and sorted
-            wanted = spark.createDataFrame(several, "topic string, stage string, partition int, bucket int, "
+            wanted = local_frame(spark, several, "topic string, stage string, partition int, bucket int, "
                                                     "rank bigint, off bigint")
             values.update({(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
                            for r in latency_at_ranks(facts, wanted).collect()})
