@@ -163,8 +163,8 @@ def test_local_frame_round_trips_the_drivers_rows_without_a_python_worker(spark:
 
 @pytest.mark.unit
 def test_no_dataframe_is_made_of_python_rows_outside_local_frame() -> None:
-    """Every DataFrame msgaudit makes of the driver's rows goes through `local_frame`, so no Spark job
-    of the product starts a Python worker (nor needs msgaudit's Python on an executor)."""
+    """Every DataFrame msgaudit's code makes of the driver's rows goes through `local_frame`, so none
+    of them needs a Python worker to decode its rows."""
     root = Path(__file__).resolve().parent.parent
     offenders = sorted(str(p.relative_to(root)) for d in ("audit", "spark_jobs", "dags")
                        for p in (root / d).rglob("*.py")

@@ -124,9 +124,9 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     """A DataFrame of rows the driver holds (tuples in the schema's order), decoded in the JVM: the
     rows travel as Arrow columns, so no Spark job reading them starts a Python worker.
     `spark.createDataFrame` of a Python list pickles the rows into an RDD that only Python workers
-    decode -- a Python process per executor core, started for a handful of report rows, and an
-    executor that must have msgaudit's Python at all. Values are converted to the schema's types as
-    `createDataFrame` converts them (a naive datetime is in the session's time zone, UTC)."""
+    decode: a Python process per executor core, started to decode a handful of report rows. Values
+    are converted to the schema's types as `createDataFrame` converts them (a naive datetime is in
+    the session's time zone, UTC)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import _parse_datatype_string

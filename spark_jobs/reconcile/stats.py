@@ -134,7 +134,7 @@ def stage_stats(spark: SparkSession, summary: DataFrame,
                    for r in located if r["lo"] != r["hi"]]
         if several:  # buckets holding more than one value: their facts are read and sorted
             wanted = local_frame(spark, several, "topic string, stage string, partition int, bucket int, "
-                                                    "rank bigint, off bigint")
+                                                 "rank bigint, off bigint")
             values.update({(r["topic"], r["stage"], r["partition"], r["rank"]): r["latency"]
                            for r in latency_at_ranks(facts, wanted).collect()})
     stats: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
