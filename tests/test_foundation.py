@@ -140,8 +140,11 @@ def _python_rdd_in_lineage(df: Any) -> bool:
 def test_local_frame_round_trips_the_drivers_rows_without_a_python_worker(spark: Any) -> None:
     """`local_frame` gives the rows back exactly, in the schema's types (None, a naive and a tz-aware
     datetime, both UTC; an empty frame keeps its columns), and its rows are decoded in the JVM: no
-    PythonRDD in what Spark runs, where `createDataFrame` of the same list has one."""
+    PythonRDD in what Spark runs, where `createDataFrame` of the same list has one. A None where the
+    schema allows none is refused with the column's name."""
     from datetime import UTC, datetime
+
+    from pyspark.sql.types import LongType, StructField, StructType
 
     from spark_jobs.io.session import local_frame
 
@@ -159,6 +162,8 @@ def test_local_frame_round_trips_the_drivers_rows_without_a_python_worker(spark:
     assert empty.columns == ["topic", "ws", "partition", "n", "p50", "ok"] and empty.count() == 0
     assert not _python_rdd_in_lineage(got) and not _python_rdd_in_lineage(empty)
     assert _python_rdd_in_lineage(spark.createDataFrame(rows, schema))  # the check can fail
+    with pytest.raises(ValueError, match="column 'k' is not nullable, but 1 of 2 rows hold None"):
+        local_frame(spark, [(1,), (None,)], StructType([StructField("k", LongType(), False)]))
 
 
 @pytest.mark.unit

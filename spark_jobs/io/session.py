@@ -126,7 +126,8 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     `spark.createDataFrame` of a Python list pickles the rows into an RDD that only Python workers
     decode: a Python process per executor core, started to decode a handful of report rows. Values
     are converted to the schema's types as `createDataFrame` converts them (a naive datetime is in
-    the session's time zone, UTC)."""
+    the session's time zone, UTC); a None in a column the schema declares not nullable is refused, as
+    `createDataFrame` refuses it."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import _parse_datatype_string
@@ -136,4 +137,7 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     arrow = to_arrow_schema(struct, timezone="UTC")
     data = list(rows)
     columns = [pa.array([r[i] for r in data], type=arrow.field(i).type) for i in range(len(struct.fields))]
+    for f, column in zip(struct.fields, columns, strict=True):
+        if not f.nullable and column.null_count:
+            raise ValueError(f"column {f.name!r} is not nullable, but {column.null_count} of {len(data)} rows hold None")
     return spark.createDataFrame(pa.Table.from_arrays(columns, schema=arrow), struct)
