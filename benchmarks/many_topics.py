@@ -16,8 +16,9 @@ one topic; one small window <= 4 s) and whether every injected anomaly was found
 `missed` per topic, nothing else) in all four. Then it times the SLA check of the window (every
 topic has `max_lost: 0`, which each topic's `missed` fails once) for one topic and for all K. With
 `--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` as of git
-revision REV, and the SLA check with `spark_jobs/sla.py` as of REV, alternating with this
-checkout's, and the ratios `this checkout / REV` are printed.
+revision REV (publishing into its own copy of the generated lake, so the output tables keep the
+layout each package writes), and the SLA check with `spark_jobs/sla.py` as of REV, alternating
+with this checkout's, and the ratios `this checkout / REV` are printed.
 
     .venv/bin/python benchmarks/many_topics.py --topics 50 --messages 1000
     .venv/bin/python benchmarks/many_topics.py --reps 8 --against HEAD   # the checkout vs its last commit
@@ -127,18 +128,19 @@ def run(spark: Any, cfg: Config, topics: list[str], as_of: datetime) -> tuple[fl
 
 
 def compare(spark: Any, cfg: Config, sides: dict[str, list[str]], as_of: datetime, reps: int,
-            other: Any) -> dict[str, tuple[float, float]]:
+            other: Any, other_cfg: Config) -> dict[str, tuple[float, float]]:
     """Per side, the median seconds of `reconcile_range` over the window (publishing) with this
-    checkout's package and with `other`, alternating, `reps` times each; raises if either finds
-    other than one `missed` per topic."""
+    checkout's package and with `other`, alternating, `reps` times each, each publishing into its
+    own lake (`cfg`, `other_cfg`); raises if either finds other than one `missed` per topic."""
     import spark_jobs.reconcile as current
 
+    lakes = {current: cfg, other: other_cfg}
     times: dict[tuple[str, Any], list[float]] = {}
     for i in range(reps):
         for side, topics in sides.items():
             for m in ((current, other) if i % 2 == 0 else (other, current)):
                 t = time.perf_counter()
-                results = m.reconcile_range(spark, cfg, WINDOW, WINDOW + HOUR, as_of, topics)
+                results = m.reconcile_range(spark, lakes[m], WINDOW, WINDOW + HOUR, as_of, topics)
                 times.setdefault((side, m), []).append(time.perf_counter() - t)
                 if sum(r.anomaly_count for r in results) != len(topics):
                     raise SystemExit(f"--against: {m.__name__} found {[r.anomaly_count for r in results]}")
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     generate(spark, cfg, work / "sink", args.topics, args.messages)
     print(f"generated in {time.perf_counter() - t:.1f}s")
+    if args.against:  # REV publishes into its own copy of the lake: the output tables' layout may differ
+        shutil.copytree(work / "lake", work / "lake-against")
     as_of = WINDOW + HOUR + timedelta(minutes=15)
     if args.driver_rows is not None:
         cfg = replace(cfg, driver_rows=args.driver_rows)
@@ -203,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         from revisions import package_at
 
         other = importlib.import_module(package_at(args.against, work / "against"))
+        other_cfg = replace(cfg, lake=str(work / "lake-against"))
         for topics in sides.values():  # warm-up: the other package's plans compiled once
-            other.reconcile_range(spark, cfg, WINDOW, WINDOW + HOUR, as_of, topics)
-        against = compare(spark, cfg, sides, as_of, args.reps, other)
+            other.reconcile_range(spark, other_cfg, WINDOW, WINDOW + HOUR, as_of, topics)
+        against = compare(spark, cfg, sides, as_of, args.reps, other, other_cfg)
     sla_modules: dict[str, Any] = {"this checkout": importlib.import_module("spark_jobs.sla")}
     if args.against:
         from revisions import module_at

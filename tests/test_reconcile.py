@@ -203,6 +203,7 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
         spark: Any, make_config: Callable[..., Config], tmp_path: Path, path: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
+    from spark_jobs.io.lake import partition_columns
     from spark_jobs.reconcile import reconcile_window
 
     cfg = _config(make_config, tmp_path, path)
@@ -233,6 +234,8 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(_our_persisted_rdds(spark) - kept_before) == (1 if path == "spark" else 0)
     report_1 = _delta_rows(spark, cfg, "audit_partition_report")
     anomalies_1 = _delta_rows(spark, cfg, "audit_anomalies")
+    assert [partition_columns(spark, cfg, t) for t in ("audit_partition_report", "audit_anomalies")] == [
+        ("topic", "window_start")] * 2
     assert sorted_anomalies(anomalies_1) == sorted_anomalies(oracle.anomalies)
     assert len(report_1) == 4  # log, group:g1, sink:s1, sink:s2 for partition 0
     with ReportStore(cfg.report_store) as store:
@@ -259,6 +262,78 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(report_2) == 4
     assert sorted_anomalies(_delta_rows(spark, cfg, "audit_anomalies")) == sorted_anomalies(
         oracle_reconcile(cfg.topic(TOPIC), T0, early, h.inputs()).anomalies)
+
+
+@pytest.mark.spark
+def test_a_publish_replaces_whole_window_partitions_and_rewrites_an_older_layout_once(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The output tables are partitioned by (topic, window_start): a window's publish drops whole
+    partitions, no file is read or rewritten. A table partitioned by topic alone (as msgaudit wrote
+    them before), here with a column another tool added, is rewritten in that layout by its first
+    publish, every other row and column kept, with one warning."""
+    import logging
+    from datetime import timedelta
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from spark_jobs.io.lake import partition_columns, read_table, table_path, write_table
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES
+    from spark_jobs.io.session import local_frame
+    from spark_jobs.reconcile.outputs import replace_rows
+
+    cfg = make_config(tmp_path)
+    name = "audit_anomalies"
+    w0, w1 = T0, T0 + timedelta(hours=1)
+
+    def frame(topic: str, ws: datetime, seqs: list[int], run: str) -> Any:
+        return local_frame(spark, [(ws, topic, 0, "log", "lost_acked", "p", s, s, None, run, ws) for s in seqs],
+                           AUDIT_ANOMALIES)
+
+    def where(topic: str, ws: datetime) -> str:
+        return f"topic = '{topic}' AND window_start = to_timestamp('{ws:%Y-%m-%d %H:%M:%S}')"
+
+    def jobs_of(action: Callable[[], None]) -> list[str]:
+        before = set(job_descriptions(spark))
+        action()
+        return [ours(d) for i, d in job_descriptions(spark).items() if i not in before]
+
+    def table() -> list[tuple[Any, ...]]:
+        return sorted((r["topic"], r["window_start"], r["seq"], r["run_id"], r["note"])
+                      for r in read_table(spark, cfg, name).collect())
+
+    def rewrites(jobs: list[str]) -> list[str]:
+        return [d for d in jobs if "files to rewrite" in d or d.startswith("Rewriting ")]
+
+    old = (frame("t", w0, [1, 2], "old").unionByName(frame("t", w1, [3], "old"))
+           .unionByName(frame("u", w0, [4], "old")).withColumn("note", F.lit("kept")))
+    write_table(old, cfg, name, mode="overwrite", partition_by=["topic"])
+    # in the old layout a window's replace reads and rewrites its files (what the new layout saves)
+    jobs = jobs_of(lambda: write_table(frame("t", w0, [1, 2], "old").withColumn("note", F.lit("kept")), cfg, name,
+                                       mode="overwrite", partition_by=["topic"], replace_where=where("t", w0)))
+    assert rewrites(jobs), jobs
+    assert partition_columns(spark, cfg, name) == ("topic",)
+    assert partition_columns(spark, cfg, "audit_partition_report") is None
+
+    with caplog.at_level(logging.WARNING, logger="msgaudit"):
+        replace_rows(spark, cfg, name, frame("t", w0, [5, 6], "new"), where("t", w0))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"table 'audit_anomalies' at {table_path(cfg, name)} is partitioned by (topic): rewriting it partitioned "
+        "by (topic, window_start) in this window's commit, once, so that each publish replaces whole partitions "
+        "(docs/design.md §4.3)"]
+    assert partition_columns(spark, cfg, name) == ("topic", "window_start")
+    assert DeltaTable.forPath(spark, table_path(cfg, name)).detail().first()["partitionColumns"] == [
+        "topic", "window_start"]
+    n0, n1 = w0.replace(tzinfo=None), w1.replace(tzinfo=None)
+    assert table() == [("t", n0, 5, "new", None), ("t", n0, 6, "new", None), ("t", n1, 3, "old", "kept"),
+                       ("u", n0, 4, "old", "kept")]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="msgaudit"):
+        jobs = jobs_of(lambda: replace_rows(spark, cfg, name, frame("t", w0, [7], "again"), where("t", w0)))
+    assert caplog.records == []
+    assert jobs and rewrites(jobs) == [], jobs
+    assert table() == [("t", n0, 7, "again", None), ("t", n1, 3, "old", "kept"), ("u", n0, 4, "old", "kept")]
 
 
 @pytest.mark.spark

@@ -124,14 +124,30 @@ def read_table(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
     return spark.read.format("delta").load(table_path(cfg, name))
 
 
+def partition_columns(spark: SparkSession, cfg: Config, name: str) -> tuple[str, ...] | None:
+    """The partition columns of lake table `name` (None: no such table), as the table's Delta log,
+    last read by this process, gives them: Delta's `DeltaLog` through the JVM runs no Spark job, where
+    `DeltaTable.detail()` runs about fifteen. A table first read here is read at its latest version."""
+    jvm: Any = spark.sparkContext._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_path(cfg, name))
+    snapshot = delta_log.unsafeVolatileSnapshot()
+    if snapshot is None or snapshot.version() < 0:
+        return None
+    cols = snapshot.metadata().partitionColumns()
+    return tuple(str(cols.apply(i)) for i in range(cols.size()))
+
+
 def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",
                 partition_by: Sequence[str] = (), replace_where: str | None = None,
-                add_columns: bool = False) -> None:
+                add_columns: bool = False, new_layout: bool = False) -> None:
     """Append to / overwrite (optionally only the rows matching `replace_where`) a lake table.
-    `add_columns` lets an append add columns a table written by an older version lacks."""
+    `add_columns` lets an append add columns a table written by an older version lacks;
+    `new_layout` lets an overwrite of the whole table change its columns and partitioning."""
     writer = df.write.format("delta").mode(mode)
     if add_columns:
         writer = writer.option("mergeSchema", "true")
+    if new_layout:
+        writer = writer.option("overwriteSchema", "true")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     if replace_where is not None:

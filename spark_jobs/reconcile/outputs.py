@@ -7,6 +7,7 @@ rows it is given.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,8 @@ from pyspark.sql import functions as F
 from audit.core.config import Config
 from spark_jobs.io.session import local_frame
 from spark_jobs.reconcile.sql import _q
+
+log = logging.getLogger("msgaudit")
 
 
 def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) -> DataFrame:
@@ -42,7 +45,6 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     from pyspark.util import inheritable_thread_target
 
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
-    from spark_jobs.io.lake import write_table
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
     topics = sorted(reports)
@@ -51,9 +53,9 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     where = f"{which} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
-    commit = inheritable_thread_target(spark)(write_table)  # its jobs keep this thread's name (Spark UI)
+    commit = inheritable_thread_target(spark)(replace_rows)  # its jobs keep this thread's name (Spark UI)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
-        delta = [pool.submit(commit, df, cfg, name, mode="overwrite", partition_by=["topic"], replace_where=where)
+        delta = [pool.submit(commit, spark, cfg, name, df, where)
                  for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
         anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
         settings = _settings_of(spark, cfg, anomaly_rows)
@@ -65,6 +67,30 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
         for f in delta:
             f.result()  # a failed commit raises here
     return anomaly_rows
+
+
+# Both output tables are partitioned by (topic, window_start), so a window's publish replaces whole
+# partitions: Delta drops their files from its log, reading and rewriting none (docs/design.md §4.3).
+OUTPUT_PARTITION_BY = ("topic", "window_start")
+
+
+def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, where: str) -> None:
+    """Replace the rows of output table `name` that match `where` (whole (topic, window_start)
+    partitions) with `rows`, in one commit. A table of another layout (msgaudit partitioned its
+    output tables by topic alone before) is rewritten in this one, in the same commit: its other
+    rows kept as they are (columns `rows` lacks kept too, null in the new rows), with one warning."""
+    from spark_jobs.io.lake import partition_columns, read_table, table_path, write_table
+
+    layout = partition_columns(spark, cfg, name)
+    if layout is None or layout == OUTPUT_PARTITION_BY:
+        write_table(rows, cfg, name, mode="overwrite", partition_by=OUTPUT_PARTITION_BY, replace_where=where)
+        return
+    log.warning("table %r at %s is partitioned by (%s): rewriting it partitioned by (%s) in this window's "
+                "commit, once, so that each publish replaces whole partitions (docs/design.md §4.3)",
+                name, table_path(cfg, name), ", ".join(layout), ", ".join(OUTPUT_PARTITION_BY))
+    kept = read_table(spark, cfg, name).where(f"NOT ({where})")
+    write_table(kept.unionByName(rows, allowMissingColumns=True), cfg, name, mode="overwrite",
+                partition_by=OUTPUT_PARTITION_BY, new_layout=True)
 
 
 def _settings_of(spark: SparkSession, cfg: Config, anomaly_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
