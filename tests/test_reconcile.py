@@ -265,12 +265,14 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("old_layout", [("topic",), ()], ids=["by-topic", "unpartitioned"])
 def test_a_publish_replaces_whole_window_partitions_and_rewrites_an_older_layout_once(
-        spark: Any, make_config: Callable[..., Config], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        old_layout: tuple[str, ...]) -> None:
     """The output tables are partitioned by (topic, window_start): a window's publish drops whole
-    partitions, no file is read or rewritten. A table partitioned by topic alone (as msgaudit wrote
-    them before), here with a column another tool added, is rewritten in that layout by its first
-    publish, every other row and column kept, with one warning."""
+    partitions, no file is read or rewritten. A table partitioned by topic alone (as earlier versions
+    wrote them) or not at all, here with a column another tool added, is rewritten in that layout by
+    its first publish, every other row and column kept, with one warning."""
     import logging
     from datetime import timedelta
 
@@ -307,19 +309,20 @@ def test_a_publish_replaces_whole_window_partitions_and_rewrites_an_older_layout
 
     old = (frame("t", w0, [1, 2], "old").unionByName(frame("t", w1, [3], "old"))
            .unionByName(frame("u", w0, [4], "old")).withColumn("note", F.lit("kept")))
-    write_table(old, cfg, name, mode="overwrite", partition_by=["topic"])
+    write_table(old, cfg, name, mode="overwrite", partition_by=old_layout)
     # in the old layout a window's replace reads and rewrites its files (what the new layout saves)
     jobs = jobs_of(lambda: write_table(frame("t", w0, [1, 2], "old").withColumn("note", F.lit("kept")), cfg, name,
-                                       mode="overwrite", partition_by=["topic"], replace_where=where("t", w0)))
+                                       mode="overwrite", partition_by=old_layout, replace_where=where("t", w0)))
     assert rewrites(jobs), jobs
-    assert partition_columns(spark, cfg, name) == ("topic",)
+    assert partition_columns(spark, cfg, name) == old_layout
     assert partition_columns(spark, cfg, "audit_partition_report") is None
 
     with caplog.at_level(logging.WARNING, logger="msgaudit"):
         replace_rows(spark, cfg, name, frame("t", w0, [5, 6], "new"), where("t", w0))
     assert [r.getMessage() for r in caplog.records] == [
-        f"table 'audit_anomalies' at {table_path(cfg, name)} is partitioned by (topic): rewriting it partitioned "
-        "by (topic, window_start) in this window's commit, once, so that each publish replaces whole partitions "
+        f"table 'audit_anomalies' at {table_path(cfg, name)} is "
+        f"{'partitioned by (topic)' if old_layout else 'not partitioned'}: rewriting it partitioned by "
+        "(topic, window_start) in this window's commit, once, so that each publish replaces whole partitions "
         "(docs/design.md §4.3)"]
     assert partition_columns(spark, cfg, name) == ("topic", "window_start")
     assert DeltaTable.forPath(spark, table_path(cfg, name)).detail().first()["partitionColumns"] == [

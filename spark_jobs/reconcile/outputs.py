@@ -85,9 +85,9 @@ def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, w
     if layout is None or layout == OUTPUT_PARTITION_BY:
         write_table(rows, cfg, name, mode="overwrite", partition_by=OUTPUT_PARTITION_BY, replace_where=where)
         return
-    log.warning("table %r at %s is partitioned by (%s): rewriting it partitioned by (%s) in this window's "
-                "commit, once, so that each publish replaces whole partitions (docs/design.md §4.3)",
-                name, table_path(cfg, name), ", ".join(layout), ", ".join(OUTPUT_PARTITION_BY))
+    log.warning("table %r at %s is %s: rewriting it partitioned by (%s) in this window's commit, once, so "
+                "that each publish replaces whole partitions (docs/design.md §4.3)", name, table_path(cfg, name),
+                f"partitioned by ({', '.join(layout)})" if layout else "not partitioned", ", ".join(OUTPUT_PARTITION_BY))
     kept = read_table(spark, cfg, name).where(f"NOT ({where})")
     write_table(kept.unionByName(rows, allowMissingColumns=True), cfg, name, mode="overwrite",
                 partition_by=OUTPUT_PARTITION_BY, new_layout=True)
