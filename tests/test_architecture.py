@@ -1,5 +1,5 @@
-"""The house rules a newcomer relies on, checked: import levels, no imports through strings, and no
-reference that leaves the repository (docs/design.md §12)."""
+"""The house rules a newcomer relies on, checked: import levels, the linter and the type checker, no
+imports through strings, and no reference that leaves the repository (docs/design.md §12)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ def test_import_contract_holds() -> None:
     proc = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
+
+
+@pytest.mark.unit
+def test_every_python_folder_passes_the_linter_and_the_type_checker() -> None:
+    """`ruff check` and `mypy`, with their settings in pyproject.toml, over every folder of Python: a
+    slip in a test or a benchmark fails the suite, not only the product's code."""
+    folders = ["audit", "spark_jobs", "dags", "tests", "benchmarks"]
+    for tool, *args in (["ruff", "check"], ["mypy"]):
+        proc = subprocess.run([str(Path(sys.executable).parent / tool), *args, *folders], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{tool}:\n" + proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.unit

@@ -504,10 +504,11 @@ def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_
     _send(plain, cb, 0, b"b0", H.stamp(None, "plain:2", 0, base))
     _send(plain, b, 0, b"b0", H.stamp(None, "plain:2", 0, base))
     target = {"bootstrap.servers": kafka_bootstrap}
-    topics = {a: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": ca},
-                                                 {"name": "eu", "kafka": target, "topic": ca2}]},
-              b: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": cb},
-                                                 {"name": "eu", "kafka": target, "topic": ca}]}}
+    topics: dict[str, dict[str, Any]] = {
+        a: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": ca},
+                                          {"name": "eu", "kafka": target, "topic": ca2}]},
+        b: {"groups": ["g1"], "mirrors": [{"name": "dr", "kafka": target, "topic": cb},
+                                          {"name": "eu", "kafka": target, "topic": ca}]}}
     cfg = make_config(tmp_path / "together", topics=topics)
     copies = [(cfg.topic(t), m) for t in (a, b) for m in cfg.topic(t).mirrors]
     assert [[(tc.name, m.name) for tc, m in batch] for batch in C.mirror_batches(copies)] == [
@@ -534,7 +535,7 @@ def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_
 
         df = read_table(spark, c, table)
         if latest:
-            df = df.where(F.col("captured_at") == df.agg(F.max("captured_at")).first()[0])
+            df = df.where(F.col("captured_at") == df.agg(F.max("captured_at")).collect()[0][0])
         return [tuple(r) for r in df.selectExpr(*columns.split(",")).orderBy(*columns.split(",")).collect()]
 
     columns = "mirror,topic,partition,offset,pid,seq,fingerprint,committed,header_error,key,part_hour"

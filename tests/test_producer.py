@@ -35,7 +35,7 @@ def ledger_lines(directory: Path) -> list[dict[str, Any]]:
 
 def ledger_rows(directory: Path) -> list[dict[str, Any]]:
     """The table rows of the segments: a line with `"run": k` is k rows (docs/design.md §4.2)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for row in ledger_lines(directory):
         run = row.pop("run", None)
         assert run is None or run >= 2  # a writer leaves out "run" for a single record

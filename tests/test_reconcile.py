@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -325,7 +325,7 @@ def test_a_publish_replaces_whole_window_partitions_and_rewrites_an_older_layout
         "(topic, window_start) in this window's commit, once, so that each publish replaces whole partitions "
         "(docs/design.md §4.3)"]
     assert partition_columns(spark, cfg, name) == ("topic", "window_start")
-    assert DeltaTable.forPath(spark, table_path(cfg, name)).detail().first()["partitionColumns"] == [
+    assert DeltaTable.forPath(spark, table_path(cfg, name)).detail().collect()[0]["partitionColumns"] == [
         "topic", "window_start"]
     n0, n1 = w0.replace(tzinfo=None), w1.replace(tzinfo=None)
     assert table() == [("t", n0, 5, "new", None), ("t", n0, 6, "new", None), ("t", n1, 3, "old", "kept"),
@@ -909,7 +909,7 @@ def test_seq_gaps_from_bitmaps_equal_a_sort_of_every_present_seq(spark: Any) -> 
     narrow = spark.createDataFrame(rows, "topic string, k1 string, k2 bigint, present boolean, in_w boolean")
     got = sorted((r["topic"], r["anomaly"], r["pid"], r["seq"], r["offset"])
                  for r in seq_gaps(narrow).collect())
-    want = []
+    want: list[tuple[Any, ...]] = []
     for (t, pid), ss in seqs.items():
         present = sorted(s for s in ss if s != 2505)
         for q, s in itertools.pairwise(present):
@@ -938,7 +938,7 @@ def test_reordered_in_log_equals_a_walk_of_every_record_by_offset(spark: Any) ->
     rows: list[tuple[str, str, int, int, int, bool, bool]] = []  # topic, pid, part, seq, off, has_orig, in_w
 
     def stream(topic: str, pid: str, part: int, seqs: list[int], start: int = 0,
-               out: set[int] = frozenset(), orphan: set[int] = frozenset()) -> None:
+               out: Collection[int] = frozenset(), orphan: Collection[int] = frozenset()) -> None:
         off = start
         for seq in seqs:
             off += rng.randint(1, 3)  # other pids' records in between

@@ -130,9 +130,9 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     `createDataFrame` refuses it."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import DataType
 
-    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+    struct = DataType.fromDDL(schema) if isinstance(schema, str) else schema
     assert isinstance(struct, StructType)
     arrow = to_arrow_schema(struct, timezone="UTC")
     data = list(rows)
