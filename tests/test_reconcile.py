@@ -340,6 +340,30 @@ def test_a_publish_replaces_whole_window_partitions_and_rewrites_an_older_layout
 
 
 @pytest.mark.spark
+def test_a_publish_adds_the_columns_an_output_table_of_an_older_version_lacks(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    """A column the output table lacks (a newer version's, here `detail`) is added by the publish: the
+    window's new rows hold it, the table's other rows read null there."""
+    from datetime import timedelta
+
+    from spark_jobs.io.lake import read_table, write_table
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES
+    from spark_jobs.io.session import local_frame
+    from spark_jobs.reconcile.outputs import OUTPUT_PARTITION_BY, replace_rows
+
+    cfg = make_config(tmp_path)
+    w1 = T0 + timedelta(hours=1)
+    rows = [(ws, "t", 0, "log", "lost_acked", "p", seq, seq, "why", "r", ws) for ws, seq in ((T0, 1), (w1, 2))]
+    write_table(local_frame(spark, rows, AUDIT_ANOMALIES).drop("detail"), cfg, "audit_anomalies",
+                mode="overwrite", partition_by=OUTPUT_PARTITION_BY)
+    replace_rows(spark, cfg, "audit_anomalies", local_frame(spark, rows[:1], AUDIT_ANOMALIES),
+                 f"topic = 't' AND window_start = to_timestamp('{T0:%Y-%m-%d %H:%M:%S}')")
+    got = read_table(spark, cfg, "audit_anomalies")
+    assert sorted(got.columns) == sorted(f.name for f in AUDIT_ANOMALIES.fields)
+    assert sorted((r["seq"], r["detail"]) for r in got.collect()) == [(1, "why"), (2, None)]
+
+
+@pytest.mark.spark
 def test_inputs_are_counted_on_the_plan_already_made_small_ones_on_the_plan_that_collects_them(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql import functions as F

@@ -141,7 +141,7 @@ def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",
                 partition_by: Sequence[str] = (), replace_where: str | None = None,
                 add_columns: bool = False, new_layout: bool = False) -> None:
     """Append to / overwrite (optionally only the rows matching `replace_where`) a lake table.
-    `add_columns` lets an append add columns a table written by an older version lacks;
+    `add_columns` lets an append or a replace add columns a table written by an older version lacks;
     `new_layout` lets an overwrite of the whole table change its columns and partitioning."""
     writer = df.write.format("delta").mode(mode)
     if add_columns:

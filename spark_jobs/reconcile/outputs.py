@@ -76,14 +76,16 @@ OUTPUT_PARTITION_BY = ("topic", "window_start")
 
 def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, where: str) -> None:
     """Replace the rows of output table `name` that match `where` (whole (topic, window_start)
-    partitions) with `rows`, in one commit. A table of another layout (msgaudit partitioned its
-    output tables by topic alone before) is rewritten in this one, in the same commit: its other
-    rows kept as they are (columns `rows` lacks kept too, null in the new rows), with one warning."""
+    partitions) with `rows`, in one commit; columns a table written by an older version lacks are
+    added (null in its other rows). A table of another layout (earlier versions partitioned the
+    output tables by topic alone) is rewritten in this one, in the same commit: its other rows kept
+    as they are (columns `rows` lacks kept too, null in the new rows), with one warning."""
     from spark_jobs.io.lake import partition_columns, read_table, table_path, write_table
 
     layout = partition_columns(spark, cfg, name)
     if layout is None or layout == OUTPUT_PARTITION_BY:
-        write_table(rows, cfg, name, mode="overwrite", partition_by=OUTPUT_PARTITION_BY, replace_where=where)
+        write_table(rows, cfg, name, mode="overwrite", partition_by=OUTPUT_PARTITION_BY, replace_where=where,
+                    add_columns=True)
         return
     log.warning("table %r at %s is %s: rewriting it partitioned by (%s) in this window's commit, once, so "
                 "that each publish replaces whole partitions (docs/design.md §4.3)", name, table_path(cfg, name),
