@@ -104,6 +104,51 @@ def test_tables_and_views_are_created_on_first_use(store: ReportStore) -> None:
     again.close()
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_table_an_older_version_created_gets_the_columns_added_since(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The report table as an older version created it (without the last code column, and without the
+    views): a newer publish adds the column, the older row reads null there, the new row keeps it."""
+    from audit.serving.report_store import metadata
+
+    url = store_url(kind, request, tmp_path)
+    (tmp_path / "store").mkdir()  # the SQLite file's folder
+    newest = REPORT_CODE_COLUMNS[-1]
+    older = sa.MetaData()
+    report = metadata.tables["audit_partition_report"]
+    table = sa.Table(report.name, older, *[c._copy() for c in report.c if c.name != newest])
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        older.create_all(conn)
+        conn.execute(table.insert(), [{k: v for k, v in report_row(W0).items() if k != newest}])
+    engine.dispose()
+    s = ReportStore(url)
+    row = report_row(W1)
+    row[newest] = 3
+    s.replace_window("audit_partition_report", "orders", W1, [row])
+    assert [(r["window_start"], r[newest]) for r in s.read("audit_partition_report")] == [(W0, None), (W1, 3)]
+    assert sorted(sa.inspect(s.engine).get_view_names()) == sorted(VIEW_NAMES)
+    s.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_table_without_a_required_column_is_one_error_naming_it(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    url = store_url(kind, request, tmp_path)
+    (tmp_path / "store").mkdir()  # the SQLite file's folder
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE sla_results (window_start TEXT, topic TEXT)"))
+    engine.dispose()
+    s = ReportStore(url)
+    with pytest.raises(InputError) as e:
+        s.read("sla_results")
+    assert str(e.value) == (f"report store {s.url}: table sla_results has no column 'partition', which msgaudit "
+                            "always writes; it was not created by msgaudit (docs/design.md §4.4): point "
+                            "report_store at another database or drop the table")
+    s.close()
+
+
 def test_report_round_trip_keeps_every_column(store: ReportStore) -> None:
     rows = [report_row(partition=1, stage="group:g", missed=2, redelivered=1, dead_lettered=3,
                        latency_p99_ms=None, status="provisional"),

@@ -393,6 +393,7 @@ class ReportStore:
                     # Two processes starting at once must not both try to create the tables.
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('msgaudit_report_store'))"))
                 metadata.create_all(conn, checkfirst=True)
+                self._add_missing_columns(conn)
                 existing = set(sa.inspect(conn).get_view_names())
                 for name in VIEW_NAMES:
                     if name not in existing:
@@ -400,6 +401,24 @@ class ReportStore:
         except sa.exc.OperationalError as e:
             raise InputError(f"report store {self.url} is unreachable: {str(e.orig).strip().splitlines()[0]}") from None
         self._ready = True
+
+    def _add_missing_columns(self, conn: sa.Connection) -> None:
+        """A table an older version created lacks the columns added since (a newer anomaly code's
+        count): each nullable one is added, its existing rows null there. A required column missing is
+        a table msgaudit did not create: one InputError naming it."""
+        inspector = sa.inspect(conn)
+        quote = conn.dialect.identifier_preparer.quote
+        for t in metadata.sorted_tables:
+            have = {c["name"] for c in inspector.get_columns(t.name)}
+            for col in t.c:
+                if col.name in have:
+                    continue
+                if not col.nullable:
+                    raise InputError(f"report store {self.url}: table {t.name} has no column {col.name!r}, which "
+                                     "msgaudit always writes; it was not created by msgaudit (docs/design.md §4.4): "
+                                     "point report_store at another database or drop the table")
+                conn.execute(sa.text(f"ALTER TABLE {quote(t.name)} ADD COLUMN {quote(col.name)} "
+                                     f"{col.type.compile(dialect=conn.dialect)}"))
 
     def close(self) -> None:
         self._engine.dispose()
