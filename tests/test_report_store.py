@@ -131,6 +131,50 @@ def test_a_table_an_older_version_created_gets_the_columns_added_since(
     s.close()
 
 
+def test_a_second_process_upgrading_an_older_sqlite_store_at_once_waits_for_the_first(tmp_path: Path) -> None:
+    """Two processes opening an older SQLite store at the same moment: the first (here a raw
+    connection) has added the missing column but not yet committed; the second waits for the write
+    lock before it looks at the schema, so it finds the column instead of adding it a second time
+    (which SQLite refuses: 'duplicate column name', the store then reported unreachable)."""
+    import sqlite3
+    import threading
+
+    from audit.serving.report_store import metadata
+
+    path = tmp_path / "report.db"
+    newest = REPORT_CODE_COLUMNS[-1]
+    report = metadata.tables["audit_partition_report"]
+    older = sa.MetaData()  # every table as now, but the report table without its last column
+    for t in metadata.sorted_tables:
+        sa.Table(t.name, older, *[c._copy() for c in t.c if (t.name, c.name) != (report.name, newest)])
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        older.create_all(conn)
+    engine.dispose()
+    first = sqlite3.connect(path, isolation_level=None)
+    first.execute("BEGIN IMMEDIATE")
+    first.execute(f"ALTER TABLE {report.name} ADD COLUMN {newest} INTEGER")
+    second = ReportStore(f"sqlite:///{path}")
+    failed: list[BaseException] = []
+
+    def open_second() -> None:
+        try:
+            second.read("audit_partition_report")
+        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread below
+            failed.append(e)
+
+    t = threading.Thread(target=open_second)
+    t.start()
+    t.join(0.5)  # the second store is waiting for the first's transaction
+    assert t.is_alive() and not failed
+    first.execute("COMMIT")
+    first.close()
+    t.join(30)
+    assert not failed, failed
+    assert [c["name"] for c in sa.inspect(second.engine).get_columns(report.name)][-1] == newest
+    second.close()
+
+
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_a_table_without_a_required_column_is_one_error_naming_it(
         kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:

@@ -389,9 +389,13 @@ class ReportStore:
             return
         try:
             with self._engine.begin() as conn:
+                # Two processes starting at once must not both create the tables or add the same
+                # column: each takes the database's write lock before it looks at the schema, so the
+                # second one sees what the first did (SQLite's busy timeout waits for the lock).
                 if self.dialect == "postgresql":
-                    # Two processes starting at once must not both try to create the tables.
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('msgaudit_report_store'))"))
+                elif self.dialect == "sqlite":
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
                 metadata.create_all(conn, checkfirst=True)
                 self._add_missing_columns(conn)
                 existing = set(sa.inspect(conn).get_view_names())
