@@ -145,8 +145,8 @@ def test_a_second_process_upgrading_an_older_sqlite_store_at_once_waits_for_the_
     newest = REPORT_CODE_COLUMNS[-1]
     report = metadata.tables["audit_partition_report"]
     older = sa.MetaData()  # every table as now, but the report table without its last column
-    for t in metadata.sorted_tables:
-        sa.Table(t.name, older, *[c._copy() for c in t.c if (t.name, c.name) != (report.name, newest)])
+    for table in metadata.sorted_tables:
+        sa.Table(table.name, older, *[c._copy() for c in table.c if (table.name, c.name) != (report.name, newest)])
     engine = sa.create_engine(f"sqlite:///{path}")
     with engine.begin() as conn:
         older.create_all(conn)
