@@ -131,6 +131,7 @@ def test_a_table_an_older_version_created_gets_the_columns_added_since(
     s.close()
 
 
+@pytest.mark.unit
 def test_a_second_process_upgrading_an_older_sqlite_store_at_once_waits_for_the_first(tmp_path: Path) -> None:
     """Two processes opening an older SQLite store at the same moment: the first (here a raw
     connection) has added the missing column but not yet committed; the second waits for the write
@@ -165,7 +166,7 @@ def test_a_second_process_upgrading_an_older_sqlite_store_at_once_waits_for_the_
 
     t = threading.Thread(target=open_second)
     t.start()
-    t.join(0.5)  # the second store is waiting for the first's transaction
+    t.join(0.5)  # by now the second store has read the schema (without the fix) or waits for the lock
     assert t.is_alive() and not failed
     first.execute("COMMIT")
     first.close()

@@ -84,10 +84,9 @@ def _values(col: pa.ChunkedArray) -> list[Any]:
     if not (pa.types.is_timestamp(col.type) and col.type.tz in _UTC_NAMES):
         return col.to_pylist()
     micros = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
-    step = timedelta
     if not micros.null_count:
-        return [_EPOCH + step(microseconds=v) for v in micros.to_numpy().tolist()]
-    return [None if v is None else _EPOCH + step(microseconds=v) for v in micros.to_pylist()]
+        return [_EPOCH + timedelta(microseconds=v) for v in micros.to_numpy().tolist()]
+    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in micros.to_pylist()]
 
 
 def _maker(cls: type, cols: list[str]) -> Any:
