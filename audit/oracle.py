@@ -119,10 +119,11 @@ run_id = stable hash of (topic, window_start, as_of); computed_at = as_of.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import Any
+from operator import attrgetter
+from typing import Any, Generic, TypeVar
 
 from audit.core.config import TopicConfig
 from audit.core.failover import Failover, failover_instant, failover_pairs
@@ -294,11 +295,37 @@ def _log_time(r: LogRecord) -> datetime:
     return r.produce_ts or r.kafka_ts or r.captured_at
 
 
+def _identity(cls: type) -> Any:
+    """A record's fields but `captured_at`, as a tuple: two captures of one record share it."""
+    return attrgetter(*(f.name for f in fields(cls) if f.name != "captured_at"))
+
+
+_LOG_IDENTITY = _identity(LogRecord)
+_MIRROR_IDENTITY = _identity(MirrorRecord)
+
+
 def _valid(r: LogRecord) -> bool:
     return r.header_error is None and r.pid is not None and r.seq is not None
 
 
 Key = tuple[str, Any, Any]
+_T = TypeVar("_T")
+
+
+class _kept(Generic[_T]):
+    """A property computed on its first read and kept in the instance (`functools.cached_property`
+    without the lock Python 3.11 takes on every first read: a unit's six such reads cost as much
+    as the rest of its classification)."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+
+    def __get__(self, obj: Any, cls: Any = None) -> _T:
+        if obj is None:  # read on the class (documentation tools)
+            return self  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = self.fn(obj)  # later reads find it in the instance
+        return value
 
 
 def _key(pid: str | None, seq: int | None, partition: int | None, offset: int | None) -> Key:
@@ -309,13 +336,18 @@ def _key(pid: str | None, seq: int | None, partition: int | None, offset: int | 
 
 @dataclass
 class _Unit:
+    """Every tier's rows of one unit. What is derived from them (produce time, status, the acked row,
+    the committed copies, the original, the extras) is computed on its first read and kept, so read
+    it only once the rows it derives from are all in: the ledger and log rows before `original` (the
+    failover step reads it while it still adds consumption rows), every tier before `produce_time`."""
+
     key: Key
     ledger: list[LedgerRow] = field(default_factory=list)
     log: list[LogRecord] = field(default_factory=list)
     consumed: list[tuple[ConsumedRow, bool]] = field(default_factory=list)  # (row, reorder flag)
     sinks: dict[str, list[SinkRow]] = field(default_factory=lambda: defaultdict(list))
 
-    @property
+    @_kept
     def produce_time(self) -> datetime | None:
         tiers: list[Iterable[datetime | None]] = [
             (r.produce_ts for r in self.ledger), (r.produce_ts for r in self.log),
@@ -329,7 +361,7 @@ class _Unit:
                 return min(present)
         return None
 
-    @property
+    @_kept
     def status(self) -> str | None:
         statuses = {r.status for r in self.ledger}
         for s in LEDGER_STATUS_PRECEDENCE:
@@ -340,16 +372,16 @@ class _Unit:
                 return s
         return None
 
-    @property
+    @_kept
     def acked_row(self) -> LedgerRow | None:
         acked = [r for r in self.ledger if r.status == ACKED]
         return min(acked, key=lambda r: (r.partition, r.offset or 0)) if acked else None
 
-    @property
+    @_kept
     def committed_copies(self) -> list[LogRecord]:
         return sorted((r for r in self.log if r.committed), key=lambda r: (r.partition, r.offset))
 
-    @property
+    @_kept
     def original(self) -> LogRecord | None:
         copies = self.committed_copies
         ack = self.acked_row
@@ -359,7 +391,7 @@ class _Unit:
                     return r
         return copies[0] if copies else None
 
-    @property
+    @_kept
     def extras(self) -> list[LogRecord]:
         orig = self.original
         return [r for r in self.committed_copies if r is not orig]
@@ -384,11 +416,11 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
             quarantined += 1
             continue
         ledger.append(lr)
-    log_seen: dict[LogRecord, LogRecord] = {}
+    log_seen: dict[tuple[Any, ...], LogRecord] = {}
     for r in inputs.log:
         if r.topic == topic and rr.message_lo <= _log_time(r) < rr.message_hi:
             # a re-run capture may hold the same record twice; keep its first capture
-            k = replace(r, captured_at=EPOCH)
+            k = _LOG_IDENTITY(r)
             prev = log_seen.get(k)
             if prev is None or r.captured_at < prev.captured_at:
                 log_seen[k] = r
@@ -441,9 +473,10 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     units: dict[Key, _Unit] = {}
 
     def unit(k: Key) -> _Unit:
-        if k not in units:
-            units[k] = _Unit(k)
-        return units[k]
+        u = units.get(k)
+        if u is None:
+            u = units[k] = _Unit(k)
+        return u
 
     for lr in ledger:
         unit(("m", lr.pid, lr.seq)).ledger.append(lr)
@@ -673,11 +706,11 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     # --- stage mirror:<m>
     for m in tc.mirrors:
         stage = mirror_stage(m.name)
-        mirror_seen: dict[MirrorRecord, MirrorRecord] = {}
+        mirror_seen: dict[tuple[Any, ...], MirrorRecord] = {}
         for mr in inputs.mirror_log:
             if (mr.mirror == m.name and mr.topic == topic and mr.committed and _valid(mr)
                     and rr.message_lo <= _log_time(mr) < rr.message_hi):
-                mirror_seen.setdefault(replace(mr, captured_at=EPOCH), mr)
+                mirror_seen.setdefault(_MIRROR_IDENTITY(mr), mr)
         mcopies: dict[tuple[Any, Any], list[MirrorRecord]] = defaultdict(list)
         for mr in sorted(mirror_seen.values(), key=lambda r: (r.partition, r.offset)):
             mcopies[(mr.pid, mr.seq)].append(mr)
