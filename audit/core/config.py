@@ -107,9 +107,10 @@ class TopicConfig:
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
 # A batch of windows with at most this many input rows is reconciled in the driver (docs/design.md
-# §5.8). Measured (docs/benchmarks.md): 4,000 rows 3.4 s there against 6.4 s by the Spark plan,
-# 200,000 rows 10.6 s against 14.4 s; the driver's time grows faster with the rows than the plan's.
-DEFAULT_DRIVER_ROWS = 250_000
+# §5.8). Measured (docs/benchmarks.md, a window and its lookback, published): 256,000 rows 7.2 s
+# there against 12.1 s by the Spark plan, 384,000 rows 7.8 s against 8.5 s, 511,000 rows 9.0 s
+# against 8.7 s; the driver's time grows with the rows, the plan's is nearly flat (its fixed cost).
+DEFAULT_DRIVER_ROWS = 350_000
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
