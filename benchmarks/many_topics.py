@@ -15,8 +15,8 @@ and prints the four medians, the ratios driver/plan and K topics/one topic (targ
 one topic; one small window <= 4 s) and whether every injected anomaly was found exactly (one
 `missed` per topic, nothing else) in all four. Then it times the SLA check of the window (every
 topic has `max_lost: 0`, which each topic's `missed` fails once) for one topic and for all K. With
-`--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` as of git
-revision REV (publishing into its own copy of the generated lake, so the output tables keep the
+`--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` and the
+oracle it runs (`audit/oracle.py`) as of git revision REV (publishing into its own copy of the generated lake, so the output tables keep the
 layout each package writes), and the SLA check with `spark_jobs/sla.py` as of REV, alternating
 with this checkout's, and the ratios `this checkout / REV` are printed.
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, repeatable")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also time the driver way with spark_jobs/reconcile as of git revision REV, alternating "
+                    help="also time the driver way with spark_jobs/reconcile and audit/oracle.py as of git revision REV, alternating "
                          "with this checkout's (--reps times each), and print the ratio")
     args = ap.parse_args(argv)
     if args.messages % PARTITIONS or args.messages <= MISSED_AT:

@@ -18,7 +18,7 @@ prints:
   rest (Linux only);
 - with `--against REV`, `reconcile(current) / reconcile(REV)`: the window classified by this
   checkout's `spark_jobs/reconcile` and by that package as of git revision REV (copied into a
-  temporary package; everything else is this checkout's), alternately in one session, medians.
+  temporary package with the oracle, `audit/oracle.py`, of REV; everything else is this checkout's), alternately in one session, medians.
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --reps 3 --against HEAD   # the checkout vs its last commit
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of messages injected with EACH anomaly code (default 0.001 = 0.1 %%; "
                          "at most 0.001, 1 / rate a multiple of 1000)")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also classify the 1x window with spark_jobs/reconcile as of git revision REV, "
+                    help="also classify the 1x window with spark_jobs/reconcile (and audit/oracle.py) as of git revision REV, "
                          "alternating with this checkout's (--reps times each), and print the ratio")
     ap.add_argument("--without-produce-ts", action="store_true",
                     help="generate consumption and sink rows without the optional produce time (clients "

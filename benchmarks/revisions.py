@@ -24,17 +24,28 @@ def _name(prefix: str, rev: str) -> str:
     return f"{prefix}_at_" + re.sub(r"\W", "_", rev)
 
 
-def package_at(rev: str, into: Path, package: str = "spark_jobs/reconcile") -> str:
+def package_at(rev: str, into: Path, package: str = "spark_jobs/reconcile",
+               modules: tuple[str, ...] = ("audit/oracle.py",)) -> str:
     """`package` as of git revision `rev`, written under `into` as a package of its own (its imports
-    of itself renamed) and importable; returns its module name."""
+    of itself renamed) and importable; returns its module name. Each of `modules` (by default the
+    oracle, which the reconcile package's driver way runs) is taken from `rev` too, into the package,
+    and the package's imports of it point there."""
     files = _git(rev, "ls-tree", "--name-only", rev, f"{package}/").split()
     if not files:
         raise SystemExit(f"--against {rev}: that revision has no {package} package")
     name = _name(Path(package).name, rev)
-    dotted = re.escape(package.replace("/", "."))
+    renames = [(rf"\b{re.escape(package.replace('/', '.'))}\b", name)]
+    for m in modules:  # `from audit import oracle` and `audit.oracle` -> the copy inside the package
+        parent, stem = str(Path(m).parent).replace("/", "."), Path(m).stem
+        renames += [(rf"\bfrom {re.escape(parent)} import {stem}\b", f"from {name} import {stem}"),
+                    (rf"\b{re.escape(parent)}\.{stem}\b", f"{name}.{stem}")]
     (into / name).mkdir(parents=True)
-    for f in files:
-        (into / name / Path(f).name).write_text(re.sub(rf"\b{dotted}\b", name, _git(rev, "show", f"{rev}:{f}")))
+    sources = [(Path(f).name, _git(rev, "show", f"{rev}:{f}")) for f in files]
+    sources += [(Path(m).name, _git(rev, "show", f"{rev}:{m}")) for m in modules]
+    for file, text in sources:
+        for pattern, replacement in renames:
+            text = re.sub(pattern, replacement, text)
+        (into / name / file).write_text(text)
     sys.path.insert(0, str(into))
     return name
 
