@@ -18,7 +18,8 @@ prints:
   rest (Linux only);
 - with `--against REV`, `reconcile(current) / reconcile(REV)`: the window classified by this
   checkout's `spark_jobs/reconcile` and by that package as of git revision REV (copied into a
-  temporary package with the oracle, `audit/oracle.py`, of REV; everything else is this checkout's), alternately in one session, medians.
+  temporary package with the oracle, `audit/oracle.py`, of REV; everything else is this
+  checkout's), alternately in one session, medians.
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --reps 3 --against HEAD   # the checkout vs its last commit
