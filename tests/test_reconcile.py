@@ -364,7 +364,7 @@ def test_a_publish_adds_the_columns_an_output_table_of_an_older_version_lacks(
 
 
 @pytest.mark.spark
-def test_inputs_are_counted_on_the_plan_already_made_small_ones_on_the_plan_that_collects_them(
+def test_small_inputs_are_collected_and_counted_at_once_larger_ones_counted_on_the_plan_already_made(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql import functions as F
 
@@ -394,20 +394,25 @@ def test_inputs_are_counted_on_the_plan_already_made_small_ones_on_the_plan_that
     planned = frame()
     _, listing = jobs(lambda: planned._jdf.queryExecution().optimizedPlan().stats())
     assert listing >= 1
-    df = frame()
-    assert jobs(lambda: driver.count_rows(df)) == (334, listing + 1)  # 333 rows with p = 1, and one
-    rows, n = jobs(df.collect)  # a few KB of files: counted on df's own plan, which the collect reuses
-    assert (len(rows), n) == (334, 1)
+    # a few KB of files: collected at once, on the plan that listed them, and counted as collected
+    (table, n_rows), n = jobs(lambda: driver.collect_within(frame(), 334))
+    assert (table.num_rows, n_rows, n) == (334, 334, listing + 1)
+    assert sorted(table.column("id").to_pylist()) == [*range(1, 1000, 3), 5000]
+    assert jobs(lambda: driver.collect_within(frame(), 333)) == ((None, 334), listing + 1)  # one too many
     # larger files, or a scan of unknown size (a SQL sink's JDBC read is one; here rows handed over from
-    # Python): a count of no column, on the plan the size estimate made, whose scans keep their files
-    sparks_count = frame()
-    _, sparks = jobs(lambda: (sparks_count._jdf.queryExecution().optimizedPlan().stats(), sparks_count.count()))
-    monkeypatch.setattr(driver, "COUNT_IN_PLAN_MAX_BYTES", 100)
+    # Python): first a count of no column, on the plan the size estimate made, whose scans keep their
+    # files; then the collect on the same plan, only if the rows are few enough
     df = frame()
+    jobs(lambda: df._jdf.queryExecution().optimizedPlan().stats())
     counted, n = jobs(lambda: driver.count_rows(df))
-    assert counted == 334 and n == sparks - listing  # Spark's count would list the files again
+    sparks, m = jobs(df.count)  # Spark's own count plans the query again, and lists the files again
+    assert counted == sparks == 334 and n == m - listing
+    monkeypatch.setattr(driver, "COLLECT_FIRST_MAX_BYTES", 100)
+    (table, n_rows), k = jobs(lambda: driver.collect_within(frame(), 334))
+    assert (table.num_rows, n_rows, k) == (334, 334, listing + n + 1)  # the listing, the count, the collect
+    assert jobs(lambda: driver.collect_within(frame(), 333)) == ((None, 334), listing + n)  # the count alone
     unknown = frame().unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))
-    assert driver.count_rows(unknown) == 335
+    assert driver.collect_within(unknown, 10)[1] == 335
 
 
 @pytest.mark.unit

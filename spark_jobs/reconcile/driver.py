@@ -1,6 +1,6 @@
 """Small windows in the driver: a batch whose inputs hold at most `reconcile.driver_rows` rows is
-counted and collected (two Spark jobs) and classified in this process by the rules' plain
-statement, `audit.oracle` (docs/design.md §5.8).
+collected (one Spark job; inputs of more than a few MB are counted first) and classified in this
+process by the rules' plain statement, `audit.oracle` (docs/design.md §5.8).
 
 A Spark plan pays a fixed cost whatever its size: some forty jobs, a few hundred generated
 classes, a checkpoint per shared step. For a window of a few thousand messages that fixed cost is
@@ -9,7 +9,7 @@ times faster. The property test runs the Spark classifier itself and holds it eq
 row for row, so this path adds no third statement of the rules, only a second place where the
 first one runs.
 
-`collect_inputs` is I/O (the count, then the rows); `classify_collected` calls the oracle once per
+`collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle once per
 topic. Neither writes anything.
 """
 
@@ -50,26 +50,33 @@ def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
     return [(tag, df) for tag, df in named if df is not None]
 
 
-# Inputs whose files hold at most this many bytes are counted on the plan that then collects them
-# (about what `reconcile.driver_rows` rows take in Parquet: reading every column of a larger input
-# only to find it goes to the Spark plan would cost more than the listing it saves).
-COUNT_IN_PLAN_MAX_BYTES = 16 << 20
+# Inputs whose files hold at most this many bytes are collected at once and counted as collected
+# (about what `reconcile.driver_rows` rows take in Parquet: collecting a larger input only to find it
+# goes to the Spark plan would cost more than the count it saves); larger ones are counted first.
+COLLECT_FIRST_MAX_BYTES = 16 << 20
+
+
+def collect_within(df: DataFrame, limit: int) -> tuple[pa.Table | None, int]:
+    """(`df`'s rows as Arrow, or None when it holds more than `limit` rows; how many rows it holds),
+    all on the one plan whose size estimate chose how -- planning a query over Delta tables lists
+    each table's files (a Spark job per table). Files of at most COLLECT_FIRST_MAX_BYTES (the
+    estimate; for a Delta scan, the files it keeps): one job, the collect, counted as it arrives.
+    Larger, or of unknown size: first a count that reads no column on top of that optimised plan,
+    whose scans keep the files they listed (`count_rows`), then the collect on the same plan."""
+    if int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) <= COLLECT_FIRST_MAX_BYTES:
+        table = df.toArrow()
+        return (table, table.num_rows) if table.num_rows <= limit else (None, table.num_rows)
+    count = count_rows(df)
+    return (df.toArrow(), count) if count <= limit else (None, count)
 
 
 def count_rows(df: DataFrame) -> int:
-    """How many rows `df` holds, before it is collected, counted on the plan whose size estimate chose
-    how -- never on a new one: planning a query over Delta tables lists each table's files (a Spark
-    job per table). Files of at most COUNT_IN_PLAN_MAX_BYTES (the estimate; for a Delta scan, the
-    files it keeps): counted on `df`'s own plan, which the collect then reuses. Larger, or of unknown
-    size: a count that reads no column on top of that optimised plan, whose scans keep the files
-    they listed (a limit instead would first stream up to `limit` rows of every input partition)."""
-    qe = df._jdf.queryExecution()
-    plan = qe.optimizedPlan()
-    if int(plan.stats().sizeInBytes()) <= COUNT_IN_PLAN_MAX_BYTES:
-        return int(qe.toRdd().count())
+    """How many rows `df` holds, counted without reading a column, on top of `df`'s optimised plan
+    (never a new one: a Delta scan's files are listed once, when `df` is planned)."""
     session = df.sparkSession
     jvm: Any = session.sparkContext._jvm
-    planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan)
+    planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession,
+                                                              df._jdf.queryExecution().optimizedPlan())
     return int(planned.count())
 
 
@@ -100,8 +107,9 @@ def _maker(cls: type, cols: list[str]) -> Any:
 
 def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tuple[oracle.Inputs | None, int]:
     """(every row of the window's inputs as the oracle's rows, or None when they hold more than
-    `limit` rows (then only their count was read); how many rows they hold). Two Spark jobs: the
-    count (`count_rows`), the rows."""
+    `limit` rows; how many rows they hold). One Spark job beside the files' listing for small inputs
+    (the rows), two for larger ones (a count, then the rows unless there are too many:
+    `collect_within`)."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
@@ -110,13 +118,12 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tup
         extra = ["sink"] if tag == "sink" else []  # the sink's name
         parts.append(df.select(*cols, *extra, F.lit(tag).alias(_TAG)))
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    count = count_rows(union)
-    if count > limit:
-        return None, count
     # Arrow hands the rows over several times faster than pickled Rows, with aware (UTC) timestamps;
     # each tag's rows are taken apart column by column, its own columns only (the union is as wide
     # as all tags together, and a Python dict of every column per row took most of the time)
-    table = union.toArrow()
+    table, count = collect_within(union, limit)
+    if table is None:
+        return None, count
     tags = table.column(_TAG)
     out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
     sinks: dict[str, list[Any]] = {}
