@@ -94,7 +94,7 @@ Modules, by concern (each docstring says what it must not do):
 - `stats`: the summary, latency buckets and exact percentiles;
 - `sql`: the SQL text helpers (X rows, literals, detail texts from the vocabulary's templates);
 - `outputs`: publishing a window (`write_outputs`, I/O);
-- `driver`: small batches, counted and collected (`collect_inputs`, I/O) and classified by the oracle;
+- `driver`: small batches, collected and counted (`collect_inputs`, I/O) and classified by the oracle;
 - this module: one window end to end (`classify_window`, `reconcile_window`), ranges and the CLI.
 
 Transforms take and return DataFrames and never read or write tables; `inputs.read_window_inputs`
