@@ -313,9 +313,9 @@ _T = TypeVar("_T")
 
 
 class _kept(Generic[_T]):
-    """A property computed on its first read and kept in the instance (`functools.cached_property`
-    without the lock Python 3.11 takes on every first read: a unit's six such reads cost as much
-    as the rest of its classification)."""
+    """A property computed on its first read and kept in the instance: `functools.cached_property`
+    without the lock Python 3.11 takes on every first read (with it, the oracle took several per
+    cent longer; docs/benchmarks.md)."""
 
     def __init__(self, fn: Callable[[Any], _T]) -> None:
         self.fn = fn

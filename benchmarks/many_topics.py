@@ -16,9 +16,10 @@ one topic; one small window <= 4 s) and whether every injected anomaly was found
 `missed` per topic, nothing else) in all four. Then it times the SLA check of the window (every
 topic has `max_lost: 0`, which each topic's `missed` fails once) for one topic and for all K. With
 `--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` and the
-oracle it runs (`audit/oracle.py`) as of git revision REV (publishing into its own copy of the generated lake, so the output tables keep the
-layout each package writes), and the SLA check with `spark_jobs/sla.py` as of REV, alternating
-with this checkout's, and the ratios `this checkout / REV` are printed.
+oracle it runs (`audit/oracle.py`) as of git revision REV (publishing into its own copy of the
+generated lake, so the output tables keep the layout each package writes), and the SLA check with
+`spark_jobs/sla.py` as of REV, alternating with this checkout's, and the ratios `this checkout /
+REV` are printed.
 
     .venv/bin/python benchmarks/many_topics.py --topics 50 --messages 1000
     .venv/bin/python benchmarks/many_topics.py --reps 8 --against HEAD   # the checkout vs its last commit
@@ -159,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, repeatable")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also time the driver way with spark_jobs/reconcile and audit/oracle.py as of git revision REV, alternating "
-                         "with this checkout's (--reps times each), and print the ratio")
+                    help="also time the driver way with spark_jobs/reconcile and audit/oracle.py as of git "
+                         "revision REV, alternating with this checkout's (--reps times each), and print the ratio")
     args = ap.parse_args(argv)
     if args.messages % PARTITIONS or args.messages <= MISSED_AT:
         ap.error(f"--messages must be even and above {MISSED_AT}")

@@ -482,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of messages injected with EACH anomaly code (default 0.001 = 0.1 %%; "
                          "at most 0.001, 1 / rate a multiple of 1000)")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also classify the 1x window with spark_jobs/reconcile (and audit/oracle.py) as of git revision REV, "
-                         "alternating with this checkout's (--reps times each), and print the ratio")
+                    help="also classify the 1x window with spark_jobs/reconcile (and audit/oracle.py) as of "
+                         "git revision REV, alternating with this checkout's (--reps times each), and print the ratio")
     ap.add_argument("--without-produce-ts", action="store_true",
                     help="generate consumption and sink rows without the optional produce time (clients "
                          "that do not write it): every clean block's latencies then take the typed path")

@@ -27,7 +27,8 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
-    "spark.executorEnv.TZ": "UTC",  # the executors run in UTC too: their JVMs' default zone, and any Python worker (utc_process_clock)
+    # the executors run in UTC too: their JVMs' default zone, and any Python worker (utc_process_clock)
+    "spark.executorEnv.TZ": "UTC",
     "spark.sql.shuffle.partitions": "8",
     # One window's reconcile generates a few hundred classes (whole-stage code, projections,
     # predicates); with Spark's default cache of 100 every run evicted the previous one's and

@@ -9,8 +9,8 @@ times faster. The property test runs the Spark classifier itself and holds it eq
 row for row, so this path adds no third statement of the rules, only a second place where the
 first one runs.
 
-`collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle once per
-topic. Neither writes anything.
+`collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle
+once per topic. Neither writes anything.
 """
 
 from __future__ import annotations
