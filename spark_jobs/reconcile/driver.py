@@ -65,9 +65,11 @@ def collect_within(df: DataFrame, limit: int) -> tuple[pa.Table | None, int]:
     whose scans keep the files they listed (`count_rows`), then the collect on the same plan."""
     if int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) <= COLLECT_FIRST_MAX_BYTES:
         table = df.toArrow()
-        return (table, table.num_rows) if table.num_rows <= limit else (None, table.num_rows)
-    count = count_rows(df)
-    return (df.toArrow(), count) if count <= limit else (None, count)
+        count = table.num_rows
+    else:
+        count = count_rows(df)
+        table = df.toArrow() if count <= limit else None
+    return (table if count <= limit else None), count
 
 
 def count_rows(df: DataFrame) -> int:
