@@ -1082,18 +1082,21 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
                                                        tmp_path: Path) -> None:
     """`window_tiers` gives the ledger and group rows whose own produce time lies in the window --
     r's messages and w's first one, produced before it, are not among them, nor processings that
-    carry no produce time -- and asks each table for that range, so the files holding only the
-    lookback hour's rows are skipped by their statistics, not read and dropped."""
+    carry no produce time -- and asks each table for that range, so the row groups holding only the
+    lookback hour's rows are skipped by their Parquet statistics, not read and dropped."""
     from datetime import timedelta
 
-    from spark_jobs.reconcile import Shape, read_window_inputs, restrict
+    import pyarrow.parquet as pq
+
+    from audit.core.windows import read_ranges
+    from spark_jobs.reconcile import Shape, pinned, read_window_inputs, restrict
     from spark_jobs.reconcile.blocks import window_tiers
 
     cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP]}})
     tc = cfg.topic(TOPIC)
     h = _blocks_history()
     write_lake(spark, cfg.lake, h.inputs())
-    vis = restrict(read_window_inputs(spark, cfg, tc, T0), tc, T0)
+    vis = restrict(pinned(read_window_inputs(spark, cfg, tc, T0)), tc, T0)  # as a window's Spark plan reads them
     assert vis.consumed is not None
     df = window_tiers(vis.ledger, vis.consumed, None, Shape((tc,)), T0, T0 + timedelta(hours=1))
     qe = df._jdf.queryExecution()
@@ -1105,19 +1108,48 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     assert {k for _, k, _ in got} == {"a", "p", "q", "s", "u", "v", "w", "z"} and (0, "r", 0) not in got
     assert (0, "a", 7) in got and (0, "a", 8) not in got  # the block after the window: context only
     assert (0, "w", 0) not in got and (0, "w", 1) in got
-    read = {}
+    read: dict[str, tuple[int, int]] = {}  # table -> (files opened, rows read from them)
     leaves = qe.executedPlan().collectLeaves()
     for i in range(leaves.size()):
         leaf = leaves.apply(i)
         if leaf.getClass().getSimpleName() == "FileSourceScanExec":
-            table = Path(leaf.relation().location().rootPaths().head().toUri().getPath()).name
-            read[table] = leaf.metrics().get("numFiles").get().value()
+            table = Path(leaf.relation().location().rootPaths().head().toUri().getPath()).parts[-4]
+            metrics = leaf.metrics()
+            read[table] = (metrics.get("numFiles").get().value(), metrics.get("numOutputRows").get().value())
 
-    def files(table: str, hour: str) -> int:
-        return len(list((Path(cfg.lake) / table / f"topic={TOPIC}" / f"part_hour={hour}").glob("*.parquet")))
+    def files(table: str, hours: Callable[[str], bool]) -> list[Path]:
+        return [f for d in (Path(cfg.lake) / table / f"topic={TOPIC}").glob("part_hour=*")
+                if hours(d.name.split("=", 1)[1]) for f in d.glob("*.parquet")]
 
-    lookback, inside = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H"), T0.strftime("%Y-%m-%dT%H")
-    # the lookback hour has files of its own in both tables (how many is up to the writer), none read
-    skipped = {t: files(t, lookback) for t in read}
-    assert sorted(skipped) == ["consumed_records", "producer_ledger"] and min(skipped.values()) >= 1
-    assert read == {t: files(t, inside) for t in read}
+    def rows(paths: list[Path], lo: datetime, hi: datetime) -> int:
+        """Rows of the row groups that may hold a produce time in [lo, hi): what a reader that skips
+        row groups by their Parquet statistics reads."""
+        n = 0
+        for path in paths:
+            meta = pq.read_metadata(path)
+            col = meta.schema.names.index("produce_ts")
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                st = group.column(col).statistics
+                if st is not None and st.has_null_count and st.null_count == group.num_rows:
+                    continue  # no produce time at all
+                if st is None or not st.has_min_max or (st.min.replace(tzinfo=None) < hi.replace(tzinfo=None)
+                                                        and st.max.replace(tzinfo=None) >= lo.replace(tzinfo=None)):
+                    n += group.num_rows
+        return n
+
+    rr = read_ranges(tc, T0)
+    hours = {"producer_ledger": (rr.message_lo, rr.message_hi), "consumed_records": (rr.event_lo, rr.event_hi)}
+    lookback = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H")
+    end = T0 + timedelta(hours=1)
+    # the files the window's inputs were pinned to: every file of the hours the window reads
+    def within(lo: datetime, hi: datetime) -> Callable[[str], bool]:
+        first, last = lo.strftime("%Y-%m-%dT%H"), (hi - timedelta(microseconds=1)).strftime("%Y-%m-%dT%H")
+        return lambda h: first <= h <= last
+
+    opened = {t: files(t, within(lo, hi)) for t, (lo, hi) in hours.items()}
+    assert sorted(read) == sorted(hours)
+    # the lookback hour has files and rows of its own in both tables (how many is up to the writer)
+    assert min(rows(files(t, lambda h: h == lookback), T0 - timedelta(hours=1), T0) for t in read) >= 1
+    assert min(rows(files(t, lambda h: h == lookback), T0, end) for t in read) == 0
+    assert read == {t: (len(opened[t]), rows(opened[t], T0, end)) for t in read}

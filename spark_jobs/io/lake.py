@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -122,6 +123,129 @@ def read_table(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
             f"(run {PRODUCED_BY.get(name, 'the step that writes it')} first)"
         )
     return spark.read.format("delta").load(table_path(cfg, name))
+
+
+def pin_scans(df: DataFrame, planned: DataFrame | None = None) -> DataFrame:
+    """`df` with each Delta table it reads replaced by the Parquet files its scan keeps in the plan
+    of `planned` (default: `df` itself; a query `df` is part of, already planned, lists nothing
+    again), at the snapshot that scan read. Planning a query over a Delta table lists the table's
+    files anew (a Spark job per scan, "Filtering files for query"), and a window's Spark plan runs
+    some twenty queries over the same few tables; after this no query on the result does. Every query on the result also reads one snapshot of each table, whatever
+    is committed meanwhile. What a later query filters on is still pushed down to the Parquet row
+    groups; what it would have skipped by Delta's file statistics is no longer skipped by file.
+
+    Only a table that is plain Parquet files is read so: reader version 1 (no column mapping, no
+    deletion vectors), string partition columns, each file under the directories its partition
+    values name. Any other Delta table keeps its Delta scan, as does anything that is not a Delta
+    table (a JDBC sink)."""
+    from pyspark.sql.types import StructType
+
+    session = df.sparkSession
+    jvm: Any = session.sparkContext._jvm
+    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
+    qe = df._jdf.queryExecution()
+    kept: dict[int, Any] = {}  # a Delta scan's key -> the plan of its files (None: no file kept)
+    for leaf in _seq((df if planned is None else planned)._jdf.queryExecution().optimizedPlan().collectLeaves()):
+        location = _delta_location(leaf, "org.apache.spark.sql.delta.stats.PreparedDeltaFileIndex")
+        files = None if location is None else _plain_parquet_files(jvm, location)
+        if files is None:
+            continue
+        schema = StructType.fromJson(json.loads(leaf.schema().json()))
+        kept[_leaf_key(leaf)] = (session.read.schema(schema).option("basePath", location.dataPath().toString())
+                                 .parquet(*files)._jdf.queryExecution().analyzed() if files else None)
+    if not kept:
+        return df
+
+    def rebuilt(node: Any) -> Any | None:
+        """`node` with the kept scans under it replaced; None when there is none under it."""
+        if _delta_location(node, "org.apache.spark.sql.delta.files.TahoeLogFileIndex") is not None:
+            key = _leaf_key(node)
+            if key not in kept:
+                return None
+            if kept[key] is None:  # every file pruned: no rows, the same columns
+                return logical.LocalRelation(node.output(), _scala_seq(jvm, []), False, jvm.scala.Option.empty())
+            files = kept[key]
+            # the files' columns under the ids the plan above refers to, in the table's order
+            ids = {a.name(): a.exprId() for a in _seq(node.output())}
+            output = [a.withExprId(ids[a.name()]) for a in _seq(files.output())]
+            scan = files.copy(files.relation(), _scala_seq(jvm, output), files.catalogTable(), files.isStreaming(),
+                              files.stream())
+            return logical.Project(node.output(), scan)
+        children = _seq(node.children())
+        out = [rebuilt(c) for c in children]
+        if all(c is None for c in out):
+            return None
+        return node.withNewChildren(_scala_seq(jvm, [c if n is None else n for c, n in zip(children, out, strict=True)]))
+
+    plan = rebuilt(qe.analyzed())
+    if plan is None:
+        return df
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan), session)
+
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # a null partition value's directory name
+
+
+def _plain_parquet_files(jvm: Any, location: Any) -> list[str] | None:
+    """The files a prepared Delta scan keeps, as paths Spark's Parquet source reads with the
+    partition values Delta gives them; None when the table is not plain Parquet (`pin_scans`)."""
+    scan = location.preparedScan()
+    snapshot = scan.scannedSnapshot()
+    if snapshot.protocol().minReaderVersion() > 1:
+        return None
+    fields = list(snapshot.metadata().partitionSchema().fields())  # a Java array
+    if any(f.dataType().typeName() != "string" for f in fields):
+        return None
+    columns = [f.name() for f in fields]
+    root = location.dataPath()
+    prefix = root.toString().rstrip("/") + "/"
+    paths = []
+    for add in _seq(scan.files()):
+        child = add.toPath()
+        path = (child if child.isAbsolute() else jvm.org.apache.hadoop.fs.Path(root, child)).toString()
+        dirs = path[len(prefix):].split("/")[:-1]
+        if add.deletionVector() is not None or not path.startswith(prefix) or len(dirs) != len(columns):
+            return None
+        values = add.partitionValues()
+        for col, segment in zip(columns, dirs, strict=True):
+            name, eq, raw = segment.partition("=")
+            value = values.get(col)
+            want = value.get() if value.isDefined() else None
+            if name != col or not eq or _hive_unescape(raw) != (_HIVE_NULL if want is None else want):
+                return None
+        paths.append(path)
+    return paths
+
+
+def _hive_unescape(raw: str) -> str:
+    """A partition directory's value as Spark reads it back (`%XX` escapes)."""
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), raw)
+
+
+def _seq(xs: Any) -> list[Any]:
+    return [xs.apply(i) for i in range(xs.size())]
+
+
+def _scala_seq(jvm: Any, items: list[Any]) -> Any:
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(items).toSeq()
+
+
+def _delta_location(node: Any, kind: str) -> Any:
+    """The file index of `node` when it is a scan of a Delta table whose index is of class `kind`."""
+    if node.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
+        return None
+    relation = node.relation()
+    # Delta's relation is an anonymous subclass of HadoopFsRelation
+    fs = relation.getClass().getClassLoader().loadClass("org.apache.spark.sql.execution.datasources.HadoopFsRelation")
+    if not fs.isInstance(relation):
+        return None
+    location = relation.location()
+    return location if location.getClass().getName() == kind else None
+
+
+def _leaf_key(leaf: Any) -> int:
+    """A scan's identity across the analyzed and the optimised plan: its first column's id."""
+    return int(leaf.output().head().exprId().id())
 
 
 def partition_columns(spark: SparkSession, cfg: Config, name: str) -> tuple[str, ...] | None:

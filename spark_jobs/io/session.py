@@ -44,6 +44,10 @@ DEFAULTS: Mapping[str, str] = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     "spark.sql.sources.partitionOverwriteMode": "static",
+    # Timestamps written as INT64 microseconds, not Spark's default INT96: Parquet keeps no usable
+    # statistics for INT96, and a window's reads skip row groups by their produce times
+    # (`lake.pin_scans`, docs/design.md §5.9).
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # One local machine: skip the Delta log's checksum round trips on every tiny commit.
     "spark.databricks.delta.stalenessLimit": "0",
 }

@@ -138,6 +138,7 @@ from spark_jobs.reconcile.inputs import (
     batches,
     check_window_inputs,
     ledger_is_valid,
+    pinned,
     read_batch_inputs,
     read_window_inputs,
     restrict,
@@ -169,7 +170,8 @@ from spark_jobs.reconcile.units import (
 
 __all__ = [
     "ANOMALY_COLUMNS", "MAX_TOPICS_PER_PLAN", "X_FIELDS", "Classified", "Lookups", "Shape", "WindowInputs",
-    "WindowResult", "classify_batch", "classify_window", "collect_lookups", "flag_consumption_order", "read_window_inputs",
+    "WindowResult", "classify_batch", "classify_window", "collect_lookups", "flag_consumption_order", "pinned",
+    "read_window_inputs",
     "reconcile_batch", "reconcile_frames", "reconcile_range", "reconcile_window", "restrict", "stage_stats", "summarise",
     "sink_rows", "summary_line", "typed_tiers", "typed_units", "write_outputs",
 ]
@@ -501,8 +503,14 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
     label = job_label(shape, ws)
     with described(spark, label):  # every job of the window is named after it, its steps after them
         inputs = read_batch_inputs(spark, cfg, shape, ws, tables)
-        with described(spark, f"{label}: inputs counted / collected"):
-            collected, rows = collect_inputs(spark, inputs, cfg.driver_rows) if cfg.driver_rows else (None, None)
+        collected = rows = None
+        if cfg.driver_rows:
+            with described(spark, f"{label}: inputs counted / collected"):
+                collected, rows, planned = collect_inputs(spark, inputs, cfg.driver_rows)
+            if collected is None:  # the Spark plan's queries read the files the count listed
+                inputs = pinned(inputs, planned)
+        else:
+            inputs = pinned(inputs)
         if collected is not None:
             classified = classify_in_driver(spark, collected, shape, ws, as_of)
             anomalies = next(iter(classified.values())).summary

@@ -107,11 +107,13 @@ def _maker(cls: type, cols: list[str]) -> Any:
     return lambda *values: cls(**dict(zip(cols, values, strict=True)))
 
 
-def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tuple[oracle.Inputs | None, int]:
+def collect_inputs(spark: SparkSession, inputs: WindowInputs,
+                   limit: int) -> tuple[oracle.Inputs | None, int, DataFrame]:
     """(every row of the window's inputs as the oracle's rows, or None when they hold more than
-    `limit` rows; how many rows they hold). One Spark job beside the files' listing for small inputs
-    (the rows), two for larger ones (a count, then the rows unless there are too many:
-    `collect_within`)."""
+    `limit` rows; how many rows they hold; the union of the inputs that was planned, whose Delta
+    scans listed the files: `inputs.pinned` takes them from it). One Spark job beside the files'
+    listing for small inputs (the rows), two for larger ones (a count, then the rows unless there
+    are too many: `collect_within`)."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
@@ -125,7 +127,7 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tup
     # as all tags together, and a Python dict of every column per row took most of the time)
     table, count = collect_within(union, limit)
     if table is None:
-        return None, count
+        return None, count, union
     tags = table.column(_TAG)
     out: dict[str, list[Any]] = {tag: [] for tag in _TYPES}
     sinks: dict[str, list[Any]] = {}
@@ -144,7 +146,7 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs, limit: int) -> tup
     return oracle.Inputs(ledger=out["ledger"], log=out["log"], consumed=out["consumed"],
                          group_offsets=out["group_offsets"], watermarks=out["watermarks"], sinks=sinks,
                          mirror_log=out["mirror_log"], mirror_watermarks=out["mirror_watermarks"],
-                         mirror_group_offsets=out["mirror_group_offsets"]), count
+                         mirror_group_offsets=out["mirror_group_offsets"]), count, union
 
 
 def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws: datetime,

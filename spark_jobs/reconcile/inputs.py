@@ -10,7 +10,7 @@ write anything.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -225,6 +225,25 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         rows = part if rows is None else rows.unionByName(part)
     return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, mirror_log, mirror_watermarks,
                         sink_rows=rows, mirror_group_offsets=mirror_groups)
+
+
+def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInputs:
+    """Each frame of a batch's inputs over the files its Delta tables' scans keep (`lake.pin_scans`,
+    docs/design.md §6.3): every query of the batch then reads one snapshot of each table and lists
+    no files. `planned`: a query over all the frames, already planned (the inputs' count or collect,
+    `driver.collect_inputs`), whose listings are taken instead of listing each frame's again."""
+    from spark_jobs.io.lake import pin_scans
+
+    def pin(df: DataFrame | None) -> DataFrame | None:
+        return None if df is None else pin_scans(df, planned)
+
+    return replace(inputs, ledger=pin_scans(inputs.ledger, planned), log=pin_scans(inputs.log, planned),
+                   consumed=pin(inputs.consumed), group_offsets=pin(inputs.group_offsets),
+                   watermarks=pin(inputs.watermarks),
+                   sinks={name: pin_scans(df, planned) for name, df in inputs.sinks.items()},
+                   mirror_log=pin(inputs.mirror_log),
+                   mirror_watermarks=pin(inputs.mirror_watermarks), sink_rows=pin(inputs.sink_rows),
+                   mirror_group_offsets=pin(inputs.mirror_group_offsets))
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:
