@@ -125,34 +125,46 @@ def read_table(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
     return spark.read.format("delta").load(table_path(cfg, name))
 
 
-def pin_scans(df: DataFrame, planned: DataFrame | None = None) -> DataFrame:
-    """`df` with each Delta table it reads replaced by the Parquet files its scan keeps in the plan
-    of `planned` (default: `df` itself; a query `df` is part of, already planned, lists nothing
-    again), at the snapshot that scan read. Planning a query over a Delta table lists the table's
-    files anew (a Spark job per scan, "Filtering files for query"), and a window's Spark plan runs
-    some twenty queries over the same few tables; after this no query on the result does. Every query on the result also reads one snapshot of each table, whatever
-    is committed meanwhile. What a later query filters on is still pushed down to the Parquet row
-    groups; what it would have skipped by Delta's file statistics is no longer skipped by file.
-
-    Only a table that is plain Parquet files is read so: reader version 1 (no column mapping, no
-    deletion vectors), string partition columns, each file under the directories its partition
-    values name. Any other Delta table keeps its Delta scan, as does anything that is not a Delta
-    table (a JDBC sink)."""
+def scan_files(planned: DataFrame) -> dict[int, Any]:
+    """The Delta scans of `planned`'s plan that read plain Parquet files (`pin_scans`), each with a
+    Parquet read of the files it keeps: {scan key: that read's plan, or None when it keeps no
+    file}. The plan is `planned`'s optimised one: made once, and already made (its files listed)
+    when `planned` has run."""
     from pyspark.sql.types import StructType
 
-    session = df.sparkSession
-    jvm: Any = session.sparkContext._jvm
-    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-    qe = df._jdf.queryExecution()
-    kept: dict[int, Any] = {}  # a Delta scan's key -> the plan of its files (None: no file kept)
-    for leaf in _seq((df if planned is None else planned)._jdf.queryExecution().optimizedPlan().collectLeaves()):
+    session = planned.sparkSession
+    kept: dict[int, Any] = {}
+    for leaf in _seq(planned._jdf.queryExecution().optimizedPlan().collectLeaves()):
         location = _delta_location(leaf, "org.apache.spark.sql.delta.stats.PreparedDeltaFileIndex")
-        files = None if location is None else _plain_parquet_files(jvm, location)
+        files = None if location is None else _plain_parquet_files(location)
         if files is None:
             continue
         schema = StructType.fromJson(json.loads(leaf.schema().json()))
         kept[_leaf_key(leaf)] = (session.read.schema(schema).option("basePath", location.dataPath().toString())
                                  .parquet(*files)._jdf.queryExecution().analyzed() if files else None)
+    return kept
+
+
+def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
+    """`df` with each Delta table it reads replaced by the Parquet files its scan keeps, at the
+    snapshot that scan read: `kept` (`scan_files` of a query `df` is part of, already planned), by
+    default `scan_files(df)`. Planning a query over a Delta table lists the table's files anew (a
+    Spark job per scan, "Filtering files for query"), and a window's Spark plan runs some twenty
+    queries over the same few tables; no query on the result lists them. Every query on the result
+    also reads one snapshot of each table, whatever is committed meanwhile. What a later query
+    filters on is still pushed down to the Parquet row groups; what it would have skipped by
+    Delta's file statistics is no longer skipped by file.
+
+    Only a table that is plain Parquet files is read so: reader version 1 (no column mapping, no
+    deletion vectors), string partition columns, each file a relative path under the directories
+    its partition values name. Any other Delta table keeps its Delta scan, as does anything that
+    is not a Delta table (a JDBC sink)."""
+    session = df.sparkSession
+    jvm: Any = session.sparkContext._jvm
+    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
+    qe = df._jdf.queryExecution()
+    if kept is None:
+        kept = scan_files(df)
     if not kept:
         return df
 
@@ -186,9 +198,11 @@ def pin_scans(df: DataFrame, planned: DataFrame | None = None) -> DataFrame:
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # a null partition value's directory name
 
 
-def _plain_parquet_files(jvm: Any, location: Any) -> list[str] | None:
+def _plain_parquet_files(location: Any) -> list[str] | None:
     """The files a prepared Delta scan keeps, as paths Spark's Parquet source reads with the
     partition values Delta gives them; None when the table is not plain Parquet (`pin_scans`)."""
+    from urllib.parse import unquote
+
     scan = location.preparedScan()
     snapshot = scan.scannedSnapshot()
     if snapshot.protocol().minReaderVersion() > 1:
@@ -197,23 +211,24 @@ def _plain_parquet_files(jvm: Any, location: Any) -> list[str] | None:
     if any(f.dataType().typeName() != "string" for f in fields):
         return None
     columns = [f.name() for f in fields]
-    root = location.dataPath()
-    prefix = root.toString().rstrip("/") + "/"
+    root = location.dataPath().toString().rstrip("/")
     paths = []
     for add in _seq(scan.files()):
-        child = add.toPath()
-        path = (child if child.isAbsolute() else jvm.org.apache.hadoop.fs.Path(root, child)).toString()
-        dirs = path[len(prefix):].split("/")[:-1]
-        if add.deletionVector() is not None or not path.startswith(prefix) or len(dirs) != len(columns):
+        action = json.loads(add.json())["add"]  # one round trip a file
+        relative = action["path"]
+        if action.get("deletionVector") or ":" in relative.split("/", 1)[0] or relative.startswith("/"):
+            return None  # deleted rows, or an absolute path (a URI with a scheme, or rooted)
+        relative = unquote(relative)  # Delta's paths are URI-encoded
+        dirs = relative.split("/")[:-1]
+        if len(dirs) != len(columns):
             return None
-        values = add.partitionValues()
+        values = action.get("partitionValues") or {}
         for col, segment in zip(columns, dirs, strict=True):
             name, eq, raw = segment.partition("=")
-            value = values.get(col)
-            want = value.get() if value.isDefined() else None
+            want = values.get(col)
             if name != col or not eq or _hive_unescape(raw) != (_HIVE_NULL if want is None else want):
                 return None
-        paths.append(path)
+        paths.append(f"{root}/{relative}")
     return paths
 
 

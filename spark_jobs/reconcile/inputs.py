@@ -232,15 +232,17 @@ def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInpu
     docs/design.md §6.3): every query of the batch then reads one snapshot of each table and lists
     no files. `planned`: a query over all the frames, already planned (the inputs' count or collect,
     `driver.collect_inputs`), whose listings are taken instead of listing each frame's again."""
-    from spark_jobs.io.lake import pin_scans
+    from spark_jobs.io.lake import pin_scans, scan_files
+
+    kept = None if planned is None else scan_files(planned)
 
     def pin(df: DataFrame | None) -> DataFrame | None:
-        return None if df is None else pin_scans(df, planned)
+        return None if df is None else pin_scans(df, kept)
 
-    return replace(inputs, ledger=pin_scans(inputs.ledger, planned), log=pin_scans(inputs.log, planned),
+    return replace(inputs, ledger=pin_scans(inputs.ledger, kept), log=pin_scans(inputs.log, kept),
                    consumed=pin(inputs.consumed), group_offsets=pin(inputs.group_offsets),
                    watermarks=pin(inputs.watermarks),
-                   sinks={name: pin_scans(df, planned) for name, df in inputs.sinks.items()},
+                   sinks={name: pin_scans(df, kept) for name, df in inputs.sinks.items()},
                    mirror_log=pin(inputs.mirror_log),
                    mirror_watermarks=pin(inputs.mirror_watermarks), sink_rows=pin(inputs.sink_rows),
                    mirror_group_offsets=pin(inputs.mirror_group_offsets))
