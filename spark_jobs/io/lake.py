@@ -159,14 +159,13 @@ def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
     deletion vectors), string partition columns, each file a relative path under the directories
     its partition values name. Any other Delta table keeps its Delta scan, as does anything that
     is not a Delta table (a JDBC sink)."""
-    session = df.sparkSession
-    jvm: Any = session.sparkContext._jvm
-    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-    qe = df._jdf.queryExecution()
     if kept is None:
         kept = scan_files(df)
     if not kept:
         return df
+    session = df.sparkSession
+    jvm: Any = session.sparkContext._jvm
+    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
 
     def rebuilt(node: Any) -> Any | None:
         """`node` with the kept scans under it replaced; None when there is none under it."""
@@ -189,7 +188,7 @@ def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
             return None
         return node.withNewChildren(_scala_seq(jvm, [c if n is None else n for c, n in zip(children, out, strict=True)]))
 
-    plan = rebuilt(qe.analyzed())
+    plan = rebuilt(df._jdf.queryExecution().analyzed())
     if plan is None:
         return df
     return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan), session)
