@@ -1078,6 +1078,31 @@ def test_content_duplicates_ranked_only_among_repeated_hashes_are_all_of_them(sp
 
 
 @pytest.mark.spark
+def test_every_input_frame_is_pinned_and_collected(spark: Any) -> None:
+    """`inputs.map_frames` (what `pinned` rebuilds) reaches every DataFrame field of `WindowInputs`
+    and every sink, and the driver collects every field its oracle has a row type for: a frame
+    added to the inputs cannot be read unpinned, or left out of the driver's collect, by omission."""
+    from dataclasses import fields, replace
+
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile.driver import _TYPES, _frames
+    from spark_jobs.reconcile.inputs import WindowInputs, map_frames
+
+    frame_fields = [fd.name for fd in fields(WindowInputs) if fd.name != "sinks"]
+    one = spark.range(1)
+    inputs = WindowInputs(**{n: one for n in frame_fields}, sinks={"a": one, "b": one})
+    mapped = map_frames(inputs, lambda df: df.withColumn("mapped", F.lit(1)))
+    for name in frame_fields:
+        assert isinstance(getattr(mapped, name), DataFrame) and "mapped" in getattr(mapped, name).columns, name
+    assert all("mapped" in df.columns for df in mapped.sinks.values()) and sorted(mapped.sinks) == ["a", "b"]
+    # the driver's tags: each a field of the inputs, but 'sink', the sinks' rows in one frame
+    assert set(_TYPES) - {"sink"} <= set(frame_fields)
+    assert [tag for tag, _ in _frames(replace(inputs, sink_rows=None))] == list(_TYPES)
+
+
+@pytest.mark.spark
 def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config: Callable[..., Config],
                                                        tmp_path: Path) -> None:
     """`window_tiers` gives the ledger and group rows whose own produce time lies in the window --

@@ -30,7 +30,7 @@ from audit import oracle
 from audit.core.config import TopicConfig
 from spark_jobs.reconcile.inputs import WindowInputs, sink_rows
 
-# tag of a collected row -> the oracle's row type
+# tag of a collected row (the `WindowInputs` field it comes from) -> the oracle's row type
 _TYPES: Mapping[str, type] = {
     "ledger": oracle.LedgerRow, "log": oracle.LogRecord, "consumed": oracle.ConsumedRow,
     "group_offsets": oracle.GroupOffset, "watermarks": oracle.Watermark, "sink": oracle.SinkRow,
@@ -41,12 +41,9 @@ _TAG = "_msgaudit_input"
 
 
 def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
-    """The window's input frames by tag, as read (the oracle applies the exact visibility itself)."""
-    named: list[tuple[str, DataFrame | None]] = [
-        ("ledger", inputs.ledger), ("log", inputs.log), ("consumed", inputs.consumed),
-        ("group_offsets", inputs.group_offsets), ("watermarks", inputs.watermarks), ("sink", sink_rows(inputs)),
-        ("mirror_log", inputs.mirror_log), ("mirror_watermarks", inputs.mirror_watermarks),
-        ("mirror_group_offsets", inputs.mirror_group_offsets)]
+    """The window's input frames by tag (each tag of `_TYPES` is a field of `WindowInputs`, but
+    'sink': every sink's rows in one frame), as read: the oracle applies the exact visibility itself."""
+    named = [(tag, sink_rows(inputs) if tag == "sink" else getattr(inputs, tag)) for tag in _TYPES]
     return [(tag, df) for tag, df in named if df is not None]
 
 

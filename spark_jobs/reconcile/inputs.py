@@ -9,8 +9,8 @@ write anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -227,6 +227,19 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
                         sink_rows=rows, mirror_group_offsets=mirror_groups)
 
 
+def map_frames(inputs: WindowInputs, f: Callable[[DataFrame], DataFrame]) -> WindowInputs:
+    """`inputs` with `f` applied to every frame they hold, each sink's too: every DataFrame field of
+    `WindowInputs`, so a frame added there is never left out."""
+    changes: dict[str, Any] = {}
+    for fd in fields(inputs):
+        value = getattr(inputs, fd.name)
+        if isinstance(value, DataFrame):
+            changes[fd.name] = f(value)
+        elif fd.name == "sinks":
+            changes[fd.name] = {name: f(df) for name, df in value.items()}
+    return replace(inputs, **changes)
+
+
 def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInputs:
     """Each frame of a batch's inputs over the files its Delta tables' scans keep (`lake.pin_scans`,
     docs/design.md §6.3): every query of the batch then reads one snapshot of each table and lists
@@ -235,17 +248,7 @@ def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInpu
     from spark_jobs.io.lake import pin_scans, scan_files
 
     kept = None if planned is None else scan_files(planned)
-
-    def pin(df: DataFrame | None) -> DataFrame | None:
-        return None if df is None else pin_scans(df, kept)
-
-    return replace(inputs, ledger=pin_scans(inputs.ledger, kept), log=pin_scans(inputs.log, kept),
-                   consumed=pin(inputs.consumed), group_offsets=pin(inputs.group_offsets),
-                   watermarks=pin(inputs.watermarks),
-                   sinks={name: pin_scans(df, kept) for name, df in inputs.sinks.items()},
-                   mirror_log=pin(inputs.mirror_log),
-                   mirror_watermarks=pin(inputs.mirror_watermarks), sink_rows=pin(inputs.sink_rows),
-                   mirror_group_offsets=pin(inputs.mirror_group_offsets))
+    return map_frames(inputs, lambda df: pin_scans(df, kept))
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:
