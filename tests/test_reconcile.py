@@ -1116,6 +1116,7 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     from audit.core.windows import read_ranges
     from spark_jobs.reconcile import Shape, pinned, read_window_inputs, restrict
     from spark_jobs.reconcile.blocks import window_tiers
+    from spark_jobs.reconcile.inputs import _hours
 
     cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP]}})
     tc = cfg.topic(TOPIC)
@@ -1167,10 +1168,12 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     hours = {"producer_ledger": (rr.message_lo, rr.message_hi), "consumed_records": (rr.event_lo, rr.event_hi)}
     lookback = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H")
     end = T0 + timedelta(hours=1)
-    # the files the window's inputs were pinned to: every file of the hours the window reads
+
     def within(lo: datetime, hi: datetime) -> Callable[[str], bool]:
-        first, last = lo.strftime("%Y-%m-%dT%H"), (hi - timedelta(microseconds=1)).strftime("%Y-%m-%dT%H")
+        first, last = _hours(lo, hi)  # the part_hour bounds the window's reads prune to
         return lambda h: first <= h <= last
+
+    # the files the window's inputs were pinned to: every file of the hours the window reads
 
     opened = {t: files(t, within(lo, hi)) for t, (lo, hi) in hours.items()}
     assert sorted(read) == sorted(hours)
