@@ -29,6 +29,8 @@ EXAMPLES: dict[str, str] = {
     "capture": "msgaudit capture --start 2026-11-21T10:00Z --end 2026-11-21T12:00Z",
     "reconcile": "msgaudit reconcile --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --as-of 2026-11-21T11:15Z",
     "backfill": "msgaudit backfill --start 2026-11-20T00:00Z --end 2026-11-21T00:00Z",
+    "follow": "msgaudit follow --config msgaudit.yaml --alert-log alerts.jsonl   # under a supervisor; Ctrl-C stops it\n"
+              "  msgaudit follow --since 2026-11-21T00:00Z --once   # the windows final by now, then exit",
     "sla": "msgaudit sla --start 2026-11-21T00:00Z --end 2026-11-21T12:00Z",
     "dashboard": "msgaudit dashboard --out dashboard --start 2026-11-20T00:00Z --end 2026-11-22T00:00Z\n"
                  "  msgaudit dashboard --out dashboard --timelines off   # rows show `msgaudit trace ...` instead\n"
@@ -113,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
              "rerun skips finished windows and gives the same rows; windows not final yet are refused.")
     _range_args(bf, as_of="judge every window as of this instant (default: each window's end + grace)")
     bf.add_argument("--force", action="store_true", help="redo windows already finished by an earlier run")
+    fo = add("follow", "Run the schedule in one long-lived Spark application: ingest, then capture + reconcile + "
+             "SLA of each window as soon as it is final (its end + grace), judged at that instant as the "
+             "scheduled DAG judges it (the same rows); it sleeps in between. The JVM starts and warms up once, "
+             "not once per window. Restarted, it resumes where it stopped and catches up the windows missed.")
+    fo.add_argument("--since", default=None, help="first window to run, ISO 8601 UTC (default: where the last "
+                    "follow stopped, else the first window not final yet)")
+    fo.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
+                    help="only this topic (repeatable; default: every configured topic)")
+    fo.add_argument("--once", action="store_true", help="run the windows final by now, then exit (exit 2 when a "
+                    "window failed, 3 when an error-severity SLA rule failed)")
+    fo.add_argument("--alert-log", default=None, metavar="FILE",
+                    help="append one JSON line per error-severity SLA failure (the DAGs' alert) to FILE")
     sla = add("sla", "Check each topic's SLA on the report for a window range; exit 3 if an error-severity rule fails.")
     _range_args(sla, as_of="the SLA results' checked_at (default: now; the schedule passes the window's as_of)")
     sla.add_argument("--data-docs", default=None, metavar="DIR",
@@ -248,6 +262,20 @@ def _backfill(args: argparse.Namespace, cfg: Any) -> int:
     return cli_backfill(args, cfg)
 
 
+def _follow(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.core.windows import parse_instant
+    from spark_jobs.io.session import build_spark
+    from spark_jobs.pipeline.follow import run_follow
+    from spark_jobs.pipeline.steps import check_topics
+
+    since = parse_instant(args.since, "--since") if args.since else None
+    check_topics(cfg, args.topics)
+    spark = build_spark(cfg, app_name="msgaudit-follow")
+    run_follow(spark, cfg, since=since, topics=args.topics, once=args.once,
+               alert_log=Path(args.alert_log) if args.alert_log else None)
+    return 0
+
+
 def _dashboard(args: argparse.Namespace, cfg: Any) -> int:
     from audit.serving.dashboard import cli_dashboard
 
@@ -323,7 +351,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 # command -> function(args, config) -> exit code
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "setup": _setup, "kafka": _kafka, "cluster": _cluster, "ingest": _step, "capture": _step, "reconcile": _step,
-    "backfill": _backfill, "sla": _step, "dashboard": _dashboard, "demo": _demo,
+    "backfill": _backfill, "follow": _follow, "sla": _step, "dashboard": _dashboard, "demo": _demo,
     "trace": _trace, "doctor": _doctor, "ship": _ship,
 }
 

@@ -646,6 +646,8 @@ def test_cli_unknown_topic_is_one_clear_line(kafka_bootstrap: str, tmp_path: Any
         (["window", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z", "--topic", "x"],
          "unknown topic 'x'"),
         (["backfill", "--end", "2026-11-21T11:00Z"], "backfill needs --start and --end"),
+        (["follow", "--topic", "x"], "unknown topic 'x'"),
+        (["follow", "--start", "soon"], "--start: 'soon' is not an ISO 8601"),
     ],
 )
 def test_submit_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Any,

@@ -46,6 +46,8 @@ class BackfillResult:
     skipped: list[tuple[str, datetime]] = field(default_factory=list)
     failed: list[tuple[str, datetime, str]] = field(default_factory=list)
     sla_errors: int = 0
+    # what each window done by this run recorded in the state (anomalies, report rows, SLA failures)
+    described: dict[tuple[str, datetime], dict[str, Any]] = field(default_factory=dict)
 
 
 def state_key(topic: str, window_start: datetime, as_of: datetime) -> str:
@@ -69,10 +71,24 @@ class BackfillState:
 
     def mark(self, key: str, info: dict[str, Any]) -> None:
         self.done[key] = info
+        self._write()
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"done": self.done}, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(tmp, self.path)
+
+    def forget_before(self, instant: datetime) -> int:
+        """Drops the entries of windows that start before `instant` (`msgaudit follow` keeps the file to
+        the windows it may still run); how many were dropped. A backfill of those windows redoes them,
+        which gives the same rows."""
+        old = [k for k in self.done if datetime.fromisoformat(k.split("|")[1]) < instant]
+        for k in old:
+            del self.done[k]
+        if old:
+            self._write()
+        return len(old)
 
 
 def _window_step(step: str) -> Step:
@@ -148,6 +164,7 @@ def backfill_range(spark: Any, cfg: Config, start: datetime, end: datetime, as_o
             described = {name: _describe(name, out, t) for name, out in info.items()}
             result.sla_errors += int(described.get("sla", {}).get("failed_errors", 0))
             state.mark(state_key(t, ws, w_as_of), described)
+            result.described[(t, ws)] = described
             result.done.append((t, ws))
             bar.update(1)
     bar.close()

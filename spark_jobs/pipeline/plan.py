@@ -36,8 +36,9 @@ WINDOW_STEPS: tuple[str, ...] = STEPS[1:]  # the steps that run per window
 # What one spark-submit runs (`submit.py`): a step; `window` -- every step of one window in one
 # application (the scheduled DAGs' one Spark task); or `backfill` -- the window steps of every window
 # of a range in one application. A JVM and Spark session start costs more than a small window's
-# work, so a scheduled window pays it once, not four times, and a range once, not 3 x windows.
-SUBMIT_STEPS: tuple[str, ...] = (*STEPS, "window", "backfill")
+# work, so a scheduled window pays it once, not four times, and a range once, not 3 x windows; or
+# `follow` -- every window as it becomes final, in one application that stays up (`follow.py`).
+SUBMIT_STEPS: tuple[str, ...] = (*STEPS, "window", "backfill", "follow")
 
 
 def grace_for(cfg: Config, size: timedelta) -> timedelta:

@@ -6,6 +6,7 @@
         [--topic T ...] [--as-of A]
     spark-submit spark_jobs/pipeline/submit.py backfill --config FILE --start S --end E \\
         [--topic T ...] [--as-of A] [--force]
+    spark-submit spark_jobs/pipeline/submit.py follow --config FILE [--start SINCE] [--topic T ...] [--once]
 
 It builds the session with `spark_jobs.io.session.build_spark` and runs the step through
 `spark_jobs.pipeline.steps.run_step`, exactly as the `msgaudit` CLI commands do. Exit codes:
@@ -22,6 +23,10 @@ every window of the range in this one application, each window judged at its end
 --as-of is given, finished windows skipped unless --force (so a retry resumes). It exits 3 when an
 error-severity SLA rule failed in any window, after every window has run; 2 when a window failed
 on bad input, after the others have run.
+
+`follow` is `msgaudit follow` (`spark_jobs.pipeline.follow`): every window as soon as it is final,
+in this one application, which stays up (--start: the first window, as `msgaudit follow --since`;
+--once: the windows final by now, then exit, with backfill's exit codes).
 
 `ingest` lands every sealed ledger segment whatever the window, so it accepts and ignores
 --start/--end/--topic (the DAGs pass the same argument shape to every step). The DAGs always
@@ -66,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("step", choices=SUBMIT_STEPS)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="config file (default: ./msgaudit.yaml if present, else embedded defaults)")
-    p.add_argument("--start", default=None, help="window range start, ISO 8601 UTC (not used by ingest)")
+    p.add_argument("--start", default=None, help="window range start, ISO 8601 UTC (not used by ingest; follow: "
+                   "its first window, default where the last follow stopped)")
     p.add_argument("--end", default=None, help="window range end (exclusive), ISO 8601 UTC (not used by ingest)")
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help="only this topic (repeatable; default: every configured topic)")
@@ -75,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: now); "
                         "backfill: judge every window as of this instant (default: its end + grace)")
     p.add_argument("--force", action="store_true", help="backfill: redo windows finished by an earlier run")
+    p.add_argument("--once", action="store_true", help="follow: run the windows final by now, then exit")
     return p
 
 
@@ -101,8 +108,9 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
 
         cfg = config_mod.load(args.config)
         rng = step_range(args)
-        if args.step != "ingest":
+        if args.step not in ("ingest", "follow"):  # follow's --start is optional, it has no --end
             rng.window_range(args.step)
+        if args.step != "ingest":
             for name in rng.topics or ():
                 cfg.topic(name)  # an unknown topic fails before any JVM starts
         if own:
@@ -114,6 +122,11 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
 
             start, end = rng.window_range("backfill")
             run_backfill(spark, cfg, start, end, rng.as_of, rng.topics, force=args.force)
+            return int(ExitCode.OK)
+        if args.step == "follow":
+            from spark_jobs.pipeline.follow import run_follow
+
+            run_follow(spark, cfg, since=rng.start, topics=rng.topics, once=args.once)
             return int(ExitCode.OK)
         for step in STEPS if args.step == "window" else (args.step,):
             result = run_step(spark, cfg, step, rng, progress=True, say=print)

@@ -1,0 +1,250 @@
+"""`msgaudit follow`: the schedule in one long-lived Spark application.
+
+A scheduled DAG run submits one Spark application per window (`submit.py window`), so every window
+pays a JVM and Spark session start, a cold JIT and the first read of each Delta log again: at 1M
+messages the first window in a JVM takes about three times a warm one (docs/benchmarks.md).
+`follow` keeps one application up and runs each window when it becomes final, as the schedule
+would: ingest (every sealed ledger segment), then capture, reconcile and SLA of every window whose
+as_of (`plan.final_as_of`: its end + grace) has passed, judged at that as_of -- never at the wall
+clock -- so it writes the rows a scheduled run of the window writes. Between ticks it sleeps until
+the next window is final.
+
+Where it starts: `since` when given; else where the last run stopped (its cursor, in
+`<home>/follow-state.json`); else the first window not final yet (windows final before it started
+are `msgaudit backfill`'s). After an outage it catches up every window since its cursor in one tick.
+The cursor is the start of the earliest window not done: a window that failed on bad input (a
+missing table, an unreachable broker) holds it there and is retried every `RETRY` until it is
+fixed, while the windows after it still run. Finished windows are recorded in the backfill's state
+(`backfill.BackfillState`), so `follow` and `backfill` never redo each other's windows; entries of
+windows before the cursor are dropped, so the file holds only the windows `follow` may still run.
+
+When ingest fails, no window of that tick runs (a window judged without its ledger rows would
+report them lost); the tick is retried after `RETRY`. An unexpected error is one line and the tick
+is retried after `RETRY`; the `MAX_FAILED_TICKS`-th in a row is raised (exit 1: a supervisor
+starts a fresh JVM). An error-severity SLA failure is one line on stderr and, with `alert_log`,
+one JSON line (`audit.serving.alerts.Alert`, what the DAGs' failure callback builds) appended to
+that file; `follow` goes on.
+
+This module orchestrates through `steps.run_step` and `backfill.backfill_range`; it classifies
+nothing itself and writes only its state file and the alert log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from audit.core.config import Config
+from audit.core.errors import InputError, MsgauditError, SlaFailed
+from spark_jobs.pipeline.backfill import DEFAULT_STEPS, BackfillState, Step, backfill_range, state_key
+from spark_jobs.pipeline.backfill import STATE_FILE as BACKFILL_STATE
+from spark_jobs.pipeline.plan import WindowRun, plan_windows
+from spark_jobs.pipeline.steps import StepRange, run_step
+
+STATE_FILE = "follow-state.json"
+RETRY = timedelta(minutes=5)  # a failed window, or a failed tick, is tried again after this long
+MAX_FAILED_TICKS = 3  # unexpected errors in a row before follow gives up (exit 1)
+
+Ingest = Callable[[Any, Config], Any]
+Say = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass
+class Tick:
+    """What one tick ran, and where the next one starts."""
+
+    cursor: datetime  # the start of the earliest window not done
+    next_due: datetime  # when the next window not final yet becomes final
+    done: list[tuple[str, datetime]] = field(default_factory=list)
+    failed: list[tuple[str, datetime, str]] = field(default_factory=list)
+    sla_errors: int = 0
+
+
+@dataclass
+class FollowResult:
+    ticks: int = 0
+    done: list[tuple[str, datetime]] = field(default_factory=list)
+    failed: list[tuple[str, datetime, str]] = field(default_factory=list)  # of the last tick
+    sla_errors: int = 0
+
+
+class FollowState:
+    """The cursor, in a JSON file written atomically (write a sibling, then rename)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.cursor: datetime | None = None
+        if path.exists():
+            try:
+                self.cursor = datetime.fromisoformat(json.loads(path.read_text(encoding="utf-8"))["cursor"])
+            except (ValueError, KeyError, TypeError):
+                raise InputError(f"{path}: follow state is not valid; delete it (follow then starts at the first "
+                                 "window not final yet) or pass --since") from None
+
+    def save(self, cursor: datetime) -> None:
+        self.cursor = cursor
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"cursor": cursor.isoformat()}), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def ingest_step(say: Say) -> Ingest:
+    """The pipeline's ingest step, its summary lines said."""
+    def run(spark: Any, cfg: Config) -> Any:
+        return run_step(spark, cfg, "ingest", StepRange(), say=say)
+
+    return run
+
+
+def _span(cfg: Config, topics: Sequence[str] | None) -> timedelta:
+    """The largest window size plus the largest grace among the selected topics."""
+    selected = [cfg.topic(t) for t in topics] if topics else list(cfg.topics.values())
+    if not selected:
+        raise InputError(f"{cfg.source}: no topics configured; add one under `topics:`")
+    return max(t.window for t in selected) + max(t.grace for t in selected)
+
+
+def first_not_final(cfg: Config, now: datetime, topics: Sequence[str] | None = None) -> datetime:
+    """The start of the earliest window (of the selected topics) not final at `now`."""
+    span = _span(cfg, topics)
+    runs = plan_windows(cfg, now - 2 * span, now + span, topics)
+    return min(r.start for r in runs if r.as_of > now)
+
+
+def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Sequence[str] | None = None, *,
+         steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, ingest: Ingest | None = None,
+         say: Say = _say, warn: Say = _stderr, alert_log: Path | None = None) -> Tick:
+    """Runs every window since `cursor` that is final at `now` and not done yet (ingest first, once,
+    when there is one), oldest first, the topics sharing a window together; returns the new cursor
+    and when the next window becomes final. A failure of ingest is raised before any window runs."""
+    runs = plan_windows(cfg, cursor, now + _span(cfg, topics), topics)
+    state = BackfillState(cfg.home / BACKFILL_STATE)
+    final = [r for r in runs if r.as_of <= now and any(state_key(t, r.start, r.as_of) not in state for t in r.topics)]
+    out = Tick(cursor, min(r.as_of for r in runs if r.as_of > now))
+    if final:
+        (ingest or ingest_step(say))(spark, cfg)
+    for run in final:
+        t0 = time.perf_counter()
+        res = backfill_range(spark, cfg, run.start, run.end, None, run.topics, steps=steps, progress=False, now=now)
+        out.done += res.done
+        out.failed += res.failed
+        if res.done:
+            say(_window_line(run, res.done, res.described, time.perf_counter() - t0))
+        for t, ws, why in res.failed:
+            warn(f"follow: {t} {ws.isoformat()}: {why} (not done; tried again from {(now + RETRY).isoformat()})")
+        errors = sum(int(res.described[d].get("sla", {}).get("failed_errors", 0)) for d in res.done)
+        out.sla_errors += errors
+        if errors:
+            _breach(cfg, run, [t for t, _ in res.done], errors, warn, alert_log)
+    undone = [r.start for r in runs if r.as_of > now] + [ws for _, ws, _ in out.failed]
+    out.cursor = min(undone)
+    return out
+
+
+def _window_line(run: WindowRun, done: Sequence[tuple[str, datetime]], described: dict[tuple[str, datetime], Any],
+                 seconds: float) -> str:
+    names = [t for t, _ in done]
+    who = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more topics"
+    anomalies = sum(int(described[d].get("reconcile", {}).get("anomalies", 0)) for d in done)
+    errors = sum(int(described[d].get("sla", {}).get("failed_errors", 0)) for d in done)
+    return (f"follow: window {run.start.isoformat()}..{run.end.isoformat()} (as of {run.as_of.isoformat()}) {who}: "
+            f"done in {seconds:.1f} s, {anomalies} anomalies, {errors} error-severity SLA failures")
+
+
+def _breach(cfg: Config, run: WindowRun, topics: Sequence[str], errors: int, warn: Say,
+            alert_log: Path | None) -> None:
+    """An error-severity SLA failure: one line, and the DAGs' alert as a JSON line in `alert_log`."""
+    line = (f"follow: sla: {errors} error-severity SLA check(s) failed for window {run.start.isoformat()} of "
+            f"{', '.join(topics)} (see `msgaudit dashboard`)")
+    warn(line)
+    if alert_log is None:
+        return
+    from audit.serving.alerts import Alert, failed_rules, producer_failure_lines
+
+    rules = failed_rules(cfg.report_store, run.start, run.end, topics)
+    alert = Alert(dag_id="msgaudit-follow", run_id=f"follow {run.as_of.isoformat()}", task_id="sla", map_index=-1,
+                  step="sla", window_start=run.start.isoformat(), window_end=run.end.isoformat(),
+                  topics=tuple(topics), exit_code=int(SlaFailed.exit_code), sla_breach=True, error=line,
+                  failed_rules=rules, producer_lines=producer_failure_lines(cfg.report_store, rules))
+    alert_log.parent.mkdir(parents=True, exist_ok=True)
+    with alert_log.open("a", encoding="utf-8") as f:
+        f.write(alert.to_json() + "\n")
+
+
+def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Sequence[str] | None = None,
+           once: bool = False, steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, ingest: Ingest | None = None,
+           clock: Callable[[], datetime] = lambda: datetime.now(UTC), sleep: Callable[[float], None] = time.sleep,
+           say: Say = _say, warn: Say = _stderr, alert_log: Path | None = None,
+           max_ticks: int | None = None) -> FollowResult:
+    """Ticks until interrupted (or once, or `max_ticks` times), sleeping until the next window is
+    final in between; see the module's docstring. `once`: a failing ingest or an unexpected error is
+    raised at once."""
+    names = list(topics) if topics else None
+    _span(cfg, names)  # no topics: one clear line before anything runs
+    state = FollowState(cfg.home / STATE_FILE)
+    cursor = since or state.cursor or first_not_final(cfg, clock(), names)
+    say(f"follow: windows from {cursor.isoformat()} of "
+        f"{', '.join(names) if names else 'every configured topic'}, each when final (its end + grace)")
+    result = FollowResult()
+    failures = 0
+    while True:
+        now = clock()
+        try:
+            t = tick(spark, cfg, cursor, now, names, steps=steps, ingest=ingest, say=say, warn=warn,
+                     alert_log=alert_log)
+        except MsgauditError as e:  # ingest's bad input, a busy lake: nothing of the tick ran
+            if once:
+                raise
+            warn(f"follow: {e} (no window run; tried again from {(now + RETRY).isoformat()})")
+            wake = now + RETRY
+        except Exception as e:
+            failures += 1
+            if once or failures >= MAX_FAILED_TICKS:
+                raise
+            warn(f"follow: unexpected {type(e).__name__}: {e} ({failures} in a row; tried again from "
+                 f"{(now + RETRY).isoformat()}, the {MAX_FAILED_TICKS}th stops follow)")
+            wake = now + RETRY
+        else:
+            failures = 0
+            cursor = t.cursor
+            state.save(cursor)
+            BackfillState(cfg.home / BACKFILL_STATE).forget_before(cursor)
+            result.done += t.done
+            result.failed = t.failed
+            result.sla_errors += t.sla_errors
+            wake = min(t.next_due, now + RETRY) if t.failed else t.next_due
+        result.ticks += 1
+        if once or (max_ticks is not None and result.ticks >= max_ticks):
+            return result
+        sleep(max((wake - clock()).total_seconds(), 1.0))
+
+
+def run_follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Sequence[str] | None = None,
+               once: bool = False, alert_log: Path | None = None) -> FollowResult:
+    """`follow` as the CLI and spark-submit run it; with `once`, its outcome as `backfill` reports
+    it: a window that failed raises `InputError` (exit 2), an error-severity SLA failure `SlaFailed`
+    (exit 3)."""
+    result = follow(spark, cfg, since=since, topics=topics, once=once, alert_log=alert_log)
+    if result.failed:
+        t, ws, why = result.failed[0]
+        raise InputError(f"{len(result.failed)} window(s) failed, first {t} {ws.isoformat()}: {why} "
+                         "(fix it and run follow again: it starts at that window)")
+    if result.sla_errors:
+        raise SlaFailed(f"{result.sla_errors} error-severity SLA rule(s) failed (see `msgaudit dashboard`)")
+    return result

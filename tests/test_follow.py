@@ -1,0 +1,228 @@
+"""`msgaudit follow`: each window run once, when final, judged at its end + grace; ingest first; a
+failed window holds the cursor and is retried while later ones run; a failed ingest runs no window;
+a restart resumes at the saved cursor; the state keeps only windows it may still run. The clock is
+simulated: `sleep` moves it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.core.config import Config
+from audit.core.errors import InputError
+from spark_jobs.pipeline.follow import RETRY, FollowState, first_not_final, follow
+from tests.reconcile_cases import GROUP, T0, TOPIC, History, at, norm_rows, write_delta_sink, write_lake
+
+
+def _cfg(make_config: Callable[..., Config], tmp_path: Path) -> Config:
+    return make_config(tmp_path, topics={
+        TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP], "sla": {"max_lost": 0},
+                "sinks": [{"name": "s1", "format": "delta", "location": "sinks/s1", "group": GROUP}]},
+        "u": {"window": "30m", "grace": "5m"}})
+
+
+class Clock:
+    """The simulated wall clock: `sleep` moves it; every call is recorded."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += timedelta(seconds=seconds)
+
+
+class Calls:
+    """The steps' and ingest's calls, in order, at the clock's time; chosen windows fail (once each, or always)."""
+
+    def __init__(self, clock: Clock, fail: set[tuple[str, datetime]] | None = None, always: bool = False,
+                 ingest_fails: int = 0) -> None:
+        self.clock, self.fail, self.always, self.ingest_fails = clock, set(fail or ()), always, ingest_fails
+        self.log: list[tuple[Any, ...]] = []
+
+    def step(self, spark: Any, cfg: Config, topics: tuple[str, ...], ws: datetime, we: datetime,
+             as_of: datetime) -> None:
+        for t in topics:
+            if (t, ws) in self.fail:
+                if not self.always:
+                    self.fail.discard((t, ws))
+                raise InputError(f"no table for {t}")
+        self.log.append(("x", self.clock(), topics, ws, as_of))
+
+    step.per_window = True  # type: ignore[attr-defined]
+
+    def ingest(self, spark: Any, cfg: Config) -> None:
+        if self.ingest_fails:
+            self.ingest_fails -= 1
+            raise InputError("broker unreachable")
+        self.log.append(("ingest", self.clock()))
+
+
+def _follow(cfg: Config, clock: Clock, calls: Calls, **kw: Any) -> tuple[Any, list[str], list[str]]:
+    said: list[str] = []
+    warned: list[str] = []
+    result = follow(None, cfg, steps=[("x", calls.step)], ingest=calls.ingest, clock=clock, sleep=clock.sleep,
+                    say=said.append, warn=warned.append, **kw)
+    return result, said, warned
+
+
+@pytest.mark.unit
+def test_each_window_runs_once_when_final_ingest_first_and_sleeps_until_the_next(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    clock = Clock(at(40))
+    calls = Calls(clock)
+    result, said, warned = _follow(cfg, clock, calls, since=T0, max_ticks=4)
+    assert calls.log == [
+        ("ingest", at(40)), ("x", at(40), ("u",), T0, at(35)),
+        ("ingest", at(65)), ("x", at(65), ("u",), at(30), at(65)),
+        ("ingest", at(75)), ("x", at(75), (TOPIC,), T0, at(75)),
+        ("ingest", at(95)), ("x", at(95), ("u",), at(60), at(95)),
+    ]
+    assert clock.slept == [25 * 60, 10 * 60, 20 * 60]  # to 11:05, 11:15, 11:35
+    assert result.ticks == 4 and len(result.done) == 4 and warned == []
+    assert said[0] == ("follow: windows from 2026-11-21T10:00:00+00:00 of every configured topic, each when final "
+                       "(its end + grace)")
+    assert said[1].startswith("follow: window 2026-11-21T10:00:00+00:00..2026-11-21T10:30:00+00:00 (as of "
+                              "2026-11-21T10:35:00+00:00) u: done in ")
+    assert FollowState(cfg.home / "follow-state.json").cursor == at(60)  # t [11:00, 12:00) is not final at 11:35
+
+
+@pytest.mark.unit
+def test_a_failed_window_holds_the_cursor_is_retried_and_later_windows_still_run(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    clock = Clock(at(140))  # 12:20: t's windows of 10:00 and 11:00 are both final
+    calls = Calls(clock, fail={(TOPIC, T0)})
+    result, _, warned = _follow(cfg, clock, calls, since=T0, topics=[TOPIC], max_ticks=2)
+    assert [c[1:4] for c in calls.log if c[0] == "x"] == [
+        (at(140), (TOPIC,), at(60)),  # the first tick: the failed window's successor still runs
+        (at(140) + RETRY, (TOPIC,), T0),  # retried RETRY later; the done one is not run again
+    ]
+    assert warned == [f"follow: t 2026-11-21T10:00:00+00:00: InputError: no table for t (not done; tried again "
+                      f"from {(at(140) + RETRY).isoformat()})"]
+    assert clock.slept == [RETRY.total_seconds()]
+    assert result.failed == [] and FollowState(cfg.home / "follow-state.json").cursor == at(120)
+
+
+@pytest.mark.unit
+def test_a_window_that_keeps_failing_is_retried_every_tick_and_keeps_the_cursor(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    clock = Clock(at(80))
+    calls = Calls(clock, fail={(TOPIC, T0)}, always=True)
+    result, _, warned = _follow(cfg, clock, calls, since=T0, topics=[TOPIC], max_ticks=3)
+    assert calls.log == [("ingest", at(80)), ("ingest", at(80) + RETRY), ("ingest", at(80) + 2 * RETRY)]
+    assert len(warned) == 3 and result.failed == [(TOPIC, T0, "InputError: no table for t")]
+    assert FollowState(cfg.home / "follow-state.json").cursor == T0
+
+
+@pytest.mark.unit
+def test_a_failed_ingest_runs_no_window_and_the_tick_is_tried_again(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    clock = Clock(at(80))
+    calls = Calls(clock, ingest_fails=1)
+    _, _, warned = _follow(cfg, clock, calls, since=T0, topics=[TOPIC], max_ticks=2)
+    assert calls.log == [("ingest", at(80) + RETRY), ("x", at(80) + RETRY, (TOPIC,), T0, at(75))]
+    assert warned == [f"follow: broker unreachable (no window run; tried again from {(at(80) + RETRY).isoformat()})"]
+    with pytest.raises(InputError, match="broker unreachable"):  # --once: the error is the exit
+        _follow(cfg, Clock(at(200)), Calls(clock, ingest_fails=1), topics=[TOPIC], once=True)
+
+
+@pytest.mark.unit
+def test_a_restart_resumes_at_the_saved_cursor_and_catches_up_in_one_tick(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    assert first_not_final(cfg, at(40), [TOPIC]) == T0
+    assert first_not_final(cfg, at(80), [TOPIC]) == at(60)  # 10:00 was final at 11:15
+    clock = Clock(at(40))
+    calls = Calls(clock)
+    _follow(cfg, clock, calls, topics=[TOPIC], max_ticks=2)  # no --since, no state: the first window not final
+    assert [c[3] for c in calls.log if c[0] == "x"] == [T0]
+    clock.now = at(260)  # 14:20: down since 11:15; the windows of 11:00, 12:00 and 13:00 are final
+    calls.log.clear()
+    result, _, _ = _follow(cfg, clock, calls, topics=[TOPIC], once=True)
+    assert [c[3] for c in calls.log if c[0] == "x"] == [at(60), at(120), at(180)]
+    assert [c[0] for c in calls.log] == ["ingest", "x", "x", "x"] and result.ticks == 1
+    # the backfill state keeps only windows at or after the cursor (14:00)
+    state = json.loads((cfg.home / "backfill-state.json").read_text())
+    assert state == {"done": {}}
+    # --since wins over the saved cursor
+    calls.log.clear()
+    _follow(cfg, clock, calls, topics=[TOPIC], since=at(180), once=True)
+    assert [c[3] for c in calls.log if c[0] == "x"] == [at(180)]
+
+
+@pytest.mark.unit
+def test_unexpected_errors_are_retried_and_the_third_in_a_row_is_raised(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
+    cfg = _cfg(make_config, tmp_path)
+    clock = Clock(at(80))
+
+    def broken(spark: Any, cfg: Config, topics: Any, ws: datetime, we: datetime, as_of: datetime) -> None:
+        raise RuntimeError("Py4J gateway gone")
+
+    broken.per_window = True  # type: ignore[attr-defined]
+    warned: list[str] = []
+    with pytest.raises(RuntimeError, match="gateway gone"):
+        follow(None, cfg, since=T0, topics=[TOPIC], steps=[("x", broken)], ingest=lambda s, c: None, clock=clock,
+               sleep=clock.sleep, say=lambda _line: None, warn=warned.append)
+    assert [w.split(" (")[0] for w in warned] == ["follow: unexpected RuntimeError: Py4J gateway gone"] * 2
+    assert clock.slept == [RETRY.total_seconds()] * 2
+
+
+@pytest.mark.unit
+def test_a_corrupt_state_file_is_one_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "follow-state.json"
+    p.write_text('{"cursor": 12}')
+    with pytest.raises(InputError, match="follow state is not valid; delete it .* or pass --since"):
+        FollowState(p)
+
+
+@pytest.mark.spark
+def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_breach(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
+    from spark_jobs.pipeline.backfill import reconcile_step, sla_step
+
+    cfg = _cfg(make_config, tmp_path)
+    h = History()
+    h.captured(0, 0, 100, at(130), group_committed=100)
+    for i in range(3):
+        h.clean("p", i, 0, i, at(10 + 40 * i))  # 10:10, 10:50, 11:30
+    h.produce("p", 3, 0, 3, at(100))  # lost in the second window
+    write_lake(spark, cfg.lake, h.inputs())
+    write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
+    clock = Clock(at(80))
+    warned: list[str] = []
+    alerts = tmp_path / "alerts.jsonl"
+    result = follow(spark, cfg, since=T0, topics=[TOPIC], steps=[("reconcile", reconcile_step), ("sla", sla_step)],
+                    ingest=lambda s, c: None, clock=clock, sleep=clock.sleep, say=lambda _line: None,
+                    warn=warned.append, alert_log=alerts, max_ticks=2)
+    assert result.done == [(TOPIC, T0), (TOPIC, at(60))] and result.sla_errors == 1
+    assert clock.slept == [55 * 60]  # 11:20 -> 12:15
+    with ReportStore(cfg.report_store) as store:
+        report, anomalies, sla = (norm_rows(store.read(t, TOPIC)) for t in (PARTITION_REPORT, ANOMALIES, SLA_RESULTS))
+    assert sorted((r["window_start"], r["stage"], r["expected"], r["lost"], r["status"]) for r in report) == [
+        (T0, "group:g1", 2, 0, "final"), (T0, "log", 2, 0, "final"), (T0, "sink:s1", 2, 0, "final"),
+        (at(60), "group:g1", 1, 0, "final"), (at(60), "log", 2, 1, "final"), (at(60), "sink:s1", 1, 0, "final"),
+    ]
+    assert [(a["anomaly"], a["seq"]) for a in anomalies] == [("lost_acked", 3)]
+    assert sorted((r["window_start"], r["rule"]) for r in sla if not r["passed"]) == [(at(60), "max_lost")]
+    assert warned == ["follow: sla: 1 error-severity SLA check(s) failed for window 2026-11-21T11:00:00+00:00 of t "
+                      "(see `msgaudit dashboard`)"]
+    (alert,) = [json.loads(line) for line in alerts.read_text().splitlines()]
+    assert (alert["dag_id"], alert["window_start"], alert["sla_breach"], alert["exit_code"]) == (
+        "msgaudit-follow", "2026-11-21T11:00:00+00:00", True, 3)
+    assert [(r["rule"], r["observed"], r["threshold"], r["severity"]) for r in alert["failed_rules"]] == [
+        ("max_lost", 1.0, 0.0, "error")]
