@@ -229,6 +229,8 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
             result.failed = t.failed
             result.sla_errors += t.sla_errors
             wake = min(t.next_due, now + RETRY) if t.failed else t.next_due
+            if t.done and not once:
+                say(f"follow: next window final at {t.next_due.isoformat()}")
         result.ticks += 1
         if once or (max_ticks is not None and result.ticks >= max_ticks):
             return result
