@@ -197,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                 f = side.window(ws, as_of)
                 submit_s.append(s)
                 follow_s.append(f)
-                print(f"window {ws:%H:%M}: submit {s:6.1f}s   follow {f:6.1f}s   submit/follow {s / f:5.2f}   {line}",
-                      flush=True)
+                steps = next((x.split(" (", 2)[2].split(")")[0] for x in reversed(side.lines)
+                              if x.startswith("follow: window ")), "")
+                print(f"window {ws:%H:%M}: submit {s:6.1f}s   follow {f:6.1f}s ({steps})   submit/follow {s / f:5.2f}"
+                      f"   {line}", flush=True)
             same = report_rows(conf_submit) == report_rows(conf_follow)
         finally:
             if side is not None:

@@ -6,6 +6,7 @@ simulated: `sleep` moves it."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -92,8 +93,10 @@ def test_each_window_runs_once_when_final_ingest_first_and_sleeps_until_the_next
     assert result.ticks == 4 and len(result.done) == 4 and warned == []
     assert said[0] == ("follow: windows from 2026-11-21T10:00:00+00:00 of every configured topic, each when final "
                        "(its end + grace)")
-    assert said[1].startswith("follow: window 2026-11-21T10:00:00+00:00..2026-11-21T10:30:00+00:00 (as of "
-                              "2026-11-21T10:35:00+00:00) u: done in ")
+    assert re.fullmatch(r"follow: window 2026-11-21T10:00:00\+00:00\.\.2026-11-21T10:30:00\+00:00 \(as of "
+                        r"2026-11-21T10:35:00\+00:00\) u: done in [\d.]+ s \(ingest [\d.]+ s, x [\d.]+ s\), "
+                        r"0 anomalies, 0 error-severity SLA failures", said[1]), said[1]
+    assert said[2] == "follow: next window final at 2026-11-21T11:05:00+00:00"
     assert FollowState(cfg.home / "follow-state.json").cursor == at(60)  # t [11:00, 12:00) is not final at 11:35
 
 

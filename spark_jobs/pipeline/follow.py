@@ -137,15 +137,20 @@ def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Seque
     state = BackfillState(cfg.home / BACKFILL_STATE)
     final = [r for r in runs if r.as_of <= now and any(state_key(t, r.start, r.as_of) not in state for t in r.topics)]
     out = Tick(cursor, min(r.as_of for r in runs if r.as_of > now))
+    spent: dict[str, float] = {}  # seconds per step, said with the window (ingest's with the tick's first)
     if final:
+        t0 = time.perf_counter()
         (ingest or ingest_step(say))(spark, cfg)
+        spent["ingest"] = time.perf_counter() - t0
+    timed = [(name, _timed(name, step, spent)) for name, step in steps]
     for run in final:
         t0 = time.perf_counter()
-        res = backfill_range(spark, cfg, run.start, run.end, None, run.topics, steps=steps, progress=False, now=now)
+        res = backfill_range(spark, cfg, run.start, run.end, None, run.topics, steps=timed, progress=False, now=now)
         out.done += res.done
         out.failed += res.failed
         if res.done:
-            say(_window_line(run, res.done, res.described, time.perf_counter() - t0))
+            say(_window_line(run, res.done, res.described, time.perf_counter() - t0 + spent.get("ingest", 0.0), spent))
+        spent.clear()
         for t, ws, why in res.failed:
             warn(f"follow: {t} {ws.isoformat()}: {why} (not done; tried again from {(now + RETRY).isoformat()})")
         errors = sum(int(res.described[d].get("sla", {}).get("failed_errors", 0)) for d in res.done)
@@ -157,14 +162,28 @@ def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Seque
     return out
 
 
+def _timed(name: str, step: Step, spent: dict[str, float]) -> Step:
+    """`step`, its seconds added to `spent[name]`."""
+    def run(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return step(*args)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+    run.per_window = getattr(step, "per_window", False)  # type: ignore[attr-defined]
+    return run
+
+
 def _window_line(run: WindowRun, done: Sequence[tuple[str, datetime]], described: dict[tuple[str, datetime], Any],
-                 seconds: float) -> str:
+                 seconds: float, spent: dict[str, float]) -> str:
     names = [t for t, _ in done]
     who = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more topics"
     anomalies = sum(int(described[d].get("reconcile", {}).get("anomalies", 0)) for d in done)
     errors = sum(int(described[d].get("sla", {}).get("failed_errors", 0)) for d in done)
     return (f"follow: window {run.start.isoformat()}..{run.end.isoformat()} (as of {run.as_of.isoformat()}) {who}: "
-            f"done in {seconds:.1f} s, {anomalies} anomalies, {errors} error-severity SLA failures")
+            f"done in {seconds:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in spent.items())}), {anomalies} anomalies, "
+            f"{errors} error-severity SLA failures")
 
 
 def _breach(cfg: Config, run: WindowRun, topics: Sequence[str], errors: int, warn: Say,
