@@ -229,3 +229,44 @@ def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_bre
         "msgaudit-follow", "2026-11-21T11:00:00+00:00", True, 3)
     assert [(r["rule"], r["observed"], r["threshold"], r["severity"]) for r in alert["failed_rules"]] == [
         ("max_lost", 1.0, 0.0, "error")]
+
+
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_follow_ingests_captures_reconciles_and_checks_real_windows(
+        spark: Any, kafka_bootstrap: str, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    """The default steps against a real broker: the produced messages' windows, judged at their end +
+    grace on the simulated clock, come out delivered once with nothing else to report."""
+    from audit.clients.producer import AuditedProducer
+    from audit.core.windows import floor_window
+    from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
+    from tests.conftest import new_topic
+
+    topic = new_topic(kafka_bootstrap, partitions=2, prefix="follow")
+    cfg = make_config(tmp_path, topics={topic: {"window": "1h", "grace": "15m", "sla": {"max_lost": 0}}})
+    ws = floor_window(datetime.now(tz=T0.tzinfo), timedelta(hours=1))
+    p = AuditedProducer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5}, producer_name="follow-e2e",
+                        ledger_dir=cfg.ledger_dir / "producer")
+    for i in range(50):
+        p.produce(topic, b"%d" % i)
+    assert p.flush(30) == 0
+    p.close()
+    # both windows the messages may fall in (a run across the hour) are final on this clock
+    clock = Clock(ws + timedelta(hours=2, minutes=15))
+    said: list[str] = []
+    warned: list[str] = []
+    result = follow(spark, cfg, since=ws, clock=clock, sleep=clock.sleep, say=said.append, warn=warned.append,
+                    once=True)
+    assert result.done == [(topic, ws), (topic, ws + timedelta(hours=1))] and result.sla_errors == 0
+    assert warned == [] and [line.split(" (as of")[0] for line in said if line.startswith("follow: window ")] == [
+        f"follow: window {ws.isoformat()}..{(ws + timedelta(hours=1)).isoformat()}",
+        f"follow: window {(ws + timedelta(hours=1)).isoformat()}..{(ws + timedelta(hours=2)).isoformat()}"]
+    with ReportStore(cfg.report_store) as store:
+        report = store.read(PARTITION_REPORT, topic=topic)
+        assert store.read(ANOMALIES, topic=topic) == []
+        sla = store.read(SLA_RESULTS, topic=topic)
+    assert sum(r["expected"] for r in report) == sum(r["delivered"] for r in report) == 50
+    assert {r["status"] for r in report} == {"final"} and {r["stage"] for r in report} == {"log"}
+    assert sla and all(r["passed"] for r in sla)
+    assert FollowState(cfg.home / "follow-state.json").cursor == ws + timedelta(hours=2)
