@@ -44,16 +44,21 @@ WINDOW = timedelta(hours=1)
 GRACE = timedelta(minutes=1)
 
 
-def produce(bootstrap: str, ledger_dir: Path, n: int) -> None:
+def create_topic(bootstrap: str, topic: str = TOPIC) -> None:
+    """`topic` with two partitions, replication 1."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for f in admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)]).values():
+        f.result(30)
+
+
+def produce_messages(bootstrap: str, ledger_dir: Path, n: int, topic: str = TOPIC, name: str = "bench") -> None:
+    """n audited messages to `topic` from one producer, closed at the end (its ledger segment sealed)."""
     from audit.clients.producer import AuditedProducer
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    for f in admin.create_topics([NewTopic(TOPIC, num_partitions=2, replication_factor=1)]).values():
-        f.result(30)
     p = AuditedProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0},
-                        producer_name="bench", ledger_dir=ledger_dir / "producer")
+                        producer_name=name, ledger_dir=ledger_dir / "producer")
     failed: list[Any] = []
 
     def delivered(err: Any, _msg: Any) -> None:
@@ -61,12 +66,17 @@ def produce(bootstrap: str, ledger_dir: Path, n: int) -> None:
             failed.append(err)
 
     for i in range(n):
-        p.produce(TOPIC, b'{"n": %d}' % i, on_delivery=delivered)
+        p.produce(topic, b'{"n": %d}' % i, on_delivery=delivered)
         if i % 10000 == 9999:
             p.poll(0)
     if p.flush(120) != 0 or failed:
         raise SystemExit(f"bench: {len(failed)} messages not delivered")
     p.close()
+
+
+def produce(bootstrap: str, ledger_dir: Path, n: int) -> None:
+    create_topic(bootstrap)
+    produce_messages(bootstrap, ledger_dir, n)
 
 
 def config_file(work: Path, bootstrap: str, ledger_dir: Path) -> Path:

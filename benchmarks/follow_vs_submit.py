@@ -37,52 +37,16 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cluster_vs_local import create_topic, local_argv, produce_messages  # noqa: E402
+
 from audit.core import config as config_mod  # noqa: E402
 from audit.core.windows import floor_window  # noqa: E402
 from audit.runtime.local_kafka import LocalKafka  # noqa: E402
+from audit.runtime.local_spark import DRIVER_LOG4J2  # noqa: E402
 
 TOPIC = "bench-follow"
 WINDOW = timedelta(minutes=1)
 GRACE = timedelta(seconds=10)
-LOG4J = """\
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.append = true
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-"""
-
-
-def create_topic(bootstrap: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    for f in admin.create_topics([NewTopic(TOPIC, num_partitions=2, replication_factor=1)]).values():
-        f.result(30)
-
-
-def produce_window(bootstrap: str, ledger_dir: Path, n: int, k: int) -> None:
-    """n audited messages from a fresh producer (closed: its ledger segment sealed)."""
-    from audit.clients.producer import AuditedProducer
-
-    p = AuditedProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0},
-                        producer_name=f"bench-{k}", ledger_dir=ledger_dir / "producer")
-    failed: list[Any] = []
-
-    def delivered(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failed.append(err)
-
-    for i in range(n):
-        p.produce(TOPIC, b'{"w": %d, "n": %d}' % (k, i), on_delivery=delivered)
-        if i % 10000 == 9999:
-            p.poll(0)
-    if p.flush(120) != 0 or failed:
-        raise SystemExit(f"bench: {len(failed)} messages not delivered")
-    p.close()
 
 
 def config_file(work: Path, bootstrap: str, ledger_dir: Path) -> Path:
@@ -99,22 +63,9 @@ def config_file(work: Path, bootstrap: str, ledger_dir: Path) -> Path:
 
 def submit_window(conf: Path, ws: datetime, as_of: datetime, log4j: Path) -> tuple[float, str]:
     """One `submit.py window` spark-submit on local[2]: (wall seconds, its last line)."""
-    import os
-
-    from audit.runtime import jars
-    from audit.runtime.local_spark import spark_home
-
-    cfg = config_mod.load(conf)
-    java = cfg.driver_jvm["spark.driver.extraJavaOptions"]
-    submit = Path(__file__).resolve().parent.parent / "spark_jobs" / "pipeline" / "submit.py"
-    argv = [str(spark_home() / "bin" / "spark-submit"), "--master", "local[2]",
-            "--jars", ",".join(str(p) for p in jars.jars("spark-deps")),
-            "--conf", f"spark.driver.memory={cfg.driver_jvm['spark.driver.memory']}",
-            "--conf", f"spark.driver.extraJavaOptions={java} -Dlog4j2.configurationFile=file:{log4j}",
-            str(submit), "window", "--config", str(conf), "--start", ws.isoformat(),
-            "--end", (ws + WINDOW).isoformat(), "--topic", TOPIC, "--as-of", as_of.isoformat()]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "SPARK_LOCAL_IP": "127.0.0.1"}
+    argv, env = local_argv(conf, ["window", "--config", str(conf), "--start", ws.isoformat(),
+                                  "--end", (ws + WINDOW).isoformat(), "--topic", TOPIC, "--as-of", as_of.isoformat()],
+                           log4j)
     t0 = time.perf_counter()
     out = subprocess.run(argv, env=env, cwd=conf.parent, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
@@ -167,18 +118,18 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         ledger = root / "ledger"
         log4j = root / "log4j2.properties"
-        log4j.write_text(LOG4J.format(log=root / "spark.log"))
+        log4j.write_text(DRIVER_LOG4J2.format(log=root / "spark.log"))
         kafka = LocalKafka(root / "kafka", port=None)
         side: FollowSide | None = None
         try:
             kafka.start(300)
-            create_topic(kafka.bootstrap_servers)
+            create_topic(kafka.bootstrap_servers, TOPIC)
             starts: list[datetime] = []
             for k in range(args.windows):  # each window's messages inside its minute
                 ws = floor_window(datetime.now(UTC), WINDOW) + WINDOW
                 time.sleep(max((ws - datetime.now(UTC)).total_seconds() + 1.0, 0.0))
                 t0 = time.perf_counter()
-                produce_window(kafka.bootstrap_servers, ledger, args.n, k)
+                produce_messages(kafka.bootstrap_servers, ledger, args.n, TOPIC, f"bench-{k}")
                 if datetime.now(UTC) >= ws + WINDOW:
                     raise SystemExit(f"bench: producing {args.n} messages took more than a window; lower --n")
                 starts.append(ws)

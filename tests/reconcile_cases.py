@@ -193,6 +193,27 @@ def write_delta_sink(spark: Any, location: Path, rows: Iterable[SinkRow], extra_
     renamed.write.format("delta").mode("overwrite").save(str(location))
 
 
+def write_two_windows_one_lost(spark: Any, lake: Path | str, sink_location: Path) -> None:
+    """Two windows of TOPIC, [10:00, 11:00) and [11:00, 12:00): three clean messages (10:10, 10:50,
+    11:30) and one acked at 11:40 that the log never held (`lost_acked` in the second); its report is
+    TWO_WINDOWS_REPORT. Backfill and follow run it through their steps."""
+    h = History()
+    h.captured(0, 0, 100, at(130), group_committed=100)
+    for i in range(3):
+        h.clean("p", i, 0, i, at(10 + 40 * i))
+    h.produce("p", 3, 0, 3, at(100))
+    write_lake(spark, lake, h.inputs())
+    write_delta_sink(spark, sink_location, h.sinks[SINK])
+
+
+# (window_start, stage, expected, lost) of each report row of `write_two_windows_one_lost`
+TWO_WINDOWS_REPORT = [
+    (T0, "group:g1", 2, 0), (T0, "log", 2, 0), (T0, "sink:s1", 2, 0),
+    (T0 + timedelta(hours=1), "group:g1", 1, 0), (T0 + timedelta(hours=1), "log", 2, 1),
+    (T0 + timedelta(hours=1), "sink:s1", 1, 0),
+]
+
+
 def aware(v: Any) -> Any:
     return v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v
 

@@ -14,7 +14,15 @@ import pytest
 from audit.core.config import Config
 from audit.core.errors import InputError
 from spark_jobs.pipeline.backfill import BackfillState, backfill_range, state_key
-from tests.reconcile_cases import GROUP, T0, TOPIC, History, at, norm_rows, write_delta_sink, write_lake
+from tests.reconcile_cases import (
+    GROUP,
+    T0,
+    TOPIC,
+    TWO_WINDOWS_REPORT,
+    at,
+    norm_rows,
+    write_two_windows_one_lost,
+)
 
 NOW = T0 + timedelta(days=1)
 
@@ -108,13 +116,7 @@ def test_backfill_reconcile_and_sla_for_real_is_resumable_and_idempotent(
     from spark_jobs.pipeline.backfill import reconcile_step, sla_step
 
     cfg = _cfg(make_config, tmp_path)
-    h = History()
-    h.captured(0, 0, 100, at(130), group_committed=100)
-    for i in range(3):
-        h.clean("p", i, 0, i, at(10 + 40 * i))  # 10:10, 10:50, 11:30
-    h.produce("p", 3, 0, 3, at(100))  # lost in the second window
-    write_lake(spark, cfg.lake, h.inputs())
-    write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
+    write_two_windows_one_lost(spark, cfg.lake, tmp_path / "sinks" / "s1")
     steps = [("reconcile", reconcile_step), ("sla", sla_step)]
 
     r1 = backfill_range(spark, cfg, T0, T0 + timedelta(hours=2), topics=[TOPIC], steps=steps,
@@ -127,11 +129,7 @@ def test_backfill_reconcile_and_sla_for_real_is_resumable_and_idempotent(
             return tuple(norm_rows(store.read(t, TOPIC)) for t in (PARTITION_REPORT, ANOMALIES, SLA_RESULTS))
 
     first = snapshot()
-    assert sorted((r["window_start"], r["stage"], r["expected"], r["lost"]) for r in first[0]) == [
-        (T0, "group:g1", 2, 0), (T0, "log", 2, 0), (T0, "sink:s1", 2, 0),
-        (T0 + timedelta(hours=1), "group:g1", 1, 0), (T0 + timedelta(hours=1), "log", 2, 1),
-        (T0 + timedelta(hours=1), "sink:s1", 1, 0),
-    ]
+    assert sorted((r["window_start"], r["stage"], r["expected"], r["lost"]) for r in first[0]) == TWO_WINDOWS_REPORT
     assert [(a["anomaly"], a["seq"]) for a in first[1]] == [("lost_acked", 3)]
 
     r2 = backfill_range(spark, cfg, T0, T0 + timedelta(hours=2), topics=[TOPIC], steps=steps,

@@ -17,7 +17,15 @@ import pytest
 from audit.core.config import Config
 from audit.core.errors import InputError
 from spark_jobs.pipeline.follow import RETRY, FollowState, first_not_final, follow
-from tests.reconcile_cases import GROUP, T0, TOPIC, History, at, norm_rows, write_delta_sink, write_lake
+from tests.reconcile_cases import (
+    GROUP,
+    T0,
+    TOPIC,
+    TWO_WINDOWS_REPORT,
+    at,
+    norm_rows,
+    write_two_windows_one_lost,
+)
 
 
 def _cfg(make_config: Callable[..., Config], tmp_path: Path) -> Config:
@@ -199,13 +207,7 @@ def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_bre
     from spark_jobs.pipeline.backfill import reconcile_step, sla_step
 
     cfg = _cfg(make_config, tmp_path)
-    h = History()
-    h.captured(0, 0, 100, at(130), group_committed=100)
-    for i in range(3):
-        h.clean("p", i, 0, i, at(10 + 40 * i))  # 10:10, 10:50, 11:30
-    h.produce("p", 3, 0, 3, at(100))  # lost in the second window
-    write_lake(spark, cfg.lake, h.inputs())
-    write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
+    write_two_windows_one_lost(spark, cfg.lake, tmp_path / "sinks" / "s1")
     clock = Clock(at(80))
     warned: list[str] = []
     alerts = tmp_path / "alerts.jsonl"
@@ -216,10 +218,8 @@ def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_bre
     assert clock.slept == [55 * 60]  # 11:20 -> 12:15
     with ReportStore(cfg.report_store) as store:
         report, anomalies, sla = (norm_rows(store.read(t, TOPIC)) for t in (PARTITION_REPORT, ANOMALIES, SLA_RESULTS))
-    assert sorted((r["window_start"], r["stage"], r["expected"], r["lost"], r["status"]) for r in report) == [
-        (T0, "group:g1", 2, 0, "final"), (T0, "log", 2, 0, "final"), (T0, "sink:s1", 2, 0, "final"),
-        (at(60), "group:g1", 1, 0, "final"), (at(60), "log", 2, 1, "final"), (at(60), "sink:s1", 1, 0, "final"),
-    ]
+    assert sorted((r["window_start"], r["stage"], r["expected"], r["lost"]) for r in report) == TWO_WINDOWS_REPORT
+    assert {r["status"] for r in report} == {"final"}
     assert [(a["anomaly"], a["seq"]) for a in anomalies] == [("lost_acked", 3)]
     assert sorted((r["window_start"], r["rule"]) for r in sla if not r["passed"]) == [(at(60), "max_lost")]
     assert warned == ["follow: sla: 1 error-severity SLA check(s) failed for window 2026-11-21T11:00:00+00:00 of t "

@@ -44,7 +44,7 @@ DEFAULT_PORT = 7077
 
 # The driver's own log (spark-submit's JVM): Spark's INFO lines go to a file, the step's summary
 # lines (Python's stdout) stay on the terminal.
-_DRIVER_LOG4J2 = """\
+DRIVER_LOG4J2 = """\
 rootLogger.level = info
 rootLogger.appenderRef.file.ref = file
 appender.file.type = File
@@ -180,7 +180,7 @@ class LocalSparkCluster:
                                          "--webui-port", str(ui)], env)
         state = ClusterState(url, master.pid, ui, [], self.workers, self.cores, self.memory, sys.executable,
                              str(self.dir), since)
-        state.driver_log4j.write_text(_DRIVER_LOG4J2.format(log=state.logs / "driver.log"))
+        state.driver_log4j.write_text(DRIVER_LOG4J2.format(log=state.logs / "driver.log"))
         # The workers start beside the master (they retry until it answers): one JVM start less to wait.
         state.worker_pids = self._launch_workers(url, env)
         self._write(state)
