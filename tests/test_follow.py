@@ -193,11 +193,15 @@ def test_unexpected_errors_are_retried_and_the_third_in_a_row_is_raised(
 
 
 @pytest.mark.unit
-def test_a_corrupt_state_file_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_corrupt_state_file_and_a_future_since_are_one_clear_error(
+        make_config: Callable[..., Config], tmp_path: Path) -> None:
     p = tmp_path / "follow-state.json"
     p.write_text('{"cursor": 12}')
     with pytest.raises(InputError, match="follow state is not valid; delete it .* or pass --since"):
         FollowState(p)
+    clock = Clock(at(40))
+    with pytest.raises(InputError, match=r"--since 2026-11-21T11:00:00\+00:00 is in the future"):
+        _follow(_cfg(make_config, tmp_path), clock, Calls(clock), since=at(60), once=True)
 
 
 @pytest.mark.spark

@@ -216,6 +216,9 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
     raised at once."""
     names = list(topics) if topics else None
     _span(cfg, names)  # no topics: one clear line before anything runs
+    if since is not None and since > clock():
+        raise InputError(f"--since {since.isoformat()} is in the future; follow starts at a past or present "
+                         "instant (leave it out to start at the first window not final yet)")
     state = FollowState(cfg.home / STATE_FILE)
     cursor = since or state.cursor or first_not_final(cfg, clock(), names)
     say(f"follow: windows from {cursor.isoformat()} of "
