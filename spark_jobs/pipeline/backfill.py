@@ -54,6 +54,14 @@ def state_key(topic: str, window_start: datetime, as_of: datetime) -> str:
     return f"{topic}|{window_start.isoformat()}|{as_of.isoformat()}"
 
 
+def write_json(path: Path, data: Any) -> None:
+    """`data` as JSON in `path`, atomically: a sibling is written, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 class BackfillState:
     """Finished windows, in a JSON file written atomically (write a sibling, then rename)."""
 
@@ -74,10 +82,7 @@ class BackfillState:
         self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"done": self.done}, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_json(self.path, {"done": self.done})
 
     def forget_before(self, instant: datetime) -> int:
         """Drops the entries of windows that start before `instant` (`msgaudit follow` keeps the file to

@@ -32,7 +32,6 @@ nothing itself and writes only its state file and the alert log.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +42,14 @@ from typing import Any
 
 from audit.core.config import Config
 from audit.core.errors import InputError, MsgauditError, SlaFailed
-from spark_jobs.pipeline.backfill import DEFAULT_STEPS, BackfillState, Step, backfill_range, state_key
+from spark_jobs.pipeline.backfill import (
+    DEFAULT_STEPS,
+    BackfillState,
+    Step,
+    backfill_range,
+    state_key,
+    write_json,
+)
 from spark_jobs.pipeline.backfill import STATE_FILE as BACKFILL_STATE
 from spark_jobs.pipeline.plan import WindowRun, plan_windows
 from spark_jobs.pipeline.steps import StepRange, run_step
@@ -98,10 +104,7 @@ class FollowState:
 
     def save(self, cursor: datetime) -> None:
         self.cursor = cursor
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"cursor": cursor.isoformat()}), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_json(self.path, {"cursor": cursor.isoformat()})
 
 
 def ingest_step(say: Say) -> Ingest:
@@ -148,12 +151,13 @@ def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Seque
         res = backfill_range(spark, cfg, run.start, run.end, None, run.topics, steps=timed, progress=False, now=now)
         out.done += res.done
         out.failed += res.failed
+        errors = sum(int(res.described[d].get("sla", {}).get("failed_errors", 0)) for d in res.done)
         if res.done:
-            say(_window_line(run, res.done, res.described, time.perf_counter() - t0 + spent.get("ingest", 0.0), spent))
+            say(_window_line(run, res.done, res.described, errors,
+                             time.perf_counter() - t0 + spent.get("ingest", 0.0), spent))
         spent.clear()
         for t, ws, why in res.failed:
             warn(f"follow: {t} {ws.isoformat()}: {why} (not done; tried again from {(now + RETRY).isoformat()})")
-        errors = sum(int(res.described[d].get("sla", {}).get("failed_errors", 0)) for d in res.done)
         out.sla_errors += errors
         if errors:
             _breach(cfg, run, [t for t, _ in res.done], errors, warn, alert_log)
@@ -176,11 +180,10 @@ def _timed(name: str, step: Step, spent: dict[str, float]) -> Step:
 
 
 def _window_line(run: WindowRun, done: Sequence[tuple[str, datetime]], described: dict[tuple[str, datetime], Any],
-                 seconds: float, spent: dict[str, float]) -> str:
+                 errors: int, seconds: float, spent: dict[str, float]) -> str:
     names = [t for t, _ in done]
     who = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more topics"
     anomalies = sum(int(described[d].get("reconcile", {}).get("anomalies", 0)) for d in done)
-    errors = sum(int(described[d].get("sla", {}).get("failed_errors", 0)) for d in done)
     return (f"follow: window {run.start.isoformat()}..{run.end.isoformat()} (as of {run.as_of.isoformat()}) {who}: "
             f"done in {seconds:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in spent.items())}), {anomalies} anomalies, "
             f"{errors} error-severity SLA failures")
