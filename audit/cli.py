@@ -23,6 +23,7 @@ EXAMPLES: dict[str, str] = {
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
     "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
                "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
+               "  msgaudit cluster submit follow --alert-log alerts.jsonl   # the schedule, on the cluster\n"
                "  msgaudit cluster stop",
     "ingest": "msgaudit ingest --config msgaudit.yaml",
     "ship": "msgaudit ship --config msgaudit.yaml   # on each host, after a ledger-topic outage or from cron",
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("action", choices=["start", "stop", "status", "submit"])
     cl.add_argument("step", nargs="?", metavar="STEP",
                     help="submit: the pipeline step (ingest, capture, reconcile, sla), window (all four for "
-                         "one window) or backfill (every window of a past range)")
+                         "one window), backfill (every window of a past range) or follow (each window when "
+                         "final, in an application that stays up)")
     for flag, what in (("--start", "window range start, ISO 8601 UTC"), ("--end", "window range end (exclusive)"),
                        ("--as-of", "reconcile: judge as of this instant; sla: its checked_at")):
         cl.add_argument(flag, default=None, help=f"submit: {what}")
@@ -99,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--cores", type=int, default=1, help="start: cores per worker (default 1)")
     cl.add_argument("--memory", default="1g", help="start: memory per worker for its executors (default 1g)")
     cl.add_argument("--dir", default=None, help="cluster folder: state, logs, work dirs (default $MSGAUDIT_HOME/spark-cluster)")
+    cl.add_argument("--force", action="store_true", help="submit backfill: redo windows finished by an earlier run")
+    cl.add_argument("--once", action="store_true", help="submit follow: run the windows final by now, then exit")
+    cl.add_argument("--alert-log", default=None, metavar="FILE",
+                    help="submit follow: append one JSON line per error-severity SLA failure to FILE")
     cl.add_argument("--print", action="store_true", help="submit: print the spark-submit command instead of running it")
     add("ingest", "Land producer and consumer ledger segments into the Delta ledger tables, exactly once.")
     sh = add("ship", "Ship this host's ledger spool (<ledger_dir>/producer, <ledger_dir>/consumer) to the ledger "
@@ -118,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     fo = add("follow", "Run the schedule in one long-lived Spark application: ingest, then capture + reconcile + "
              "SLA of each window as soon as it is final (its end + grace), judged at that instant as the "
              "scheduled DAG judges it (the same rows); it sleeps in between. The JVM starts and warms up once, "
-             "not once per window. Restarted, it resumes where it stopped and catches up the windows missed.")
+             "not once per window. Restarted, it resumes where it stopped and catches up the windows missed. "
+             "It reads the config file again before each tick (a topic added is followed from then on).")
     fo.add_argument("--since", default=None, help="first window to run, ISO 8601 UTC (default: where the last "
                     "follow stopped, else the first window not final yet)")
     fo.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",

@@ -216,9 +216,43 @@ def test_cluster_cli_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (f"msgaudit cluster: error: no Spark cluster is running from {d}; "
                                        "run `msgaudit cluster start` first\n")
     assert main(["cluster", "submit", "--dir", d]) == 2
-    assert "needs a step: one of ingest, capture, reconcile, sla, window, backfill" in capsys.readouterr().err
+    assert "needs a step: one of ingest, capture, reconcile, sla, window, backfill, follow" in capsys.readouterr().err
     assert main(["cluster", "stop", "--dir", d]) == 0
     assert capsys.readouterr().out == "cluster: stopped 0 process(es)\n"
+
+
+@pytest.mark.unit
+def test_cluster_submit_passes_the_steps_own_flags_and_refuses_them_for_another_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--force` (backfill), `--once` and `--alert-log` (follow) reach `submit.py`, the alert log as an
+    absolute path (the driver does not run in the caller's directory); given to another step, one line."""
+    import audit.runtime.local_spark as local_spark
+    import spark_jobs.pipeline.submit as submit
+    from audit.cli import main
+
+    submitted: list[list[str]] = []
+    monkeypatch.setattr(local_spark, "running_state", lambda cluster: ClusterState("spark://127.0.0.1:7177", 1, 8080, []))
+
+    def cluster_submit(cfg: Any, state: Any, step_argv: list[str]) -> tuple[list[str], dict[str, str]]:
+        submitted.append(list(step_argv))
+        return ["spark-submit"], {}
+
+    monkeypatch.setattr(submit, "cluster_submit", cluster_submit)
+    monkeypatch.chdir(tmp_path)
+    d = str(tmp_path / "c")
+    assert main(["cluster", "submit", "follow", "--once", "--alert-log", "alerts.jsonl", "--dir", d, "--print"]) == 0
+    assert main(["cluster", "submit", "backfill", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T12:00Z",
+                 "--force", "--dir", d, "--print"]) == 0
+    assert submitted == [["follow", "--once", "--alert-log", str(tmp_path / "alerts.jsonl")],
+                         ["backfill", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T12:00Z", "--force"]]
+    assert capsys.readouterr().out == "spark-submit\nspark-submit\n"
+    assert main(["cluster", "submit", "capture", "--start", "2026-11-21T10:00Z", "--end", "2026-11-21T11:00Z",
+                 "--once", "--dir", d]) == 2
+    assert capsys.readouterr().err == ("msgaudit cluster: error: cluster submit capture: --once is for "
+                                       "`cluster submit follow` only\n")
+    assert main(["cluster", "submit", "window", "--force", "--dir", d]) == 2
+    assert "--force is for `cluster submit backfill` only" in capsys.readouterr().err
+    assert len(submitted) == 2
 
 
 class _StandInMaster:

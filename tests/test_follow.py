@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from audit.core import config as config_mod
 from audit.core.config import Config
 from audit.core.errors import InputError
-from spark_jobs.pipeline.follow import RETRY, FollowState, first_not_final, follow
+from spark_jobs.pipeline.follow import RETRY, FollowState, config_watch, first_not_final, follow
 from tests.reconcile_cases import (
     GROUP,
     T0,
@@ -202,6 +204,52 @@ def test_a_corrupt_state_file_and_a_future_since_are_one_clear_error(
     clock = Clock(at(40))
     with pytest.raises(InputError, match=r"--since 2026-11-21T11:00:00\+00:00 is in the future"):
         _follow(_cfg(make_config, tmp_path), clock, Calls(clock), since=at(60), once=True)
+
+
+def _config_file(tmp_path: Path, lake: str, topics: dict[str, Any]) -> str:
+    return yaml.safe_dump({"home": str(tmp_path / "home"), "lake": str(tmp_path / lake),
+                           "ledger_dir": str(tmp_path / "ledger"), "report_store": f"sqlite:///{tmp_path / 'r.db'}",
+                           "topics": topics})
+
+
+@pytest.mark.unit
+def test_the_config_file_is_read_again_before_each_tick(tmp_path: Path) -> None:
+    """A topic added is run from the cursor on; a broken file is said once and the config last read
+    stays; a removed topic stops; a lake changed is said and waits for a restart."""
+    path = tmp_path / "msgaudit.yaml"
+    u = {"window": "30m", "grace": "5m"}
+    path.write_text(_config_file(tmp_path, "lake", {"u": u}))
+    cfg = config_mod.load(path)
+    edits = {1: _config_file(tmp_path, "lake2", {"u": u, "v": u}), 2: "topics: [", 4: _config_file(tmp_path, "lake2", {"u": u})}
+    clock = Clock(at(40))
+    ran: list[tuple[datetime, tuple[str, ...], datetime, str]] = []
+
+    def step(spark: Any, cfg: Config, topics: tuple[str, ...], ws: datetime, we: datetime, as_of: datetime) -> None:
+        ran.append((clock(), topics, ws, cfg.lake))
+
+    step.per_window = True  # type: ignore[attr-defined]
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.slept) in edits:
+            path.write_text(edits[len(clock.slept)])
+
+    said: list[str] = []
+    warned: list[str] = []
+    follow(None, cfg, since=T0, steps=[("x", step)], ingest=lambda s, c: None, clock=clock, sleep=sleep,
+           say=said.append, warn=warned.append, max_ticks=5, watch=config_watch(cfg, None))
+    lake = str(tmp_path / "lake")
+    assert ran == [(at(40), ("u",), T0, lake),
+                   (at(65), ("u", "v"), at(30), lake),  # v from the cursor on; the lake as follow started
+                   (at(95), ("u", "v"), at(60), lake),  # the file is broken: the config last read
+                   (at(125), ("u", "v"), at(90), lake),
+                   (at(155), ("u",), at(120), lake)]
+    assert [line for line in said if "read again" in line] == [f"follow: {path} read again (topics added: v)",
+                                                                f"follow: {path} read again (removed: v)"]
+    assert warned[0] == f"follow: lake changed in {path}; that applies when follow is restarted"
+    assert len(warned) == 2 and warned[1].startswith(f"follow: {path}: not valid YAML") \
+        and warned[1].endswith("(the config last read stays in use; fix the file)")
+    assert config_watch(config_mod.from_dict({}, source="<defaults>"), None) is None
 
 
 @pytest.mark.spark

@@ -18,6 +18,12 @@ fixed, while the windows after it still run. Finished windows are recorded in th
 (`backfill.BackfillState`), so `follow` and `backfill` never redo each other's windows; entries of
 windows before the cursor are dropped, so the file holds only the windows `follow` may still run.
 
+Before each tick it reads its config file again (`ConfigWatch`): a topic added is followed from the
+cursor on (its earlier windows are `msgaudit backfill`'s), a topic removed is no longer run, changed
+windows, sinks, SLA rules, brokers and reconcile settings apply to the windows of that tick. `home`,
+`lake` and `spark` hold follow's state and its session, so a change to them is one line and applies
+when follow is restarted. A file that no longer loads is one line; the config last read stays in use.
+
 When ingest fails, no window of that tick runs (a window judged without its ledger rows would
 report them lost); the tick is retried after `RETRY`. An unexpected error is one line and the tick
 is retried after `RETRY`; the `MAX_FAILED_TICKS`-th in a row is raised (exit 1: a supervisor
@@ -35,11 +41,12 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from audit.core import config as config_mod
 from audit.core.config import Config
 from audit.core.errors import InputError, MsgauditError, SlaFailed
 from spark_jobs.pipeline.backfill import (
@@ -105,6 +112,52 @@ class FollowState:
     def save(self, cursor: datetime) -> None:
         self.cursor = cursor
         write_json(self.path, {"cursor": cursor.isoformat()})
+
+
+# Config fields read once, when follow starts: where its state and lake are, and its Spark session.
+RESTART_FIELDS = ("home", "lake", "spark")
+
+
+class ConfigWatch:
+    """The config file read again before each tick; a change is said once, when it is first read."""
+
+    def __init__(self, cfg: Config, load: Callable[[], Config], topics: Sequence[str] | None) -> None:
+        self.load, self.topics = load, topics
+        self.last = cfg  # the config as last read from the file (restart fields included)
+        self.failing = ""  # the error last said, so a file that stays broken is said once
+
+    def current(self, cfg: Config, say: Say, warn: Say) -> Config:
+        """The config to run the next tick with: the file's when it loads (its restart fields as
+        `cfg`'s), else `cfg`."""
+        try:
+            new = self.load()
+            _span(new, self.topics)  # the selected topics are still configured, and there is one
+        except MsgauditError as e:
+            if str(e) != self.failing:
+                warn(f"follow: {e} (the config last read stays in use; fix the file)")
+            self.failing = str(e)
+            return cfg
+        self.failing = ""
+        if new == self.last:
+            return cfg
+        kept = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.last, f)]
+        added = sorted(set(new.topics) - set(self.last.topics))
+        removed = sorted(set(self.last.topics) - set(new.topics))
+        changed = sorted(t for t in set(new.topics) & set(self.last.topics) if new.topics[t] != self.last.topics[t])
+        self.last = new
+        what = [f"{label} {', '.join(names)}" for label, names in
+                (("topics added:", added), ("removed:", removed), ("changed:", changed)) if names]
+        say(f"follow: {new.source} read again ({'; '.join(what) or 'settings changed'})")
+        if kept:
+            warn(f"follow: {', '.join(kept)} changed in {new.source}; that applies when follow is restarted")
+        return replace(new, **{f: getattr(cfg, f) for f in RESTART_FIELDS})
+
+
+def config_watch(cfg: Config, topics: Sequence[str] | None) -> ConfigWatch | None:
+    """A watch on the file `cfg` was loaded from (None for the embedded defaults)."""
+    if cfg.source == "<defaults>":
+        return None
+    return ConfigWatch(cfg, lambda: config_mod.load(cfg.source), topics)
 
 
 def ingest_step(say: Say) -> Ingest:
@@ -213,10 +266,10 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
            once: bool = False, steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, ingest: Ingest | None = None,
            clock: Callable[[], datetime] = lambda: datetime.now(UTC), sleep: Callable[[float], None] = time.sleep,
            say: Say = _say, warn: Say = _stderr, alert_log: Path | None = None,
-           max_ticks: int | None = None) -> FollowResult:
+           max_ticks: int | None = None, watch: ConfigWatch | None = None) -> FollowResult:
     """Ticks until interrupted (or once, or `max_ticks` times), sleeping until the next window is
     final in between; see the module's docstring. `once`: a failing ingest or an unexpected error is
-    raised at once."""
+    raised at once. `watch`: the config file, read again before each tick but the first."""
     names = list(topics) if topics else None
     _span(cfg, names)  # no topics: one clear line before anything runs
     if since is not None and since > clock():
@@ -229,6 +282,8 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
     result = FollowResult()
     failures = 0
     while True:
+        if watch is not None and result.ticks:
+            cfg = watch.current(cfg, say, warn)
         now = clock()
         try:
             t = tick(spark, cfg, cursor, now, names, steps=steps, ingest=ingest, say=say, warn=warn,
@@ -267,7 +322,8 @@ def run_follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics
     """`follow` as the CLI and spark-submit run it; with `once`, its outcome as `backfill` reports
     it: a window that failed raises `InputError` (exit 2), an error-severity SLA failure `SlaFailed`
     (exit 3)."""
-    result = follow(spark, cfg, since=since, topics=topics, once=once, alert_log=alert_log)
+    result = follow(spark, cfg, since=since, topics=topics, once=once, alert_log=alert_log,
+                    watch=config_watch(cfg, topics))
     if result.failed:
         t, ws, why = result.failed[0]
         raise InputError(f"{len(result.failed)} window(s) failed, first {t} {ws.isoformat()}: {why} "

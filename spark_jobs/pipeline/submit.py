@@ -6,7 +6,8 @@
         [--topic T ...] [--as-of A]
     spark-submit spark_jobs/pipeline/submit.py backfill --config FILE --start S --end E \\
         [--topic T ...] [--as-of A] [--force]
-    spark-submit spark_jobs/pipeline/submit.py follow --config FILE [--start SINCE] [--topic T ...] [--once]
+    spark-submit spark_jobs/pipeline/submit.py follow --config FILE [--start SINCE] [--topic T ...] [--once] \\
+        [--alert-log FILE]
 
 It builds the session with `spark_jobs.io.session.build_spark` and runs the step through
 `spark_jobs.pipeline.steps.run_step`, exactly as the `msgaudit` CLI commands do. Exit codes:
@@ -26,7 +27,8 @@ on bad input, after the others have run.
 
 `follow` is `msgaudit follow` (`spark_jobs.pipeline.follow`): every window as soon as it is final,
 in this one application, which stays up (--start: the first window, as `msgaudit follow --since`;
---once: the windows final by now, then exit, with backfill's exit codes).
+--once: the windows final by now, then exit, with backfill's exit codes; --alert-log: one JSON line
+per error-severity SLA failure appended to that file).
 
 `ingest` lands every sealed ledger segment whatever the window, so it accepts and ignores
 --start/--end/--topic (the DAGs pass the same argument shape to every step). The DAGs always
@@ -82,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "backfill: judge every window as of this instant (default: its end + grace)")
     p.add_argument("--force", action="store_true", help="backfill: redo windows finished by an earlier run")
     p.add_argument("--once", action="store_true", help="follow: run the windows final by now, then exit")
+    p.add_argument("--alert-log", default=None, metavar="FILE",
+                   help="follow: append one JSON line per error-severity SLA failure (the DAGs' alert) to FILE")
     return p
 
 
@@ -126,7 +130,8 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
         if args.step == "follow":
             from spark_jobs.pipeline.follow import run_follow
 
-            run_follow(spark, cfg, since=rng.start, topics=rng.topics, once=args.once)
+            run_follow(spark, cfg, since=rng.start, topics=rng.topics, once=args.once,
+                       alert_log=Path(args.alert_log) if args.alert_log else None)
             return int(ExitCode.OK)
         for step in STEPS if args.step == "window" else (args.step,):
             result = run_step(spark, cfg, step, rng, progress=True, say=print)
@@ -172,6 +177,13 @@ def cli_cluster_submit(args: argparse.Namespace, cfg: Any) -> int:
         if value is not None:
             step_argv += [flag, value]
     step_argv += [a for t in args.topics or () for a in ("--topic", t)]
+    for flag, on, step in (("--force", args.force, "backfill"), ("--once", args.once, "follow"),
+                           ("--alert-log", args.alert_log is not None, "follow")):
+        if on and args.step != step:
+            raise InputError(f"cluster submit {args.step}: {flag} is for `cluster submit {step}` only")
+    step_argv += [flag for flag, on in (("--force", args.force), ("--once", args.once)) if on]
+    if args.alert_log is not None:  # absolute: the driver does not run in the caller's directory
+        step_argv += ["--alert-log", str(Path(args.alert_log).resolve())]
     step_range(build_parser().parse_args(step_argv))  # a malformed instant fails here, before any JVM
     argv, env = cluster_submit(cfg, running_state(cluster_for(args, cfg)), step_argv)
     if args.print:
