@@ -217,7 +217,8 @@ def test_the_config_file_is_read_again_before_each_tick(tmp_path: Path) -> None:
     """A topic added is run from the cursor on; a broken file is said once and the config last read
     stays; a removed topic stops; a lake changed is said and waits for a restart."""
     path = tmp_path / "msgaudit.yaml"
-    u = {"window": "30m", "grace": "5m"}
+    u = {"window": "30m", "grace": "5m", "groups": [GROUP], "sla": {"max_lost": 0},
+         "sinks": [{"name": "s1", "format": "delta", "location": "sinks/s1", "group": GROUP}]}
     path.write_text(_config_file(tmp_path, "lake", {"u": u}))
     cfg = config_mod.load(path)
     edits = {1: _config_file(tmp_path, "lake2", {"u": u, "v": u}), 2: "topics: [", 4: _config_file(tmp_path, "lake2", {"u": u})}
@@ -237,13 +238,14 @@ def test_the_config_file_is_read_again_before_each_tick(tmp_path: Path) -> None:
     said: list[str] = []
     warned: list[str] = []
     follow(None, cfg, since=T0, steps=[("x", step)], ingest=lambda s, c: None, clock=clock, sleep=sleep,
-           say=said.append, warn=warned.append, max_ticks=5, watch=config_watch(cfg, None))
+           say=said.append, warn=warned.append, max_ticks=6, watch=config_watch(cfg, None))
     lake = str(tmp_path / "lake")
     assert ran == [(at(40), ("u",), T0, lake),
                    (at(65), ("u", "v"), at(30), lake),  # v from the cursor on; the lake as follow started
                    (at(95), ("u", "v"), at(60), lake),  # the file is broken: the config last read
                    (at(125), ("u", "v"), at(90), lake),
-                   (at(155), ("u",), at(120), lake)]
+                   (at(155), ("u",), at(120), lake),
+                   (at(185), ("u",), at(150), lake)]  # the same file read again: nothing said
     assert [line for line in said if "read again" in line] == [f"follow: {path} read again (topics added: v)",
                                                                 f"follow: {path} read again (removed: v)"]
     assert warned[0] == f"follow: lake changed in {path}; that applies when follow is restarted"
