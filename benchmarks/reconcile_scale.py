@@ -461,6 +461,18 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
+def bench_config(work: Path, shuffle_partitions: str = "8", conf: list[str] | None = None) -> Config:
+    """The benchmark's configuration over the work folder `work` (its lake, home, report store and
+    Delta sink); `conf`: extra Spark settings as KEY=VALUE."""
+    return config_mod.from_dict({
+        "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
+        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": shuffle_partitions,
+                  **dict(c.split("=", 1) for c in conf or ())},
+        "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
+                           "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
+                                      "group": GROUP}]}}}, source="<benchmark>", base=work)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10_000_000, help="messages in the window (default 10,000,000)")
@@ -500,8 +512,13 @@ def main(argv: list[str] | None = None) -> int:
                          "and the seconds with no job running (the driver planning)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="generate the window and its lookback hour into --dir, then stop (the lake other "
+                         "benchmarks read, e.g. arrow_settle.py)")
     args = ap.parse_args(argv)
     n, parts = args.n, args.partitions
+    if args.generate_only and not args.dir:
+        ap.error("--generate-only needs --dir: the folder to keep the lake in")
     if any("=" not in c for c in args.conf):
         ap.error("--conf takes KEY=VALUE")
     set_anomaly_rate(args.anomaly_rate)
@@ -515,13 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         # the generator appends: a second run into the same folder would double every message
         ap.error(f"--dir {args.dir} is not empty: remove it or name a new folder")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
-    cfg = config_mod.from_dict({
-        "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
-        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": args.shuffle_partitions,
-                  **dict(c.split("=", 1) for c in args.conf)},
-        "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
-                           "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
-                                      "group": GROUP}]}}}, source="<benchmark>", base=work)
+    cfg = bench_config(work, args.shuffle_partitions, args.conf)
     from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name="msgaudit-bench")
@@ -535,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - 1, window_ordinal + 1), window_ordinal)
     write_snapshots(spark, cfg, n, parts, window_ordinal)
     print(f"generated window + lookback hour in {time.perf_counter() - t:.1f}s")
+    if args.generate_only:
+        spark.stop()
+        return 0
 
     scan_baseline(spark, cfg)  # warms the JVM up
     for _ in range(0 if args.no_warmup else args.warmups):
