@@ -34,6 +34,7 @@ This is a measurement script, not a test: it asserts nothing about time, it prin
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -355,8 +356,9 @@ def settle(paths: dict[str, list[str]], cfg: Any, timer: Callable[[str], None]) 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", required=True, help="a work folder `reconcile_scale.py --history 2 --dir` generated")
+    ap.add_argument("--dir", required=True, help="a work folder `reconcile_scale.py --history 2 --generate-only --dir` generated")
     ap.add_argument("--n", type=int, required=True, help="messages in its window (its --n)")
+    ap.add_argument("--partitions", type=int, default=8, help="its --partitions (default 8)")
     ap.add_argument("--anomaly-rate", type=float, default=0.001, help="the rate it was generated with")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds of the three sides, alternating (medians)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
@@ -409,21 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     print("Arrow-native passes (medians):")
     for name, ts in passes.items():
         print(f"  {name:20s} {med(ts):6.2f}s")
-    expected = rs.expected_counts(n, 8, 2)  # `--history 2`: hour 1 is the lookback, hour 2 the window
+    expected = rs.expected_counts(n, args.partitions, 2)  # `--history 2`: hour 1 is the lookback, hour 2 the window
     ok = True
     for code_ in ("reordered_in_consumption", "reordered_in_log", "seq_gap", "content_duplicate"):
         good = found[code_] == expected[code_]
         ok &= good
         print(f"  {code_:26s} expected {expected[code_]:7,d}  found {found[code_]:7,d}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this Python process (the Arrow side): {rss:,.0f} MB")
     print(f"Spark scan baseline {med(scans):.1f}s, Spark classification {med(spark_cls):.1f}s, "
           f"Arrow-native passes {med(arrow):.1f}s (medians of {args.reps})")
     print(f"arrow passes / spark scan      : {med(arrow) / med(scans):.2f}")
     print(f"spark classification / scan    : {med(spark_cls) / med(scans):.2f}")
     print(f"arrow passes / spark classify  : {med(arrow) / med(spark_cls):.2f}  "
           f"(order checks {'exact' if ok else 'NOT EXACT'})")
-    import resource
-
-    print(f"peak RSS of this Python process (the Arrow side): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
     spark.stop()
     return 0 if ok else 1
 
