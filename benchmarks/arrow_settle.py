@@ -166,7 +166,7 @@ def settle(paths: dict[str, list[str]], cfg: Any, timer: Callable[[str], None]) 
     present_pt: list[np.ndarray] = []
 
     def digest(t: dict[str, np.ndarray], keep: np.ndarray, h: np.ndarray, extra: dict[str, np.ndarray]) -> pa.Table:
-        m = keep & (t["pid"] >= 0) & (t["seq"] >= 0)
+        m = keep & (t["k"] >= 0)
         cols = {"k": t["k"][m], "bit": (np.int64(1) << (t["seq"][m] & ((1 << BLOCK_BITS) - 1))),
                 "h": h[m].view(np.int64), **{c: v[m] for c, v in extra.items()}}
         aggs = [("bit", "count"), ("bit", "sum"), ("h", "sum")] + [(c, "sum") for c in extra]
@@ -176,6 +176,9 @@ def settle(paths: dict[str, list[str]], cfg: Any, timer: Callable[[str], None]) 
         m = keep & (pt >= ws) & (pt < we)
         t = pa.table({"s": np.full(int(m.sum()), stage), "p": part[m], "lat": done[m] - pt[m]})
         return t.group_by(["s", "p", "lat"]).aggregate([("lat", "count")])
+
+    def code(col: Any) -> np.ndarray:
+        return _int(pc.index_in(col, value_set=pids))
 
     def slice_of(name: str, p: int) -> tuple[np.ndarray, pa.Table]:
         order, values, bounds = by_part[name]
@@ -192,9 +195,6 @@ def settle(paths: dict[str, list[str]], cfg: Any, timer: Callable[[str], None]) 
         ci, ct = slice_of("consumed", p)
         si, st = slice_of("sink", p)
         timer("partition slices")
-
-        def code(col: Any) -> np.ndarray:
-            return _int(pc.index_in(col, value_set=pids))
 
         L = {"pid": code(lt["pid"]), "seq": _int(lt["seq"]), "part": _int(lt["partition"]),
              "off": _int(lt["offset"]), "pt": _us(lt["produce_ts"]), "ack": _us(lt["ack_ts"])}
@@ -345,8 +345,7 @@ def settle(paths: dict[str, list[str]], cfg: Any, timer: Callable[[str], None]) 
                            log=rows_of(exact["log"], oracle.LogRecord),
                            consumed=rows_of(exact["consumed"], oracle.ConsumedRow),
                            sinks={tc.sinks[0].name: rows_of(exact["sink"], oracle.SinkRow)})
-    as_of = rs.WINDOW + rs.HOUR + rs.timedelta(minutes=75)
-    anomalies = oracle.reconcile_window(tc, rs.WINDOW, as_of, inputs).anomalies
+    anomalies = oracle.reconcile_window(tc, rs.WINDOW, rs.AS_OF, inputs).anomalies
     timer("exact path (oracle)")
     return {"rows": rows, "blocks": blocks, "dirty": blocks - int(np.sum(clean)), "local": int(np.sum(local)),
             "exact_rows": exact_rows, "reordered_in_consumption": c_in, "reordered_in_log": r_in,
@@ -366,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     rs.set_anomaly_rate(args.anomaly_rate)
     work = Path(args.dir)
     cfg = rs.bench_config(work, conf=args.conf)
-    as_of = rs.WINDOW + rs.HOUR + rs.timedelta(minutes=75)
+    as_of = rs.AS_OF
     from spark_jobs.io.session import build_spark
     from spark_jobs.reconcile import reconcile_window
 

@@ -51,6 +51,7 @@ TOPIC = "bench"
 GROUP = "loader"
 WINDOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+AS_OF = WINDOW + HOUR + timedelta(minutes=75)  # 75 minutes after the window ends: final (grace 15 minutes)
 
 # Injected anomaly -> residue of the global message number m (m % MOD; MOD = 1000 is a rate of 0.1 %
 # of each code, `--anomaly-rate` changes it and scales the residues alike). Residues are far apart so
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_spark(cfg, app_name="msgaudit-bench")
     window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window
-    as_of = WINDOW + HOUR + timedelta(minutes=75)
+    as_of = AS_OF
     print(f"n={n:,} messages in the window, anomaly rate {1 / MOD:g} of each code, {parts} partitions, "
           f"local[2], {args.reps} rep(s) (medians), "
           f"work dir {work}")
