@@ -126,20 +126,49 @@ class TopicCapture:
 
 
 @dataclass(frozen=True)
+class MirrorCapture:
+    """One source topic's copy on a mirror's target cluster (stage mirror:<m>, §5.5), as captured."""
+
+    topic: str  # the source topic
+    mirror: str
+    target_topic: str
+    bootstrap: str
+    captured: TopicCapture
+
+    def line(self) -> str:
+        r = self.captured
+        return (f"{self.topic} mirror {self.mirror} ({self.target_topic} at {self.bootstrap}): {r.records} records "
+                f"({r.written} new or changed), {r.aborted} aborted, {r.header_errors} header errors, "
+                f"{r.offsets_read} offsets")
+
+
+@dataclass(frozen=True)
 class CaptureResult:
     captured_at: datetime
     start: datetime
     end: datetime
     topics: Mapping[str, TopicCapture] = field(default_factory=dict)
+    mirrors: tuple[MirrorCapture, ...] = ()  # in the configuration's order
 
     def summary(self) -> str:
+        """What `msgaudit capture` prints: the range, a total over the topics when there are several,
+        then a line per topic followed by its mirrors' copies (`capture` itself prints nothing)."""
         lines = [f"captured {self.start.isoformat()} .. {self.end.isoformat()} at {self.captured_at.isoformat()}"]
-        for t in self.topics.values():
+        ts = list(self.topics.values())
+        if len(ts) > 1:
+            lines[0] += (f": {len(ts)} topics, {sum(t.records for t in ts)} records, "
+                         f"{sum(t.written for t in ts)} new or changed, {sum(t.aborted for t in ts)} aborted, "
+                         f"{sum(t.header_errors for t in ts)} header errors, {sum(t.deferred for t in ts)} deferred")
+        copies: dict[str, list[MirrorCapture]] = {}
+        for m in self.mirrors:
+            copies.setdefault(m.topic, []).append(m)
+        for t in ts:
             lines.append(
                 f"  {t.topic}: {t.records} records in {t.offsets_read} offsets over {t.partitions} partitions, "
                 f"{t.written} new or changed, {t.aborted} aborted, {t.header_errors} header errors, "
                 f"{t.deferred} deferred (open transaction)"
             )
+            lines.extend(f"    {m.line()}" for m in copies.get(t.topic, ()))
         return "\n".join(lines)
 
 
@@ -810,24 +839,22 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     if any(cfg.topic(n).mirrors for n in names):
         ensure_table(spark, cfg, MIRROR_TABLE, MIRROR_RECORDS)
     results: dict[str, TopicCapture] = {}
+    mirrors: list[MirrorCapture] = []
     snapshots = _Snapshots()
+    # Nothing is printed per topic: a window of 200 topics in a backfill or follow would print 200
+    # lines; the caller prints `CaptureResult.summary()` when it wants them.
     with tqdm(total=len(names), desc="capture", unit="topic", disable=not progress) as bar:
         for i in range(0, len(names), BATCH_TOPICS):
             batch = names[i:i + BATCH_TOPICS]
             bar.set_postfix_str(batch[0] if len(batch) == 1 else f"{batch[0]} .. {batch[-1]}")
-            captured = capture_batch(spark, cfg, admin, {n: partitions[n] for n in batch}, start, end, captured_at,
-                                     snapshots)
-            for name, r in captured.items():
-                results[name] = r
-                bar.write(f"{name}: {r.records} records ({r.written} new or changed), {r.aborted} aborted, "
-                          f"{r.header_errors} header errors, {r.offsets_read} offsets, {r.deferred} deferred")
+            results.update(capture_batch(spark, cfg, admin, {n: partitions[n] for n in batch}, start, end,
+                                         captured_at, snapshots))
             # stage mirror:<m>: the copies of the batch's topics on the mirrors' target clusters
             copies = [(cfg.topic(n), m) for n in batch for m in cfg.topic(n).mirrors]
-            for line in capture_mirrors(spark, cfg, copies, start, end, captured_at, snapshots):
-                bar.write(line)
+            mirrors.extend(capture_mirrors(spark, cfg, copies, start, end, captured_at, snapshots))
             bar.update(len(batch))
     snapshots.write(spark, cfg)
-    return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results)
+    return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results, mirrors=tuple(mirrors))
 
 
 # --------------------------------------------------------------------------------------------
@@ -870,23 +897,21 @@ def mirror_batches(copies: Sequence[tuple[TopicConfig, MirrorConfig]]) -> list[l
 
 
 def capture_mirrors(spark: SparkSession, cfg: Config, copies: Sequence[tuple[TopicConfig, MirrorConfig]],
-                    start: datetime, end: datetime, captured_at: datetime, snapshots: _Snapshots) -> list[str]:
+                    start: datetime, end: datetime, captured_at: datetime,
+                    snapshots: _Snapshots) -> list[MirrorCapture]:
     """Read the copies of (source topic, mirror) `copies` on their mirrors' target clusters like the log
     (same time range, both isolation levels, same header parsing) and MERGE them into
     `mirror_records` keyed on (mirror, topic, partition, offset), `topic` being the source topic --
     the copies on one cluster together (`mirror_batches`: one read per isolation level and one
     commit per batch); add their watermarks and the committed offsets of their `failover_groups` on
-    the target to `snapshots` (§5.5). Returns a progress line per copy, in the order given."""
-    lines: dict[tuple[str, str], str] = {}
+    the target to `snapshots` (§5.5). Returns what was captured of each copy, in the order given."""
+    got: dict[tuple[str, str], MirrorCapture] = {}
     for batch in mirror_batches(copies):
         mcfg = mirror_config(cfg, batch)
         admin = _admin(mcfg)
         captured = capture_batch(spark, mcfg, admin, topic_partitions(mcfg, [m.topic for _, m in batch], admin),
                                  start, end, captured_at, snapshots, Landing.mirror(batch))
         for tc, m in batch:
-            r = captured[m.topic]
-            lines[(tc.name, m.name)] = (
-                f"{tc.name} mirror {m.name} ({m.topic} at {m.kafka.get('bootstrap.servers', '?')}): {r.records} records "
-                f"({r.written} new or changed), {r.aborted} aborted, {r.header_errors} header errors, "
-                f"{r.offsets_read} offsets")
-    return [lines[(tc.name, m.name)] for tc, m in copies]
+            got[(tc.name, m.name)] = MirrorCapture(tc.name, m.name, m.topic, m.kafka.get("bootstrap.servers", "?"),
+                                                   captured[m.topic])
+    return [got[(tc.name, m.name)] for tc, m in copies]

@@ -516,15 +516,21 @@ def test_mirror_copies_on_one_cluster_captured_together_equal_them_captured_one_
     span = (t0, t0 + timedelta(minutes=1))
     first = {**topics, a: {"groups": ["g1"], "mirrors": topics[a]["mirrors"][:1]}}  # before eu was added
     C.capture(spark, make_config(tmp_path / "together", topics=first), *span)
-    capsys.readouterr()
-    C.capture(spark, cfg, *span)
-    said = [line for line in capsys.readouterr().out.splitlines() if " mirror " in line]
-    assert said == [  # in the configuration's order; only eu's copy of a is new
+    got = C.capture(spark, cfg, *span)
+    assert capsys.readouterr().out == ""  # capture prints nothing itself; its caller prints the summary
+    mirror_lines = [  # in the configuration's order; only eu's copy of a is new
         f"{a} mirror dr ({ca} at {kafka_bootstrap}): 3 records (0 new or changed), 0 aborted, 0 header errors, 3 offsets",
         f"{a} mirror eu ({ca2} at {kafka_bootstrap}): 3 records (3 new or changed), 0 aborted, 0 header errors, "
         "3 offsets",
         f"{b} mirror dr ({cb} at {kafka_bootstrap}): 1 records (0 new or changed), 0 aborted, 0 header errors, 1 offsets",
         f"{b} mirror eu ({ca} at {kafka_bootstrap}): 3 records (0 new or changed), 0 aborted, 0 header errors, 3 offsets"]
+    assert [m.line() for m in got.mirrors] == mirror_lines
+    # the summary: the two topics' totals, then each topic's line followed by its copies' lines
+    summary = got.summary().splitlines()
+    assert summary[0].endswith(": 2 topics, 9 records, 0 new or changed, 2 aborted, 2 header errors, 0 deferred")
+    heads = [f"  {a}: 8 records", *(f"    {x}" for x in mirror_lines[:2]), f"  {b}: 1 records",
+             *(f"    {x}" for x in mirror_lines[2:])]
+    assert [line[:len(h)] for line, h in zip(summary[1:], heads, strict=True)] == heads
     monkeypatch.setattr(C, "BATCH_TOPICS", 1)
     apart_cfg = make_config(tmp_path / "apart", topics=topics)
     C.capture(spark, apart_cfg, *span)
