@@ -119,7 +119,7 @@ run_id = stable hash of (topic, window_start, as_of); computed_at = as_of.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
@@ -397,6 +397,86 @@ class _Unit:
         return [r for r in self.committed_copies if r is not orig]
 
 
+# ---------------------------------------------------------------------------- checks that need neighbours
+# Each reads one narrow row per message (or per processing) of the window's reach, not a unit's
+# tiers: what a classifier that settles most messages from summaries (docs/design.md §5.9) still has
+# to hand them for every message. `reconcile_window` builds the rows and turns what they find into
+# anomaly rows.
+
+
+@dataclass(frozen=True)
+class Narrow:
+    """What the checks that need neighbours read of one message (pid, seq)."""
+
+    pid: str
+    seq: int
+    present: bool  # it has a ledger row or a log record: its seq counts for the gap check
+    partition: int | None  # its original copy's (partition, offset); None without a committed copy
+    offset: int | None
+    fingerprint: str | None  # its original copy's
+    produce_time: datetime | None
+    in_window: bool
+
+
+def reordered_in_consumption(processings: Iterable[ConsumedRow]) -> Iterator[ConsumedRow]:
+    """Per (group, partition), processings in (consume_ts, consume_seq, consumer) order: each first
+    processing of an offset lower than the highest offset processed before it."""
+    by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
+    for c in processings:
+        by_gp[(c.group, c.partition)].append(c)
+    for procs in by_gp.values():
+        seen: set[int] = set()
+        high: int | None = None
+        for c in sorted(procs, key=lambda c: (c.consume_ts, c.consume_seq, c.consumer)):
+            if c.offset not in seen and high is not None and c.offset < high:
+                yield c
+            seen.add(c.offset)
+            high = c.offset if high is None else max(high, c.offset)
+
+
+def reordered_in_log(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, int]]:
+    """Per (partition, pid), originals in offset order: (message, the highest seq at lower offsets)
+    for each message of the window whose seq is lower than that."""
+    per_ppid: dict[tuple[int, str], list[Narrow]] = defaultdict(list)
+    for n in messages:
+        if n.partition is not None:
+            per_ppid[(n.partition, n.pid)].append(n)
+    for originals in per_ppid.values():
+        high: int | None = None
+        for n in sorted(originals, key=attrgetter("offset")):
+            if high is not None and n.seq < high and n.in_window:
+                yield n, high
+            high = n.seq if high is None else max(high, n.seq)
+
+
+def seq_gaps(messages: Iterable[Narrow]) -> Iterator[tuple[str, int, int]]:
+    """Per pid, (pid, a, b) for consecutive present seqs a < b with b - a > 1 whose b is in the
+    window (a gap belongs to the window of the seq that reveals it)."""
+    present: dict[str, list[Narrow]] = defaultdict(list)
+    for n in messages:
+        if n.present:
+            present[n.pid].append(n)
+    for pid, ns in present.items():
+        ns.sort(key=attrgetter("seq"))
+        for before, nxt in zip(ns, ns[1:], strict=False):
+            if nxt.seq - before.seq > 1 and nxt.in_window:
+                yield pid, before.seq, nxt.seq
+
+
+def content_duplicates(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, Narrow]]:
+    """Messages whose original copies share a fingerprint, in (produce time, pid, seq) order: (message,
+    the first one) for every message of the window but the first."""
+    by_fp: dict[str, list[Narrow]] = defaultdict(list)
+    for n in messages:
+        if n.partition is not None and n.fingerprint is not None:
+            by_fp[n.fingerprint].append(n)
+    for ns in by_fp.values():
+        ns.sort(key=lambda n: (n.produce_time, n.pid, n.seq))
+        for n in ns[1:]:
+            if n.in_window:
+                yield n, ns[0]
+
+
 # ---------------------------------------------------------------------------- the classifier
 def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs) -> OracleResult:
     """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (docs/design.md §5)."""
@@ -455,19 +535,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     consumed = [c for c in consumed if c.outcome != COMMITTED]
 
     # --- order of consumption, per (group, partition): flags first processings that go backwards
-    reorder: set[int] = set()
-    by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
-    for c in consumed:
-        if c.outcome in PROCESSING_OUTCOMES:
-            by_gp[(c.group, c.partition)].append(c)
-    for procs in by_gp.values():
-        seen: set[int] = set()
-        high: int | None = None
-        for c in sorted(procs, key=lambda c: (c.consume_ts, c.consume_seq, c.consumer)):
-            if c.offset not in seen and high is not None and c.offset < high:
-                reorder.add(id(c))
-            seen.add(c.offset)
-            high = c.offset if high is None else max(high, c.offset)
+    reorder = {id(c) for c in reordered_in_consumption(c for c in consumed if c.outcome in PROCESSING_OUTCOMES)}
 
     # --- gather every tier of a unit under its key
     units: dict[Key, _Unit] = {}
@@ -560,50 +628,26 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                 emit(LOG, "aborted", r.partition, pid if pid is not None else r.pid,
                      seq if seq is not None else r.seq, r.offset)
 
-    # reordered_in_log: per (partition, pid), originals in offset order
-    per_ppid: dict[tuple[int, str], list[tuple[int, int, _Unit]]] = defaultdict(list)
+    # --- the checks that need neighbours, over one narrow row per message
+    narrow = []
     for u in messages:
         orig = u.original
-        if orig is not None:
-            per_ppid[(orig.partition, u.key[1])].append((orig.offset, u.key[2], u))
-    for (p, pid), originals in per_ppid.items():
-        high = None
-        for off, seq, u in sorted(originals, key=lambda t: t[0]):
-            if high is not None and seq < high and in_window(u):
-                emit(LOG, "reordered_in_log", p, pid, seq, off, late_seq=seq, high_seq=high)
-            high = seq if high is None else max(high, seq)
-
-    # seq_gap: per pid, between consecutive present seqs; belongs to the next present seq's window
-    present: dict[str, list[_Unit]] = defaultdict(list)
-    for u in messages:
-        if u.ledger or u.log:
-            present[u.key[1]].append(u)
-    for pid, us in present.items():
-        us.sort(key=lambda u: u.key[2])
-        for before, nxt in zip(us, us[1:], strict=False):
-            a, b = before.key[2], nxt.key[2]
-            if b - a > 1 and in_window(nxt):
-                missing = b - a - 1
-                if missing > MAX_GAP_ROWS:
-                    emit(LOG, "seq_gap", -1, pid, a + 1, None, "wide", missing=missing, first=a + 1, last=b - 1)
-                else:
-                    for gap_seq in range(a + 1, b):
-                        emit(LOG, "seq_gap", -1, pid, gap_seq, None)
-
-    # content_duplicate: same fingerprint, every message but the first in (produce time, pid, seq)
-    by_fp: dict[str, list[_Unit]] = defaultdict(list)
-    for u in messages:
-        orig = u.original
-        if orig is not None and orig.fingerprint is not None:
-            by_fp[orig.fingerprint].append(u)
-    for us in by_fp.values():
-        us.sort(key=lambda u: (u.produce_time, u.key[1], u.key[2]))
-        first = us[0]
-        for u in us[1:]:
-            dorig = u.original
-            if in_window(u) and dorig is not None:
-                emit(LOG, "content_duplicate", dorig.partition, u.key[1], u.key[2], dorig.offset,
-                     first_pid=first.key[1], first_seq=first.key[2])
+        narrow.append(Narrow(u.key[1], u.key[2], bool(u.ledger or u.log), None if orig is None else orig.partition,
+                             None if orig is None else orig.offset, None if orig is None else orig.fingerprint,
+                             u.produce_time, in_window(u)))
+    for nr, high in reordered_in_log(narrow):
+        assert nr.partition is not None
+        emit(LOG, "reordered_in_log", nr.partition, nr.pid, nr.seq, nr.offset, late_seq=nr.seq, high_seq=high)
+    for pid, a, b in seq_gaps(narrow):
+        missing = b - a - 1
+        if missing > MAX_GAP_ROWS:
+            emit(LOG, "seq_gap", -1, pid, a + 1, None, "wide", missing=missing, first=a + 1, last=b - 1)
+        else:
+            for gap_seq in range(a + 1, b):
+                emit(LOG, "seq_gap", -1, pid, gap_seq, None)
+    for nr, first in content_duplicates(narrow):
+        assert nr.partition is not None
+        emit(LOG, "content_duplicate", nr.partition, nr.pid, nr.seq, nr.offset, first_pid=first.pid, first_seq=first.seq)
 
     # --- stage group:<g>
     for g in tc.groups:

@@ -256,3 +256,47 @@ def test_groups_not_in_the_config_are_ignored() -> None:
     h.consume("p", 0, 0, 0, at(6), group="other")
     r = reconcile_window(topic_config(groups=(GROUP,)), T0, AS_OF_FINAL, h.inputs())
     assert r.anomalies == []
+
+
+def test_the_checks_that_need_neighbours_on_narrow_rows() -> None:
+    """The four checks that read one narrow row per message (or per processing), on hand-written rows:
+    what a classifier settling most messages from summaries must hand them, and what they find."""
+    from audit.oracle import (
+        ConsumedRow,
+        Narrow,
+        content_duplicates,
+        reordered_in_consumption,
+        reordered_in_log,
+        seq_gaps,
+    )
+
+    def n(pid: str, seq: int, part: int | None = 0, off: int | None = None, fp: str | None = None,
+          minute: int = 1, in_window: bool = True, present: bool = True) -> Narrow:
+        return Narrow(pid, seq, present, part, seq if off is None and part is not None else off, fp,
+                      T0 + timedelta(minutes=minute), in_window)
+
+    # log order per (partition, pid): p:2 lands behind p:3; an extra partition keeps its own order;
+    # a message out of the window raises the maximum but is not flagged itself
+    rows = [n("p", 1), n("p", 3, off=2), n("p", 2, off=3), n("p", 0, off=4, in_window=False), n("p", 1, part=1, off=9),
+            n("q", 5, off=5), n("q", 4, off=6), n("r", 0, part=None)]
+    assert [(x.pid, x.seq, x.offset, high) for x, high in reordered_in_log(rows)] == [("p", 2, 3, 3), ("q", 4, 6, 5)]
+
+    # gaps per pid between present seqs, revealed by a seq in the window; absent seqs do not count
+    rows = [n("p", 0), n("p", 3), n("p", 4, present=False), n("p", 7), n("q", 1, in_window=False), n("q", 5, in_window=False),
+            n("q", 9)]
+    assert list(seq_gaps(rows)) == [("p", 0, 3), ("p", 3, 7), ("q", 5, 9)]
+
+    # content: the first in (produce time, pid, seq) is the original message; only the window's are flagged
+    rows = [n("b", 1, fp="x", minute=2), n("a", 1, fp="x", minute=2), n("c", 1, fp="x", minute=1, in_window=False),
+            n("d", 1, fp="y"), n("e", 1, fp="y", part=None), n("f", 1, fp=None), n("g", 1, fp=None)]
+    assert [(x.pid, first.pid) for x, first in content_duplicates(rows)] == [("a", "c"), ("b", "c")]
+
+    # consumption order per (group, partition): a first processing below the highest before it; the
+    # redelivery of an offset already seen is not a reordering; ties broken by consume_seq, then consumer
+    def c(group: str, part: int, off: int, second: int, cseq: int = 0, consumer: str = "c1") -> ConsumedRow:
+        return ConsumedRow(group, consumer, cseq, part, off, "p", off, "processed", T0 + timedelta(seconds=second))
+
+    procs = [c("g", 0, 5, 1), c("g", 0, 3, 2), c("g", 0, 5, 3), c("g", 0, 4, 3, cseq=1), c("g", 0, 3, 4),
+             c("g", 1, 2, 1), c("g", 1, 1, 1, consumer="c2"), c("h", 0, 3, 5), c("h", 0, 5, 6)]
+    assert [(x.group, x.partition, x.offset) for x in reordered_in_consumption(procs)] == [
+        ("g", 0, 3), ("g", 0, 4), ("g", 1, 1)]
