@@ -480,11 +480,41 @@ def content_duplicates(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, Nar
 # ---------------------------------------------------------------------------- the classifier
 def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs) -> OracleResult:
     """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (docs/design.md §5)."""
+    return window_report(tc, window_start, as_of, window_facts(tc, window_start, as_of, inputs))
+
+
+@dataclass
+class Facts:
+    """What a window's report is assembled from (`window_report`): anomaly rows, and per (stage,
+    partition) the unit counts and latencies; with the quarantined and ignored rows, the partitions
+    the watermarks know, and each message's narrow row (what the checks that need neighbours read)."""
+
+    anomalies: list[dict[str, Any]]
+    counts: dict[tuple[str, int], dict[str, int]]
+    latencies: dict[tuple[str, int], list[float]]
+    partitions: set[int]
+    quarantined: int
+    ignored: dict[tuple[str, str], int]
+    narrow: list[Narrow]
+
+
+def window_report(tc: TopicConfig, window_start: datetime, as_of: datetime, facts: Facts) -> OracleResult:
+    """The report rows of `facts` (its latencies' percentiles), with its anomaly rows."""
+    stats = {k: {**v, **latency_columns(facts.latencies.get(k, []))} for k, v in facts.counts.items()}
+    report = assemble_report(tc, window_start, as_of, facts.partitions, stats, code_counts(facts.anomalies))
+    return OracleResult(report, facts.anomalies, facts.quarantined, dict(facts.ignored))
+
+
+def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs, *,
+                 reordered: set[int] | None = None, neighbours: bool = True) -> Facts:
+    """Every rule of docs/design.md §5 on one (topic, window). `reordered`: the `id()`s of the rows of
+    `inputs.consumed` flagged by the order of consumption, when the caller ran it over more rows
+    than `inputs` holds; `neighbours=False` leaves the log order, gap and content checks to the
+    caller (the narrow rows are still returned), for the same reason."""
     topic = tc.name
     ws, we = window_start, window_start + tc.window
     rr = read_ranges(tc, window_start)
     grace = tc.grace
-    run_id = run_id_for(topic, ws, as_of)
 
     # --- read: visibility and quarantine
     quarantined = 0
@@ -535,7 +565,8 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     consumed = [c for c in consumed if c.outcome != COMMITTED]
 
     # --- order of consumption, per (group, partition): flags first processings that go backwards
-    reorder = {id(c) for c in reordered_in_consumption(c for c in consumed if c.outcome in PROCESSING_OUTCOMES)}
+    reorder = reordered if reordered is not None else {
+        id(c) for c in reordered_in_consumption(c for c in consumed if c.outcome in PROCESSING_OUTCOMES)}
 
     # --- gather every tier of a unit under its key
     units: dict[Key, _Unit] = {}
@@ -577,13 +608,7 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
     counts: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     latencies: dict[tuple[str, int], list[float]] = defaultdict(list)
 
-    def emit(stage: str, code: str, partition: int, pid: str | None, seq: int | None,
-             offset: int | None, variant: str | None = None, **values: Any) -> None:
-        """One anomaly row; its detail is the vocabulary's template for (stage kind, code)."""
-        anomalies.append({"window_start": ws, "topic": topic, "partition": partition, "stage": stage,
-                          "anomaly": code, "pid": pid, "seq": seq, "offset": offset,
-                          "detail": detail(stage_kind(stage), code, variant, **values),
-                          "run_id": run_id, "computed_at": as_of})
+    emit = anomaly_emitter(anomalies, topic, ws, as_of)
 
     messages = [u for u in units.values() if u.key[0] == "m"]
     window_units = [u for u in units.values() if in_window(u)]
@@ -635,19 +660,11 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
         narrow.append(Narrow(u.key[1], u.key[2], bool(u.ledger or u.log), None if orig is None else orig.partition,
                              None if orig is None else orig.offset, None if orig is None else orig.fingerprint,
                              u.produce_time, in_window(u)))
-    for nr, high in reordered_in_log(narrow):
-        assert nr.partition is not None
-        emit(LOG, "reordered_in_log", nr.partition, nr.pid, nr.seq, nr.offset, late_seq=nr.seq, high_seq=high)
-    for pid, a, b in seq_gaps(narrow):
-        missing = b - a - 1
-        if missing > MAX_GAP_ROWS:
-            emit(LOG, "seq_gap", -1, pid, a + 1, None, "wide", missing=missing, first=a + 1, last=b - 1)
-        else:
-            for gap_seq in range(a + 1, b):
-                emit(LOG, "seq_gap", -1, pid, gap_seq, None)
-    for nr, first in content_duplicates(narrow):
-        assert nr.partition is not None
-        emit(LOG, "content_duplicate", nr.partition, nr.pid, nr.seq, nr.offset, first_pid=first.pid, first_seq=first.seq)
+    if neighbours:
+        emit_neighbour_rows(emit, ((nr.pid, nr.seq, nr.partition, nr.offset, high) for nr, high in reordered_in_log(narrow)),
+                            seq_gaps(narrow),
+                            ((nr.pid, nr.seq, nr.partition, nr.offset, first.pid, first.seq)
+                             for nr, first in content_duplicates(narrow)))
 
     # --- stage group:<g>
     for g in tc.groups:
@@ -799,9 +816,44 @@ def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, i
                          late_offset=uorig.offset, high_offset=mhigh)
                 mhigh = uorig.offset if mhigh is None else max(mhigh, uorig.offset)
 
-    stats = {k: {**v, **latency_columns(latencies.get(k, []))} for k, v in counts.items()}
-    report = assemble_report(tc, ws, as_of, {w.partition for w in watermarks}, stats, code_counts(anomalies))
-    return OracleResult(report, anomalies, quarantined, dict(ignored))
+    return Facts(anomalies, counts, latencies, {w.partition for w in watermarks}, quarantined, dict(ignored), narrow)
+
+
+def anomaly_emitter(anomalies: list[dict[str, Any]], topic: str, window_start: datetime,
+                    as_of: datetime) -> Callable[..., None]:
+    """`emit(stage, code, partition, pid, seq, offset, variant=None, **values)`: appends one anomaly
+    row of the (topic, window) to `anomalies`; its detail is the vocabulary's template for (stage
+    kind, code)."""
+    run_id = run_id_for(topic, window_start, as_of)
+
+    def emit(stage: str, code: str, partition: int, pid: str | None, seq: int | None,
+             offset: int | None, variant: str | None = None, **values: Any) -> None:
+        anomalies.append({"window_start": window_start, "topic": topic, "partition": partition, "stage": stage,
+                          "anomaly": code, "pid": pid, "seq": seq, "offset": offset,
+                          "detail": detail(stage_kind(stage), code, variant, **values),
+                          "run_id": run_id, "computed_at": as_of})
+
+    return emit
+
+
+def emit_neighbour_rows(emit: Callable[..., None], reordered: Iterable[tuple[str, int, Any, Any, int]],
+                        gaps: Iterable[tuple[str, int, int]],
+                        content: Iterable[tuple[str, int, Any, Any, str, int]]) -> None:
+    """The anomaly rows of what the checks that need neighbours found: `reordered` (pid, seq,
+    partition, offset, the highest seq before it), `gaps` (pid, a, b: the seqs strictly between are
+    missing) and `content` (pid, seq, partition, offset, the first message's pid and seq); `emit`
+    as `window_facts`' own (stage, code, partition, pid, seq, offset, variant, **detail values)."""
+    for pid, seq, p, off, high in reordered:
+        emit(LOG, "reordered_in_log", p, pid, seq, off, late_seq=seq, high_seq=high)
+    for pid, a, b in gaps:
+        missing = b - a - 1
+        if missing > MAX_GAP_ROWS:
+            emit(LOG, "seq_gap", -1, pid, a + 1, None, "wide", missing=missing, first=a + 1, last=b - 1)
+        else:
+            for gap_seq in range(a + 1, b):
+                emit(LOG, "seq_gap", -1, pid, gap_seq, None)
+    for pid, seq, p, off, first_pid, first_seq in content:
+        emit(LOG, "content_duplicate", p, pid, seq, off, first_pid=first_pid, first_seq=first_seq)
 
 
 def _failover(tc: TopicConfig, inputs: Inputs, rr: Any, target_rows: Sequence[ConsumedRow],

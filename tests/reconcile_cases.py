@@ -534,3 +534,28 @@ def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.mirrored("stranger", 0, 6, 1, at(5))
     exp["mirror_copy_without_source"] = []
     return h, exp
+
+
+def arrow_tables(inputs: Inputs) -> Any:
+    """The oracle's inputs as the columnar path's `Tables` (Arrow columns named as the row fields,
+    times as UTC microseconds, as Spark hands them over)."""
+    import typing
+    from dataclasses import fields as dc_fields
+
+    import pyarrow as pa
+
+    from audit import oracle
+    from spark_jobs.reconcile.columnar import Tables
+
+    kinds = {str: pa.string(), int: pa.int64(), bool: pa.bool_(), datetime: pa.timestamp("us", "UTC")}
+
+    def table(cls: type, rows: Sequence[Any]) -> pa.Table:
+        hints = typing.get_type_hints(cls)
+        schema = pa.schema([(f.name, kinds[next(a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
+                                                 if a is not type(None))]) for f in dc_fields(cls)])
+        return pa.Table.from_pylist([{f.name: getattr(r, f.name) for f in dc_fields(cls)} for r in rows], schema)
+
+    return Tables(ledger=table(oracle.LedgerRow, inputs.ledger), log=table(oracle.LogRecord, inputs.log),
+                  consumed=table(oracle.ConsumedRow, inputs.consumed),
+                  sinks={name: table(oracle.SinkRow, rows) for name, rows in inputs.sinks.items()},
+                  group_offsets=inputs.group_offsets, watermarks=inputs.watermarks)

@@ -228,3 +228,46 @@ def test_generated_histories_exercise_the_rules(history: tuple[Inputs, datetime]
         event("ignored_mirror_rows")
     for code in sorted({a["anomaly"] for a in r.anomalies}):
         event(code)  # `pytest --hypothesis-show-statistics` shows how often each code was generated
+
+
+@pytest.mark.unit
+@settings(max_examples=_examples(UNIT_EXAMPLES, SOAK_UNIT_EXAMPLES), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches())
+def test_the_columnar_path_equals_the_oracle_row_for_row(history: tuple[Inputs, datetime]) -> None:
+    """The medium windows' path (`spark_jobs/reconcile/columnar.py`: ordinary messages settled on
+    Arrow columns, the rest by the oracle, the checks that need neighbours vectorised) gives the
+    oracle's report and anomaly rows."""
+    from spark_jobs.reconcile import columnar
+    from tests.reconcile_cases import arrow_tables
+
+    inputs, as_of = history
+    want = reconcile_window(TC, T0, as_of, inputs)
+    got = columnar.classify(TC, T0, as_of, arrow_tables(inputs))
+    assert got is not None
+    assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+    assert norm_rows(got.report) == norm_rows(want.report)
+    assert got.quarantined_ledger_rows == want.quarantined_ledger_rows
+    assert got.ignored_mirror_rows == want.ignored_mirror_rows
+
+
+@pytest.mark.unit
+def test_the_columnar_path_on_the_hand_written_cases() -> None:
+    """Every hand-written case of tests/reconcile_cases.py (one per code), before and after grace:
+    the columnar path gives the oracle's rows; it declines a mirrored topic (the Spark plan takes it)."""
+    from spark_jobs.reconcile import columnar
+    from tests.reconcile_cases import AS_OF_FINAL, arrow_tables, build_cases, build_mirror_cases, mirror_topic_config
+
+    history, _ = build_cases()
+    inputs = history.inputs()
+    tc = topic_config()
+    for as_of in (T0 + timedelta(minutes=61), AS_OF_FINAL):
+        want = reconcile_window(tc, T0, as_of, inputs)
+        got = columnar.classify(tc, T0, as_of, arrow_tables(inputs))
+        assert got is not None
+        assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+        assert norm_rows(got.report) == norm_rows(want.report)
+        assert (got.quarantined_ledger_rows, got.ignored_mirror_rows) == (want.quarantined_ledger_rows,
+                                                                          want.ignored_mirror_rows)
+    mirrored, _ = build_mirror_cases()
+    assert columnar.classify(mirror_topic_config(), T0, AS_OF_FINAL, arrow_tables(mirrored.inputs())) is None

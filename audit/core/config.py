@@ -111,6 +111,9 @@ class TopicConfig:
 # there against 12.1 s by the Spark plan, 384,000 rows 7.8 s against 8.5 s, 511,000 rows 9.0 s
 # against 8.7 s; the driver's time grows with the rows, the plan's is nearly flat (its fixed cost).
 DEFAULT_DRIVER_ROWS = 350_000
+# 24M input rows: 3M messages an hour with one group and one sink, a few GB of Arrow columns and
+# numpy arrays in the driver's Python process (docs/benchmarks.md)
+DEFAULT_COLUMNAR_ROWS = 24_000_000
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
@@ -155,6 +158,9 @@ class Config:
     # `reconcile.driver_rows`: a window's batch whose inputs hold at most this many rows is classified
     # in the driver (docs/design.md §5.8); 0 always uses the Spark plan
     driver_rows: int = DEFAULT_DRIVER_ROWS
+    # `reconcile.columnar_rows`: a larger batch whose inputs hold at most this many rows is settled on
+    # Arrow columns in the driver (docs/design.md §5.10); 0 never
+    columnar_rows: int = DEFAULT_COLUMNAR_ROWS
 
     @property
     def ledger_topic(self) -> str | None:
@@ -372,11 +378,15 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "reconcile",
                        "topics"), source)
     reconcile = _mapping(data.get("reconcile"), f"{source}: reconcile")
-    _check_keys(reconcile, ("driver_rows",), f"{source}: reconcile")
+    _check_keys(reconcile, ("driver_rows", "columnar_rows"), f"{source}: reconcile")
     driver_rows = reconcile.get("driver_rows", DEFAULT_DRIVER_ROWS)
     if isinstance(driver_rows, bool) or not isinstance(driver_rows, int) or driver_rows < 0:
         raise ConfigError(f"{source}: reconcile.driver_rows: expected a whole number >= 0 (0: always the Spark "
                           f"plan), got {driver_rows!r}")
+    columnar_rows = reconcile.get("columnar_rows", DEFAULT_COLUMNAR_ROWS)
+    if isinstance(columnar_rows, bool) or not isinstance(columnar_rows, int) or columnar_rows < 0:
+        raise ConfigError(f"{source}: reconcile.columnar_rows: expected a whole number >= 0 (0: never the "
+                          f"columnar path), got {columnar_rows!r}")
     home = base / str(data.get("home", DEFAULT_HOME))
     kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
     kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
@@ -397,6 +407,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         topics=topics,
         ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
         driver_rows=driver_rows,
+        columnar_rows=columnar_rows,
     )
 
 

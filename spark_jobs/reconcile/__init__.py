@@ -121,8 +121,9 @@ from audit.core.report import assemble_report
 from audit.core.vocabulary import ANOMALY_COLUMNS
 from audit.core.windows import run_id_for, windows
 from audit.oracle import Inputs as OracleInputs
+from audit.oracle import OracleResult
 from spark_jobs.io.session import described, local_frame
-from spark_jobs.reconcile import blocks
+from spark_jobs.reconcile import blocks, columnar
 from spark_jobs.reconcile.blocks import (
     block_digests,
     block_lookup,
@@ -131,7 +132,7 @@ from spark_jobs.reconcile.blocks import (
     split_by_block,
 )
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
-from spark_jobs.reconcile.driver import classify_collected, collect_inputs
+from spark_jobs.reconcile.driver import classify_collected, collect_inputs, collect_tables
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
@@ -511,8 +512,14 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
                 inputs = pinned(inputs, planned)
         else:
             inputs = pinned(inputs)
+        by_oracle: dict[str, Classified] | None = None
         if collected is not None:
-            classified = classify_in_driver(spark, collected, shape, ws, as_of)
+            by_oracle = classify_in_driver(spark, collected, shape, ws, as_of)
+        elif rows is not None and rows <= cfg.columnar_rows and not any(columnar.declines(tc) for tc in shape.topics):
+            with described(spark, f"{label}: columnar"):
+                by_oracle = classify_columnar(spark, collect_tables(inputs), shape, ws, as_of)
+        if by_oracle is not None:
+            classified = by_oracle
             anomalies = next(iter(classified.values())).summary
         else:
             classified = classify_batch(spark, inputs, shape, ws, as_of, rows)
@@ -528,11 +535,28 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
 
 def classify_in_driver(spark: SparkSession, collected: OracleInputs, shape: Shape, ws: datetime,
                        as_of: datetime) -> dict[str, Classified]:
-    """`classify_batch`'s result for inputs collected into the driver: the oracle's rows, with the
-    anomalies as one small local DataFrame (the batch's `summary`)."""
+    """`classify_batch`'s result for inputs collected into the driver: the oracle's rows."""
+    return _as_classified(spark, classify_collected(collected, shape.topics, ws, as_of), shape)
+
+
+def classify_columnar(spark: SparkSession, tables: columnar.Tables, shape: Shape, ws: datetime,
+                      as_of: datetime) -> dict[str, Classified] | None:
+    """`classify_batch`'s result from the window's rows as Arrow columns (`columnar`, docs/design.md
+    §5.10), or None when the columnar path declines one of the topics (the Spark plan runs then)."""
+    results = {}
+    for tc in shape.topics:
+        r = columnar.classify(tc, ws, as_of, tables)
+        if r is None:
+            return None
+        results[tc.name] = r
+    return _as_classified(spark, results, shape)
+
+
+def _as_classified(spark: SparkSession, results: Mapping[str, OracleResult], shape: Shape) -> dict[str, Classified]:
+    """The oracle's results per topic as `classify_batch`'s, the anomalies as one small local
+    DataFrame (the batch's `summary`)."""
     from spark_jobs.io.schemas import AUDIT_ANOMALIES
 
-    results = classify_collected(collected, shape.topics, ws, as_of)
     rows = [a for r in results.values() for a in r.anomalies]
     frame = local_frame(spark, [tuple(a[f.name] for f in AUDIT_ANOMALIES.fields) for a in rows], AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import reduce
 from typing import Any
 
@@ -28,6 +28,8 @@ from pyspark.sql import functions as F
 
 from audit import oracle
 from audit.core.config import TopicConfig
+from spark_jobs.reconcile import columnar
+from spark_jobs.reconcile.columnar import values as _values
 from spark_jobs.reconcile.inputs import WindowInputs, sink_rows
 
 # tag of a collected row (the `WindowInputs` field it comes from) -> the oracle's row type
@@ -77,22 +79,6 @@ def count_rows(df: DataFrame) -> int:
     planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession,
                                                               df._jdf.queryExecution().optimizedPlan())
     return int(planned.count())
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z", "GMT"}
-
-
-def _values(col: pa.ChunkedArray) -> list[Any]:
-    """A column's values as Python objects, as `to_pylist` gives them. A UTC timestamp column is
-    converted from its microseconds (about 5x faster than pyarrow's conversion of aware timestamps,
-    which took most of a collect whose rows carry three or four times each)."""
-    if not (pa.types.is_timestamp(col.type) and col.type.tz in _UTC_NAMES):
-        return col.to_pylist()
-    micros = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
-    if not micros.null_count:
-        return [_EPOCH + timedelta(microseconds=v) for v in micros.to_numpy().tolist()]
-    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in micros.to_pylist()]
 
 
 def _maker(cls: type, cols: list[str]) -> Any:
@@ -160,3 +146,29 @@ def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws:
             if r.topic in split:
                 split[r.topic]["sinks"].setdefault(sink, []).append(r)
     return {tc.name: oracle.reconcile_window(tc, ws, as_of, oracle.Inputs(**split[tc.name])) for tc in topics}
+
+
+def collect_tables(inputs: WindowInputs) -> columnar.Tables:
+    """The window's rows as Arrow columns for the columnar path (`columnar`, docs/design.md §5.10):
+    each input table's own columns (the oracle's row fields) in one Spark job each, as read; the
+    sinks' rows split by sink; the watermarks and group offsets (small) as the oracle's rows."""
+    def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
+        return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
+
+    def small(df: DataFrame | None, cls: type) -> list[Any]:
+        if df is None:
+            return []
+        table = arrow(df, cls)
+        make = _maker(cls, table.column_names)
+        return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
+
+    sinks: dict[str, pa.Table] = {}
+    every_sink = sink_rows(inputs)
+    if every_sink is not None:
+        rows = arrow(every_sink, oracle.SinkRow, ["sink"])
+        for name in pc.unique(rows["sink"]).to_pylist():
+            sinks[name] = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
+    return columnar.Tables(ledger=arrow(inputs.ledger, oracle.LedgerRow), log=arrow(inputs.log, oracle.LogRecord),
+                           consumed=None if inputs.consumed is None else arrow(inputs.consumed, oracle.ConsumedRow),
+                           sinks=sinks, group_offsets=small(inputs.group_offsets, oracle.GroupOffset),
+                           watermarks=small(inputs.watermarks, oracle.Watermark))

@@ -1,0 +1,453 @@
+"""Medium windows on Arrow columns (docs/design.md §5.10): the window's rows, read once as Arrow
+tables, are settled message by message with vectorised passes, and only the messages that are not
+ordinary go to the rules' plain statement, `audit.oracle`.
+
+A message is *ordinary* when, in the rows the window sees, it has exactly one ledger row (acked,
+with its partition and offset), exactly one valid log record (committed, at that partition and
+offset), for each group of the topic exactly one consumption row (a processing, at that partition
+and offset, read on the audited cluster, not flagged by the order of consumption) and no other, and
+exactly one row in each sink. Every rule of §5 gives such a message nothing but: expected and
+delivered at every stage, its ack, consume and sink latencies, and its narrow row for the checks
+that need neighbours. Those facts are computed here for all ordinary messages at once; every other
+message -- with all its rows --, every row without a message identity, the consumer interceptor's
+`committed` rows and the rows read on a mirror go to `oracle.window_facts`, which classifies them
+exactly as it classifies a whole window, given the consumption order's flags computed here over
+all processings. The checks that need neighbours (log order, gaps, content duplicates) run here,
+vectorised, over the narrow rows of both kinds; their rows are made by the oracle's
+`emit_neighbour_rows`. The unit test holds each pass to the oracle's functions on narrow rows, and
+the property test holds the whole path equal to the oracle.
+
+The path declines (`None`) what it does not cover -- mirrored topics, a sink fed by a group the
+topic does not declare, sequence numbers outside [0, 2^40), ties the oracle breaks by the order it
+was handed the rows -- and the caller then runs the Spark plan. Transforms only: no I/O, no Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from audit import oracle
+from audit.core.config import TopicConfig
+from audit.core.percentiles import LATENCY_COLUMNS, PERCENTILES, interpolate, percentile_position
+from audit.core.vocabulary import (
+    ACKED,
+    COMMITTED,
+    LEDGER_STATUSES,
+    LOG,
+    PROCESSING_OUTCOMES,
+    group_stage,
+    sink_stage,
+)
+from audit.core.windows import EPOCH, read_ranges
+
+SEQ_BITS = 40  # a message's key is (pid code << SEQ_BITS) | seq
+_NONE = np.iinfo(np.int64).min
+
+
+@dataclass
+class Tables:
+    """A window's rows as Arrow tables whose columns are named as the oracle's row fields (`ledger`,
+    `log`, `consumed`: `LedgerRow`, `LogRecord`, `ConsumedRow`; each sink: `SinkRow`), as read:
+    the visibility is applied here. The small inputs come as the oracle's rows."""
+
+    ledger: pa.Table
+    log: pa.Table
+    consumed: pa.Table | None
+    sinks: Mapping[str, pa.Table]
+    group_offsets: Sequence[oracle.GroupOffset] = ()
+    watermarks: Sequence[oracle.Watermark] = ()
+
+
+def declines(tc: TopicConfig) -> str | None:
+    """Why this path does not take the topic's windows, or None."""
+    if tc.mirrors:
+        return "a mirrored topic"
+    if any(s.group is not None and s.group not in tc.groups for s in tc.sinks):
+        return "a sink fed by a group the topic does not declare"
+    return None
+
+
+def _us(col: Any) -> np.ndarray:
+    """A timestamp column as int64 microseconds since the epoch, nulls as _NONE."""
+    arr = pc.cast(col, pa.timestamp("us", "UTC"), safe=False).cast(pa.int64())
+    return pc.fill_null(arr, _NONE).to_numpy()
+
+
+def _int(col: Any, null: int = -1) -> np.ndarray:
+    return pc.fill_null(pc.cast(col, pa.int64()), null).to_numpy()
+
+
+def _bool(col: Any) -> np.ndarray:
+    return pc.fill_null(col, False).to_numpy(zero_copy_only=False)
+
+
+def _between(col: Any, lo: datetime, hi: datetime) -> Any:
+    t = pa.timestamp("us", "UTC")
+    c = pc.cast(col, t, safe=False)
+    return pc.and_(pc.greater_equal(c, pa.scalar(lo, t)), pc.less(c, pa.scalar(hi, t)))
+
+
+def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row of rows sorted by `segment`, the largest of `values` (all >= 0) over the rows before it
+    in its segment; -1 for a segment's first row."""
+    out = np.full(len(values), -1, dtype=np.int64)
+    if not len(values):
+        return out
+    first = np.ones(len(segment), dtype=bool)
+    first[1:] = segment[1:] != segment[:-1]
+    starts = np.flatnonzero(first)
+    run = np.maximum.accumulate
+    # a running maximum restarted at each segment: values offset by the segment's rank times a span
+    # larger than any value, so an earlier segment never outweighs a later one
+    span = int(values.max()) + 1
+    dense = np.cumsum(first) - 1
+    if (int(dense[-1]) + 1) * span >= 2**62:  # too wide for one pass: segment by segment
+        for a, b in zip(starts, [*starts[1:], len(values)], strict=True):
+            r = run(values[a:b])
+            out[a + 1:b] = r[:-1]
+        return out
+    shifted = run(dense * span + values)
+    out[1:] = shifted[:-1] - dense[1:] * span
+    out[first] = -1
+    return out
+
+
+class _Keys:
+    """Message keys: (pid code << SEQ_BITS) | seq, pid codes in the pids' sorted order; -1 for a row
+    without a valid identity (no pid or seq, or a seq outside [0, 2^SEQ_BITS))."""
+
+    def __init__(self, pid_columns: list[Any]) -> None:
+        chunks: list[Any] = []
+        for col in pid_columns:
+            col = pc.cast(pc.drop_null(col), pa.string())
+            chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+        distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
+        self.pids = pc.take(distinct, pc.sort_indices(distinct))
+        if len(self.pids) >= 2 ** (63 - SEQ_BITS):
+            raise OverflowError("too many producer sessions in one window for the columnar path")
+
+    def code(self, pid: Any) -> np.ndarray:
+        return _int(pc.index_in(pid, value_set=self.pids))
+
+    def of(self, pid: Any, seq: Any) -> tuple[np.ndarray, bool]:
+        """(each row's key, whether some row has a pid and a seq out of range: the path declines)."""
+        code, s = self.code(pid), _int(seq)
+        has = (code >= 0) & (s != -1) & pc.is_valid(seq).to_numpy(zero_copy_only=False)
+        wide = bool(np.any(has & ((s < 0) | (s >= 1 << SEQ_BITS))))
+        return np.where(has, (code << SEQ_BITS) | np.clip(s, 0, None), -1), wide
+
+
+def _single(keys: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct keys with rows, among `keys` >= 0, and for each the index of its row when it has
+    exactly one; -1 when it has several)."""
+    idx = np.flatnonzero(where & (keys >= 0))
+    k = keys[idx]
+    order = np.argsort(k, kind="stable")
+    ks = k[order]
+    start = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]])) if len(ks) else np.empty(0, np.int64)
+    count = np.diff(np.append(start, len(ks)))
+    return ks[start], np.where(count == 1, idx[order[start]], -1)
+
+
+def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Whether each of `keys` is in `sorted_keys` (ascending): a binary search, no hash table."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.clip(np.searchsorted(sorted_keys, keys), 0, len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def _lookup(uniq: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """For each of `keys`: its row in (`uniq`, `rows`), -2 when it has none (-1: several)."""
+    if not len(uniq):
+        return np.full(len(keys), -2, dtype=np.int64)
+    at = np.clip(np.searchsorted(uniq, keys), 0, len(uniq) - 1)
+    return np.where(uniq[at] == keys, rows[at], -2)
+
+
+def np_latency_columns(values: np.ndarray) -> dict[str, float | None]:
+    """`audit.core.percentiles.latency_columns` of a numpy array: the same arithmetic on the same
+    ranks, so the same floats."""
+    if not len(values):
+        return dict.fromkeys(LATENCY_COLUMNS)
+    xs = np.sort(values)
+    out: dict[str, float | None] = {}
+    for name, p in zip(LATENCY_COLUMNS, PERCENTILES, strict=False):
+        position, lower, higher = percentile_position(len(xs), p)
+        out[name] = interpolate(position, lower, higher, float(xs[lower]), float(xs[higher]))
+    out["latency_max_ms"] = float(xs[-1])
+    return out
+
+
+_UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z", "GMT"}
+
+
+def values(col: pa.ChunkedArray) -> list[Any]:
+    """A column's values as Python objects, as `to_pylist` gives them. A UTC timestamp column is
+    converted from its microseconds (about 5x faster than pyarrow's conversion of aware timestamps,
+    which took most of a collect whose rows carry three or four times each)."""
+    if not (pa.types.is_timestamp(col.type) and col.type.tz in _UTC_NAMES):
+        return col.to_pylist()
+    micros = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
+    if not micros.null_count:
+        return [EPOCH + timedelta(microseconds=v) for v in micros.to_numpy().tolist()]
+    return [None if v is None else EPOCH + timedelta(microseconds=v) for v in micros.to_pylist()]
+
+
+def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]:
+    """The rows of `table` under `mask` as the oracle's `cls` rows."""
+    part = table.filter(pa.array(mask))
+    names = [f.name for f in fields(cls) if f.name in part.column_names]
+    cols = [values(part.column(n)) for n in names]
+    if "topic" not in names:
+        return [cls(**dict(zip(names, v, strict=True)), topic=topic) for v in zip(*cols, strict=True)]
+    return [cls(**dict(zip(names, v, strict=True))) for v in zip(*cols, strict=True)]
+
+
+def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
+    """The oracle's result for one (topic, window), or None when the path declines it (`declines`,
+    or data whose order the oracle takes from how its rows were handed over)."""
+    if declines(tc) is not None:
+        return None
+    topic = tc.name
+    rr = read_ranges(tc, ws)
+    ws_us, we_us = (int((x - EPOCH).total_seconds()) * 1_000_000 + x.microsecond for x in (ws, ws + tc.window))
+
+    def is_topic(tab: pa.Table) -> Any:
+        return pc.equal(tab["topic"], topic)
+
+    # --- visibility (the oracle's), in the scan's terms
+    led = t.ledger.filter(pc.and_(is_topic(t.ledger), _between(t.ledger["produce_ts"], rr.message_lo, rr.message_hi)))
+    log_time = pc.coalesce(*(pc.cast(t.log[c], pa.timestamp("us", "UTC"), safe=False)
+                             for c in ("produce_ts", "kafka_ts", "captured_at")))
+    log = t.log.filter(pc.and_(is_topic(t.log), _between(log_time, rr.message_lo, rr.message_hi)))
+    empty_con = pa.table({f.name: pa.array([], type=pa.string()) for f in fields(oracle.ConsumedRow)})
+    con_all = t.consumed if t.consumed is not None else empty_con
+    if tc.groups and t.consumed is not None:
+        con = con_all.filter(pc.and_(pc.and_(is_topic(con_all), pc.is_in(con_all["group"], pa.array(list(tc.groups)))),
+                                     _between(con_all["consume_ts"], rr.event_lo, rr.event_hi)))
+    else:
+        con = con_all.slice(0, 0)
+    sinks = {}
+    for s in tc.sinks:
+        st = t.sinks.get(s.name)
+        if st is None:
+            continue
+        seen = pc.or_(pc.is_null(st["sink_ts"]), _between(st["sink_ts"], rr.event_lo, rr.event_hi))
+        sinks[s.name] = st.filter(pc.and_(is_topic(st), pc.fill_null(seen, True)))
+
+    keys = _Keys([led["pid"], log["pid"], con["pid"] if con.num_rows else pa.array([], pa.string()),
+                  *(x["pid"] for x in sinks.values())])
+    kL, w1 = keys.of(led["pid"], led["seq"])
+    valid_log = _bool(pc.and_(pc.is_null(log["header_error"]), pc.and_(pc.is_valid(log["pid"]), pc.is_valid(log["seq"]))))
+    kR, w2 = keys.of(log["pid"], log["seq"])
+    kR = np.where(valid_log, kR, -1)
+    kC, w3 = keys.of(con["pid"], con["seq"]) if con.num_rows else (np.empty(0, np.int64), False)
+    kS = {}
+    wide = w1 or w2 or w3
+    for name, st in sinks.items():
+        kS[name], w = keys.of(st["pid"], st["seq"])
+        wide = wide or w
+    if wide:
+        return None
+
+    # --- the ledger: one acked row with a position, or the message is not ordinary
+    status = led["status"]
+    l_part, l_off = _int(led["partition"]), _int(led["offset"], _NONE)
+    acked = _bool(pc.equal(status, ACKED))
+    quarantine = ~_bool(pc.is_in(status, pa.array(sorted(LEDGER_STATUSES)))) | (acked & ((l_off == _NONE) | (l_part < 0)))
+    kL_all = kL
+    uL, rowL = _single(kL_all, np.ones(len(kL_all), dtype=bool))
+    # --- the log: one valid record, committed, at the acked position
+    r_part, r_off = _int(log["partition"]), _int(log["offset"])
+    committed = _bool(log["committed"])
+    uR, rowR = _single(kR, np.ones(len(kR), dtype=bool))
+
+    # candidates: keys with a single ledger row (acked, not quarantined) and a single valid record
+    cand = uL[rowL >= 0]
+    li = rowL[rowL >= 0]
+    ok = acked[li] & ~quarantine[li]
+    cand, li = cand[ok], li[ok]
+    ri = _lookup(uR, rowR, cand)
+    ok = ri >= 0
+    cand, li, ri = cand[ok], li[ok], ri[ok]
+    ok = committed[ri] & (r_part[ri] == l_part[li]) & (r_off[ri] == l_off[li])
+    cand, li, ri = cand[ok], li[ok], ri[ok]
+
+    # --- the order of consumption over every processing of the audited cluster (oracle.reordered_in_consumption)
+    c_part = _int(con["partition"]) if con.num_rows else np.empty(0, np.int64)
+    c_off = _int(con["offset"]) if con.num_rows else np.empty(0, np.int64)
+    c_ts = _us(con["consume_ts"]) if con.num_rows else np.empty(0, np.int64)
+    on_source = _bool(pc.is_null(con["cluster"])) if con.num_rows else np.empty(0, bool)
+    outcome = con["outcome"] if con.num_rows else pa.array([], pa.string())
+    is_commit = _bool(pc.equal(outcome, COMMITTED)) if con.num_rows else np.empty(0, bool)
+    processing = (_bool(pc.is_in(outcome, pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
+                  if con.num_rows else np.empty(0, bool))
+    flagged = np.zeros(con.num_rows, dtype=bool)
+    if con.num_rows:
+        if pc.any(pc.is_null(con["consume_seq"])).as_py() or pc.any(pc.is_null(con["consumer"])).as_py():
+            return None
+        q = np.flatnonzero(processing)
+        groups = sorted(set(tc.groups))
+        g_code = _int(pc.index_in(con["group"], value_set=pa.array(groups)))
+        consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
+        cons = _int(pc.index_in(con["consumer"], value_set=consumers))
+        cseq = _int(con["consume_seq"])
+        seg = g_code[q] * (int(c_part.max(initial=0)) + 1) + c_part[q]
+        order = np.lexsort((cons[q], cseq[q], c_ts[q], seg))
+        so = q[order]
+        seg_o = seg[order]
+        # rows equal in every sort key are ordered by how they were handed over: decline
+        same = (seg_o[1:] == seg_o[:-1]) & (c_ts[so][1:] == c_ts[so][:-1]) & (cseq[so][1:] == cseq[so][:-1]) \
+            & (cons[so][1:] == cons[so][:-1])
+        if np.any(same & (c_off[so][1:] != c_off[so][:-1])):
+            return None
+        off_o = c_off[so]
+        # the first processing of each (group, partition, offset) in that order
+        by_off = np.lexsort((np.arange(len(so)), off_o, seg_o))
+        head = np.ones(len(by_off), dtype=bool)
+        head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
+        firsts = np.zeros(len(so), dtype=bool)
+        firsts[by_off[head]] = True
+        back = firsts & (off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0)
+        flagged[so[back]] = True
+
+    # --- each group: one processing at the record's position, no other row of the group
+    at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there
+    for g in tc.groups:
+        if not con.num_rows:
+            gi, ok = np.full(len(cand), -2, dtype=np.int64), np.zeros(len(cand), dtype=bool)
+        else:
+            uG, rowG = _single(kC, _bool(pc.equal(con["group"], g)) & on_source & ~is_commit)
+            gi = _lookup(uG, rowG, cand)
+            gi_ok = np.where(gi >= 0, gi, 0)
+            ok = ((gi >= 0) & processing[gi_ok] & ~flagged[gi_ok] & (c_part[gi_ok] == r_part[ri])
+                  & (c_off[gi_ok] == r_off[ri]))
+        cand, li, ri = cand[ok], li[ok], ri[ok]
+        at = {k: v[ok] for k, v in at.items()}
+        at[g] = gi[ok]
+    # --- each sink: one row
+    for sc in tc.sinks:
+        if sc.name not in sinks:
+            ok = np.zeros(len(cand), dtype=bool)
+        else:
+            uS, rowS = _single(kS[sc.name], np.ones(sinks[sc.name].num_rows, dtype=bool))
+            si = _lookup(uS, rowS, cand)
+            ok = si >= 0
+        cand, li, ri = cand[ok], li[ok], ri[ok]
+        at = {k: v[ok] for k, v in at.items()}
+        if sc.name in sinks:
+            at["sink:" + sc.name] = si[ok]
+    ordinary = cand  # sorted keys of the ordinary messages
+
+    # --- every other row goes to the oracle
+    def other(k: np.ndarray) -> np.ndarray:
+        return (k < 0) | ~_member(k, ordinary)
+
+    facts_rows = oracle.Inputs(
+        ledger=_rows(led, oracle.LedgerRow, other(kL), topic),
+        log=_rows(log, oracle.LogRecord, other(kR), topic),
+        consumed=[], group_offsets=list(t.group_offsets), watermarks=list(t.watermarks),
+        sinks={name: _rows(st, oracle.SinkRow, other(kS[name]), topic) for name, st in sinks.items()})
+    reordered: set[int] = set()
+    if con.num_rows:
+        mask = other(kC) | is_commit | ~on_source
+        facts_rows.consumed = _rows(con, oracle.ConsumedRow, mask, topic)
+        for row, f in zip(facts_rows.consumed, flagged[mask], strict=True):
+            if f:
+                reordered.add(id(row))
+    facts = oracle.window_facts(tc, ws, as_of, facts_rows, reordered=reordered, neighbours=False)
+
+    # --- the ordinary messages' facts
+    pt = _us(led["produce_ts"])[li]
+    in_window = (pt >= ws_us) & (pt < we_us)
+    part = l_part[li]
+    win = np.flatnonzero(in_window)
+    lat: dict[tuple[str, int], list[np.ndarray]] = {}
+
+    def count(stage: str, parts: np.ndarray, latencies: tuple[np.ndarray, np.ndarray]) -> None:
+        values, n = np.unique(parts, return_counts=True)
+        for p, c in zip(values.tolist(), n.tolist(), strict=True):
+            cnt = facts.counts.setdefault((stage, p), {})
+            cnt["expected"] = cnt.get("expected", 0) + c
+            cnt["delivered"] = cnt.get("delivered", 0) + c
+        values_ms, has = latencies
+        for p in np.unique(parts[has]).tolist():
+            lat.setdefault((stage, p), []).append(values_ms[has & (parts == p)])
+
+    ack = _us(led["ack_ts"])[li][win]
+    count(LOG, part[win], ((ack - pt[win]) / 1000.0, ack != _NONE))
+    for g in tc.groups:
+        consumed_at = c_ts[at[g][win]]
+        count(group_stage(g), part[win], ((consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool)))
+    for sc in tc.sinks:
+        sink_at = _us(sinks[sc.name]["sink_ts"])[at["sink:" + sc.name][win]]
+        count(sink_stage(sc.name), part[win], ((sink_at - pt[win]) / 1000.0, sink_at != _NONE))
+
+    # --- the checks that need neighbours, over the narrow rows of both kinds
+    dirty = facts.narrow
+    d_pid = keys.code(pa.array([n.pid for n in dirty], pa.string())) if dirty else np.empty(0, np.int64)
+    n_pid = np.concatenate([ordinary >> SEQ_BITS, d_pid])
+    n_seq = np.concatenate([ordinary & ((1 << SEQ_BITS) - 1), np.array([n.seq for n in dirty], dtype=np.int64)])
+    n_present = np.concatenate([np.ones(len(ordinary), dtype=bool), np.array([n.present for n in dirty], dtype=bool)])
+    n_part = np.concatenate([part, np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64)])
+    n_off = np.concatenate([r_off[ri], np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64)])
+    n_pt = np.concatenate([pt, np.array([_NONE if n.produce_time is None else
+                                         int((n.produce_time - EPOCH).total_seconds()) * 1_000_000
+                                         + n.produce_time.microsecond for n in dirty], dtype=np.int64)])
+    n_win = np.concatenate([in_window, np.array([n.in_window for n in dirty], dtype=bool)])
+    fps = pa.chunked_array([*pc.cast(pc.take(log["fingerprint"], pa.array(ri, pa.int64())), pa.string()).chunks,
+                            pa.array([n.fingerprint for n in dirty], pa.string())], pa.string())
+    pid_names = keys.pids.to_pylist()
+    emit = oracle.anomaly_emitter(facts.anomalies, topic, ws, as_of)
+
+    # log order: per (partition, pid), originals by offset
+    o = np.flatnonzero(n_part >= 0)
+    by = o[np.lexsort((n_off[o], n_pid[o], n_part[o]))]
+    seg = n_part[by] * (len(pid_names) + 1) + n_pid[by]
+    if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
+        return None  # two originals at one position: the oracle's order is the rows' order
+    high = _prev_max(seg, n_seq[by])
+    late = by[(high >= 0) & (n_seq[by] < high) & n_win[by]]
+    reordered_rows = [(pid_names[p], s, part_, off, h) for p, s, part_, off, h in
+                      zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
+                          high[(high >= 0) & (n_seq[by] < high) & n_win[by]].tolist(), strict=True)]
+    # gaps: per pid, consecutive present seqs
+    pr = np.flatnonzero(n_present)
+    by = pr[np.lexsort((n_seq[pr], n_pid[pr]))]
+    pid_by, seq_by = n_pid[by], n_seq[by]
+    nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
+    gaps = [(pid_names[p], a, b) for p, a, b in
+            zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
+    # content: originals sharing a fingerprint, ordered by (produce time, pid, seq)
+    fp_idx = _int(pc.dictionary_encode(fps).combine_chunks().indices) if len(fps) else np.empty(0, np.int64)
+    has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
+    c = np.flatnonzero(has_fp)
+    shared = c[np.bincount(fp_idx[c], minlength=int(fp_idx.max(initial=0)) + 1)[fp_idx[c]] > 1] if len(c) else c
+    by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
+    starts = np.ones(len(by), dtype=bool)
+    starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
+    first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
+    later = np.flatnonzero(~starts)
+    later = later[n_win[by][later]]
+    dup, first = by[later], by[first_of[later]]
+    content = [(pid_names[p], s, part_, off, pid_names[fp], fs) for p, s, part_, off, fp, fs in
+               zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
+                   n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
+    oracle.emit_neighbour_rows(emit, reordered_rows, gaps, content)
+
+    stats: dict[tuple[str, int], dict[str, Any]] = {}
+    for k, v in facts.counts.items():
+        extra = [np.asarray(facts.latencies.get(k, []), dtype=np.float64), *lat.get(k, [])]
+        stats[k] = {**v, **np_latency_columns(np.concatenate(extra))}
+    from audit.core.report import assemble_report, code_counts
+
+    report = assemble_report(tc, ws, as_of, facts.partitions, stats, code_counts(facts.anomalies))
+    return oracle.OracleResult(report, facts.anomalies, facts.quarantined, dict(facts.ignored))
