@@ -155,6 +155,13 @@ def collect_tables(inputs: WindowInputs) -> columnar.Tables:
     def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
         return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
 
+    def direct(df: DataFrame, cls: type) -> pa.Table:
+        """`arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df`
+        is one (four to five times faster than Spark's scan and hand-over), else by Spark."""
+        columns = [f.name for f in fields(cls) if f.name in df.columns]
+        read = parquet_reader(df, columns)
+        return read() if read is not None else arrow(df, cls)
+
     def small(df: DataFrame | None, cls: type) -> list[Any]:
         if df is None:
             return []
@@ -168,7 +175,70 @@ def collect_tables(inputs: WindowInputs) -> columnar.Tables:
         rows = arrow(every_sink, oracle.SinkRow, ["sink"])
         for name in pc.unique(rows["sink"]).to_pylist():
             sinks[name] = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
-    return columnar.Tables(ledger=arrow(inputs.ledger, oracle.LedgerRow), log=arrow(inputs.log, oracle.LogRecord),
-                           consumed=None if inputs.consumed is None else arrow(inputs.consumed, oracle.ConsumedRow),
+    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow), log=direct(inputs.log, oracle.LogRecord),
+                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow),
                            sinks=sinks, group_offsets=small(inputs.group_offsets, oracle.GroupOffset),
                            watermarks=small(inputs.watermarks, oracle.Watermark))
+
+
+_ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
+                "timestamp": pa.timestamp("us", "UTC")}
+
+
+def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
+    """A function reading `columns` of `df`'s rows with pyarrow, or None unless `df` is one local table's
+    rows as they are in its files: a filter over a scan of plain Parquet files (a pinned Delta scan,
+    `inputs.pinned`) whose directories name its partition values, with columns the files may lack
+    read as null. Its filters (topic, hours) are not applied: the columnar path applies the exact
+    visibility, and rows of other topics or hours are left out there."""
+    plan = df._jdf.queryExecution().optimizedPlan()
+    leaves = _seq_of(plan.collectLeaves())
+    if len(leaves) != 1:
+        return None
+    leaf = leaves[0]
+    if leaf.getClass().getSimpleName() == "LocalRelation":  # every file pruned
+        schema = {c: t for c, t in df.dtypes}
+        if any(schema.get(c) not in _ARROW_TYPES for c in columns):
+            return None
+        empty = pa.schema([(c, _ARROW_TYPES[schema[c]]) for c in columns])
+        return lambda: empty.empty_table()
+    if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
+        return None
+    relation = leaf.relation()
+    if relation.getClass().getName() != "org.apache.spark.sql.execution.datasources.HadoopFsRelation":
+        return None  # a Delta scan (deletion vectors, column mapping) or another source: Spark reads it
+    if relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat":
+        return None
+    files = [str(f) for f in relation.location().inputFiles()]
+    if not all(f.startswith("file:") for f in files):
+        return None
+    types = dict(df.dtypes)
+    if any(types.get(c) not in _ARROW_TYPES for c in columns):
+        return None
+    partition_columns = [f.name() for f in relation.partitionSchema().fields()]
+    base = relation.options().get("basePath")
+    if partition_columns and not base.isDefined():
+        return None
+    root = str(base.get()).removeprefix("file:") if partition_columns else None
+    schema = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
+
+    def read() -> pa.Table:
+        import pyarrow.dataset as ds
+
+        paths = [f.removeprefix("file:") for f in files]
+        parts = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_columns]), flavor="hive") \
+            if partition_columns else None
+        data = ds.dataset(paths, format="parquet", partitioning=parts, partition_base_dir=root)
+        present = set(data.schema.names)
+        got = data.to_table(columns=[c for c in columns if c in present])
+        out = []
+        for field in schema:
+            col = got.column(field.name) if field.name in present else pa.nulls(got.num_rows, field.type)
+            out.append(pc.cast(col, field.type))
+        return pa.Table.from_arrays(out, schema=schema)
+
+    return read
+
+
+def _seq_of(xs: Any) -> list[Any]:
+    return [xs.apply(i) for i in range(xs.size())]
