@@ -76,7 +76,9 @@ def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pyt
         ("report_store: nowhere\n", "expected a SQLAlchemy URL"),
         ("- a\n- b\n", "expected a mapping at the top level"),
         ("topics: [\n", "not valid YAML"),
-        ("reconcile: {driver_row: 10}\n", "reconcile: unknown key 'driver_row' (allowed: driver_rows)"),
+        ("reconcile: {driver_row: 10}\n", "reconcile: unknown key 'driver_row' (allowed: driver_rows, columnar_rows)"),
+        ("reconcile: {columnar_rows: -5}\n", "reconcile.columnar_rows: expected a whole number >= 0"),
+        ("reconcile: {columnar_rows: true}\n", "reconcile.columnar_rows: expected a whole number >= 0"),
         ("reconcile: {driver_rows: -1}\n", "reconcile.driver_rows: expected a whole number >= 0"),
         ("reconcile: {driver_rows: many}\n", "reconcile.driver_rows: expected a whole number >= 0"),
     ],
@@ -101,6 +103,8 @@ def test_missing_explicit_file_is_an_error_but_no_file_means_defaults(tmp_path: 
     assert dict(cfg.topics) == {}
     assert cfg.driver_rows == config.DEFAULT_DRIVER_ROWS
     assert config.from_dict({"reconcile": {"driver_rows": 0}}).driver_rows == 0
+    assert cfg.columnar_rows == config.DEFAULT_COLUMNAR_ROWS
+    assert config.from_dict({"reconcile": {"columnar_rows": 0}}).columnar_rows == 0
 
 
 def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:

@@ -129,19 +129,27 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- the job, with I/O
-# Where a published window is classified: in the driver (small inputs, the default), or by the Spark
-# plan because the inputs hold more rows than `reconcile.driver_rows` (here 5). The other path is
-# made to fail, so each case proves which one ran.
-PATHS = {"driver": {}, "spark": {"reconcile": {"driver_rows": 5}}}
+# Where a published window is classified: in the driver (small inputs, the default); on Arrow
+# columns because the inputs hold more rows than `reconcile.driver_rows` (here 5) and at most
+# `reconcile.columnar_rows`; or by the Spark plan (`columnar_rows: 0`). The other paths are made to
+# fail, so each case proves which one ran.
+PATHS = {"driver": {}, "columnar": {"reconcile": {"driver_rows": 5}},
+         "spark": {"reconcile": {"driver_rows": 5, "columnar_rows": 0}}}
 
 
 def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     import spark_jobs.reconcile as rec
 
-    def refuse(*_: Any, **__: Any) -> Any:
-        raise AssertionError(f"the {'Spark plan' if path == 'driver' else 'driver path'} ran")
+    def refuse(what: str) -> Callable[..., Any]:
+        def refused(*_: Any, **__: Any) -> Any:
+            raise AssertionError(f"the {what} ran")
+        return refused
 
-    monkeypatch.setattr(rec, "classify_batch" if path == "driver" else "classify_collected", refuse)
+    others = {"driver": {"classify_batch": "Spark plan", "classify_columnar": "columnar path"},
+              "columnar": {"classify_batch": "Spark plan", "classify_collected": "driver path"},
+              "spark": {"classify_collected": "driver path", "classify_columnar": "columnar path"}}[path]
+    for name, what in others.items():
+        monkeypatch.setattr(rec, name, refuse(what))
 
 
 def _config(make_config: Callable[..., Config], tmp_path: Path, path: str = "driver") -> Config:
@@ -192,6 +200,7 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 # <step>"), on each path, for `_io_history` (few rows: no block digests, the typed path).
 STEPS = {
     "driver": {"inputs counted / collected", "published"},
+    "columnar": {"inputs counted / collected", "columnar", "published"},
     "spark": {"inputs counted / collected", "consumption order", "lookups", "typed path", "general path keys",
               "general path", "narrow rows", "repeated hashes", "summary", "published"},
 }

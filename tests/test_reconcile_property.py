@@ -256,7 +256,13 @@ def test_the_columnar_path_on_the_hand_written_cases() -> None:
     """Every hand-written case of tests/reconcile_cases.py (one per code), before and after grace:
     the columnar path gives the oracle's rows; it declines a mirrored topic (the Spark plan takes it)."""
     from spark_jobs.reconcile import columnar
-    from tests.reconcile_cases import AS_OF_FINAL, arrow_tables, build_cases, build_mirror_cases, mirror_topic_config
+    from tests.reconcile_cases import (
+        AS_OF_FINAL,
+        arrow_tables,
+        build_cases,
+        build_mirror_cases,
+        mirror_topic_config,
+    )
 
     history, _ = build_cases()
     inputs = history.inputs()

@@ -17,9 +17,9 @@ vectorised, over the narrow rows of both kinds; their rows are made by the oracl
 `emit_neighbour_rows`. The unit test holds each pass to the oracle's functions on narrow rows, and
 the property test holds the whole path equal to the oracle.
 
-The path declines (`None`) what it does not cover -- mirrored topics, a sink fed by a group the
-topic does not declare, sequence numbers outside [0, 2^40), ties the oracle breaks by the order it
-was handed the rows -- and the caller then runs the Spark plan. Transforms only: no I/O, no Spark.
+The path declines (`None`) what it does not cover -- mirrored topics, sequence numbers outside
+[0, 2^40), ties the oracle breaks by the order it was handed the rows -- and the caller then runs
+the Spark plan. Transforms only: no I/O, no Spark.
 """
 
 from __future__ import annotations
@@ -67,11 +67,7 @@ class Tables:
 
 def declines(tc: TopicConfig) -> str | None:
     """Why this path does not take the topic's windows, or None."""
-    if tc.mirrors:
-        return "a mirrored topic"
-    if any(s.group is not None and s.group not in tc.groups for s in tc.sinks):
-        return "a sink fed by a group the topic does not declare"
-    return None
+    return "a mirrored topic" if tc.mirrors else None
 
 
 def _us(col: Any) -> np.ndarray:
