@@ -1190,3 +1190,48 @@ def test_the_local_latencies_read_only_the_windows_files(spark: Any, make_config
     assert min(rows(files(t, lambda h: h == lookback), T0 - timedelta(hours=1), T0) for t in read) >= 1
     assert min(rows(files(t, lambda h: h == lookback), T0, end) for t in read) == 0
     assert read == {t: (len(opened[t]), rows(opened[t], T0, end)) for t in read}
+
+
+@pytest.mark.spark
+def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_the_rest_to_spark(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    """`driver.parquet_reader`: a lake table pinned to its Parquet files is read by pyarrow with the
+    rows and values Spark hands over (its partition column from the directories; a column the files
+    lack read as null), filters aside; a Delta scan that is not pinned, or a frame that renames
+    columns (a sink's audit columns), is not read so."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
+    from spark_jobs.reconcile.driver import collect_inputs, parquet_reader
+    from tests.reconcile_cases import frame, table_rows
+
+    cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP]}})
+    history, _ = build_cases()
+    write_lake(spark, cfg.lake, history.inputs())
+    # a consumption table written before `cluster` existed: read as null by Spark and by pyarrow
+    older = frame(spark, "consumed_records", table_rows(history.inputs())["consumed_records"]).drop("cluster")
+    (older.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .partitionBy("topic", "part_hour").save(f"{cfg.lake}/consumed_records"))
+    tc = cfg.topic(TOPIC)
+    inputs = read_batch_inputs(spark, cfg, Shape((tc,)), T0)
+    _, rows, planned = collect_inputs(spark, inputs, 5)
+    assert rows > 5
+    columns = ["topic", "group", "partition", "offset", "pid", "seq", "outcome", "consume_ts", "error", "cluster"]
+    # not pinned yet: Delta's own scan (it may carry deletion vectors) is Spark's to read
+    assert parquet_reader(inputs.consumed, columns, ("error", "cluster")) is None
+    frame = pinned(inputs, planned).consumed
+    read = parquet_reader(frame, columns, ("error", "cluster"))
+    assert read is not None
+    got = read()
+    want = frame.select(*columns).toArrow()
+    assert got.schema == want.schema
+
+    def ordered(t: Any) -> list[tuple[Any, ...]]:
+        return sorted(zip(*(t.column(c).to_pylist() for c in columns), strict=True), key=repr)
+
+    # the frame's filters are on the partition columns (topic, hours), so its files hold its rows alone
+    assert ordered(got) == ordered(want) and got.num_rows > 5
+    assert set(got.column("cluster").to_pylist()) == {None}
+    # a column the frame computes, under a name the files also have (a sink mapping its audit columns)
+    assert parquet_reader(frame.withColumn("pid", F.col("consumer")), columns, ("error", "cluster")) is None
+    assert parquet_reader(frame, columns, ("error",)) is None  # `cluster` is computed, and not optional here

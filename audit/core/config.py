@@ -111,9 +111,9 @@ class TopicConfig:
 # there against 12.1 s by the Spark plan, 384,000 rows 7.8 s against 8.5 s, 511,000 rows 9.0 s
 # against 8.7 s; the driver's time grows with the rows, the plan's is nearly flat (its fixed cost).
 DEFAULT_DRIVER_ROWS = 350_000
-# 24M input rows: 3M messages an hour with one group and one sink, a few GB of Arrow columns and
-# numpy arrays in the driver's Python process (docs/benchmarks.md)
-DEFAULT_COLUMNAR_ROWS = 24_000_000
+# 12M input rows: 1.5M messages an hour with one group and one sink; the driver's Python process holds
+# about 350 bytes a row of Arrow columns and numpy arrays at the peak (docs/benchmarks.md)
+DEFAULT_COLUMNAR_ROWS = 12_000_000
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}

@@ -259,8 +259,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     l_part, l_off = _int(led["partition"]), _int(led["offset"], _NONE)
     acked = _bool(pc.equal(status, ACKED))
     quarantine = ~_bool(pc.is_in(status, pa.array(sorted(LEDGER_STATUSES)))) | (acked & ((l_off == _NONE) | (l_part < 0)))
-    kL_all = kL
-    uL, rowL = _single(kL_all, np.ones(len(kL_all), dtype=bool))
+    uL, rowL = _single(kL, np.ones(len(kL), dtype=bool))
     # --- the log: one valid record, committed, at the acked position
     r_part, r_off = _int(log["partition"]), _int(log["offset"])
     committed = _bool(log["committed"])
@@ -296,7 +295,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
         cons = _int(pc.index_in(con["consumer"], value_set=consumers))
         cseq = _int(con["consume_seq"])
-        seg = g_code[q] * (int(c_part.max(initial=0)) + 1) + c_part[q]
+        lowest = int(c_part.min(initial=0))
+        seg = g_code[q] * (int(c_part.max(initial=0)) - lowest + 1) + (c_part[q] - lowest)  # one per (group, partition)
         order = np.lexsort((cons[q], cseq[q], c_ts[q], seg))
         so = q[order]
         seg_o = seg[order]

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 
 from audit import oracle
 from audit.core.config import TopicConfig
+from spark_jobs.io.lake import OPTIONAL_COLUMNS
 from spark_jobs.reconcile import columnar
 from spark_jobs.reconcile.columnar import values as _values
 from spark_jobs.reconcile.inputs import WindowInputs, sink_rows
@@ -155,11 +156,11 @@ def collect_tables(inputs: WindowInputs) -> columnar.Tables:
     def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
         return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
 
-    def direct(df: DataFrame, cls: type) -> pa.Table:
+    def direct(df: DataFrame, cls: type, table: str) -> pa.Table:
         """`arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df`
         is one (four to five times faster than Spark's scan and hand-over), else by Spark."""
         columns = [f.name for f in fields(cls) if f.name in df.columns]
-        read = parquet_reader(df, columns)
+        read = parquet_reader(df, columns, OPTIONAL_COLUMNS.get(table, ()))
         return read() if read is not None else arrow(df, cls)
 
     def small(df: DataFrame | None, cls: type) -> list[Any]:
@@ -175,8 +176,10 @@ def collect_tables(inputs: WindowInputs) -> columnar.Tables:
         rows = arrow(every_sink, oracle.SinkRow, ["sink"])
         for name in pc.unique(rows["sink"]).to_pylist():
             sinks[name] = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
-    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow), log=direct(inputs.log, oracle.LogRecord),
-                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow),
+    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow, "producer_ledger"),
+                           log=direct(inputs.log, oracle.LogRecord, "log_records"),
+                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow,
+                                                                               "consumed_records"),
                            sinks=sinks, group_offsets=small(inputs.group_offsets, oracle.GroupOffset),
                            watermarks=small(inputs.watermarks, oracle.Watermark))
 
@@ -185,12 +188,13 @@ _ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), 
                 "timestamp": pa.timestamp("us", "UTC")}
 
 
-def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
+def parquet_reader(df: DataFrame, columns: Sequence[str], may_lack: Sequence[str] = ()) -> Any:
     """A function reading `columns` of `df`'s rows with pyarrow, or None unless `df` is one local table's
     rows as they are in its files: a filter over a scan of plain Parquet files (a pinned Delta scan,
-    `inputs.pinned`) whose directories name its partition values, with columns the files may lack
-    read as null. Its filters (topic, hours) are not applied: the columnar path applies the exact
-    visibility, and rows of other topics or hours are left out there."""
+    `inputs.pinned`) whose directories name its partition values, each column the table's own
+    (`may_lack`: the optional ones `lake.read_input_table` reads as null where the table lacks them,
+    and pyarrow where a file does). Its filters (topic, hours) are not applied: the columnar path
+    applies the exact visibility, and rows of other topics or hours are left out there."""
     plan = df._jdf.queryExecution().optimizedPlan()
     leaves = _seq_of(plan.collectLeaves())
     if len(leaves) != 1:
@@ -209,6 +213,13 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
         return None  # a Delta scan (deletion vectors, column mapping) or another source: Spark reads it
     if relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat":
         return None
+    # each column must be the file column of its name, passed through (the same attribute id), or an
+    # optional one the table lacks: a column the frame computes (a sink's renamed audit columns) is
+    # Spark's to read
+    own = {a.name(): a.exprId().id() for a in _seq_of(leaf.output())}
+    out = {a.name(): a.exprId().id() for a in _seq_of(plan.output())}
+    if any(out.get(c) != own[c] if c in own else c not in may_lack for c in columns):
+        return None
     files = [str(f) for f in relation.location().inputFiles()]
     if not all(f.startswith("file:") for f in files):
         return None
@@ -219,13 +230,13 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     base = relation.options().get("basePath")
     if partition_columns and not base.isDefined():
         return None
-    root = str(base.get()).removeprefix("file:") if partition_columns else None
+    root = _local_path(str(base.get())) if partition_columns else None
     schema = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
 
     def read() -> pa.Table:
         import pyarrow.dataset as ds
 
-        paths = [f.removeprefix("file:") for f in files]
+        paths = [_local_path(f) for f in files]
         parts = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_columns]), flavor="hive") \
             if partition_columns else None
         data = ds.dataset(paths, format="parquet", partitioning=parts, partition_base_dir=root)
@@ -238,6 +249,13 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
         return pa.Table.from_arrays(out, schema=schema)
 
     return read
+
+
+def _local_path(uri: str) -> str:
+    """A `file:` URI (or a plain path) as a local path."""
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
 
 
 def _seq_of(xs: Any) -> list[Any]:
