@@ -1203,13 +1203,14 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
 
     from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
     from spark_jobs.reconcile.driver import collect_inputs, parquet_reader
-    from tests.reconcile_cases import frame, table_rows
+    from tests.reconcile_cases import frame as table_frame
+    from tests.reconcile_cases import table_rows
 
     cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP]}})
     history, _ = build_cases()
     write_lake(spark, cfg.lake, history.inputs())
     # a consumption table written before `cluster` existed: read as null by Spark and by pyarrow
-    older = frame(spark, "consumed_records", table_rows(history.inputs())["consumed_records"]).drop("cluster")
+    older = table_frame(spark, "consumed_records", table_rows(history.inputs())["consumed_records"]).drop("cluster")
     (older.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
      .partitionBy("topic", "part_hour").save(f"{cfg.lake}/consumed_records"))
     tc = cfg.topic(TOPIC)
@@ -1218,8 +1219,10 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     assert rows > 5
     columns = ["topic", "group", "partition", "offset", "pid", "seq", "outcome", "consume_ts", "error", "cluster"]
     # not pinned yet: Delta's own scan (it may carry deletion vectors) is Spark's to read
+    assert inputs.consumed is not None
     assert parquet_reader(inputs.consumed, columns, ("error", "cluster")) is None
     frame = pinned(inputs, planned).consumed
+    assert frame is not None
     read = parquet_reader(frame, columns, ("error", "cluster"))
     assert read is not None
     got = read()
