@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from audit import oracle
 from audit.core.config import TopicConfig
 from audit.core.percentiles import LATENCY_COLUMNS, PERCENTILES, interpolate, percentile_position
+from audit.core.report import assemble_report, code_counts
 from audit.core.vocabulary import (
     ACKED,
     COMMITTED,
@@ -197,6 +198,11 @@ def values(col: pa.ChunkedArray) -> list[Any]:
     return [None if v is None else EPOCH + timedelta(microseconds=v) for v in micros.to_pylist()]
 
 
+def _micros(t: datetime) -> int:
+    """An aware datetime as microseconds since the epoch, exactly."""
+    return (t - EPOCH) // timedelta(microseconds=1)
+
+
 def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]:
     """The rows of `table` under `mask` as the oracle's `cls` rows."""
     part = table.filter(pa.array(mask))
@@ -207,6 +213,40 @@ def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]
     return [cls(**dict(zip(names, v, strict=True))) for v in zip(*cols, strict=True)]
 
 
+def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarray, c_part: np.ndarray,
+                           c_off: np.ndarray, c_ts: np.ndarray) -> np.ndarray | None:
+    """`oracle.reordered_in_consumption` over the visible processings (`processing`) of `con`: per
+    (group, partition), in (consume time, consume seq, consumer) order, each first processing of an
+    offset below the highest offset processed before it; a mask over `con`'s rows. None when two
+    processings equal in every sort key hold different offsets (the oracle orders them as handed)."""
+    flagged = np.zeros(con.num_rows, dtype=bool)
+    if pc.any(pc.is_null(con["consume_seq"])).as_py() or pc.any(pc.is_null(con["consumer"])).as_py():
+        return None
+    q = np.flatnonzero(processing)
+    g_code = _int(pc.index_in(con["group"], value_set=pa.array(sorted(set(tc.groups)))))
+    consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
+    cons = _int(pc.index_in(con["consumer"], value_set=consumers))
+    cseq = _int(con["consume_seq"])
+    lowest = int(c_part.min(initial=0))
+    seg = g_code[q] * (int(c_part.max(initial=0)) - lowest + 1) + (c_part[q] - lowest)  # one per (group, partition)
+    order = np.lexsort((cons[q], cseq[q], c_ts[q], seg))
+    so, seg_o = q[order], seg[order]
+    same = ((seg_o[1:] == seg_o[:-1]) & (c_ts[so][1:] == c_ts[so][:-1]) & (cseq[so][1:] == cseq[so][:-1])
+            & (cons[so][1:] == cons[so][:-1]))
+    if np.any(same & (c_off[so][1:] != c_off[so][:-1])):
+        return None
+    off_o = c_off[so]
+    # the first processing of each (group, partition, offset) in that order
+    by_off = np.lexsort((np.arange(len(so)), off_o, seg_o))
+    head = np.ones(len(by_off), dtype=bool)
+    head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
+    firsts = np.zeros(len(so), dtype=bool)
+    firsts[by_off[head]] = True
+    back = firsts & (off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0)
+    flagged[so[back]] = True
+    return flagged
+
+
 def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
     """The oracle's result for one (topic, window), or None when the path declines it (`declines`,
     or data whose order the oracle takes from how its rows were handed over)."""
@@ -214,7 +254,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         return None
     topic = tc.name
     rr = read_ranges(tc, ws)
-    ws_us, we_us = (int((x - EPOCH).total_seconds()) * 1_000_000 + x.microsecond for x in (ws, ws + tc.window))
+    ws_us, we_us = _micros(ws), _micros(ws + tc.window)
 
     def is_topic(tab: pa.Table) -> Any:
         return pc.equal(tab["topic"], topic)
@@ -285,35 +325,9 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     is_commit = _bool(pc.equal(outcome, COMMITTED)) if con.num_rows else np.empty(0, bool)
     processing = (_bool(pc.is_in(outcome, pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
                   if con.num_rows else np.empty(0, bool))
-    flagged = np.zeros(con.num_rows, dtype=bool)
-    if con.num_rows:
-        if pc.any(pc.is_null(con["consume_seq"])).as_py() or pc.any(pc.is_null(con["consumer"])).as_py():
-            return None
-        q = np.flatnonzero(processing)
-        groups = sorted(set(tc.groups))
-        g_code = _int(pc.index_in(con["group"], value_set=pa.array(groups)))
-        consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
-        cons = _int(pc.index_in(con["consumer"], value_set=consumers))
-        cseq = _int(con["consume_seq"])
-        lowest = int(c_part.min(initial=0))
-        seg = g_code[q] * (int(c_part.max(initial=0)) - lowest + 1) + (c_part[q] - lowest)  # one per (group, partition)
-        order = np.lexsort((cons[q], cseq[q], c_ts[q], seg))
-        so = q[order]
-        seg_o = seg[order]
-        # rows equal in every sort key are ordered by how they were handed over: decline
-        same = (seg_o[1:] == seg_o[:-1]) & (c_ts[so][1:] == c_ts[so][:-1]) & (cseq[so][1:] == cseq[so][:-1]) \
-            & (cons[so][1:] == cons[so][:-1])
-        if np.any(same & (c_off[so][1:] != c_off[so][:-1])):
-            return None
-        off_o = c_off[so]
-        # the first processing of each (group, partition, offset) in that order
-        by_off = np.lexsort((np.arange(len(so)), off_o, seg_o))
-        head = np.ones(len(by_off), dtype=bool)
-        head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
-        firsts = np.zeros(len(so), dtype=bool)
-        firsts[by_off[head]] = True
-        back = firsts & (off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0)
-        flagged[so[back]] = True
+    flagged = _reordered_processings(con, tc, processing, c_part, c_off, c_ts) if con.num_rows else np.zeros(0, bool)
+    if flagged is None:
+        return None
 
     # --- each group: one processing at the record's position, no other row of the group
     at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there
@@ -395,9 +409,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     n_present = np.concatenate([np.ones(len(ordinary), dtype=bool), np.array([n.present for n in dirty], dtype=bool)])
     n_part = np.concatenate([part, np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64)])
     n_off = np.concatenate([r_off[ri], np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64)])
-    n_pt = np.concatenate([pt, np.array([_NONE if n.produce_time is None else
-                                         int((n.produce_time - EPOCH).total_seconds()) * 1_000_000
-                                         + n.produce_time.microsecond for n in dirty], dtype=np.int64)])
+    n_pt = np.concatenate([pt, np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty],
+                                        dtype=np.int64)])
     n_win = np.concatenate([in_window, np.array([n.in_window for n in dirty], dtype=bool)])
     fps = pa.chunked_array([*pc.cast(pc.take(log["fingerprint"], pa.array(ri, pa.int64())), pa.string()).chunks,
                             pa.array([n.fingerprint for n in dirty], pa.string())], pa.string())
@@ -411,10 +424,11 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
         return None  # two originals at one position: the oracle's order is the rows' order
     high = _prev_max(seg, n_seq[by])
-    late = by[(high >= 0) & (n_seq[by] < high) & n_win[by]]
+    is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
+    late = by[is_late]
     reordered_rows = [(pid_names[p], s, part_, off, h) for p, s, part_, off, h in
                       zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
-                          high[(high >= 0) & (n_seq[by] < high) & n_win[by]].tolist(), strict=True)]
+                          high[is_late].tolist(), strict=True)]
     # gaps: per pid, consecutive present seqs
     pr = np.flatnonzero(n_present)
     by = pr[np.lexsort((n_seq[pr], n_pid[pr]))]
@@ -443,7 +457,5 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     for k, v in facts.counts.items():
         extra = [np.asarray(facts.latencies.get(k, []), dtype=np.float64), *lat.get(k, [])]
         stats[k] = {**v, **np_latency_columns(np.concatenate(extra))}
-    from audit.core.report import assemble_report, code_counts
-
     report = assemble_report(tc, ws, as_of, facts.partitions, stats, code_counts(facts.anomalies))
     return oracle.OracleResult(report, facts.anomalies, facts.quarantined, dict(facts.ignored))
