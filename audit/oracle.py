@@ -8,8 +8,9 @@ statuses, detail texts --, read ranges, run ids, percentiles and report assembly
 job shares) and nothing of `spark_jobs`; the Spark classifier never imports it. It is written for
 clarity first, and it is also what classifies small windows in production: `msgaudit reconcile`
 collects a batch of at most `reconcile.driver_rows` input rows into the driver and calls
-`reconcile_window` per topic (`spark_jobs/reconcile/driver.py`, docs/design.md §5.8), so its cost
-must stay about linear in the rows.
+`reconcile_window` per topic (`spark_jobs/reconcile/driver.py`, docs/design.md §5.8), and it
+classifies the messages of a medium window that are not ordinary (`window_facts`, called by
+`spark_jobs/reconcile/columnar.py`, §5.10), so its cost must stay about linear in the rows.
 
 Decisions where docs/design.md leaves a choice (the Spark job implements exactly these):
 

@@ -5,7 +5,9 @@ The rules are stated once, readably, in `audit/oracle.py` (its docstring lists e
 docs/design.md leaves open); this package is the same rules as Spark transforms, and a property test
 holds the two equal row for row. A batch small enough (`reconcile.driver_rows`) is collected and
 classified by the oracle in the driver instead (`driver`, docs/design.md §5.8): a Spark plan's fixed
-cost is most of a small window's time. Apart from `driver`, this package never imports the oracle
+cost is most of a small window's time. A larger one, up to `reconcile.columnar_rows`, is read as
+Arrow columns and settled there (`columnar`, §5.10): the ordinary messages by vectorised passes, the
+others by the oracle. Apart from `driver` and `columnar`, this package never imports the oracle
 (an import contract checks it): what the two share -- codes,
 statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 (`audit.core.windows`), percentiles and report assembly (`audit.core.percentiles`,
@@ -95,6 +97,9 @@ Modules, by concern (each docstring says what it must not do):
 - `sql`: the SQL text helpers (X rows, literals, detail texts from the vocabulary's templates);
 - `outputs`: publishing a window (`write_outputs`, I/O);
 - `driver`: small batches, collected and counted (`collect_inputs`, I/O) and classified by the oracle;
+  medium ones read as Arrow columns (`collect_tables`, I/O);
+- `columnar`: medium batches settled on Arrow columns, the messages that are not ordinary classified
+  by the oracle;
 - this module: one window end to end (`classify_window`, `reconcile_window`), ranges and the CLI.
 
 Transforms take and return DataFrames and never read or write tables; `inputs.read_window_inputs`

@@ -10,7 +10,9 @@ row for row, so this path adds no third statement of the rules, only a second pl
 first one runs.
 
 `collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle
-once per topic. Neither writes anything.
+once per topic. `collect_tables` is the medium windows' I/O (`columnar`, §5.10): the rows as Arrow
+columns, a lake table pinned to plain Parquet files read by pyarrow (`parquet_reader`), the rest
+handed over by Spark. None of them writes anything.
 """
 
 from __future__ import annotations
