@@ -522,7 +522,7 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             by_oracle = classify_in_driver(spark, collected, shape, ws, as_of)
         elif rows is not None and rows <= cfg.columnar_rows and not any(columnar.declines(tc) for tc in shape.topics):
             with described(spark, f"{label}: columnar"):
-                by_oracle = classify_columnar(spark, collect_tables(inputs), shape, ws, as_of)
+                by_oracle = classify_columnar(spark, collect_tables(inputs, shape, ws), shape, ws, as_of)
         if by_oracle is not None:
             classified = by_oracle
             anomalies = next(iter(classified.values())).summary

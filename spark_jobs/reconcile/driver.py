@@ -33,7 +33,8 @@ from audit.core.config import TopicConfig
 from spark_jobs.io.lake import OPTIONAL_COLUMNS
 from spark_jobs.reconcile import columnar
 from spark_jobs.reconcile.columnar import values as _values
-from spark_jobs.reconcile.inputs import WindowInputs, sink_rows
+from spark_jobs.reconcile.inputs import WindowInputs, restrict, sink_rows
+from spark_jobs.reconcile.params import Shape
 
 # tag of a collected row (the `WindowInputs` field it comes from) -> the oracle's row type
 _TYPES: Mapping[str, type] = {
@@ -151,10 +152,12 @@ def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws:
     return {tc.name: oracle.reconcile_window(tc, ws, as_of, oracle.Inputs(**split[tc.name])) for tc in topics}
 
 
-def collect_tables(inputs: WindowInputs) -> columnar.Tables:
+def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar.Tables:
     """The window's rows as Arrow columns for the columnar path (`columnar`, docs/design.md §5.10):
-    each input table's own columns (the oracle's row fields) in one Spark job each, as read; the
-    sinks' rows split by sink; the watermarks and group offsets (small) as the oracle's rows."""
+    each lake table's own columns (the oracle's row fields) as read, by pyarrow where it can
+    (`parquet_reader`), else in one Spark job each; the sinks' visible rows (a sink is a user's
+    table of every window: its rows outside the window's range are not handed over), split by sink;
+    the watermarks and group offsets (small) as the oracle's rows."""
     def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
         return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
 
@@ -173,7 +176,7 @@ def collect_tables(inputs: WindowInputs) -> columnar.Tables:
         return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
 
     sinks: dict[str, pa.Table] = {}
-    every_sink = sink_rows(inputs)
+    every_sink = sink_rows(restrict(inputs, shape, ws))
     if every_sink is not None:
         rows = arrow(every_sink, oracle.SinkRow, ["sink"])
         for name in pc.unique(rows["sink"]).to_pylist():
