@@ -1238,3 +1238,26 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     # a column the frame computes, under a name the files also have (a sink mapping its audit columns)
     assert parquet_reader(frame.withColumn("pid", F.col("consumer")), columns, ("error", "cluster")) is None
     assert parquet_reader(frame, columns, ("error",)) is None  # `cluster` is computed, and not optional here
+
+
+@pytest.mark.spark
+def test_the_columnar_path_takes_only_a_sinks_rows_of_the_windows_range(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    """A sink is a user's table of every window: the columnar path is handed its rows whose sink_ts is
+    in the window's range or null (as the Spark plan reads them), not the table's other days."""
+    from audit.oracle import SinkRow
+    from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
+    from spark_jobs.reconcile.driver import collect_inputs, collect_tables
+
+    cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP], "sinks": [
+        {"name": "s1", "format": "delta", "location": str(tmp_path / "s1"), "group": GROUP}]}})
+    h = _io_history()
+    write_lake(spark, cfg.lake, h.inputs())
+    old = [SinkRow(0, 100 + i, "old", i, at(-24 * 60 + i)) for i in range(5)]  # a day before the window
+    write_delta_sink(spark, tmp_path / "s1", [*h.sinks["s1"], *old, SinkRow(0, 200, "nots", 0, None)])
+    inputs = read_batch_inputs(spark, cfg, Shape((cfg.topic(TOPIC),)), T0)
+    _, _, planned = collect_inputs(spark, inputs, 1)
+    tables = collect_tables(pinned(inputs, planned), Shape((cfg.topic(TOPIC),)), T0)
+    got = sorted(zip(tables.sinks["s1"].column("pid").to_pylist(), tables.sinks["s1"].column("seq").to_pylist(),
+                     strict=True), key=repr)
+    assert got == sorted([(r.pid, r.seq) for r in h.sinks["s1"]] + [("nots", 0)], key=repr)
