@@ -106,11 +106,11 @@ class TopicConfig:
 # over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
-# A batch of windows with at most this many input rows is reconciled in the driver (docs/design.md
-# §5.8). Measured (docs/benchmarks.md, a window and its lookback, published): 256,000 rows 7.2 s
-# there against 12.1 s by the Spark plan, 384,000 rows 7.8 s against 8.5 s, 511,000 rows 9.0 s
-# against 8.7 s; the driver's time grows with the rows, the plan's is nearly flat (its fixed cost).
-DEFAULT_DRIVER_ROWS = 350_000
+# A batch of windows with at most this many input rows is classified by the oracle in the driver
+# (docs/design.md §5.8), a larger one on Arrow columns (§5.10). The oracle against the columnar path
+# (docs/benchmarks.md, a window and its lookback, the default mix): 32,000 rows 1.91 s against
+# 2.30 s, 96,000 rows 2.00 s against 1.59 s, 320,000 rows 5.58 s against 2.45 s.
+DEFAULT_DRIVER_ROWS = 64_000
 # 12M input rows: 1.5M messages an hour with one group and one sink; the driver's Python process holds
 # about 350 bytes a row of Arrow columns and numpy arrays at the peak (docs/benchmarks.md)
 DEFAULT_COLUMNAR_ROWS = 12_000_000
