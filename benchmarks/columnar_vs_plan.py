@@ -5,9 +5,12 @@
 `reconcile_scale.py` uses. Prints the medians, `columnar / plan`, each against the scan, whether
 both published the same report and anomaly rows and found every injected anomaly exactly, and the
 growth of this Python process's peak RSS during the columnar runs (the driver's memory for them).
+With `--other driver` the other side is the oracle in the driver (`driver_rows` above the window's
+rows, the columnar side at `driver_rows: 1`): where the columnar path should take over from it.
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --anomaly-rate 0.0001 --history 2 --generate-only --dir DIR
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 1000000 --anomaly-rate 0.0001 --reps 3
+    .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 40000 --other driver --reps 5
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=2, help="its --history (default 2): the window is that hour")
     ap.add_argument("--anomaly-rate", type=float, default=0.001, help="the rate it was generated with")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds, alternating (medians)")
+    ap.add_argument("--other", choices=("plan", "driver"), default="plan",
+                    help="the other side: the Spark plan (default) or the oracle in the driver")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
     rs.set_anomaly_rate(args.anomaly_rate)
@@ -49,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.reconcile import reconcile_window
 
     spark = build_spark(cfg, app_name="msgaudit-columnar-vs-plan")
-    sides = {"columnar": cfg, "plan": replace(cfg, columnar_rows=0)}
+    other = args.other
+    sides = ({"columnar": cfg, other: replace(cfg, columnar_rows=0)} if other == "plan"
+             else {"columnar": replace(cfg, driver_rows=1), other: replace(cfg, driver_rows=10**12)})
 
     def run(c: Any) -> tuple[float, list[Any], list[Any]]:
         t = time.perf_counter()
@@ -76,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             took, anomaly_rows, report = run(sides[name])
             times[name].append(took)
             rows[name] = [anomaly_rows, report]
-        same = same and rows["columnar"] == rows["plan"]
+        same = same and rows["columnar"] == rows[other]
         print(f"round {i + 1}: scan {scan:.2f}s, columnar {times['columnar'][-1]:.2f}s, "
-              f"plan {times['plan'][-1]:.2f}s", flush=True)
+              f"{other} {times[other][-1]:.2f}s", flush=True)
     n = args.n
     expected = rs.expected_counts(n, args.partitions, args.history)
     found: dict[str, int] = {}
@@ -86,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         found[row[4]] = found.get(row[4], 0) + 1
     exact = all(found.get(code, 0) == e for code, e in expected.items())
     med = statistics.median
-    col, plan, scan = med(times["columnar"]), med(times["plan"]), med(scans)
+    col, plan, scan = med(times["columnar"]), med(times[other]), med(scans)
     print(f"{args.dir}: {n:,} messages in the window, {input_rows:,} input rows, anomaly rate {args.anomaly_rate}")
-    print(f"scan {scan:.2f}s, columnar {col:.2f}s, plan {plan:.2f}s (medians of {args.reps})")
-    print(f"columnar / scan: {col / scan:.2f}   plan / scan: {plan / scan:.2f}")
+    print(f"scan {scan:.2f}s, columnar {col:.2f}s, {other} {plan:.2f}s (medians of {args.reps})")
+    print(f"columnar / scan: {col / scan:.2f}   {other} / scan: {plan / scan:.2f}")
     print(f"same rows on both sides: {same}; every injected anomaly found exactly: {exact} "
           f"({sum(found.values()):,} anomaly rows)")
     print(f"peak RSS of this Python process grew {rss_columnar:,.0f} MB over the first runs "
           f"({rss_columnar * 1e6 / max(input_rows, 1):,.0f} bytes an input row)")
-    print(f"columnar / plan: {col / plan:.2f}")
+    print(f"columnar / {other}: {col / plan:.2f}")
     spark.stop()
     return 0 if same and exact else 1
 

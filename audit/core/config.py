@@ -108,8 +108,8 @@ class TopicConfig:
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
 # A batch of windows with at most this many input rows is classified by the oracle in the driver
 # (docs/design.md §5.8), a larger one on Arrow columns (§5.10). The oracle against the columnar path
-# (docs/benchmarks.md, a window and its lookback, the default mix): 32,000 rows 1.91 s against
-# 2.30 s, 96,000 rows 2.00 s against 1.59 s, 320,000 rows 5.58 s against 2.45 s.
+# (docs/benchmarks.md, a window and its lookback, the default mix): 32,000 rows 1.39 s against
+# 1.70 s, 96,000 rows 2.34 s against 1.92 s, 320,000 rows 6.57 s against 3.04 s.
 DEFAULT_DRIVER_ROWS = 64_000
 # 12M input rows: 1.5M messages an hour with one group and one sink; the driver's Python process holds
 # about 350 bytes a row of Arrow columns and numpy arrays at the peak (docs/benchmarks.md)
