@@ -193,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         run(spark, c, names[:1], as_of)  # warm-up: compiles the plans once
     rows = args.topics * (args.messages * 4 + 2 * PARTITIONS)  # ledger, log, consumption, sink; captures
     if cfg.driver_rows < rows:
+        after = "the columnar path" if rows <= cfg.columnar_rows else "the plan"
         print(f"note: {args.topics} topics hold {rows:,} input rows, more than reconcile.driver_rows "
-              f"({cfg.driver_rows:,}): their `driver` runs read up to that many rows, then use the plan")
+              f"({cfg.driver_rows:,}): their `driver` runs are counted, then take {after}")
     times: dict[tuple[str, str], list[float]] = {}
     found: dict[tuple[str, str], dict[str, int]] = {}
     sides = {"one": names[:1], "all": names}
