@@ -1238,6 +1238,9 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     # a column the frame computes, under a name the files also have (a sink mapping its audit columns)
     assert parquet_reader(frame.withColumn("pid", F.col("consumer")), columns, ("error", "cluster")) is None
     assert parquet_reader(frame, columns, ("error",)) is None  # `cluster` is computed, and not optional here
+    # rows handed over from Python (a local relation with rows) are Spark's to hand over
+    local = spark.createDataFrame(frame.select(*columns).collect(), frame.select(*columns).schema)
+    assert parquet_reader(local, columns, ("error", "cluster")) is None
 
 
 @pytest.mark.spark

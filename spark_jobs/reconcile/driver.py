@@ -205,7 +205,9 @@ def parquet_reader(df: DataFrame, columns: Sequence[str], may_lack: Sequence[str
     if len(leaves) != 1:
         return None
     leaf = leaves[0]
-    if leaf.getClass().getSimpleName() == "LocalRelation":  # every file pruned
+    if leaf.getClass().getSimpleName() == "LocalRelation":  # rows handed over from Python, or no file kept
+        if not leaf.data().isEmpty():
+            return None
         schema = {c: t for c, t in df.dtypes}
         if any(schema.get(c) not in _ARROW_TYPES for c in columns):
             return None
