@@ -277,3 +277,20 @@ def test_the_columnar_path_on_the_hand_written_cases() -> None:
                                                                           want.ignored_mirror_rows)
     mirrored, _ = build_mirror_cases()
     assert columnar.classify(mirror_topic_config(), T0, AS_OF_FINAL, arrow_tables(mirrored.inputs())) is None
+
+
+@pytest.mark.unit
+def test_the_columnar_path_declines_more_producer_sessions_than_its_keys_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pid code and a seq share one int64 key: with more sessions than the code's bits hold (here
+    made 2: at most 3 sessions, with 61 bits of seq), the path declines and the Spark plan classifies
+    the window."""
+    from spark_jobs.reconcile import columnar
+    from tests.reconcile_cases import arrow_tables, build_cases
+
+    history, _ = build_cases()
+    inputs = history.inputs()
+    assert len({r.pid for r in inputs.ledger}) >= 4
+    assert columnar.classify(topic_config(), T0, T0 + timedelta(hours=2), arrow_tables(inputs)) is not None
+    monkeypatch.setattr(columnar, "SEQ_BITS", 61)
+    assert columnar.classify(topic_config(), T0, T0 + timedelta(hours=2), arrow_tables(inputs)) is None

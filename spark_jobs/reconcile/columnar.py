@@ -18,8 +18,8 @@ vectorised, over the narrow rows of both kinds; their rows are made by the oracl
 the property test holds the whole path equal to the oracle.
 
 The path declines (`None`) what it does not cover -- mirrored topics, sequence numbers outside
-[0, 2^40), ties the oracle breaks by the order it was handed the rows -- and the caller then runs
-the Spark plan. Transforms only: no I/O, no Spark.
+[0, 2^40), 2^23 or more producer sessions in one window, ties the oracle breaks by the order it was
+handed the rows -- and the caller then runs the Spark plan. Transforms only: no I/O, no Spark.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class _Keys:
             chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
         distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
         self.pids = pc.take(distinct, pc.sort_indices(distinct))
-        if len(self.pids) >= 2 ** (63 - SEQ_BITS):
-            raise OverflowError("too many producer sessions in one window for the columnar path")
+        # a pid code must leave SEQ_BITS for the seq in a non-negative int64 (`classify` declines)
+        self.fits = len(self.pids) < 2 ** (63 - SEQ_BITS)
 
     def code(self, pid: Any) -> np.ndarray:
         return _int(pc.index_in(pid, value_set=self.pids))
@@ -281,6 +281,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
     keys = _Keys([led["pid"], log["pid"], con["pid"] if con.num_rows else pa.array([], pa.string()),
                   *(x["pid"] for x in sinks.values())])
+    if not keys.fits:
+        return None
     kL, w1 = keys.of(led["pid"], led["seq"])
     valid_log = _bool(pc.and_(pc.is_null(log["header_error"]), pc.and_(pc.is_valid(log["pid"]), pc.is_valid(log["seq"]))))
     kR, w2 = keys.of(log["pid"], log["seq"])
