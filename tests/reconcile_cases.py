@@ -183,14 +183,15 @@ def write_lake(spark: Any, lake: Path | str, inputs: Inputs) -> None:
          .save(f"{lake}/{table}"))
 
 
-def write_delta_sink(spark: Any, location: Path, rows: Iterable[SinkRow], extra_col: bool = True) -> None:
+def write_delta_sink(spark: Any, location: Path, rows: Iterable[SinkRow], extra_col: bool = True,
+                     mode: str = "overwrite") -> None:
     df = sink_frame(spark, rows)
     renamed = df.select(*[df[c].alias(f"audit_{c}") for c in df.columns])
     if extra_col:
         from pyspark.sql import functions as F
 
         renamed = renamed.withColumn("payload", F.lit("x"))
-    renamed.write.format("delta").mode("overwrite").save(str(location))
+    renamed.write.format("delta").mode(mode).save(str(location))
 
 
 def write_two_windows_one_lost(spark: Any, lake: Path | str, sink_location: Path) -> None:

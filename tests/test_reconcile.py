@@ -422,6 +422,21 @@ def test_small_inputs_are_collected_and_counted_at_once_larger_ones_counted_on_t
     assert jobs(lambda: driver.collect_within(frame(), 333)) == ((None, 334), listing + n)  # the count alone
     unknown = frame().unionByName(spark.createDataFrame([(6000, 1)], "id long, p long"))
     assert driver.collect_within(unknown, 10)[1] == 335
+    # every scan a Delta table of plain Parquet files (string partition columns, as the lake's): counted
+    # from the kept files' footers, with no job of its own; a filter on a data column aside (p = 1's
+    # files hold 333 rows, 48 of them with id % 7 = 0)
+    strings = str(tmp_path / "s")
+    spark.range(0, 1000, numPartitions=4).withColumn("p", (F.col("id") % 3).cast("string")).write.format("delta") \
+        .partitionBy("p").save(strings)
+
+    def delta_only() -> Any:
+        return spark.read.format("delta").load(strings).where("p = '1' AND id % 7 = 0")
+
+    delta_only().collect()
+    _, listed = jobs(lambda: delta_only()._jdf.queryExecution().optimizedPlan().stats())
+    assert jobs(lambda: driver.collect_within(delta_only(), 47)) == ((None, 333), listed)
+    (table, n_rows), k = jobs(lambda: driver.collect_within(delta_only(), 333))
+    assert (table.num_rows, n_rows, k) == (48, 48, listed + 1)  # within the limit: collected, counted exactly
 
 
 @pytest.mark.unit
@@ -1197,8 +1212,8 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
     """`driver.parquet_reader`: a lake table pinned to its Parquet files is read by pyarrow with the
     rows and values Spark hands over (its partition column from the directories; a column the files
-    lack read as null), filters aside; a Delta scan that is not pinned, or a frame that renames
-    columns (a sink's audit columns), is not read so."""
+    lack read as null; a column renamed, as a sink's audit columns are), filters aside; a Delta scan
+    that is not pinned, a computed column, or rows handed over from Python are not read so."""
     from pyspark.sql import functions as F
 
     from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
@@ -1220,10 +1235,10 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     columns = ["topic", "group", "partition", "offset", "pid", "seq", "outcome", "consume_ts", "error", "cluster"]
     # not pinned yet: Delta's own scan (it may carry deletion vectors) is Spark's to read
     assert inputs.consumed is not None
-    assert parquet_reader(inputs.consumed, columns, ("error", "cluster")) is None
+    assert parquet_reader(inputs.consumed, columns) is None
     frame = pinned(inputs, planned).consumed
     assert frame is not None
-    read = parquet_reader(frame, columns, ("error", "cluster"))
+    read = parquet_reader(frame, columns)
     assert read is not None
     got = read()
     want = frame.select(*columns).toArrow()
@@ -1235,21 +1250,26 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     # the frame's filters are on the partition columns (topic, hours), so its files hold its rows alone
     assert ordered(got) == ordered(want) and got.num_rows > 5
     assert set(got.column("cluster").to_pylist()) == {None}
-    # a column the frame computes, under a name the files also have (a sink mapping its audit columns)
-    assert parquet_reader(frame.withColumn("pid", F.col("consumer")), columns, ("error", "cluster")) is None
-    assert parquet_reader(frame, columns, ("error",)) is None  # `cluster` is computed, and not optional here
+    # a column renamed (a sink's mapped audit columns) is the file column under its new name
+    renamed = frame.withColumnRenamed("pid", "physical_pid").select(
+        *[F.col("physical_pid").alias("pid") if c == "pid" else F.col(f"`{c}`") for c in columns])
+    read = parquet_reader(renamed, columns)
+    assert read is not None and ordered(read()) == ordered(want)
+    # a column the frame computes, under a name the files also have, is Spark's to read
+    assert parquet_reader(frame.withColumn("pid", F.upper(F.col("consumer"))), columns) is None
     # rows handed over from Python (a local relation with rows) are Spark's to hand over
     local = spark.createDataFrame(frame.select(*columns).collect(), frame.select(*columns).schema)
-    assert parquet_reader(local, columns, ("error", "cluster")) is None
+    assert parquet_reader(local, columns) is None
 
 
 @pytest.mark.spark
-def test_the_columnar_path_takes_only_a_sinks_rows_of_the_windows_range(
+def test_a_window_counts_and_reads_only_the_files_of_a_sinks_range(
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
-    """A sink is a user's table of every window: the columnar path is handed its rows whose sink_ts is
-    in the window's range or null (as the Spark plan reads them), not the table's other days."""
+    """A sink is a user's table of every window: a window's inputs are counted over the sink's rows of
+    the window's range (sink_ts in it, or null), and the columnar path reads the files of that range
+    only, not the table's other days (written before, in files of their own)."""
     from audit.oracle import SinkRow
-    from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
+    from spark_jobs.reconcile import Shape, pinned, read_batch_inputs, sinks_in_range
     from spark_jobs.reconcile.driver import collect_inputs, collect_tables
 
     cfg = make_config(tmp_path, topics={TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP], "sinks": [
@@ -1257,10 +1277,19 @@ def test_the_columnar_path_takes_only_a_sinks_rows_of_the_windows_range(
     h = _io_history()
     write_lake(spark, cfg.lake, h.inputs())
     old = [SinkRow(0, 100 + i, "old", i, at(-24 * 60 + i)) for i in range(5)]  # a day before the window
-    write_delta_sink(spark, tmp_path / "s1", [*h.sinks["s1"], *old, SinkRow(0, 200, "nots", 0, None)])
-    inputs = read_batch_inputs(spark, cfg, Shape((cfg.topic(TOPIC),)), T0)
-    _, _, planned = collect_inputs(spark, inputs, 1)
-    tables = collect_tables(pinned(inputs, planned), Shape((cfg.topic(TOPIC),)), T0)
+    write_delta_sink(spark, tmp_path / "s1", old)
+    write_delta_sink(spark, tmp_path / "s1", [*h.sinks["s1"], SinkRow(0, 200, "nots", 0, None)], mode="append")
+    shape = Shape((cfg.topic(TOPIC),))
+    inputs = read_batch_inputs(spark, cfg, shape, T0)
+    counted = sinks_in_range(inputs, shape, T0)
+    everything, all_rows, _ = collect_inputs(spark, inputs, 10**6)
+    collected, rows, _ = collect_inputs(spark, counted, 10**6)
+    assert everything is not None and collected is not None
+    assert all_rows - rows == len(old)
+    want = sorted([(r.pid, r.seq) for r in h.sinks["s1"]] + [("nots", 0)], key=repr)
+    assert sorted([(r.pid, r.seq) for r in collected.sinks["s1"]], key=repr) == want
+    _, _, planned = collect_inputs(spark, counted, 1)
+    tables = collect_tables(pinned(inputs, planned), shape, T0)
     got = sorted(zip(tables.sinks["s1"].column("pid").to_pylist(), tables.sinks["s1"].column("seq").to_pylist(),
                      strict=True), key=repr)
-    assert got == sorted([(r.pid, r.seq) for r in h.sinks["s1"]] + [("nots", 0)], key=repr)
+    assert got == want

@@ -134,7 +134,7 @@ def scan_files(planned: DataFrame) -> dict[int, Any]:
 
     session = planned.sparkSession
     kept: dict[int, Any] = {}
-    for leaf in _seq(planned._jdf.queryExecution().optimizedPlan().collectLeaves()):
+    for leaf in scala_items(planned._jdf.queryExecution().optimizedPlan().collectLeaves()):
         location = _delta_location(leaf, "org.apache.spark.sql.delta.stats.PreparedDeltaFileIndex")
         files = None if location is None else _plain_parquet_files(location)
         if files is None:
@@ -143,6 +143,34 @@ def scan_files(planned: DataFrame) -> dict[int, Any]:
         kept[_leaf_key(leaf)] = (session.read.schema(schema).option("basePath", location.dataPath().toString())
                                  .parquet(*files)._jdf.queryExecution().analyzed() if files else None)
     return kept
+
+
+def kept_rows(planned: DataFrame) -> int | None:
+    """How many rows the files `planned`'s scans keep hold, from their Parquet footers: no Spark job,
+    on the plan `planned` already made (its files listed). Its filters on data columns aside, so at
+    least as many as its rows. None unless every leaf of its plan is a Delta scan of plain Parquet
+    files (`pin_scans`) on the local file system."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for leaf in scala_items(planned._jdf.queryExecution().optimizedPlan().collectLeaves()):
+        if leaf.getClass().getSimpleName() == "LocalRelation":
+            if not leaf.data().isEmpty():
+                return None  # rows handed over from Python
+            continue
+        location = _delta_location(leaf, "org.apache.spark.sql.delta.stats.PreparedDeltaFileIndex")
+        files = None if location is None else _plain_parquet_files(location)
+        if files is None or not all(f.startswith("file:") for f in files):
+            return None
+        total += sum(pq.read_metadata(local_path(f)).num_rows for f in files)
+    return total
+
+
+def local_path(uri: str) -> str:
+    """A `file:` URI (or a plain path) as a local path."""
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
 
 
 def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
@@ -177,12 +205,12 @@ def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
                 return logical.LocalRelation(node.output(), _scala_seq(jvm, []), False, jvm.scala.Option.empty())
             files = kept[key]
             # the files' columns under the ids the plan above refers to, in the table's order
-            ids = {a.name(): a.exprId() for a in _seq(node.output())}
-            output = [a.withExprId(ids[a.name()]) for a in _seq(files.output())]
+            ids = {a.name(): a.exprId() for a in scala_items(node.output())}
+            output = [a.withExprId(ids[a.name()]) for a in scala_items(files.output())]
             scan = files.copy(files.relation(), _scala_seq(jvm, output), files.catalogTable(), files.isStreaming(),
                               files.stream())
             return logical.Project(node.output(), scan)
-        children = _seq(node.children())
+        children = scala_items(node.children())
         out = [rebuilt(c) for c in children]
         if all(c is None for c in out):
             return None
@@ -212,7 +240,7 @@ def _plain_parquet_files(location: Any) -> list[str] | None:
     columns = [f.name() for f in fields]
     root = location.dataPath().toString().rstrip("/")
     paths = []
-    for add in _seq(scan.files()):
+    for add in scala_items(scan.files()):
         action = json.loads(add.json())["add"]  # one round trip a file
         relative = action["path"]
         if action.get("deletionVector") or ":" in relative.split("/", 1)[0] or relative.startswith("/"):
@@ -236,7 +264,8 @@ def _hive_unescape(raw: str) -> str:
     return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), raw)
 
 
-def _seq(xs: Any) -> list[Any]:
+def scala_items(xs: Any) -> list[Any]:
+    """A Scala sequence handed over by py4j as a Python list."""
     return [xs.apply(i) for i in range(xs.size())]
 
 

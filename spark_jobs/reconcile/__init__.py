@@ -149,6 +149,7 @@ from spark_jobs.reconcile.inputs import (
     read_window_inputs,
     restrict,
     sink_rows,
+    sinks_in_range,
 )
 from spark_jobs.reconcile.mirror import mirror_x
 from spark_jobs.reconcile.order import (
@@ -179,7 +180,7 @@ __all__ = [
     "WindowResult", "classify_batch", "classify_window", "collect_lookups", "flag_consumption_order", "pinned",
     "read_window_inputs",
     "reconcile_batch", "reconcile_frames", "reconcile_range", "reconcile_window", "restrict", "stage_stats", "summarise",
-    "sink_rows", "summary_line", "typed_tiers", "typed_units", "write_outputs",
+    "sink_rows", "sinks_in_range", "summary_line", "typed_tiers", "typed_units", "write_outputs",
 ]
 
 
@@ -512,7 +513,7 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         collected = rows = None
         if cfg.driver_rows:
             with described(spark, f"{label}: inputs counted / collected"):
-                collected, rows, planned = collect_inputs(spark, inputs, cfg.driver_rows)
+                collected, rows, planned = collect_inputs(spark, sinks_in_range(inputs, shape, ws), cfg.driver_rows)
             if collected is None:  # the Spark plan's queries read the files the count listed
                 inputs = pinned(inputs, planned)
         else:

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from audit import oracle
 from audit.core.config import TopicConfig
-from spark_jobs.io.lake import OPTIONAL_COLUMNS
+from spark_jobs.io.lake import kept_rows, local_path, scala_items
 from spark_jobs.reconcile import columnar
 from spark_jobs.reconcile.columnar import values as _values
 from spark_jobs.reconcile.inputs import WindowInputs, restrict, sink_rows
@@ -64,14 +64,21 @@ def collect_within(df: DataFrame, limit: int) -> tuple[pa.Table | None, int]:
     all on the one plan whose size estimate chose how -- planning a query over Delta tables lists
     each table's files (a Spark job per table). Files of at most COLLECT_FIRST_MAX_BYTES (the
     estimate; for a Delta scan, the files it keeps): one job, the collect, counted as it arrives.
-    Larger, or of unknown size: first a count that reads no column on top of that optimised plan,
-    whose scans keep the files they listed (`count_rows`), then the collect on the same plan."""
+    Larger, or of unknown size: first a count on top of that optimised plan, whose scans keep the
+    files they listed -- the rows of those files from the Delta log's statistics when every scan is
+    a Delta table's (`lake.kept_rows`: no job, filters on data columns aside, so perhaps more than
+    the rows), else Spark's count of no column (`count_rows`) -- then the collect on the same plan
+    when that count is within `limit`, counted as collected."""
     if int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) <= COLLECT_FIRST_MAX_BYTES:
         table = df.toArrow()
-        count = table.num_rows
     else:
-        count = count_rows(df)
-        table = df.toArrow() if count <= limit else None
+        count = kept_rows(df)
+        if count is None:
+            count = count_rows(df)
+        if count > limit:
+            return None, count
+        table = df.toArrow()
+    count = table.num_rows
     return (table if count <= limit else None), count
 
 
@@ -155,17 +162,17 @@ def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws:
 def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar.Tables:
     """The window's rows as Arrow columns for the columnar path (`columnar`, docs/design.md §5.10):
     each lake table's own columns (the oracle's row fields) as read, by pyarrow where it can
-    (`parquet_reader`), else in one Spark job each; the sinks' visible rows (a sink is a user's
-    table of every window: its rows outside the window's range are not handed over), split by sink;
-    the watermarks and group offsets (small) as the oracle's rows."""
+    (`parquet_reader`), else in one Spark job each; each sink's rows the same way, from the files
+    of the window's range (a sink is a user's table of every window); the watermarks and group
+    offsets (small) as the oracle's rows. The columnar path applies the exact visibility."""
     def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
         return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
 
-    def direct(df: DataFrame, cls: type, table: str) -> pa.Table:
+    def direct(df: DataFrame, cls: type) -> pa.Table:
         """`arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df`
         is one (four to five times faster than Spark's scan and hand-over), else by Spark."""
         columns = [f.name for f in fields(cls) if f.name in df.columns]
-        read = parquet_reader(df, columns, OPTIONAL_COLUMNS.get(table, ()))
+        read = parquet_reader(df, columns)
         return read() if read is not None else arrow(df, cls)
 
     def small(df: DataFrame | None, cls: type) -> list[Any]:
@@ -175,16 +182,18 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
         make = _maker(cls, table.column_names)
         return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
 
-    sinks: dict[str, pa.Table] = {}
-    every_sink = sink_rows(restrict(inputs, shape, ws))
-    if every_sink is not None:
-        rows = arrow(every_sink, oracle.SinkRow, ["sink"])
+    # a sink is a user's table of every window: its scan was pinned to the files whose sink_ts range
+    # meets the window's (`reconcile_batch` counts the inputs with the sinks restricted); a sink of
+    # one topic is read from them by pyarrow where it can be, several topics' sinks by Spark
+    visible = restrict(inputs, shape, ws)
+    sinks = {name: direct(df, oracle.SinkRow) for name, df in visible.sinks.items()}
+    if visible.sink_rows is not None:
+        rows = arrow(visible.sink_rows, oracle.SinkRow, ["sink"])
         for name in pc.unique(rows["sink"]).to_pylist():
             sinks[name] = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
-    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow, "producer_ledger"),
-                           log=direct(inputs.log, oracle.LogRecord, "log_records"),
-                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow,
-                                                                               "consumed_records"),
+    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow),
+                           log=direct(inputs.log, oracle.LogRecord),
+                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow),
                            sinks=sinks, group_offsets=small(inputs.group_offsets, oracle.GroupOffset),
                            watermarks=small(inputs.watermarks, oracle.Watermark))
 
@@ -193,26 +202,61 @@ _ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), 
                 "timestamp": pa.timestamp("us", "UTC")}
 
 
-def parquet_reader(df: DataFrame, columns: Sequence[str], may_lack: Sequence[str] = ()) -> Any:
+_NULL = ""  # `_sources`: a column that is a null literal (an optional column its table lacks)
+
+
+def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
+    """Each output column of `plan` that is a column of `leaf` passed through, perhaps renamed (a
+    sink's mapped audit columns), as {output name: the leaf's column name}, or `_NULL` for a null
+    literal (an optional column the table lacks, `lake.read_input_table`); other output columns
+    are left out (computed: Spark's to read). None when a node between them is not a projection or
+    a filter: filters do not change a column, the columnar path applies the exact visibility."""
+    projects = []
+    node = plan
+    while not node.equals(leaf):
+        kind = node.getClass().getSimpleName()
+        if kind not in ("Project", "Filter"):
+            return None
+        if kind == "Project":
+            projects.append(node)
+        node = node.child()
+    ids: dict[int, str] = {a.exprId().id(): a.name() for a in scala_items(leaf.output())}
+
+    def source(e: Any) -> str | None:
+        kind = e.getClass().getSimpleName()
+        if kind == "AttributeReference":
+            return ids.get(e.exprId().id())
+        if kind == "Alias":
+            return source(e.child())
+        if kind == "Literal" and e.value() is None:
+            return _NULL
+        return None
+
+    for project in reversed(projects):
+        step = {e.exprId().id(): source(e) for e in scala_items(project.projectList())}
+        ids = {k: v for k, v in step.items() if v is not None}
+    return {a.name(): ids[a.exprId().id()] for a in scala_items(plan.output()) if a.exprId().id() in ids}
+
+
+def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     """A function reading `columns` of `df`'s rows with pyarrow, or None unless `df` is one local table's
-    rows as they are in its files: a filter over a scan of plain Parquet files (a pinned Delta scan,
-    `inputs.pinned`) whose directories name its partition values, each column the table's own
-    (`may_lack`: the optional ones `lake.read_input_table` reads as null where the table lacks them,
-    and pyarrow where a file does). Its filters (topic, hours) are not applied: the columnar path
-    applies the exact visibility, and rows of other topics or hours are left out there."""
+    rows as they are in its files: projections and filters over a scan of plain Parquet files (a
+    pinned Delta scan, `inputs.pinned`) whose directories name its partition values, each column one
+    of the table's, passed through or renamed (a sink's audit columns), or null (an optional column
+    the table lacks, `lake.read_input_table`). Its filters (topic, hours, a sink's range) are not
+    applied: the columnar path applies the exact visibility, and rows of other topics or hours are
+    left out there."""
     plan = df._jdf.queryExecution().optimizedPlan()
-    leaves = _seq_of(plan.collectLeaves())
+    leaves = scala_items(plan.collectLeaves())
     if len(leaves) != 1:
         return None
     leaf = leaves[0]
+    types = dict(df.dtypes)
+    if any(types.get(c) not in _ARROW_TYPES for c in columns):
+        return None
+    schema = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
     if leaf.getClass().getSimpleName() == "LocalRelation":  # rows handed over from Python, or no file kept
-        if not leaf.data().isEmpty():
-            return None
-        schema = {c: t for c, t in df.dtypes}
-        if any(schema.get(c) not in _ARROW_TYPES for c in columns):
-            return None
-        empty = pa.schema([(c, _ARROW_TYPES[schema[c]]) for c in columns])
-        return lambda: empty.empty_table()
+        return (lambda: schema.empty_table()) if leaf.data().isEmpty() else None
     if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
         return None
     relation = leaf.relation()
@@ -220,50 +264,34 @@ def parquet_reader(df: DataFrame, columns: Sequence[str], may_lack: Sequence[str
         return None  # a Delta scan (deletion vectors, column mapping) or another source: Spark reads it
     if relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat":
         return None
-    # each column must be the file column of its name, passed through (the same attribute id), or an
-    # optional one the table lacks: a column the frame computes (a sink's renamed audit columns) is
-    # Spark's to read
-    own = {a.name(): a.exprId().id() for a in _seq_of(leaf.output())}
-    out = {a.name(): a.exprId().id() for a in _seq_of(plan.output())}
-    if any(out.get(c) != own[c] if c in own else c not in may_lack for c in columns):
+    sources = _sources(plan, leaf)
+    if sources is None or any(c not in sources for c in columns):
         return None
     files = [str(f) for f in relation.location().inputFiles()]
     if not all(f.startswith("file:") for f in files):
-        return None
-    types = dict(df.dtypes)
-    if any(types.get(c) not in _ARROW_TYPES for c in columns):
         return None
     partition_columns = [f.name() for f in relation.partitionSchema().fields()]
     base = relation.options().get("basePath")
     if partition_columns and not base.isDefined():
         return None
-    root = _local_path(str(base.get())) if partition_columns else None
-    schema = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
+    root = local_path(str(base.get())) if partition_columns else None
+    # each file column read as the table's type; one schema for every file, so a file written before
+    # a column was added reads it as null (a schema taken from one file would drop it from all)
+    read_as = {sources[c]: _ARROW_TYPES[types[c]] for c in columns if sources[c] != _NULL}
+    if any(p in read_as and read_as[p] != pa.string() for p in partition_columns):
+        return None
+    physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partition_columns),
+                          *((p, pa.string()) for p in partition_columns)])
 
     def read() -> pa.Table:
         import pyarrow.dataset as ds
 
-        paths = [_local_path(f) for f in files]
+        paths = [local_path(f) for f in files]
         parts = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_columns]), flavor="hive") \
             if partition_columns else None
-        data = ds.dataset(paths, format="parquet", partitioning=parts, partition_base_dir=root)
-        present = set(data.schema.names)
-        got = data.to_table(columns=[c for c in columns if c in present])
-        out = []
-        for field in schema:
-            col = got.column(field.name) if field.name in present else pa.nulls(got.num_rows, field.type)
-            out.append(pc.cast(col, field.type))
-        return pa.Table.from_arrays(out, schema=schema)
+        data = ds.dataset(paths, schema=physical, format="parquet", partitioning=parts, partition_base_dir=root)
+        got = data.to_table(columns=list(read_as))
+        return pa.Table.from_arrays([pa.nulls(got.num_rows, f.type) if sources[f.name] == _NULL
+                                     else got.column(sources[f.name]) for f in schema], schema=schema)
 
     return read
-
-
-def _local_path(uri: str) -> str:
-    """A `file:` URI (or a plain path) as a local path."""
-    from urllib.parse import unquote, urlparse
-
-    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
-
-
-def _seq_of(xs: Any) -> list[Any]:
-    return [xs.apply(i) for i in range(xs.size())]

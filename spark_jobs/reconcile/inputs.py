@@ -240,6 +240,14 @@ def map_frames(inputs: WindowInputs, f: Callable[[DataFrame], DataFrame]) -> Win
     return replace(inputs, **changes)
 
 
+def sinks_in_range(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) -> WindowInputs:
+    """`inputs` with each sink's rows restricted to the window's (`restrict`), the lake tables as read.
+    A sink is a user's table of every window: a window's inputs are counted, and its scans pinned,
+    over these (Delta skips the files of the sink's other days by their statistics)."""
+    visible = restrict(inputs, topics, ws)
+    return replace(inputs, sinks=visible.sinks, sink_rows=visible.sink_rows)
+
+
 def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInputs:
     """Each frame of a batch's inputs over the files its Delta tables' scans keep (`lake.pin_scans`,
     docs/design.md §6.3): every query of the batch then reads one snapshot of each table and lists
