@@ -91,6 +91,26 @@ def _between(col: Any, lo: datetime, hi: datetime) -> Any:
     return pc.and_(pc.greater_equal(c, pa.scalar(lo, t)), pc.less(c, pa.scalar(hi, t)))
 
 
+def _sort_by_segment(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The order of rows by (`segment` (>= 0), `values`): one sort of a combined key when it fits in
+    an int64 (several times faster than a sort on two keys), else that sort."""
+    if not len(values):
+        return np.empty(0, dtype=np.int64)
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if (int(segment.max()) + 1) * span >= 2**62:
+        return np.lexsort((values, segment))
+    return np.argsort(segment * span + (values - low))
+
+
+def _where(table: pa.Table, mask: Any) -> pa.Table:
+    """`table`'s rows where `mask` is true (a null is false); `table` itself when that is every row
+    (a window's files often hold nothing else: no copy)."""
+    if pc.all(mask, skip_nulls=False).as_py() is True:
+        return table
+    return table.filter(mask)
+
+
 def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per row of rows sorted by `segment`, the largest of `values` (all >= 0) over the rows before it
     in its segment; -1 for a segment's first row."""
@@ -151,14 +171,6 @@ def _single(keys: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray
     start = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]])) if len(ks) else np.empty(0, np.int64)
     count = np.diff(np.append(start, len(ks)))
     return ks[start], np.where(count == 1, idx[order[start]], -1)
-
-
-def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
-    """Whether each of `keys` is in `sorted_keys` (ascending): a binary search, no hash table."""
-    if not len(sorted_keys):
-        return np.zeros(len(keys), dtype=bool)
-    at = np.clip(np.searchsorted(sorted_keys, keys), 0, len(sorted_keys) - 1)
-    return sorted_keys[at] == keys
 
 
 def _lookup(uniq: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -260,15 +272,15 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         return pc.equal(tab["topic"], topic)
 
     # --- visibility (the oracle's), in the scan's terms
-    led = t.ledger.filter(pc.and_(is_topic(t.ledger), _between(t.ledger["produce_ts"], rr.message_lo, rr.message_hi)))
+    led = _where(t.ledger, pc.and_(is_topic(t.ledger), _between(t.ledger["produce_ts"], rr.message_lo, rr.message_hi)))
     log_time = pc.coalesce(*(pc.cast(t.log[c], pa.timestamp("us", "UTC"), safe=False)
                              for c in ("produce_ts", "kafka_ts", "captured_at")))
-    log = t.log.filter(pc.and_(is_topic(t.log), _between(log_time, rr.message_lo, rr.message_hi)))
+    log = _where(t.log, pc.and_(is_topic(t.log), _between(log_time, rr.message_lo, rr.message_hi)))
     empty_con = pa.table({f.name: pa.array([], type=pa.string()) for f in fields(oracle.ConsumedRow)})
     con_all = t.consumed if t.consumed is not None else empty_con
     if tc.groups and t.consumed is not None:
-        con = con_all.filter(pc.and_(pc.and_(is_topic(con_all), pc.is_in(con_all["group"], pa.array(list(tc.groups)))),
-                                     _between(con_all["consume_ts"], rr.event_lo, rr.event_hi)))
+        con = _where(con_all, pc.and_(pc.and_(is_topic(con_all), pc.is_in(con_all["group"], pa.array(list(tc.groups)))),
+                                      _between(con_all["consume_ts"], rr.event_lo, rr.event_hi)))
     else:
         con = con_all.slice(0, 0)
     sinks = {}
@@ -277,7 +289,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         if st is None:
             continue
         seen = pc.or_(pc.is_null(st["sink_ts"]), _between(st["sink_ts"], rr.event_lo, rr.event_hi))
-        sinks[s.name] = st.filter(pc.and_(is_topic(st), pc.fill_null(seen, True)))
+        sinks[s.name] = _where(st, pc.and_(is_topic(st), pc.fill_null(seen, True)))
 
     keys = _Keys([led["pid"], log["pid"], con["pid"] if con.num_rows else pa.array([], pa.string()),
                   *(x["pid"] for x in sinks.values())])
@@ -359,18 +371,24 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
             at["sink:" + sc.name] = si[ok]
     ordinary = cand  # sorted keys of the ordinary messages
 
-    # --- every other row goes to the oracle
-    def other(k: np.ndarray) -> np.ndarray:
-        return (k < 0) | ~_member(k, ordinary)
+    # --- every other row goes to the oracle: an ordinary message's rows are exactly its ledger row,
+    # its valid record, its processing in each group and its row in each sink (any other row with its
+    # key is a commit, off the audited cluster or has no valid identity, and the oracle takes it)
+    def other(n: int, *taken: np.ndarray) -> np.ndarray:
+        mask = np.ones(n, dtype=bool)
+        for rows in taken:
+            mask[rows] = False
+        return mask
 
     facts_rows = oracle.Inputs(
-        ledger=_rows(led, oracle.LedgerRow, other(kL), topic),
-        log=_rows(log, oracle.LogRecord, other(kR), topic),
+        ledger=_rows(led, oracle.LedgerRow, other(led.num_rows, li), topic),
+        log=_rows(log, oracle.LogRecord, other(log.num_rows, ri), topic),
         consumed=[], group_offsets=list(t.group_offsets), watermarks=list(t.watermarks),
-        sinks={name: _rows(st, oracle.SinkRow, other(kS[name]), topic) for name, st in sinks.items()})
+        sinks={name: _rows(st, oracle.SinkRow, other(st.num_rows, at["sink:" + name]), topic)
+               for name, st in sinks.items()})
     reordered: set[int] = set()
     if con.num_rows:
-        mask = other(kC) | is_commit | ~on_source
+        mask = other(con.num_rows, *(at[g] for g in tc.groups))
         facts_rows.consumed = _rows(con, oracle.ConsumedRow, mask, topic)
         for row, f in zip(facts_rows.consumed, flagged[mask], strict=True):
             if f:
@@ -421,7 +439,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
     # log order: per (partition, pid), originals by offset
     o = np.flatnonzero(n_part >= 0)
-    by = o[np.lexsort((n_off[o], n_pid[o], n_part[o]))]
+    by = o[_sort_by_segment(n_part[o] * (len(pid_names) + 1) + n_pid[o], n_off[o])]
     seg = n_part[by] * (len(pid_names) + 1) + n_pid[by]
     if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
         return None  # two originals at one position: the oracle's order is the rows' order
@@ -433,7 +451,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
                           high[is_late].tolist(), strict=True)]
     # gaps: per pid, consecutive present seqs
     pr = np.flatnonzero(n_present)
-    by = pr[np.lexsort((n_seq[pr], n_pid[pr]))]
+    by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
     pid_by, seq_by = n_pid[by], n_seq[by]
     nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
     gaps = [(pid_names[p], a, b) for p, a, b in
