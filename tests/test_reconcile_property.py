@@ -294,3 +294,33 @@ def test_the_columnar_path_declines_more_producer_sessions_than_its_keys_hold(
     assert columnar.classify(topic_config(), T0, T0 + timedelta(hours=2), arrow_tables(inputs)) is not None
     monkeypatch.setattr(columnar, "SEQ_BITS", 61)
     assert columnar.classify(topic_config(), T0, T0 + timedelta(hours=2), arrow_tables(inputs)) is None
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(alphabet="ab\u00e9", max_size=4)), max_size=40), st.booleans())
+def test_shared_fingerprints_are_found_exactly_whatever_their_hashes_collide(
+        strings: list[str | None], collide: bool) -> None:
+    """The content check's fingerprints (`columnar._shared_strings`): the rows whose non-null string
+    another row shares, with codes equal exactly for equal strings, also when every hash collides."""
+    import numpy as np
+    import pyarrow as pa
+
+    from spark_jobs.reconcile import columnar
+
+    arr = pa.array(strings, pa.string())
+    rows = np.arange(len(strings), dtype=np.int64)[::2] if len(strings) % 3 == 0 else np.arange(len(strings))
+    want = sorted(int(i) for i in rows if strings[i] is not None
+                  and sum(strings[j] == strings[i] for j in rows) > 1)
+    real = columnar._hash64
+    try:
+        if collide:
+            columnar._hash64 = lambda s: np.zeros(len(s), dtype=np.uint64)  # type: ignore[assignment]
+        codes, shared = columnar._shared_strings(arr, rows)
+    finally:
+        columnar._hash64 = real
+    assert sorted(shared.tolist()) == want
+    for i in shared.tolist():
+        for j in shared.tolist():
+            assert (codes[i] == codes[j]) == (strings[i] == strings[j])
+    assert len(set(real(pa.array(["fp1", "fp2", "", "1pf", "fp10"])).tolist())) == 5

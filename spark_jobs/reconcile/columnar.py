@@ -103,6 +103,53 @@ def _sort_by_segment(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.argsort(segment * span + (values - low))
 
 
+_HASH_BASE = 0x100000001B3  # odd: a polynomial hash of bytes modulo 2^64
+_HASH_SLICE = 1 << 16  # strings hashed at a time: bounds the per-byte arrays
+
+
+def _hash64(strings: pa.Array) -> np.ndarray:
+    """A 64-bit polynomial hash of each string's bytes (a null's is its empty string's): equal strings
+    hash equal, different ones rarely (`_shared_strings` checks). Several times faster than a
+    dictionary of a million distinct strings."""
+    strings = strings.cast(pa.large_string())
+    out = np.empty(len(strings), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for lo in range(0, len(strings), _HASH_SLICE):
+            part = strings.slice(lo, _HASH_SLICE)
+            bounds = np.frombuffer(part.buffers()[1], dtype=np.int64)[part.offset:part.offset + len(part) + 1]
+            data = part.buffers()[2]
+            raw = (np.frombuffer(data, dtype=np.uint8)[bounds[0]:bounds[-1]] if data is not None
+                   else np.empty(0, np.uint8))
+            starts, lengths = bounds[:-1] - bounds[0], np.diff(bounds)
+            position = np.arange(len(raw), dtype=np.int64) - np.repeat(starts, lengths)
+            powers = np.cumprod(np.full(int(lengths.max(initial=0)) + 1, _HASH_BASE, dtype=np.uint64))
+            weighted = (raw.astype(np.uint64) + np.uint64(1)) * powers[position]
+            prefix = np.concatenate([np.zeros(1, np.uint64), np.cumsum(weighted, dtype=np.uint64)])
+            out[lo:lo + len(part)] = prefix[starts + lengths] - prefix[starts] + lengths.astype(np.uint64)
+    return out
+
+
+def _shared_strings(strings: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a code per row of `strings`, equal for equal strings, defined on the rows returned; the rows
+    among `rows` whose string, not null, another of `rows` shares), exactly: the rows whose hash
+    repeats are the candidates, and only their strings are compared."""
+    codes = np.full(len(strings), -1, dtype=np.int64)
+    if not len(rows):
+        return codes, rows
+    h = _hash64(strings)[rows]
+    order = np.argsort(h)
+    same = h[order][1:] == h[order][:-1]
+    repeated = np.zeros(len(rows), dtype=bool)
+    repeated[order[1:][same]] = True
+    repeated[order[:-1][same]] = True
+    candidates = rows[repeated]
+    exact = _int(pc.dictionary_encode(strings.take(pa.array(candidates, pa.int64()))).indices)
+    candidates, exact = candidates[exact >= 0], exact[exact >= 0]  # a null shares nothing
+    codes[candidates] = exact
+    shared = candidates[np.bincount(exact, minlength=int(exact.max(initial=0)) + 1)[exact] > 1]
+    return codes, shared
+
+
 def _where(table: pa.Table, mask: Any) -> pa.Table:
     """`table`'s rows where `mask` is true (a null is false); `table` itself when that is every row
     (a window's files often hold nothing else: no copy)."""
@@ -457,10 +504,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     gaps = [(pid_names[p], a, b) for p, a, b in
             zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
     # content: originals sharing a fingerprint, ordered by (produce time, pid, seq)
-    fp_idx = _int(pc.dictionary_encode(fps).combine_chunks().indices) if len(fps) else np.empty(0, np.int64)
     has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
-    c = np.flatnonzero(has_fp)
-    shared = c[np.bincount(fp_idx[c], minlength=int(fp_idx.max(initial=0)) + 1)[fp_idx[c]] > 1] if len(c) else c
+    fp_idx, shared = _shared_strings(fps.combine_chunks(), np.flatnonzero(has_fp))
     by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
     starts = np.ones(len(by), dtype=bool)
     starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
