@@ -262,14 +262,25 @@ def _micros(t: datetime) -> int:
     return (t - EPOCH) // timedelta(microseconds=1)
 
 
+def row_maker(cls: type, cols: list[str]) -> Any:
+    """Builds a `cls` from the values of `cols`, in that order: positionally when they are its
+    leading positional fields (most tables' columns, read in the fields' order), else by keyword."""
+    positional = [f.name for f in fields(cls) if f.init and not f.kw_only]
+    if cols == positional[:len(cols)]:
+        return cls
+    return lambda *values: cls(**dict(zip(cols, values, strict=True)))
+
+
 def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]:
-    """The rows of `table` under `mask` as the oracle's `cls` rows."""
+    """The rows of `table` under `mask` as the oracle's `cls` rows (`topic` where it has no such column)."""
     part = table.filter(pa.array(mask))
     names = [f.name for f in fields(cls) if f.name in part.column_names]
     cols = [values(part.column(n)) for n in names]
     if "topic" not in names:
-        return [cls(**dict(zip(names, v, strict=True)), topic=topic) for v in zip(*cols, strict=True)]
-    return [cls(**dict(zip(names, v, strict=True))) for v in zip(*cols, strict=True)]
+        names.append("topic")
+        cols.append([topic] * part.num_rows)
+    make = row_maker(cls, names)
+    return [make(*v) for v in zip(*cols, strict=True)]
 
 
 def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarray, c_part: np.ndarray,

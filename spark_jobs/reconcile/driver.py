@@ -32,6 +32,7 @@ from audit import oracle
 from audit.core.config import TopicConfig
 from spark_jobs.io.lake import kept_rows, local_path, scala_items
 from spark_jobs.reconcile import columnar
+from spark_jobs.reconcile.columnar import row_maker
 from spark_jobs.reconcile.columnar import values as _values
 from spark_jobs.reconcile.inputs import WindowInputs, restrict, sink_rows
 from spark_jobs.reconcile.params import Shape
@@ -92,15 +93,6 @@ def count_rows(df: DataFrame) -> int:
     return int(planned.count())
 
 
-def _maker(cls: type, cols: list[str]) -> Any:
-    """Builds a `cls` from the values of `cols`, in that order: positionally when they are its
-    leading positional fields (most tags), else by keyword."""
-    positional = [f.name for f in fields(cls) if f.init and not f.kw_only]
-    if cols == positional[:len(cols)]:
-        return cls
-    return lambda *values: cls(**dict(zip(cols, values, strict=True)))
-
-
 def collect_inputs(spark: SparkSession, inputs: WindowInputs,
                    limit: int) -> tuple[oracle.Inputs | None, int, DataFrame]:
     """(every row of the window's inputs as the oracle's rows, or None when they hold more than
@@ -130,7 +122,7 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs,
         if not part.num_rows:
             continue
         cols = wanted[tag]
-        make = _maker(_TYPES[tag], cols)
+        make = row_maker(_TYPES[tag], cols)
         rows = [make(*values) for values in zip(*(_values(part.column(c)) for c in cols), strict=True)]
         if tag != "sink":
             out[tag] = rows
@@ -179,7 +171,7 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
         if df is None:
             return []
         table = arrow(df, cls)
-        make = _maker(cls, table.column_names)
+        make = row_maker(cls, table.column_names)
         return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
 
     # a sink is a user's table of every window: its scan was pinned to the files whose sink_ts range
