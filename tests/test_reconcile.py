@@ -448,28 +448,28 @@ def test_collected_columns_become_the_values_to_pylist_gives() -> None:
     import pyarrow as pa
 
     from audit import oracle
-    from spark_jobs.reconcile.driver import _maker, _values
+    from spark_jobs.reconcile.columnar import row_maker, values
 
     micros = [0, -1, 1_764_590_400_123_456, None, 253_402_214_400_000_000]  # 9999-12-31 the last
     for unit, tz in (("us", "UTC"), ("ms", "UTC"), ("us", "Europe/Paris"), ("us", None)):
         scale = 1000 if unit == "ms" else 1
         col = pa.chunked_array([pa.array([None if m is None else m // scale for m in micros],
                                          type=pa.timestamp(unit, tz=tz))])
-        got, want = _values(col), col.to_pylist()
+        got, want = values(col), col.to_pylist()
         assert got == want and [None if v is None else v.utcoffset() for v in got] == \
             [None if v is None else v.utcoffset() for v in want]
     no_nulls = pa.chunked_array([pa.array([5, 6], type=pa.timestamp("us", tz="UTC"))])
-    assert _values(no_nulls) == [datetime(1970, 1, 1, 0, 0, 0, 5, tzinfo=UTC), datetime(1970, 1, 1, 0, 0, 0, 6, tzinfo=UTC)]
-    assert _values(pa.chunked_array([pa.array(["a", None])])) == ["a", None]
+    assert values(no_nulls) == [datetime(1970, 1, 1, 0, 0, 0, 5, tzinfo=UTC), datetime(1970, 1, 1, 0, 0, 0, 6, tzinfo=UTC)]
+    assert values(pa.chunked_array([pa.array(["a", None])])) == ["a", None]
     # positionally when the columns are the leading fields; by keyword otherwise (a field left out,
     # or a keyword-only one such as a mirror record's `mirror`)
-    assert _maker(oracle.SinkRow, ["partition", "offset", "pid", "seq", "sink_ts"]) is oracle.SinkRow
-    by_keyword = _maker(oracle.SinkRow, ["partition", "pid", "seq", "sink_ts", "offset"])
+    assert row_maker(oracle.SinkRow, ["partition", "offset", "pid", "seq", "sink_ts"]) is oracle.SinkRow
+    by_keyword = row_maker(oracle.SinkRow, ["partition", "pid", "seq", "sink_ts", "offset"])
     assert by_keyword(1, "p", 2, None, 7) == oracle.SinkRow(1, 7, "p", 2, None)
     ts = datetime(2026, 1, 1, tzinfo=UTC)
-    mirror = _maker(oracle.MirrorRecord, ["partition", "offset", "pid", "seq", "produce_ts", "kafka_ts",
-                                          "captured_at", "fingerprint", "committed", "header_error", "topic",
-                                          "mirror"])
+    mirror = row_maker(oracle.MirrorRecord, ["partition", "offset", "pid", "seq", "produce_ts", "kafka_ts",
+                                             "captured_at", "fingerprint", "committed", "header_error", "topic",
+                                             "mirror"])
     assert mirror(0, 1, "p", 2, ts, ts, ts, "f", True, None, "t", "m") == oracle.MirrorRecord(
         0, 1, "p", 2, ts, ts, ts, "f", True, None, "t", mirror="m")
 

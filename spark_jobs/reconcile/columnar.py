@@ -25,6 +25,7 @@ handed the rows -- and the caller then runs the Spark plan. Transforms only: no 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -129,14 +130,14 @@ def _hash64(strings: pa.Array) -> np.ndarray:
     return out
 
 
-def _shared_strings(strings: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _shared_strings(strings: pa.Array, rows: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row of `strings`, equal for equal strings, defined on the rows returned; the rows
     among `rows` whose string, not null, another of `rows` shares), exactly: the rows whose hash
-    repeats are the candidates, and only their strings are compared."""
+    repeats are the candidates (`hashes`: each string's `_hash64`), and only their strings are compared."""
     codes = np.full(len(strings), -1, dtype=np.int64)
     if not len(rows):
         return codes, rows
-    h = _hash64(strings)[rows]
+    h = hashes[rows]
     order = np.argsort(h)
     same = h[order][1:] == h[order][:-1]
     repeated = np.zeros(len(rows), dtype=bool)
@@ -317,30 +318,33 @@ def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarra
     return flagged
 
 
-def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
-    """The oracle's result for one (topic, window), or None when the path declines it (`declines`,
-    or data whose order the oracle takes from how its rows were handed over)."""
-    if declines(tc) is not None:
-        return None
-    topic = tc.name
+@dataclass
+class _Visible:
+    """The rows of one (topic, window) the oracle sees, in the scan's terms."""
+
+    ledger: pa.Table
+    log: pa.Table
+    consumed: pa.Table
+    sinks: dict[str, pa.Table]
+
+
+def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
+    """The oracle's visibility for `tc`'s window of `ws` over `t` (other topics' rows left out)."""
     rr = read_ranges(tc, ws)
-    ws_us, we_us = _micros(ws), _micros(ws + tc.window)
 
     def is_topic(tab: pa.Table) -> Any:
-        return pc.equal(tab["topic"], topic)
+        return pc.equal(tab["topic"], tc.name)
 
-    # --- visibility (the oracle's), in the scan's terms
     led = _where(t.ledger, pc.and_(is_topic(t.ledger), _between(t.ledger["produce_ts"], rr.message_lo, rr.message_hi)))
     log_time = pc.coalesce(*(pc.cast(t.log[c], pa.timestamp("us", "UTC"), safe=False)
                              for c in ("produce_ts", "kafka_ts", "captured_at")))
     log = _where(t.log, pc.and_(is_topic(t.log), _between(log_time, rr.message_lo, rr.message_hi)))
-    empty_con = pa.table({f.name: pa.array([], type=pa.string()) for f in fields(oracle.ConsumedRow)})
-    con_all = t.consumed if t.consumed is not None else empty_con
     if tc.groups and t.consumed is not None:
-        con = _where(con_all, pc.and_(pc.and_(is_topic(con_all), pc.is_in(con_all["group"], pa.array(list(tc.groups)))),
-                                      _between(con_all["consume_ts"], rr.event_lo, rr.event_hi)))
+        con = _where(t.consumed, pc.and_(pc.and_(is_topic(t.consumed),
+                                                 pc.is_in(t.consumed["group"], pa.array(list(tc.groups)))),
+                                         _between(t.consumed["consume_ts"], rr.event_lo, rr.event_hi)))
     else:
-        con = con_all.slice(0, 0)
+        con = pa.table({f.name: pa.array([], type=pa.string()) for f in fields(oracle.ConsumedRow)})
     sinks = {}
     for s in tc.sinks:
         st = t.sinks.get(s.name)
@@ -348,6 +352,99 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
             continue
         seen = pc.or_(pc.is_null(st["sink_ts"]), _between(st["sink_ts"], rr.event_lo, rr.event_hi))
         sinks[s.name] = _where(st, pc.and_(is_topic(st), pc.fill_null(seen, True)))
+    return _Visible(led, log, con, sinks)
+
+
+@dataclass
+class _Consumption:
+    """The visible consumption rows' columns the passes use, and the order of consumption's flags."""
+
+    part: np.ndarray
+    off: np.ndarray
+    ts: np.ndarray
+    on_source: np.ndarray
+    is_commit: np.ndarray
+    processing: np.ndarray
+    flagged: np.ndarray
+
+
+def _consumption(con: pa.Table, tc: TopicConfig) -> _Consumption | None:
+    """The columns of `con` (visible) the passes use and the order of consumption over every
+    processing of the audited cluster (`oracle.reordered_in_consumption`); None when the oracle
+    breaks a tie in that order by the rows' order (`_reordered_processings`)."""
+    if not con.num_rows:
+        none, no = np.empty(0, np.int64), np.empty(0, bool)
+        return _Consumption(none, none, none, no, no, no, no)
+    part, off, ts = _int(con["partition"]), _int(con["offset"]), _us(con["consume_ts"])
+    on_source = _bool(pc.is_null(con["cluster"]))
+    is_commit = _bool(pc.equal(con["outcome"], COMMITTED))
+    processing = _bool(pc.is_in(con["outcome"], pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
+    flagged = _reordered_processings(con, tc, processing, part, off, ts)
+    return None if flagged is None else _Consumption(part, off, ts, on_source, is_commit, processing, flagged)
+
+
+def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray, n_part: np.ndarray,
+                    n_off: np.ndarray, n_pt: np.ndarray, n_win: np.ndarray, fps: pa.Array, fp_hashes: np.ndarray,
+                    pid_names: list[str]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The checks that need neighbours over the narrow rows of every message (pid code, seq, whether
+    present, partition and offset of its original (-1: none), produce time, in the window,
+    fingerprint and its `_hash64`), as `oracle.emit_neighbour_rows` takes them: (reordered in the
+    log, gaps, content duplicates); None when two originals share a position (the oracle's order
+    is then the rows' order)."""
+    # log order: per (partition, pid), originals by offset
+    o = np.flatnonzero(n_part >= 0)
+    by = o[_sort_by_segment(n_part[o] * (len(pid_names) + 1) + n_pid[o], n_off[o])]
+    seg = n_part[by] * (len(pid_names) + 1) + n_pid[by]
+    if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
+        return None
+    high = _prev_max(seg, n_seq[by])
+    is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
+    late = by[is_late]
+    reordered = [(pid_names[p], s, part, off, h) for p, s, part, off, h in
+                 zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
+                     high[is_late].tolist(), strict=True)]
+    # gaps: per pid, consecutive present seqs
+    pr = np.flatnonzero(n_present)
+    by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
+    pid_by, seq_by = n_pid[by], n_seq[by]
+    nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
+    gaps = [(pid_names[p], a, b) for p, a, b in
+            zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
+    # content: originals sharing a fingerprint, ordered by (produce time, pid, seq)
+    has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
+    fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), fp_hashes)
+    by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
+    starts = np.ones(len(by), dtype=bool)
+    starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
+    first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
+    later = np.flatnonzero(~starts)
+    later = later[n_win[by][later]]
+    dup, first = by[later], by[first_of[later]]
+    content = [(pid_names[p], s, part, off, pid_names[fp], fs) for p, s, part, off, fp, fs in
+               zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
+                   n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
+    return reordered, gaps, content
+
+
+def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
+    """The oracle's result for one (topic, window), or None when the path declines it (`declines`,
+    or data whose order the oracle takes from how its rows were handed over). Two passes run beside
+    the others, on a thread of their own (numpy and pyarrow let go of the interpreter while they
+    work): the order of consumption, and the hashes of the ordinary messages' fingerprints while
+    the oracle classifies the rest."""
+    if declines(tc) is not None:
+        return None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
+        return _classify(tc, ws, as_of, t, beside)
+
+
+def _classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables,
+              beside: ThreadPoolExecutor) -> oracle.OracleResult | None:
+    topic = tc.name
+    ws_us, we_us = _micros(ws), _micros(ws + tc.window)
+    v = _visible(tc, ws, t)
+    led, log, con, sinks = v.ledger, v.log, v.consumed, v.sinks
+    consumption = beside.submit(_consumption, con, tc)
 
     keys = _Keys([led["pid"], log["pid"], con["pid"] if con.num_rows else pa.array([], pa.string()),
                   *(x["pid"] for x in sinks.values())])
@@ -388,30 +485,20 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     ok = committed[ri] & (r_part[ri] == l_part[li]) & (r_off[ri] == l_off[li])
     cand, li, ri = cand[ok], li[ok], ri[ok]
 
-    # --- the order of consumption over every processing of the audited cluster (oracle.reordered_in_consumption)
-    c_part = _int(con["partition"]) if con.num_rows else np.empty(0, np.int64)
-    c_off = _int(con["offset"]) if con.num_rows else np.empty(0, np.int64)
-    c_ts = _us(con["consume_ts"]) if con.num_rows else np.empty(0, np.int64)
-    on_source = _bool(pc.is_null(con["cluster"])) if con.num_rows else np.empty(0, bool)
-    outcome = con["outcome"] if con.num_rows else pa.array([], pa.string())
-    is_commit = _bool(pc.equal(outcome, COMMITTED)) if con.num_rows else np.empty(0, bool)
-    processing = (_bool(pc.is_in(outcome, pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
-                  if con.num_rows else np.empty(0, bool))
-    flagged = _reordered_processings(con, tc, processing, c_part, c_off, c_ts) if con.num_rows else np.zeros(0, bool)
-    if flagged is None:
+    c = consumption.result()
+    if c is None:
         return None
-
     # --- each group: one processing at the record's position, no other row of the group
     at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there
     for g in tc.groups:
         if not con.num_rows:
             gi, ok = np.full(len(cand), -2, dtype=np.int64), np.zeros(len(cand), dtype=bool)
         else:
-            uG, rowG = _single(kC, _bool(pc.equal(con["group"], g)) & on_source & ~is_commit)
+            uG, rowG = _single(kC, _bool(pc.equal(con["group"], g)) & c.on_source & ~c.is_commit)
             gi = _lookup(uG, rowG, cand)
             gi_ok = np.where(gi >= 0, gi, 0)
-            ok = ((gi >= 0) & processing[gi_ok] & ~flagged[gi_ok] & (c_part[gi_ok] == r_part[ri])
-                  & (c_off[gi_ok] == r_off[ri]))
+            ok = ((gi >= 0) & c.processing[gi_ok] & ~c.flagged[gi_ok] & (c.part[gi_ok] == r_part[ri])
+                  & (c.off[gi_ok] == r_off[ri]))
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: v[ok] for k, v in at.items()}
         at[g] = gi[ok]
@@ -428,6 +515,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         if sc.name in sinks:
             at["sink:" + sc.name] = si[ok]
     ordinary = cand  # sorted keys of the ordinary messages
+    ordinary_fps = pc.cast(pc.take(log["fingerprint"], pa.array(ri, pa.int64())), pa.string()).combine_chunks()
+    ordinary_hashes = beside.submit(_hash64, ordinary_fps)
 
     # --- every other row goes to the oracle: an ordinary message's rows are exactly its ledger row,
     # its valid record, its processing in each group and its row in each sink (any other row with its
@@ -448,7 +537,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     if con.num_rows:
         mask = other(con.num_rows, *(at[g] for g in tc.groups))
         facts_rows.consumed = _rows(con, oracle.ConsumedRow, mask, topic)
-        for row, f in zip(facts_rows.consumed, flagged[mask], strict=True):
+        for row, f in zip(facts_rows.consumed, c.flagged[mask], strict=True):
             if f:
                 reordered.add(id(row))
     facts = oracle.window_facts(tc, ws, as_of, facts_rows, reordered=reordered, neighbours=False)
@@ -462,10 +551,10 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
     def count(stage: str, parts: np.ndarray, latencies: tuple[np.ndarray, np.ndarray]) -> None:
         values, n = np.unique(parts, return_counts=True)
-        for p, c in zip(values.tolist(), n.tolist(), strict=True):
+        for p, k in zip(values.tolist(), n.tolist(), strict=True):
             cnt = facts.counts.setdefault((stage, p), {})
-            cnt["expected"] = cnt.get("expected", 0) + c
-            cnt["delivered"] = cnt.get("delivered", 0) + c
+            cnt["expected"] = cnt.get("expected", 0) + k
+            cnt["delivered"] = cnt.get("delivered", 0) + k
         values_ms, has = latencies
         for p in np.unique(parts[has]).tolist():
             lat.setdefault((stage, p), []).append(values_ms[has & (parts == p)])
@@ -473,7 +562,7 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     ack = _us(led["ack_ts"])[li][win]
     count(LOG, part[win], ((ack - pt[win]) / 1000.0, ack != _NONE))
     for g in tc.groups:
-        consumed_at = c_ts[at[g][win]]
+        consumed_at = c.ts[at[g][win]]
         count(group_stage(g), part[win], ((consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool)))
     for sc in tc.sinks:
         sink_at = _us(sinks[sc.name]["sink_ts"])[at["sink:" + sc.name][win]]
@@ -481,57 +570,28 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
     # --- the checks that need neighbours, over the narrow rows of both kinds
     dirty = facts.narrow
-    d_pid = keys.code(pa.array([n.pid for n in dirty], pa.string())) if dirty else np.empty(0, np.int64)
-    n_pid = np.concatenate([ordinary >> SEQ_BITS, d_pid])
-    n_seq = np.concatenate([ordinary & ((1 << SEQ_BITS) - 1), np.array([n.seq for n in dirty], dtype=np.int64)])
-    n_present = np.concatenate([np.ones(len(ordinary), dtype=bool), np.array([n.present for n in dirty], dtype=bool)])
-    n_part = np.concatenate([part, np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64)])
-    n_off = np.concatenate([r_off[ri], np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64)])
-    n_pt = np.concatenate([pt, np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty],
-                                        dtype=np.int64)])
-    n_win = np.concatenate([in_window, np.array([n.in_window for n in dirty], dtype=bool)])
-    fps = pa.chunked_array([*pc.cast(pc.take(log["fingerprint"], pa.array(ri, pa.int64())), pa.string()).chunks,
-                            pa.array([n.fingerprint for n in dirty], pa.string())], pa.string())
-    pid_names = keys.pids.to_pylist()
-    emit = oracle.anomaly_emitter(facts.anomalies, topic, ws, as_of)
-
-    # log order: per (partition, pid), originals by offset
-    o = np.flatnonzero(n_part >= 0)
-    by = o[_sort_by_segment(n_part[o] * (len(pid_names) + 1) + n_pid[o], n_off[o])]
-    seg = n_part[by] * (len(pid_names) + 1) + n_pid[by]
-    if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
-        return None  # two originals at one position: the oracle's order is the rows' order
-    high = _prev_max(seg, n_seq[by])
-    is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
-    late = by[is_late]
-    reordered_rows = [(pid_names[p], s, part_, off, h) for p, s, part_, off, h in
-                      zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
-                          high[is_late].tolist(), strict=True)]
-    # gaps: per pid, consecutive present seqs
-    pr = np.flatnonzero(n_present)
-    by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
-    pid_by, seq_by = n_pid[by], n_seq[by]
-    nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
-    gaps = [(pid_names[p], a, b) for p, a, b in
-            zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
-    # content: originals sharing a fingerprint, ordered by (produce time, pid, seq)
-    has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
-    fp_idx, shared = _shared_strings(fps.combine_chunks(), np.flatnonzero(has_fp))
-    by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
-    starts = np.ones(len(by), dtype=bool)
-    starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
-    first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
-    later = np.flatnonzero(~starts)
-    later = later[n_win[by][later]]
-    dup, first = by[later], by[first_of[later]]
-    content = [(pid_names[p], s, part_, off, pid_names[fp], fs) for p, s, part_, off, fp, fs in
-               zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
-                   n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
-    oracle.emit_neighbour_rows(emit, reordered_rows, gaps, content)
+    dirty_fps = pa.array([n.fingerprint for n in dirty], pa.string())
+    found = _neighbour_rows(
+        n_pid=np.concatenate([ordinary >> SEQ_BITS, keys.code(pa.array([n.pid for n in dirty], pa.string()))
+                              if dirty else np.empty(0, np.int64)]),
+        n_seq=np.concatenate([ordinary & ((1 << SEQ_BITS) - 1), np.array([n.seq for n in dirty], dtype=np.int64)]),
+        n_present=np.concatenate([np.ones(len(ordinary), dtype=bool), np.array([n.present for n in dirty], dtype=bool)]),
+        n_part=np.concatenate([part, np.array([-1 if n.partition is None else n.partition for n in dirty],
+                                              dtype=np.int64)]),
+        n_off=np.concatenate([r_off[ri], np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64)]),
+        n_pt=np.concatenate([pt, np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty],
+                                          dtype=np.int64)]),
+        n_win=np.concatenate([in_window, np.array([n.in_window for n in dirty], dtype=bool)]),
+        fps=pa.concat_arrays([ordinary_fps, dirty_fps]),
+        fp_hashes=np.concatenate([ordinary_hashes.result(), _hash64(dirty_fps)]),
+        pid_names=keys.pids.to_pylist())
+    if found is None:
+        return None
+    oracle.emit_neighbour_rows(oracle.anomaly_emitter(facts.anomalies, topic, ws, as_of), *found)
 
     stats: dict[tuple[str, int], dict[str, Any]] = {}
-    for k, v in facts.counts.items():
+    for k, val in facts.counts.items():
         extra = [np.asarray(facts.latencies.get(k, []), dtype=np.float64), *lat.get(k, [])]
-        stats[k] = {**v, **np_latency_columns(np.concatenate(extra))}
+        stats[k] = {**val, **np_latency_columns(np.concatenate(extra))}
     report = assemble_report(tc, ws, as_of, facts.partitions, stats, code_counts(facts.anomalies))
     return oracle.OracleResult(report, facts.anomalies, facts.quarantined, dict(facts.ignored))

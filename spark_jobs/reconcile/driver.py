@@ -11,8 +11,8 @@ first one runs.
 
 `collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle
 once per topic. `collect_tables` is the medium windows' I/O (`columnar`, §5.10): the rows as Arrow
-columns, a lake table pinned to plain Parquet files read by pyarrow (`parquet_reader`), the rest
-handed over by Spark. None of them writes anything.
+columns, a table pinned to plain Parquet files (a lake table, a Delta sink) read by pyarrow
+(`parquet_reader`), the rest handed over by Spark. None of them writes anything.
 """
 
 from __future__ import annotations
