@@ -54,33 +54,30 @@ def _frames(inputs: WindowInputs) -> list[tuple[str, DataFrame]]:
     return [(tag, df) for tag, df in named if df is not None]
 
 
-# Inputs whose files hold at most this many bytes are collected at once and counted as collected
-# (about what `reconcile.driver_rows` rows take in Parquet: collecting a larger input only to find it
-# goes to the Spark plan would cost more than the count it saves); larger ones are counted first.
+# Inputs that are not all plain local Parquet (a JDBC sink, an object store) and whose files hold at
+# most this many bytes are collected at once and counted as collected (about what
+# `reconcile.driver_rows` rows take in Parquet: collecting a larger input only to find it goes to
+# another path would cost more than the count it saves); larger ones are counted first.
 COLLECT_FIRST_MAX_BYTES = 16 << 20
 
 
 def collect_within(df: DataFrame, limit: int) -> tuple[pa.Table | None, int]:
     """(`df`'s rows as Arrow, or None when it holds more than `limit` rows; how many rows it holds),
-    all on the one plan whose size estimate chose how -- planning a query over Delta tables lists
-    each table's files (a Spark job per table). Files of at most COLLECT_FIRST_MAX_BYTES (the
-    estimate; for a Delta scan, the files it keeps): one job, the collect, counted as it arrives.
-    Larger, or of unknown size: first a count on top of that optimised plan, whose scans keep the
-    files they listed -- the rows of those files from the Delta log's statistics when every scan is
-    a Delta table's (`lake.kept_rows`: no job, filters on data columns aside, so perhaps more than
-    the rows), else Spark's count of no column (`count_rows`) -- then the collect on the same plan
-    when that count is within `limit`, counted as collected."""
-    if int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) <= COLLECT_FIRST_MAX_BYTES:
-        table = df.toArrow()
-    else:
-        count = kept_rows(df)
-        if count is None:
-            count = count_rows(df)
-        if count > limit:
-            return None, count
-        table = df.toArrow()
-    count = table.num_rows
-    return (table if count <= limit else None), count
+    all on the one plan that listed the files -- planning a query over Delta tables lists each
+    table's files (a Spark job per table). When every scan is a Delta table of plain local Parquet
+    files, the rows those files hold are counted from their footers first (`lake.kept_rows`: no job;
+    filters on data columns aside, so at least `df`'s rows): more than `limit`, nothing is read;
+    else one job, the collect, counted as collected. Otherwise by the plan's size estimate: files of
+    at most COLLECT_FIRST_MAX_BYTES, one job, the collect, counted as it arrives; larger, or of
+    unknown size, Spark's count of no column on that plan (`count_rows`), then the collect when the
+    count is within `limit`."""
+    count = kept_rows(df)
+    if count is None and int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) > COLLECT_FIRST_MAX_BYTES:
+        count = count_rows(df)
+    if count is not None and count > limit:
+        return None, count
+    table = df.toArrow()
+    return (table if table.num_rows <= limit else None), table.num_rows
 
 
 def count_rows(df: DataFrame) -> int:
@@ -97,9 +94,9 @@ def collect_inputs(spark: SparkSession, inputs: WindowInputs,
                    limit: int) -> tuple[oracle.Inputs | None, int, DataFrame]:
     """(every row of the window's inputs as the oracle's rows, or None when they hold more than
     `limit` rows; how many rows they hold; the union of the inputs that was planned, whose Delta
-    scans listed the files: `inputs.pinned` takes them from it). One Spark job beside the files'
-    listing for small inputs (the rows), two for larger ones (a count, then the rows unless there
-    are too many: `collect_within`)."""
+    scans listed the files: `inputs.pinned` takes them from it). At most two Spark jobs beside the
+    files' listing: a count unless the files' footers give it, then the rows unless there are too
+    many (`collect_within`)."""
     parts = []
     wanted: dict[str, list[str]] = {}
     for tag, df in _frames(inputs):
