@@ -1260,6 +1260,20 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     # rows handed over from Python (a local relation with rows) are Spark's to hand over
     local = spark.createDataFrame(frame.select(*columns).collect(), frame.select(*columns).schema)
     assert parquet_reader(local, columns) is None
+    # rows appended once `cluster` exists: each file read with the table's columns, the older files'
+    # `cluster` null and the newer ones' as written, whichever file comes first
+    newer = older.withColumn("offset", F.col("offset") + 1000).withColumn("cluster", F.lit("mirror-a"))
+    (newer.write.format("delta").mode("append").option("mergeSchema", "true")
+     .partitionBy("topic", "part_hour").save(f"{cfg.lake}/consumed_records"))
+    inputs = read_batch_inputs(spark, cfg, Shape((tc,)), T0)
+    _, _, planned = collect_inputs(spark, inputs, 5)
+    frame = pinned(inputs, planned).consumed
+    assert frame is not None
+    read = parquet_reader(frame, columns)
+    assert read is not None
+    got, want = read(), frame.select(*columns).toArrow()
+    assert ordered(got) == ordered(want)
+    assert set(got.column("cluster").to_pylist()) == {None, "mirror-a"}
 
 
 @pytest.mark.spark
