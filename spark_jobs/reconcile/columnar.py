@@ -393,8 +393,9 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     is then the rows' order)."""
     # log order: per (partition, pid), originals by offset
     o = np.flatnonzero(n_part >= 0)
-    by = o[_sort_by_segment(n_part[o] * (len(pid_names) + 1) + n_pid[o], n_off[o])]
-    seg = n_part[by] * (len(pid_names) + 1) + n_pid[by]
+    segments = n_part[o] * (len(pid_names) + 1) + n_pid[o]
+    order = _sort_by_segment(segments, n_off[o])
+    by, seg = o[order], segments[order]
     if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
         return None
     high = _prev_max(seg, n_seq[by])
