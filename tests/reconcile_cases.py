@@ -560,3 +560,35 @@ def arrow_tables(inputs: Inputs) -> Any:
                   consumed=table(oracle.ConsumedRow, inputs.consumed),
                   sinks={name: table(oracle.SinkRow, rows) for name, rows in inputs.sinks.items()},
                   group_offsets=inputs.group_offsets, watermarks=inputs.watermarks)
+
+
+def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tables: Any, n: int,
+                       batch_rows: int = 5) -> Any:
+    """`columnar.classify_chunks` over `tables` split into `n` chunks in memory, `batch_rows` rows of
+    each table at a time (so the pids, the order of consumption and the `committed` rows meet
+    several batches), as the job splits the files it reads."""
+    import pyarrow as pa
+
+    from spark_jobs.reconcile.columnar import Split, Tables, classify_chunks
+
+    split = Split(n, topics, ws)
+    parts: list[dict[str, list[Any]]] = [{} for _ in range(n)]
+    schemas: dict[str, Any] = {}
+    named = [("ledger", "ledger", tables.ledger), ("log", "log", tables.log),
+             *([("consumed", "consumed", tables.consumed)] if tables.consumed is not None else []),
+             *(("sink", "sink:" + name, t) for name, t in tables.sinks.items())]
+    for kind, key, table in named:
+        schemas[key] = table.schema.append(pa.field("_row", pa.int64())) if kind == "consumed" else table.schema
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            for k, batches in enumerate(split.split(kind, batch)):
+                parts[k].setdefault(key, []).extend(batches)
+
+    def chunk(k: int) -> Any:
+        def table(key: str) -> Any:
+            return pa.Table.from_batches(parts[k].get(key, []), schemas[key])
+        return Tables(ledger=table("ledger"), log=table("log"),
+                      consumed=table("consumed") if tables.consumed is not None else None,
+                      sinks={name: table("sink:" + name) for name in tables.sinks},
+                      group_offsets=tables.group_offsets, watermarks=tables.watermarks)
+
+    return classify_chunks(topics, ws, as_of, split, chunk)

@@ -252,15 +252,41 @@ def test_the_columnar_path_equals_the_oracle_row_for_row(history: tuple[Inputs, 
 
 
 @pytest.mark.unit
+@settings(max_examples=_examples(UNIT_EXAMPLES, SOAK_UNIT_EXAMPLES), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches(), st.integers(min_value=2, max_value=4))
+def test_the_columnar_path_in_chunks_equals_the_oracle_row_for_row(history: tuple[Inputs, datetime],
+                                                                    n: int) -> None:
+    """A window split into chunks by message (`columnar.Split`, a few rows of each table at a time)
+    and settled chunk by chunk (`columnar.classify_chunks`) gives the oracle's report and anomaly
+    rows: the order of consumption, the committed offsets and the checks that need neighbours are
+    the whole window's."""
+    from tests.reconcile_cases import arrow_tables, classify_in_chunks
+
+    inputs, as_of = history
+    want = reconcile_window(TC, T0, as_of, inputs)
+    got = classify_in_chunks([TC], T0, as_of, arrow_tables(inputs), n)
+    assert got is not None
+    r = got[TC.name]
+    assert sorted_anomalies(r.anomalies) == sorted_anomalies(want.anomalies)
+    assert norm_rows(r.report) == norm_rows(want.report)
+    assert r.quarantined_ledger_rows == want.quarantined_ledger_rows
+    assert r.ignored_mirror_rows == want.ignored_mirror_rows
+
+
+@pytest.mark.unit
 def test_the_columnar_path_on_the_hand_written_cases() -> None:
     """Every hand-written case of tests/reconcile_cases.py (one per code), before and after grace:
     the columnar path gives the oracle's rows; it declines a mirrored topic (the Spark plan takes it)."""
     from spark_jobs.reconcile import columnar
     from tests.reconcile_cases import (
         AS_OF_FINAL,
+        GROUP,
+        TOPIC,
         arrow_tables,
         build_cases,
         build_mirror_cases,
+        classify_in_chunks,
         mirror_topic_config,
     )
 
@@ -275,8 +301,30 @@ def test_the_columnar_path_on_the_hand_written_cases() -> None:
         assert norm_rows(got.report) == norm_rows(want.report)
         assert (got.quarantined_ledger_rows, got.ignored_mirror_rows) == (want.quarantined_ledger_rows,
                                                                           want.ignored_mirror_rows)
+        for n in (2, 3, 7):  # in chunks, a row or two of each table at a time
+            chunked = classify_in_chunks([tc], T0, as_of, arrow_tables(inputs), n, batch_rows=2)
+            assert chunked is not None
+            r = chunked[tc.name]
+            assert sorted_anomalies(r.anomalies) == sorted_anomalies(want.anomalies), n
+            assert norm_rows(r.report) == norm_rows(want.report), n
+            assert (r.quarantined_ledger_rows, r.ignored_mirror_rows) == (want.quarantined_ledger_rows,
+                                                                          want.ignored_mirror_rows)
+    # a consumer's `committed` rows past every offset (the interceptor's word on its committed
+    # offset): in every chunk, a message the group never processed is `missed`, not `overdue`
+    high = max(r.offset for r in inputs.log) + 1
+    commits = [ConsumedRow(GROUP, "c9", 10**6 + p, p, high, None, None, "committed", T0 + timedelta(minutes=30),
+                           topic=TOPIC) for p in sorted({r.partition for r in inputs.log})]
+    with_commits = replace(inputs, consumed=[*inputs.consumed, *commits])
+    want = reconcile_window(tc, T0, AS_OF_FINAL, with_commits)
+    missed = {(a["pid"], a["seq"]) for a in want.anomalies if a["anomaly"] == "missed"}
+    assert len(missed) >= 2
+    for n in (2, 3, 7):
+        chunked = classify_in_chunks([tc], T0, AS_OF_FINAL, arrow_tables(with_commits), n, batch_rows=2)
+        assert chunked is not None
+        assert sorted_anomalies(chunked[tc.name].anomalies) == sorted_anomalies(want.anomalies), n
     mirrored, _ = build_mirror_cases()
     assert columnar.classify(mirror_topic_config(), T0, AS_OF_FINAL, arrow_tables(mirrored.inputs())) is None
+    assert classify_in_chunks([mirror_topic_config()], T0, AS_OF_FINAL, arrow_tables(mirrored.inputs()), 2) is None
 
 
 @pytest.mark.unit

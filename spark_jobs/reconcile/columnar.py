@@ -24,8 +24,8 @@ handed the rows -- and the caller then runs the Spark plan. Transforms only: no 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -186,15 +186,18 @@ def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 class _Keys:
     """Message keys: (pid code << SEQ_BITS) | seq, pid codes in the pids' sorted order; -1 for a row
-    without a valid identity (no pid or seq, or a seq outside [0, 2^SEQ_BITS))."""
+    without a valid identity (no pid or seq, or a seq outside [0, 2^SEQ_BITS)). `pids`: every pid of
+    the window, sorted, when the rows at hand are one chunk of it (`Split`)."""
 
-    def __init__(self, pid_columns: list[Any]) -> None:
-        chunks: list[Any] = []
-        for col in pid_columns:
-            col = pc.cast(pc.drop_null(col), pa.string())
-            chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
-        distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
-        self.pids = pc.take(distinct, pc.sort_indices(distinct))
+    def __init__(self, pid_columns: list[Any], pids: pa.Array | None = None) -> None:
+        if pids is None:
+            chunks: list[Any] = []
+            for col in pid_columns:
+                col = pc.cast(pc.drop_null(col), pa.string())
+                chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+            distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
+            pids = pc.take(distinct, pc.sort_indices(distinct))
+        self.pids = pids
         # a pid code must leave SEQ_BITS for the seq in a non-negative int64 (`classify` declines)
         self.fits = len(self.pids) < 2 ** (63 - SEQ_BITS)
 
@@ -229,18 +232,34 @@ def _lookup(uniq: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return np.where(uniq[at] == keys, rows[at], -2)
 
 
-def np_latency_columns(values: np.ndarray) -> dict[str, float | None]:
-    """`audit.core.percentiles.latency_columns` of a numpy array: the same arithmetic on the same
-    ranks, so the same floats."""
-    if not len(values):
+def np_latency_columns(values: np.ndarray, counts: np.ndarray | None = None) -> dict[str, float | None]:
+    """`audit.core.percentiles.latency_columns` of a numpy array (`counts`: how many times each of
+    `values` occurs, when it is a histogram): the same arithmetic on the same ranks, so the same floats."""
+    if counts is None:
+        xs, below = np.sort(values), None
+        n = len(xs)
+    else:
+        order = np.argsort(values, kind="stable")
+        xs, below = values[order], np.cumsum(counts[order])
+        n = int(below[-1]) if len(below) else 0
+
+    def at(rank: int) -> Any:
+        return xs[rank if below is None else int(np.searchsorted(below, rank, side="right"))]
+    if not n:
         return dict.fromkeys(LATENCY_COLUMNS)
-    xs = np.sort(values)
     out: dict[str, float | None] = {}
     for name, p in zip(LATENCY_COLUMNS, PERCENTILES, strict=False):
-        position, lower, higher = percentile_position(len(xs), p)
-        out[name] = interpolate(position, lower, higher, float(xs[lower]), float(xs[higher]))
+        position, lower, higher = percentile_position(n, p)
+        out[name] = interpolate(position, lower, higher, float(at(lower)), float(at(higher)))
     out["latency_max_ms"] = float(xs[-1])
     return out
+
+
+def _histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct `values`, how many times each occurs): a stage's latencies kept in a window's
+    chunks (clients stamp whole milliseconds: few distinct values)."""
+    xs, n = np.unique(values, return_counts=True)
+    return xs, n.astype(np.int64)
 
 
 _UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z", "GMT"}
@@ -297,25 +316,38 @@ def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarra
     g_code = _int(pc.index_in(con["group"], value_set=pa.array(sorted(set(tc.groups)))))
     consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
     cons = _int(pc.index_in(con["consumer"], value_set=consumers))
-    cseq = _int(con["consume_seq"])
-    lowest = int(c_part.min(initial=0))
-    seg = g_code[q] * (int(c_part.max(initial=0)) - lowest + 1) + (c_part[q] - lowest)  # one per (group, partition)
-    order = np.lexsort((cons[q], cseq[q], c_ts[q], seg))
-    so, seg_o = q[order], seg[order]
-    same = ((seg_o[1:] == seg_o[:-1]) & (c_ts[so][1:] == c_ts[so][:-1]) & (cseq[so][1:] == cseq[so][:-1])
-            & (cons[so][1:] == cons[so][:-1]))
-    if np.any(same & (c_off[so][1:] != c_off[so][:-1])):
+    back = _backwards(g_code[q], cons[q], _int(con["consume_seq"])[q], c_part[q], c_off[q], c_ts[q])
+    if back is None:
         return None
-    off_o = c_off[so]
+    flagged[q[back]] = True
+    return flagged
+
+
+def _backwards(group: np.ndarray, consumer: np.ndarray, cseq: np.ndarray, part: np.ndarray, off: np.ndarray,
+               ts: np.ndarray) -> np.ndarray | None:
+    """`oracle.reordered_in_consumption` over processings given by their columns (group and consumer
+    as codes in their names' order): per (group, partition), in (consume time, consume seq,
+    consumer) order, each first processing of an offset below the highest offset processed before
+    it, as a mask; None on a tie in every sort key between different offsets."""
+    lowest = int(part.min(initial=0))
+    seg = group * (int(part.max(initial=0)) - lowest + 1) + (part - lowest)  # one per (group, partition)
+    order = np.lexsort((consumer, cseq, ts, seg))
+    seg_o = seg[order]
+    ts_o, cseq_o, cons_o, off_o = ts[order], cseq[order], consumer[order], off[order]
+    same = ((seg_o[1:] == seg_o[:-1]) & (ts_o[1:] == ts_o[:-1]) & (cseq_o[1:] == cseq_o[:-1])
+            & (cons_o[1:] == cons_o[:-1]))
+    if np.any(same & (off_o[1:] != off_o[:-1])):
+        return None
     # the first processing of each (group, partition, offset) in that order
-    by_off = np.lexsort((np.arange(len(so)), off_o, seg_o))
+    by_off = np.lexsort((np.arange(len(order)), off_o, seg_o))
     head = np.ones(len(by_off), dtype=bool)
     head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
-    firsts = np.zeros(len(so), dtype=bool)
+    firsts = np.zeros(len(order), dtype=bool)
     firsts[by_off[head]] = True
     back = firsts & (off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0)
-    flagged[so[back]] = True
-    return flagged
+    out = np.zeros(len(order), dtype=bool)
+    out[order[back]] = True
+    return out
 
 
 @dataclass
@@ -368,10 +400,11 @@ class _Consumption:
     flagged: np.ndarray
 
 
-def _consumption(con: pa.Table, tc: TopicConfig) -> _Consumption | None:
+def _consumption(con: pa.Table, tc: TopicConfig, flags: np.ndarray | None = None) -> _Consumption | None:
     """The columns of `con` (visible) the passes use and the order of consumption over every
     processing of the audited cluster (`oracle.reordered_in_consumption`); None when the oracle
-    breaks a tie in that order by the rows' order (`_reordered_processings`)."""
+    breaks a tie in that order by the rows' order (`_reordered_processings`). `flags`: that order's
+    flags computed over the whole window (`Split.flags`), by `con`'s `_row`, when `con` is one chunk."""
     if not con.num_rows:
         none, no = np.empty(0, np.int64), np.empty(0, bool)
         return _Consumption(none, none, none, no, no, no, no)
@@ -379,7 +412,8 @@ def _consumption(con: pa.Table, tc: TopicConfig) -> _Consumption | None:
     on_source = _bool(pc.is_null(con["cluster"]))
     is_commit = _bool(pc.equal(con["outcome"], COMMITTED))
     processing = _bool(pc.is_in(con["outcome"], pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
-    flagged = _reordered_processings(con, tc, processing, part, off, ts)
+    flagged = (_reordered_processings(con, tc, processing, part, off, ts) if flags is None
+               else flags[_int(con["_row"])])
     return None if flagged is None else _Consumption(part, off, ts, on_source, is_commit, processing, flagged)
 
 
@@ -436,19 +470,82 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
     if declines(tc) is not None:
         return None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
-        return _classify(tc, ws, as_of, t, beside)
+        part = _settle(tc, ws, as_of, t, beside)
+        return None if part is None else _finish(tc, ws, as_of, [part])
 
 
-def _classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables,
-              beside: ThreadPoolExecutor) -> oracle.OracleResult | None:
+def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime, split: Split,
+                    chunk: Callable[[int], Tables]) -> dict[str, oracle.OracleResult] | None:
+    """`classify` of each of `topics` over a window `split` cut into chunks by message (`chunk(k)`:
+    the rows of chunk k, read when asked): each chunk's messages are settled as `classify` settles a
+    whole window's, given the order of consumption's flags and the pids computed over all chunks;
+    the checks that need neighbours run once, over every chunk's narrow rows. None when the path
+    declines one topic (the Spark plan runs then)."""
+    if split.declined or any(declines(tc) is not None for tc in topics):
+        return None
+    flags = split.flags()
+    if flags is None:
+        return None
+    pids = split.pids()
+    parts: dict[str, list[_Part]] = {tc.name: [] for tc in topics}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
+        for k in range(split.n):
+            t = chunk(k)
+            for tc in topics:
+                part = _settle(tc, ws, as_of, t, beside, flags, pids)
+                if part is None:
+                    return None
+                parts[tc.name].append(part)
+            del t
+        out = {}
+        for tc in topics:
+            r = _finish(tc, ws, as_of, parts.pop(tc.name))
+            if r is None:
+                return None
+            out[tc.name] = r
+        return out
+
+
+@dataclass
+class _Narrow:
+    """Narrow rows of messages, as `_neighbour_rows` takes them (`hashes`: of `fps`, perhaps still
+    being computed beside)."""
+
+    pid: np.ndarray
+    seq: np.ndarray
+    present: np.ndarray
+    part: np.ndarray
+    off: np.ndarray
+    pt: np.ndarray
+    win: np.ndarray
+    fps: pa.Array
+    hashes: np.ndarray | Future[np.ndarray]
+
+
+@dataclass
+class _Part:
+    """One topic's facts in one chunk of its window: the oracle's (for the messages that are not
+    ordinary), the ordinary messages' latencies as histograms per (stage, partition), and the narrow
+    rows of both kinds."""
+
+    facts: oracle.Facts
+    latencies: dict[tuple[str, int], list[tuple[np.ndarray, np.ndarray]]]
+    narrow: list[_Narrow]
+    pid_names: list[str]
+
+
+def _settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, beside: ThreadPoolExecutor,
+            flags: np.ndarray | None = None, pids: pa.Array | None = None) -> _Part | None:
+    """The facts of `tc`'s messages in `t` (a window, or one chunk of it given the window's `flags`
+    and `pids`), or None when the path declines."""
     topic = tc.name
     ws_us, we_us = _micros(ws), _micros(ws + tc.window)
     v = _visible(tc, ws, t)
     led, log, con, sinks = v.ledger, v.log, v.consumed, v.sinks
-    consumption = beside.submit(_consumption, con, tc)
+    consumption = beside.submit(_consumption, con, tc, flags)
 
     keys = _Keys([led["pid"], log["pid"], con["pid"] if con.num_rows else pa.array([], pa.string()),
-                  *(x["pid"] for x in sinks.values())])
+                  *(x["pid"] for x in sinks.values())], pids)
     if not keys.fits:
         return None
     kL, w1 = keys.of(led["pid"], led["seq"])
@@ -569,30 +666,169 @@ def _classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables,
         sink_at = _us(sinks[sc.name]["sink_ts"])[at["sink:" + sc.name][win]]
         count(sink_stage(sc.name), part[win], ((sink_at - pt[win]) / 1000.0, sink_at != _NONE))
 
-    # --- the checks that need neighbours, over the narrow rows of both kinds
+    # --- the narrow rows of both kinds, for the checks that need neighbours (`_finish`)
     dirty = facts.narrow
+    facts.narrow = []
     dirty_fps = pa.array([n.fingerprint for n in dirty], pa.string())
+    narrow = [
+        _Narrow(ordinary >> SEQ_BITS, ordinary & ((1 << SEQ_BITS) - 1), np.ones(len(ordinary), dtype=bool), part,
+                r_off[ri], pt, in_window, ordinary_fps, ordinary_hashes),
+        _Narrow(keys.code(pa.array([n.pid for n in dirty], pa.string())) if dirty else np.empty(0, np.int64),
+                np.array([n.seq for n in dirty], dtype=np.int64), np.array([n.present for n in dirty], dtype=bool),
+                np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64),
+                np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64),
+                np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty], dtype=np.int64),
+                np.array([n.in_window for n in dirty], dtype=bool), dirty_fps, _hash64(dirty_fps))]
+    return _Part(facts, {k: [_histogram(np.concatenate(v))] for k, v in lat.items()}, narrow, keys.pids.to_pylist())
+
+
+def _merged(parts: Sequence[_Part]) -> oracle.Facts:
+    """The facts of a window's chunks as one window's (counts and tallies added, rows put together)."""
+    if len(parts) == 1:
+        return parts[0].facts
+    counts: dict[tuple[str, int], dict[str, int]] = {}
+    latencies: dict[tuple[str, int], list[float]] = {}
+    ignored: dict[tuple[str, str], int] = {}
+    for p in parts:
+        for k, cnt in p.facts.counts.items():
+            into = counts.setdefault(k, {})
+            for name, n in cnt.items():
+                into[name] = into.get(name, 0) + n
+        for k, xs in p.facts.latencies.items():
+            latencies.setdefault(k, []).extend(xs)
+        for where, n in p.facts.ignored.items():
+            ignored[where] = ignored.get(where, 0) + n
+    return oracle.Facts([a for p in parts for a in p.facts.anomalies], counts, latencies,
+                        set().union(*(p.facts.partitions for p in parts)), sum(p.facts.quarantined for p in parts),
+                        ignored, [])
+
+
+def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Part]) -> oracle.OracleResult | None:
+    """The window's result from its chunks' facts: the checks that need neighbours over all their
+    narrow rows, then the report; None when the path declines (`_neighbour_rows`)."""
+    facts = _merged(parts)
+    narrow = [n for p in parts for n in p.narrow]
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(n, name) for n in narrow])
+
     found = _neighbour_rows(
-        n_pid=np.concatenate([ordinary >> SEQ_BITS, keys.code(pa.array([n.pid for n in dirty], pa.string()))
-                              if dirty else np.empty(0, np.int64)]),
-        n_seq=np.concatenate([ordinary & ((1 << SEQ_BITS) - 1), np.array([n.seq for n in dirty], dtype=np.int64)]),
-        n_present=np.concatenate([np.ones(len(ordinary), dtype=bool), np.array([n.present for n in dirty], dtype=bool)]),
-        n_part=np.concatenate([part, np.array([-1 if n.partition is None else n.partition for n in dirty],
-                                              dtype=np.int64)]),
-        n_off=np.concatenate([r_off[ri], np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64)]),
-        n_pt=np.concatenate([pt, np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty],
-                                          dtype=np.int64)]),
-        n_win=np.concatenate([in_window, np.array([n.in_window for n in dirty], dtype=bool)]),
-        fps=pa.concat_arrays([ordinary_fps, dirty_fps]),
-        fp_hashes=np.concatenate([ordinary_hashes.result(), _hash64(dirty_fps)]),
-        pid_names=keys.pids.to_pylist())
+        n_pid=joined("pid"), n_seq=joined("seq"), n_present=joined("present"), n_part=joined("part"),
+        n_off=joined("off"), n_pt=joined("pt"), n_win=joined("win"),
+        fps=pa.concat_arrays([n.fps for n in narrow]),
+        fp_hashes=np.concatenate([n.hashes.result() if isinstance(n.hashes, Future) else n.hashes for n in narrow]),
+        pid_names=parts[0].pid_names)
     if found is None:
         return None
-    oracle.emit_neighbour_rows(oracle.anomaly_emitter(facts.anomalies, topic, ws, as_of), *found)
+    oracle.emit_neighbour_rows(oracle.anomaly_emitter(facts.anomalies, tc.name, ws, as_of), *found)
 
     stats: dict[tuple[str, int], dict[str, Any]] = {}
     for k, val in facts.counts.items():
-        extra = [np.asarray(facts.latencies.get(k, []), dtype=np.float64), *lat.get(k, [])]
-        stats[k] = {**val, **np_latency_columns(np.concatenate(extra))}
+        hists = [h for p in parts for h in p.latencies.get(k, [])]
+        own = np.asarray(facts.latencies.get(k, []), dtype=np.float64)
+        xs = np.concatenate([own, *(h[0] for h in hists)])
+        n = np.concatenate([np.ones(len(own), dtype=np.int64), *(h[1] for h in hists)])
+        stats[k] = {**val, **np_latency_columns(xs, n)}
     report = assemble_report(tc, ws, as_of, facts.partitions, stats, code_counts(facts.anomalies))
     return oracle.OracleResult(report, facts.anomalies, facts.quarantined, dict(facts.ignored))
+
+
+# ---------------------------------------------------------------------------- windows in chunks
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads (pid hash ^ seq) over the chunks
+
+
+class Split:
+    """A window's rows split into `n` chunks by message, batch by batch as they are read
+    (docs/design.md §5.10): a row with a message identity (pid and seq; for a log record, valid)
+    goes to the chunk of a hash of its pid and seq, so every row of a message -- in every tier and
+    every topic -- is in one chunk; a row without one (the oracle keys it by partition and offset)
+    goes to chunk 0, with all such rows; a consumer's `committed` row on the audited cluster goes to
+    every chunk (each chunk's committed offsets are the window's). What needs rows of other messages
+    is gathered here as the rows pass: the window's pids (`pids`: so each chunk codes them alike)
+    and the narrow columns of every visible processing of each topic (`flags`: the order of
+    consumption, per (group, partition), over the whole window). A consumed row gains `_row`, its
+    place in the order read, which `flags` is indexed by."""
+
+    def __init__(self, n: int, topics: Sequence[TopicConfig], ws: datetime) -> None:
+        self.n = n
+        self.declined: str | None = None
+        self._topics = [(tc, read_ranges(tc, ws)) for tc in topics]
+        self._pids: list[pa.Array] = []
+        self._rows = 0  # consumed rows split so far
+        self._processings: dict[str, list[tuple[Any, ...]]] = {tc.name: [] for tc in topics}
+
+    def split(self, kind: str, batch: pa.RecordBatch) -> list[list[pa.RecordBatch]]:
+        """The rows of `batch`, of the table `kind` ('ledger', 'log', 'consumed' or 'sink'), per chunk."""
+        identified = pc.and_(pc.is_valid(batch.column("pid")), pc.is_valid(batch.column("seq")))
+        if kind == "log":
+            identified = pc.and_(identified, pc.is_null(batch.column("header_error")))
+        chunk = self._chunks(batch, _bool(identified))
+        if kind == "consumed":
+            batch = batch.append_column("_row", pa.array(np.arange(self._rows, self._rows + batch.num_rows)))
+            self._rows += batch.num_rows
+            self._processed(batch)
+            everywhere = _bool(pc.and_(pc.equal(batch.column("outcome"), COMMITTED), pc.is_null(batch.column("cluster"))))
+            chunk[everywhere] = self.n
+        order = np.argsort(chunk, kind="stable")
+        bounds = np.searchsorted(chunk[order], np.arange(self.n + 2))
+        rows = batch.take(pa.array(order))
+        every = rows.slice(bounds[self.n], bounds[self.n + 1] - bounds[self.n])
+        return [[rows.slice(bounds[k], bounds[k + 1] - bounds[k]), *([every] if every.num_rows else [])]
+                for k in range(self.n)]
+
+    def _chunks(self, batch: pa.RecordBatch, identified: np.ndarray) -> np.ndarray:
+        encoded = pc.dictionary_encode(pc.cast(batch.column("pid"), pa.string()))
+        self._pids.append(encoded.dictionary)
+        hashes = np.append(_hash64(encoded.dictionary), np.uint64(0))  # a null pid: the last
+        with np.errstate(over="ignore"):
+            mixed = (hashes[_int(encoded.indices)] ^ _int(batch.column("seq")).astype(np.uint64)) * _MIX
+        return np.where(identified, ((mixed >> np.uint64(32)) % np.uint64(self.n)).astype(np.int64), 0)
+
+    def _processed(self, batch: pa.RecordBatch) -> None:
+        """Keeps the narrow columns of `batch`'s visible processings of each topic."""
+        processing = pc.and_(pc.is_null(batch.column("cluster")),
+                             pc.is_in(batch.column("outcome"), pa.array(sorted(PROCESSING_OUTCOMES))))
+        for tc, rr in self._topics:
+            if not tc.groups:
+                continue
+            groups = pa.array(sorted(set(tc.groups)))
+            seen = _bool(pc.and_(pc.and_(pc.equal(batch.column("topic"), tc.name),
+                                         pc.is_in(batch.column("group"), groups)),
+                                 _between(batch.column("consume_ts"), rr.event_lo, rr.event_hi)))
+            if not seen.any():
+                continue
+            if pc.any(pc.is_null(batch.column("consume_seq").filter(seen))).as_py() or \
+                    pc.any(pc.is_null(batch.column("consumer").filter(seen))).as_py():
+                self.declined = "a consumption row without its consume_seq or consumer"
+            q = np.flatnonzero(seen & _bool(processing))
+            taken = pa.array(q)
+            self._processings[tc.name].append((
+                _int(pc.index_in(batch.column("group").take(taken), value_set=groups)),
+                pc.cast(batch.column("consumer").take(taken), pa.string()),
+                _int(batch.column("consume_seq").take(taken)), _int(batch.column("partition").take(taken)),
+                _int(batch.column("offset").take(taken)), _us(batch.column("consume_ts").take(taken)),
+                _int(batch.column("_row").take(taken))))
+
+    def pids(self) -> pa.Array:
+        """Every pid of the window's rows, sorted (`_Keys`)."""
+        distinct = pc.unique(pa.chunked_array(self._pids, pa.string()))
+        return pc.take(distinct, pc.sort_indices(distinct))
+
+    def flags(self) -> np.ndarray | None:
+        """Per consumed row (by `_row`): flagged by the order of consumption; None on a tie the
+        oracle breaks by the rows' order (`_backwards`). Frees the narrow columns."""
+        out = np.zeros(self._rows, dtype=bool)
+        for name in list(self._processings):
+            pieces = self._processings.pop(name)
+            if not pieces:
+                continue
+            group, consumer, cseq, part, off, ts, row = (
+                np.concatenate([p[i] for p in pieces]) if i != 1 else pa.chunked_array([p[1] for p in pieces], pa.string())
+                for i in range(7))
+            names = pc.unique(consumer)
+            back = _backwards(group, _int(pc.index_in(consumer, value_set=pc.take(names, pc.sort_indices(names)))),
+                              cseq, part, off, ts)
+            if back is None:
+                return None
+            out[row[back]] = True
+        return out
