@@ -131,9 +131,11 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 # ---------------------------------------------------------------------------- the job, with I/O
 # Where a published window is classified: in the driver (small inputs, the default); on Arrow
 # columns because the inputs hold more rows than `reconcile.driver_rows` (here 5) and at most
-# `reconcile.columnar_rows`; or by the Spark plan (`columnar_rows: 0`). The other paths are made to
+# `reconcile.columnar_rows`; on Arrow columns in chunks of at most `columnar_rows` (here 6) rows
+# when they hold more; or by the Spark plan (`columnar_rows: 0`). The other paths are made to
 # fail, so each case proves which one ran.
 PATHS = {"driver": {}, "columnar": {"reconcile": {"driver_rows": 5}},
+         "chunked": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
          "spark": {"reconcile": {"driver_rows": 5, "columnar_rows": 0}}}
 
 
@@ -145,9 +147,14 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
             raise AssertionError(f"the {what} ran")
         return refused
 
-    others = {"driver": {"classify_batch": "Spark plan", "classify_columnar": "columnar path"},
-              "columnar": {"classify_batch": "Spark plan", "classify_collected": "driver path"},
-              "spark": {"classify_collected": "driver path", "classify_columnar": "columnar path"}}[path]
+    others = {"driver": {"classify_batch": "Spark plan", "classify_columnar": "columnar path",
+                         "classify_columnar_chunks": "columnar path in chunks"},
+              "columnar": {"classify_batch": "Spark plan", "classify_collected": "driver path",
+                           "classify_columnar_chunks": "columnar path in chunks"},
+              "chunked": {"classify_batch": "Spark plan", "classify_collected": "driver path",
+                          "classify_columnar": "columnar path"},
+              "spark": {"classify_collected": "driver path", "classify_columnar": "columnar path",
+                        "classify_columnar_chunks": "columnar path in chunks"}}[path]
     for name, what in others.items():
         monkeypatch.setattr(rec, name, refuse(what))
 
@@ -201,6 +208,7 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 STEPS = {
     "driver": {"inputs counted / collected", "published"},
     "columnar": {"inputs counted / collected", "columnar", "published"},
+    "chunked": {"inputs counted / collected", "columnar, in chunks", "published"},
     "spark": {"inputs counted / collected", "consumption order", "lookups", "typed path", "general path keys",
               "general path", "narrow rows", "repeated hashes", "summary", "published"},
 }

@@ -109,10 +109,12 @@ and `outputs.write_outputs` are the only I/O (with `spark_jobs/io/sinks_read.py`
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
@@ -137,7 +139,7 @@ from spark_jobs.reconcile.blocks import (
     split_by_block,
 )
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
-from spark_jobs.reconcile.driver import classify_collected, collect_inputs, collect_tables
+from spark_jobs.reconcile.driver import classify_collected, collect_inputs, collect_tables, spill_tables
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
@@ -521,9 +523,14 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         by_oracle: dict[str, Classified] | None = None
         if collected is not None:
             by_oracle = classify_in_driver(spark, collected, shape, ws, as_of)
-        elif rows is not None and rows <= cfg.columnar_rows and not any(columnar.declines(tc) for tc in shape.topics):
-            with described(spark, f"{label}: columnar"):
-                by_oracle = classify_columnar(spark, collect_tables(inputs, shape, ws), shape, ws, as_of)
+        elif rows is not None and cfg.columnar_rows and not any(columnar.declines(tc) for tc in shape.topics):
+            if rows <= cfg.columnar_rows:
+                with described(spark, f"{label}: columnar"):
+                    by_oracle = classify_columnar(spark, collect_tables(inputs, shape, ws), shape, ws, as_of)
+            else:
+                with described(spark, f"{label}: columnar, in chunks"):
+                    by_oracle = classify_columnar_chunks(spark, inputs, shape, ws, as_of,
+                                                         -(-rows // cfg.columnar_rows))
         if by_oracle is not None:
             classified = by_oracle
             anomalies = next(iter(classified.values())).summary
@@ -556,6 +563,20 @@ def classify_columnar(spark: SparkSession, tables: columnar.Tables, shape: Shape
             return None
         results[tc.name] = r
     return _as_classified(spark, results, shape)
+
+
+def classify_columnar_chunks(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: datetime,
+                             as_of: datetime, n: int) -> dict[str, Classified] | None:
+    """`classify_columnar` of a window of more than `reconcile.columnar_rows` rows, in `n` chunks by
+    message (docs/design.md §5.10): the rows are read once and each chunk's written to Arrow IPC
+    files in a temporary folder (`driver.spill_tables`; the system's temporary directory, TMPDIR),
+    removed when the window is classified. None when the path declines (the Spark plan runs then)."""
+    with tempfile.TemporaryDirectory(prefix="msgaudit-chunks-") as folder:
+        spilled = spill_tables(inputs, shape, ws, n, Path(folder))
+        if spilled is None:
+            return None
+        results = columnar.classify_chunks(shape.topics, ws, as_of, *spilled)
+    return None if results is None else _as_classified(spark, results, shape)
 
 
 def _as_classified(spark: SparkSession, results: Mapping[str, OracleResult], shape: Shape) -> dict[str, Classified]:

@@ -17,10 +17,11 @@ columns, a table pinned to plain Parquet files (a lake table, a Delta sink) read
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from datetime import datetime
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -148,43 +149,122 @@ def classify_collected(inputs: oracle.Inputs, topics: Sequence[TopicConfig], ws:
     return {tc.name: oracle.reconcile_window(tc, ws, as_of, oracle.Inputs(**split[tc.name])) for tc in topics}
 
 
+def _arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
+    """`df`'s columns that are `cls`'s fields (and `extra`), handed over by Spark."""
+    return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
+
+
+def _direct(df: DataFrame, cls: type, batch_rows: int | None = None) -> Any:
+    """`_arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df` is
+    one (four to five times faster than Spark's scan and hand-over), else by Spark; with
+    `batch_rows`, as record batches."""
+    columns = [f.name for f in fields(cls) if f.name in df.columns]
+    read = parquet_reader(df, columns)
+    if read is not None:
+        return read(batch_rows)
+    table = _arrow(df, cls)
+    return table if batch_rows is None else _batches(iter(table.to_batches(max_chunksize=batch_rows)), table.schema)
+
+
+def _batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+    """`batches`, or one empty batch of `schema` when there are none (so a reader of them learns the
+    columns: `spill_tables` writes every chunk's file of every table)."""
+    first = next(batches, None)
+    if first is None:
+        if schema is not None:
+            yield pa.RecordBatch.from_pylist([], schema=schema)
+        return
+    yield first
+    yield from batches
+
+
+def _small(df: DataFrame | None, cls: type) -> list[Any]:
+    """A small input's rows (watermarks, group offsets) as the oracle's rows."""
+    if df is None:
+        return []
+    table = _arrow(df, cls)
+    make = row_maker(cls, table.column_names)
+    return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
+
+
+def _sink_tables(inputs: WindowInputs, shape: Shape, ws: datetime, batch_rows: int | None = None) -> dict[str, Any]:
+    """Each sink's rows (`oracle.SinkRow` columns) as `_direct` gives them. A sink is a user's table
+    of every window: its scan was pinned to the files whose sink_ts range meets the window's
+    (`reconcile_batch` counts the inputs with the sinks restricted); a sink of one topic is read from
+    them by pyarrow where it can be, several topics' sinks by Spark."""
+    visible = restrict(inputs, shape, ws)
+    sinks = {name: _direct(df, oracle.SinkRow, batch_rows) for name, df in visible.sinks.items()}
+    if visible.sink_rows is not None:
+        rows = _arrow(visible.sink_rows, oracle.SinkRow, ["sink"])
+        for name in pc.unique(rows["sink"]).to_pylist():
+            one = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
+            sinks[name] = one if batch_rows is None else _batches(iter(one.to_batches(max_chunksize=batch_rows)),
+                                                                  one.schema)
+    return sinks
+
+
 def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar.Tables:
     """The window's rows as Arrow columns for the columnar path (`columnar`, docs/design.md §5.10):
     each lake table's own columns (the oracle's row fields) as read, by pyarrow where it can
     (`parquet_reader`), else in one Spark job each; each sink's rows the same way, from the files
-    of the window's range (a sink is a user's table of every window); the watermarks and group
-    offsets (small) as the oracle's rows. The columnar path applies the exact visibility."""
-    def arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
-        return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
+    of the window's range (`_sink_tables`); the watermarks and group offsets (small) as the oracle's
+    rows. The columnar path applies the exact visibility."""
+    return columnar.Tables(ledger=_direct(inputs.ledger, oracle.LedgerRow),
+                           log=_direct(inputs.log, oracle.LogRecord),
+                           consumed=None if inputs.consumed is None else _direct(inputs.consumed, oracle.ConsumedRow),
+                           sinks=_sink_tables(inputs, shape, ws), group_offsets=_small(inputs.group_offsets, oracle.GroupOffset),
+                           watermarks=_small(inputs.watermarks, oracle.Watermark))
 
-    def direct(df: DataFrame, cls: type) -> pa.Table:
-        """`arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df`
-        is one (four to five times faster than Spark's scan and hand-over), else by Spark."""
-        columns = [f.name for f in fields(cls) if f.name in df.columns]
-        read = parquet_reader(df, columns)
-        return read() if read is not None else arrow(df, cls)
 
-    def small(df: DataFrame | None, cls: type) -> list[Any]:
+SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
+
+
+def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
+                 folder: Path) -> tuple[columnar.Split, Callable[[int], columnar.Tables]] | None:
+    """The window's rows split into `n` chunks by message (`columnar.Split`, docs/design.md §5.10):
+    each table read once, a batch at a time, by pyarrow from the files of its pinned scan
+    (`parquet_reader`; a sink Spark reads is handed over whole), each chunk's rows of each table
+    appended to an Arrow IPC file in `folder`; and `chunk(k)`, the rows of chunk k as `Tables`,
+    mapped from those files (no copy). None when the ledger, the log or the consumption rows are
+    not plain Parquet files pyarrow can read: the Spark plan classifies the window then."""
+    split = columnar.Split(n, shape.topics, ws)
+    sources: list[tuple[str, str, Any]] = []
+    for kind, df, cls in (("ledger", inputs.ledger, oracle.LedgerRow), ("log", inputs.log, oracle.LogRecord),
+                          ("consumed", inputs.consumed, oracle.ConsumedRow)):
         if df is None:
-            return []
-        table = arrow(df, cls)
-        make = row_maker(cls, table.column_names)
-        return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
+            continue
+        read = parquet_reader(df, [f.name for f in fields(cls) if f.name in df.columns])
+        if read is None:
+            return None
+        sources.append((kind, kind, read(SPILL_BATCH_ROWS)))
+    for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS).items():
+        sources.append(("sink", "sink:" + name, batches))
+    for kind, key, batches in sources:  # every source yields a batch at least (`_batches`): a file per chunk
+        writers: dict[int, Any] = {}
+        try:
+            for batch in batches:
+                for k, pieces in enumerate(split.split(kind, batch)):
+                    for piece in pieces:
+                        if k not in writers:
+                            writers[k] = pa.ipc.new_file(str(folder / f"{key}.{k}.arrow"), piece.schema)
+                        writers[k].write_batch(piece)
+        finally:
+            for w in writers.values():
+                w.close()
 
-    # a sink is a user's table of every window: its scan was pinned to the files whose sink_ts range
-    # meets the window's (`reconcile_batch` counts the inputs with the sinks restricted); a sink of
-    # one topic is read from them by pyarrow where it can be, several topics' sinks by Spark
-    visible = restrict(inputs, shape, ws)
-    sinks = {name: direct(df, oracle.SinkRow) for name, df in visible.sinks.items()}
-    if visible.sink_rows is not None:
-        rows = arrow(visible.sink_rows, oracle.SinkRow, ["sink"])
-        for name in pc.unique(rows["sink"]).to_pylist():
-            sinks[name] = rows.filter(pc.equal(rows["sink"], name)).drop_columns(["sink"])
-    return columnar.Tables(ledger=direct(inputs.ledger, oracle.LedgerRow),
-                           log=direct(inputs.log, oracle.LogRecord),
-                           consumed=None if inputs.consumed is None else direct(inputs.consumed, oracle.ConsumedRow),
-                           sinks=sinks, group_offsets=small(inputs.group_offsets, oracle.GroupOffset),
-                           watermarks=small(inputs.watermarks, oracle.Watermark))
+    group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
+
+    def table(key: str, k: int) -> pa.Table:
+        return pa.ipc.open_file(pa.memory_map(str(folder / f"{key}.{k}.arrow"))).read_all()
+
+    def chunk(k: int) -> columnar.Tables:
+        return columnar.Tables(
+            ledger=table("ledger", k), log=table("log", k),
+            consumed=None if inputs.consumed is None else table("consumed", k),
+            sinks={key[5:]: table(key, k) for _, key, _ in sources if key.startswith("sink:")},
+            group_offsets=group_offsets, watermarks=watermarks)
+
+    return split, chunk
 
 
 _ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
@@ -245,7 +325,9 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
         return None
     schema = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
     if leaf.getClass().getSimpleName() == "LocalRelation":  # rows handed over from Python, or no file kept
-        return (lambda: schema.empty_table()) if leaf.data().isEmpty() else None
+        if not leaf.data().isEmpty():
+            return None
+        return lambda batch_rows=None: schema.empty_table() if batch_rows is None else _batches(iter(()), schema)
     if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
         return None
     relation = leaf.relation()
@@ -272,15 +354,22 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partition_columns),
                           *((p, pa.string()) for p in partition_columns)])
 
-    def read() -> pa.Table:
+    def read(batch_rows: int | None = None) -> Any:
+        """The rows as one table; with `batch_rows`, an iterator of record batches of at most that many."""
         import pyarrow.dataset as ds
 
         paths = [local_path(f) for f in files]
         parts = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_columns]), flavor="hive") \
             if partition_columns else None
         data = ds.dataset(paths, schema=physical, format="parquet", partitioning=parts, partition_base_dir=root)
-        got = data.to_table(columns=list(read_as))
-        return pa.Table.from_arrays([pa.nulls(got.num_rows, f.type) if sources[f.name] == _NULL
+
+        def renamed(got: Any, kind: Any) -> Any:
+            return kind.from_arrays([pa.nulls(got.num_rows, f.type) if sources[f.name] == _NULL
                                      else got.column(sources[f.name]) for f in schema], schema=schema)
+
+        if batch_rows is None:
+            return renamed(data.to_table(columns=list(read_as)), pa.Table)
+        return _batches((renamed(b, pa.RecordBatch) for b in data.to_batches(columns=list(read_as), batch_size=batch_rows)),
+                        schema)
 
     return read
