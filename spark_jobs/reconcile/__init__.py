@@ -7,7 +7,8 @@ holds the two equal row for row. A batch small enough (`reconcile.driver_rows`) 
 classified by the oracle in the driver instead (`driver`, docs/design.md §5.8): a Spark plan's fixed
 cost is most of a small window's time. A larger one, up to `reconcile.columnar_rows`, is read as
 Arrow columns and settled there (`columnar`, §5.10): the ordinary messages by vectorised passes, the
-others by the oracle. Apart from `driver` and `columnar`, this package never imports the oracle
+others by the oracle; a larger one the same way in chunks of at most that many rows, split by message
+(`classify_columnar_chunks`). Apart from `driver` and `columnar`, this package never imports the oracle
 (an import contract checks it): what the two share -- codes,
 statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 (`audit.core.windows`), percentiles and report assembly (`audit.core.percentiles`,
@@ -97,9 +98,10 @@ Modules, by concern (each docstring says what it must not do):
 - `sql`: the SQL text helpers (X rows, literals, detail texts from the vocabulary's templates);
 - `outputs`: publishing a window (`write_outputs`, I/O);
 - `driver`: small batches, collected and counted (`collect_inputs`, I/O) and classified by the oracle;
-  medium ones read as Arrow columns (`collect_tables`, I/O);
+  medium ones read as Arrow columns (`collect_tables`, I/O), larger ones split into chunks spilled to
+  Arrow IPC files (`spill_tables`, I/O);
 - `columnar`: medium batches settled on Arrow columns, the messages that are not ordinary classified
-  by the oracle;
+  by the oracle; larger ones split by message (`Split`) and settled chunk by chunk (`classify_chunks`);
 - this module: one window end to end (`classify_window`, `reconcile_window`), ranges and the CLI.
 
 Transforms take and return DataFrames and never read or write tables; `inputs.read_window_inputs`

@@ -17,6 +17,11 @@ vectorised, over the narrow rows of both kinds; their rows are made by the oracl
 `emit_neighbour_rows`. The unit test holds each pass to the oracle's functions on narrow rows, and
 the property test holds the whole path equal to the oracle.
 
+A window larger than the driver should hold at once is split by message into chunks as it is read
+(`Split`: every row of a message in one chunk) and settled chunk by chunk (`classify_chunks`): the
+order of consumption and the pids are gathered over the whole window while the rows pass, and the
+checks that need neighbours run once over every chunk's narrow rows.
+
 The path declines (`None`) what it does not cover -- mirrored topics, sequence numbers outside
 [0, 2^40), 2^23 or more producer sessions in one window, ties the oracle breaks by the order it was
 handed the rows -- and the caller then runs the Spark plan. Transforms only: no I/O, no Spark.

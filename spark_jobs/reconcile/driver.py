@@ -12,7 +12,9 @@ first one runs.
 `collect_inputs` is I/O (the rows, and how many there are); `classify_collected` calls the oracle
 once per topic. `collect_tables` is the medium windows' I/O (`columnar`, §5.10): the rows as Arrow
 columns, a table pinned to plain Parquet files (a lake table, a Delta sink) read by pyarrow
-(`parquet_reader`), the rest handed over by Spark. None of them writes anything.
+(`parquet_reader`), the rest handed over by Spark. `spill_tables` is the large windows' I/O: the rows
+read once and split by message into chunks, each written to Arrow IPC files in a temporary folder
+the caller owns; it writes nothing else.
 """
 
 from __future__ import annotations
