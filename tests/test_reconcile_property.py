@@ -367,3 +367,38 @@ def test_shared_fingerprints_are_found_exactly_whatever_their_hashes_collide(
         for j in shared.tolist():
             assert (codes[i] == codes[j]) == (strings[i] == strings[j])
     assert len(set(columnar._hash64(pa.array(["fp1", "fp2", "", "1pf", "fp10"])).tolist())) == 5
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["g1", "g2"]), st.integers(0, 2), st.integers(0, 6), st.integers(0, 5),
+                          st.integers(0, 3), st.sampled_from(["c1", "c2"])), max_size=40),
+       st.sampled_from([0, 2**61]))
+def test_the_order_of_consumption_on_columns_equals_the_oracle(
+        rows: list[tuple[str, int, int, int, int, str]], base: int) -> None:
+    """`columnar._backwards` (the order of consumption over a window's processings as columns, in
+    one pass for a chunked window) flags exactly the processings `oracle.reordered_in_consumption`
+    flags, with offsets small and offsets too wide for its one-key sort (`base` 2^61); it declines
+    only where the oracle's order is the rows' order (equal in every sort key, different offsets)."""
+    import numpy as np
+
+    from audit.oracle import reordered_in_consumption
+    from spark_jobs.reconcile import columnar
+
+    processings = [ConsumedRow(g, c, cseq, p, base + off, "p", 0, "processed", _at(ts))
+                   for g, p, off, ts, cseq, c in rows]
+    got = columnar._backwards(np.array([["g1", "g2"].index(r.group) for r in processings], dtype=np.int64),
+                              np.array([["c1", "c2"].index(r.consumer) for r in processings], dtype=np.int64),
+                              np.array([r.consume_seq for r in processings], dtype=np.int64),
+                              np.array([r.partition for r in processings], dtype=np.int64),
+                              np.array([r.offset for r in processings], dtype=np.int64),
+                              np.array([ts for _, _, _, ts, _, _ in rows], dtype=np.int64))
+    keys = [(r.group, r.partition, r.consume_ts, r.consume_seq, r.consumer) for r in processings]
+    tie = any(keys[i] == keys[j] and processings[i].offset != processings[j].offset
+              for i in range(len(keys)) for j in range(i))
+    if tie:
+        assert got is None
+        return
+    assert got is not None
+    want = {id(r) for r in reordered_in_consumption(processings)}
+    assert [id(r) in want for r in processings] == got.tolist()

@@ -143,12 +143,11 @@ def _shared_strings(strings: pa.Array, rows: np.ndarray, hashes: np.ndarray) -> 
     if not len(rows):
         return codes, rows
     h = hashes[rows]
-    order = np.argsort(h)
-    same = h[order][1:] == h[order][:-1]
-    repeated = np.zeros(len(rows), dtype=bool)
-    repeated[order[1:][same]] = True
-    repeated[order[:-1][same]] = True
-    candidates = rows[repeated]
+    ordered = np.sort(h)
+    twice = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # the hashes held more than once
+    if not len(twice):
+        return codes, rows[:0]
+    candidates = rows[twice[np.clip(np.searchsorted(twice, h), 0, len(twice) - 1)] == h]
     exact = _int(pc.dictionary_encode(strings.take(pa.array(candidates, pa.int64()))).indices)
     candidates, exact = candidates[exact >= 0], exact[exact >= 0]  # a null shares nothing
     codes[candidates] = exact
@@ -334,24 +333,42 @@ def _backwards(group: np.ndarray, consumer: np.ndarray, cseq: np.ndarray, part: 
     as codes in their names' order): per (group, partition), in (consume time, consume seq,
     consumer) order, each first processing of an offset below the highest offset processed before
     it, as a mask; None on a tie in every sort key between different offsets."""
-    lowest = int(part.min(initial=0))
-    seg = group * (int(part.max(initial=0)) - lowest + 1) + (part - lowest)  # one per (group, partition)
+    out = np.zeros(len(off), dtype=bool)
+    if not len(off):
+        return out
+    lowest = int(part.min())
+    seg = group * (int(part.max()) - lowest + 1) + (part - lowest)  # one per (group, partition)
     order = np.lexsort((consumer, cseq, ts, seg))
-    seg_o = seg[order]
-    ts_o, cseq_o, cons_o, off_o = ts[order], cseq[order], consumer[order], off[order]
-    same = ((seg_o[1:] == seg_o[:-1]) & (ts_o[1:] == ts_o[:-1]) & (cseq_o[1:] == cseq_o[:-1])
-            & (cons_o[1:] == cons_o[:-1]))
-    if np.any(same & (off_o[1:] != off_o[:-1])):
-        return None
-    # the first processing of each (group, partition, offset) in that order
-    by_off = np.lexsort((np.arange(len(order)), off_o, seg_o))
-    head = np.ones(len(by_off), dtype=bool)
-    head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
-    firsts = np.zeros(len(order), dtype=bool)
-    firsts[by_off[head]] = True
-    back = firsts & (off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0)
-    out = np.zeros(len(order), dtype=bool)
-    out[order[back]] = True
+    seg_o, off_o = seg[order], off[order]
+    tied = np.flatnonzero((seg_o[1:] == seg_o[:-1]) & (ts[order][1:] == ts[order][:-1]))
+    if len(tied):  # equal times are rare: the other keys are compared there only
+        a, b = order[tied], order[tied + 1]
+        if np.any((cseq[a] == cseq[b]) & (consumer[a] == consumer[b]) & (off[a] != off[b])):
+            return None
+    # below the highest offset processed before it (any processing); then only those that are the
+    # first processing of their (group, partition, offset) count
+    back = np.flatnonzero((off_o < _prev_max(seg_o, np.maximum(off_o, 0))) & (off_o >= 0))
+    if not len(back):
+        return out
+    span = int(off_o.max()) + 2
+    if (int(seg_o.max()) + 1) * span >= 2**62:  # too wide for one key: the first of every offset
+        by_off = np.lexsort((np.arange(len(order)), off_o, seg_o))
+        head = np.ones(len(by_off), dtype=bool)
+        head[1:] = (seg_o[by_off][1:] != seg_o[by_off][:-1]) | (off_o[by_off][1:] != off_o[by_off][:-1])
+        first = np.zeros(len(order), dtype=bool)
+        first[by_off[head]] = True
+        out[order[back[first[back]]]] = True
+        return out
+    key = seg_o * span + (off_o + 1)
+    wanted = np.unique(key[back])
+    at = np.clip(np.searchsorted(wanted, key), 0, len(wanted) - 1)
+    rows = np.flatnonzero(wanted[at] == key)  # every processing of those offsets, in consume order
+    k = key[rows]
+    by = np.argsort(k, kind="stable")
+    head = np.ones(len(by), dtype=bool)
+    head[1:] = k[by][1:] != k[by][:-1]
+    firsts = rows[by[head]]
+    out[order[back[np.isin(back, firsts)]]] = True
     return out
 
 
@@ -405,7 +422,8 @@ class _Consumption:
     flagged: np.ndarray
 
 
-def _consumption(con: pa.Table, tc: TopicConfig, flags: np.ndarray | None = None) -> _Consumption | None:
+def _consumption(con: pa.Table, tc: TopicConfig,
+                 flags: np.ndarray | Future[np.ndarray | None] | None = None) -> _Consumption | None:
     """The columns of `con` (visible) the passes use and the order of consumption over every
     processing of the audited cluster (`oracle.reordered_in_consumption`); None when the oracle
     breaks a tie in that order by the rows' order (`_reordered_processings`). `flags`: that order's
@@ -417,8 +435,11 @@ def _consumption(con: pa.Table, tc: TopicConfig, flags: np.ndarray | None = None
     on_source = _bool(pc.is_null(con["cluster"]))
     is_commit = _bool(pc.equal(con["outcome"], COMMITTED))
     processing = _bool(pc.is_in(con["outcome"], pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
-    flagged = (_reordered_processings(con, tc, processing, part, off, ts) if flags is None
-               else flags[_int(con["_row"])])
+    if flags is None:
+        flagged = _reordered_processings(con, tc, processing, part, off, ts)
+    else:
+        window = flags.result() if isinstance(flags, Future) else flags
+        flagged = None if window is None else window[_int(con["_row"])]
     return None if flagged is None else _Consumption(part, off, ts, on_source, is_commit, processing, flagged)
 
 
@@ -432,9 +453,10 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     is then the rows' order)."""
     # log order: per (partition, pid), originals by offset
     o = np.flatnonzero(n_part >= 0)
-    segments = n_part[o] * (len(pid_names) + 1) + n_pid[o]
-    order = _sort_by_segment(segments, n_off[o])
-    by, seg = o[order], segments[order]
+    every = len(o) == len(n_part)  # most often: no gather
+    segments = (n_part if every else n_part[o]) * (len(pid_names) + 1) + (n_pid if every else n_pid[o])
+    order = _sort_by_segment(segments, n_off if every else n_off[o])
+    by, seg = (order if every else o[order]), segments[order]
     if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
         return None
     high = _prev_max(seg, n_seq[by])
@@ -488,12 +510,10 @@ def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime
     declines one topic (the Spark plan runs then)."""
     if split.declined or any(declines(tc) is not None for tc in topics):
         return None
-    flags = split.flags()
-    if flags is None:
-        return None
     pids = split.pids()
     parts: dict[str, list[_Part]] = {tc.name: [] for tc in topics}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
+        flags = beside.submit(split.flags)  # beside the first chunk's keys and joins
         for k in range(split.n):
             t = chunk(k)
             for tc in topics:
@@ -540,7 +560,7 @@ class _Part:
 
 
 def _settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, beside: ThreadPoolExecutor,
-            flags: np.ndarray | None = None, pids: pa.Array | None = None) -> _Part | None:
+            flags: Future[np.ndarray | None] | None = None, pids: pa.Array | None = None) -> _Part | None:
     """The facts of `tc`'s messages in `t` (a window, or one chunk of it given the window's `flags`
     and `pids`), or None when the path declines."""
     topic = tc.name
@@ -756,6 +776,7 @@ class Split:
 
     def __init__(self, n: int, topics: Sequence[TopicConfig], ws: datetime) -> None:
         self.n = n
+        self._ids = np.uint8 if n < 255 else np.uint16 if n < 65535 else np.int64  # narrow: a radix sort
         self.declined: str | None = None
         self._topics = [(tc, read_ranges(tc, ws)) for tc in topics]
         self._pids: list[pa.Array] = []
@@ -775,7 +796,7 @@ class Split:
             everywhere = _bool(pc.and_(pc.equal(batch.column("outcome"), COMMITTED), pc.is_null(batch.column("cluster"))))
             chunk[everywhere] = self.n
         order = np.argsort(chunk, kind="stable")
-        bounds = np.searchsorted(chunk[order], np.arange(self.n + 2))
+        bounds = np.searchsorted(chunk[order], np.arange(self.n + 2, dtype=self._ids))
         rows = batch.take(pa.array(order))
         every = rows.slice(bounds[self.n], bounds[self.n + 1] - bounds[self.n])
         return [[rows.slice(bounds[k], bounds[k + 1] - bounds[k]), *([every] if every.num_rows else [])]
@@ -787,7 +808,7 @@ class Split:
         hashes = np.append(_hash64(encoded.dictionary), np.uint64(0))  # a null pid: the last
         with np.errstate(over="ignore"):
             mixed = (hashes[_int(encoded.indices)] ^ _int(batch.column("seq")).astype(np.uint64)) * _MIX
-        return np.where(identified, ((mixed >> np.uint64(32)) % np.uint64(self.n)).astype(np.int64), 0)
+        return np.where(identified, (mixed >> np.uint64(32)) % np.uint64(self.n), 0).astype(self._ids)
 
     def _processed(self, batch: pa.RecordBatch) -> None:
         """Keeps the narrow columns of `batch`'s visible processings of each topic."""

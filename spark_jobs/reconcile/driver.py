@@ -20,6 +20,7 @@ the caller owns; it writes nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from datetime import datetime
 from functools import reduce
@@ -241,10 +242,10 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         sources.append((kind, kind, read(SPILL_BATCH_ROWS)))
     for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS).items():
         sources.append(("sink", "sink:" + name, batches))
-    for kind, key, batches in sources:  # every source yields a batch at least (`_batches`): a file per chunk
+    def spill(kind: str, key: str, batches: Iterator[pa.RecordBatch]) -> None:
         writers: dict[int, Any] = {}
         try:
-            for batch in batches:
+            for batch in batches:  # at least one (`_batches`): every chunk has a file of every table
                 for k, pieces in enumerate(split.split(kind, batch)):
                     for piece in pieces:
                         if k not in writers:
@@ -253,6 +254,11 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         finally:
             for w in writers.values():
                 w.close()
+
+    # two tables at a time: reading, splitting and writing let go of the interpreter most of the time
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-spill") as pool:
+        for done in [pool.submit(spill, *source) for source in sources]:
+            done.result()
 
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
 
