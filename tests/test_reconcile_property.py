@@ -402,3 +402,25 @@ def test_the_order_of_consumption_on_columns_equals_the_oracle(
     assert got is not None
     want = {id(r) for r in reordered_in_consumption(processings)}
     assert [id(r) in want for r in processings] == got.tolist()
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0, 1, 7, 2**40, 2**61])), max_size=30),
+       st.sampled_from([0, 4096]))
+def test_the_running_maximum_per_segment_is_exact(rows: list[tuple[int, int]], few: int) -> None:
+    """`columnar._prev_max` (the highest value before each row of its segment, -1 first): segment by
+    segment (few segments) and in one pass over offset values (many), with values too wide for that
+    pass (2^61) taken segment by segment again."""
+    import unittest.mock
+
+    import numpy as np
+
+    from spark_jobs.reconcile import columnar
+
+    rows = sorted(rows, key=lambda r: r[0])
+    seg = np.array([r[0] for r in rows], dtype=np.int64)
+    vals = np.array([r[1] for r in rows], dtype=np.int64)
+    want = [max((v for s, v in rows[:i] if s == rows[i][0]), default=-1) for i in range(len(rows))]
+    with unittest.mock.patch.object(columnar, "_FEW_SEGMENTS", few):
+        assert columnar._prev_max(seg, vals).tolist() == want

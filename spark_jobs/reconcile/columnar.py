@@ -147,7 +147,7 @@ def _shared_strings(strings: pa.Array, rows: np.ndarray, hashes: np.ndarray) -> 
     twice = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # the hashes held more than once
     if not len(twice):
         return codes, rows[:0]
-    candidates = rows[twice[np.clip(np.searchsorted(twice, h), 0, len(twice) - 1)] == h]
+    candidates = rows[_bool(pc.is_in(pa.array(h), value_set=pa.array(twice)))]  # a hash table: one pass
     exact = _int(pc.dictionary_encode(strings.take(pa.array(candidates, pa.int64()))).indices)
     candidates, exact = candidates[exact >= 0], exact[exact >= 0]  # a null shares nothing
     codes[candidates] = exact
@@ -163,6 +163,9 @@ def _where(table: pa.Table, mask: Any) -> pa.Table:
     return table.filter(mask)
 
 
+_FEW_SEGMENTS = 4096  # `_prev_max` runs segment by segment up to this many
+
+
 def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per row of rows sorted by `segment`, the largest of `values` (all >= 0) over the rows before it
     in its segment; -1 for a segment's first row."""
@@ -173,6 +176,10 @@ def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
     first[1:] = segment[1:] != segment[:-1]
     starts = np.flatnonzero(first)
     run = np.maximum.accumulate
+    if len(starts) <= _FEW_SEGMENTS:  # a running maximum per segment: no temporaries of every row
+        for lo, hi in zip(starts.tolist(), [*starts[1:].tolist(), len(values)], strict=True):
+            out[lo + 1:hi] = run(values[lo:hi - 1])
+        return out
     # a running maximum restarted at each segment: values offset by the segment's rank times a span
     # larger than any value, so an earlier segment never outweighs a later one
     span = int(values.max()) + 1
@@ -457,7 +464,8 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     segments = (n_part if every else n_part[o]) * (len(pid_names) + 1) + (n_pid if every else n_pid[o])
     order = _sort_by_segment(segments, n_off if every else n_off[o])
     by, seg = (order if every else o[order]), segments[order]
-    if np.any((seg[1:] == seg[:-1]) & (n_off[by][1:] == n_off[by][:-1])):
+    off_by = n_off[by]
+    if np.any((seg[1:] == seg[:-1]) & (off_by[1:] == off_by[:-1])):
         return None
     high = _prev_max(seg, n_seq[by])
     is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
@@ -733,15 +741,20 @@ def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Par
     narrow rows, then the report; None when the path declines (`_neighbour_rows`)."""
     facts = _merged(parts)
     narrow = [n for p in parts for n in p.narrow]
+    for p in parts:
+        p.narrow = []
 
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([getattr(n, name) for n in narrow])
+    def joined(name: str) -> Any:
+        """The column `name` of every chunk's narrow rows, each chunk's freed as it is copied."""
+        out = (pa.concat_arrays if name == "fps" else np.concatenate)(
+            [v.result() if isinstance(v := getattr(n, name), Future) else v for n in narrow])
+        for n in narrow:
+            setattr(n, name, None)
+        return out
 
     found = _neighbour_rows(
         n_pid=joined("pid"), n_seq=joined("seq"), n_present=joined("present"), n_part=joined("part"),
-        n_off=joined("off"), n_pt=joined("pt"), n_win=joined("win"),
-        fps=pa.concat_arrays([n.fps for n in narrow]),
-        fp_hashes=np.concatenate([n.hashes.result() if isinstance(n.hashes, Future) else n.hashes for n in narrow]),
+        n_off=joined("off"), n_pt=joined("pt"), n_win=joined("win"), fps=joined("fps"), fp_hashes=joined("hashes"),
         pid_names=parts[0].pid_names)
     if found is None:
         return None

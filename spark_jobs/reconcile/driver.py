@@ -263,7 +263,12 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
 
     def table(key: str, k: int) -> pa.Table:
-        return pa.ipc.open_file(pa.memory_map(str(folder / f"{key}.{k}.arrow"))).read_all()
+        """Chunk k's rows of `key`, mapped; the file is unlinked at once (each chunk is read once: its
+        pages are freed with the table, not kept in the page cache)."""
+        path = folder / f"{key}.{k}.arrow"
+        rows = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        path.unlink()
+        return rows
 
     def chunk(k: int) -> columnar.Tables:
         return columnar.Tables(
@@ -377,7 +382,8 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
 
         if batch_rows is None:
             return renamed(data.to_table(columns=list(read_as)), pa.Table)
-        return _batches((renamed(b, pa.RecordBatch) for b in data.to_batches(columns=list(read_as), batch_size=batch_rows)),
-                        schema)
+        # one file and a batch ahead, not the dataset's default of many: memory of a batch or two
+        return _batches((renamed(b, pa.RecordBatch) for b in data.to_batches(
+            columns=list(read_as), batch_size=batch_rows, batch_readahead=1, fragment_readahead=1)), schema)
 
     return read
