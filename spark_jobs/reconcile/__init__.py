@@ -531,8 +531,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
                     by_oracle = classify_columnar(spark, collect_tables(inputs, shape, ws), shape, ws, as_of)
             else:
                 with described(spark, f"{label}: columnar, in chunks"):
-                    by_oracle = classify_columnar_chunks(spark, inputs, shape, ws, as_of,
-                                                         -(-rows // cfg.columnar_rows))
+                    by_oracle = classify_columnar_chunks(  # the chunks settled at once hold columnar_rows
+                        spark, inputs, shape, ws, as_of, -(-rows * columnar.CHUNKS_AT_ONCE // cfg.columnar_rows))
         if by_oracle is not None:
             classified = by_oracle
             anomalies = next(iter(classified.values())).summary

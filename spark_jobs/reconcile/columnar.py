@@ -452,12 +452,40 @@ def _consumption(con: pa.Table, tc: TopicConfig,
 
 def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray, n_part: np.ndarray,
                     n_off: np.ndarray, n_pt: np.ndarray, n_win: np.ndarray, fps: pa.Array, fp_hashes: np.ndarray,
-                    pid_names: list[str]) -> tuple[list[Any], list[Any], list[Any]] | None:
+                    pid_names: list[str],
+                    beside: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any], list[Any]] | None:
     """The checks that need neighbours over the narrow rows of every message (pid code, seq, whether
     present, partition and offset of its original (-1: none), produce time, in the window,
     fingerprint and its `_hash64`), as `oracle.emit_neighbour_rows` takes them: (reordered in the
     log, gaps, content duplicates); None when two originals share a position (the oracle's order
-    is then the rows' order)."""
+    is then the rows' order). The gaps and the content check run on `beside` when given, beside the
+    log order."""
+    def gaps() -> list[Any]:
+        """Per pid, consecutive present seqs."""
+        pr = np.flatnonzero(n_present)
+        by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
+        pid_by, seq_by = n_pid[by], n_seq[by]
+        nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
+        return [(pid_names[p], a, b) for p, a, b in
+                zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
+
+    def content() -> list[Any]:
+        """Originals sharing a fingerprint, ordered by (produce time, pid, seq)."""
+        has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
+        fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), fp_hashes)
+        by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
+        starts = np.ones(len(by), dtype=bool)
+        starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
+        first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
+        later = np.flatnonzero(~starts)
+        later = later[n_win[by][later]]
+        dup, first = by[later], by[first_of[later]]
+        return [(pid_names[p], s, part, off, pid_names[fp], fs) for p, s, part, off, fp, fs in
+                zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
+                    n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
+
+    found_gaps = beside.submit(gaps) if beside is not None else None
+    found_content = beside.submit(content) if beside is not None else None
     # log order: per (partition, pid), originals by offset
     o = np.flatnonzero(n_part >= 0)
     every = len(o) == len(n_part)  # most often: no gather
@@ -465,35 +493,16 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     order = _sort_by_segment(segments, n_off if every else n_off[o])
     by, seg = (order if every else o[order]), segments[order]
     off_by = n_off[by]
-    if np.any((seg[1:] == seg[:-1]) & (off_by[1:] == off_by[:-1])):
-        return None
+    tied = bool(np.any((seg[1:] == seg[:-1]) & (off_by[1:] == off_by[:-1])))
     high = _prev_max(seg, n_seq[by])
     is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
     late = by[is_late]
     reordered = [(pid_names[p], s, part, off, h) for p, s, part, off, h in
                  zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
                      high[is_late].tolist(), strict=True)]
-    # gaps: per pid, consecutive present seqs
-    pr = np.flatnonzero(n_present)
-    by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
-    pid_by, seq_by = n_pid[by], n_seq[by]
-    nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
-    gaps = [(pid_names[p], a, b) for p, a, b in
-            zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
-    # content: originals sharing a fingerprint, ordered by (produce time, pid, seq)
-    has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
-    fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), fp_hashes)
-    by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
-    starts = np.ones(len(by), dtype=bool)
-    starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
-    first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
-    later = np.flatnonzero(~starts)
-    later = later[n_win[by][later]]
-    dup, first = by[later], by[first_of[later]]
-    content = [(pid_names[p], s, part, off, pid_names[fp], fs) for p, s, part, off, fp, fs in
-               zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
-                   n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
-    return reordered, gaps, content
+    found = (reordered, found_gaps.result() if found_gaps is not None else gaps(),
+             found_content.result() if found_content is not None else content())
+    return None if tied else found
 
 
 def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
@@ -506,7 +515,10 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
         return None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
         part = _settle(tc, ws, as_of, t, beside)
-        return None if part is None else _finish(tc, ws, as_of, [part])
+        return None if part is None else _finish(tc, ws, as_of, [part], beside)
+
+
+CHUNKS_AT_ONCE = 2  # chunks settled side by side (numpy and pyarrow let go of the interpreter)
 
 
 def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime, split: Split,
@@ -514,25 +526,29 @@ def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime
     """`classify` of each of `topics` over a window `split` cut into chunks by message (`chunk(k)`:
     the rows of chunk k, read when asked): each chunk's messages are settled as `classify` settles a
     whole window's, given the order of consumption's flags and the pids computed over all chunks;
-    the checks that need neighbours run once, over every chunk's narrow rows. None when the path
-    declines one topic (the Spark plan runs then)."""
+    the checks that need neighbours run once, over every chunk's narrow rows. CHUNKS_AT_ONCE
+    chunks are settled side by side, each on its own thread. None when the path declines one topic
+    (the Spark plan runs then)."""
     if split.declined or any(declines(tc) is not None for tc in topics):
         return None
     pids = split.pids()
-    parts: dict[str, list[_Part]] = {tc.name: [] for tc in topics}
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgaudit-columnar") as beside:
-        flags = beside.submit(split.flags)  # beside the first chunk's keys and joins
-        for k in range(split.n):
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-columnar") as beside, \
+            ThreadPoolExecutor(max_workers=CHUNKS_AT_ONCE, thread_name_prefix="msgaudit-chunk") as chunks:
+        flags = beside.submit(split.flags)  # beside the first chunks' keys and joins
+
+        def settled(k: int) -> list[_Part | None]:
             t = chunk(k)
-            for tc in topics:
-                part = _settle(tc, ws, as_of, t, beside, flags, pids)
+            return [_settle(tc, ws, as_of, t, beside, flags, pids) for tc in topics]
+
+        parts: dict[str, list[_Part]] = {tc.name: [] for tc in topics}
+        for done in [chunks.submit(settled, k) for k in range(split.n)]:  # the pool holds CHUNKS_AT_ONCE
+            for tc, part in zip(topics, done.result(), strict=True):
                 if part is None:
                     return None
                 parts[tc.name].append(part)
-            del t
         out = {}
         for tc in topics:
-            r = _finish(tc, ws, as_of, parts.pop(tc.name))
+            r = _finish(tc, ws, as_of, parts.pop(tc.name), beside)
             if r is None:
                 return None
             out[tc.name] = r
@@ -736,7 +752,8 @@ def _merged(parts: Sequence[_Part]) -> oracle.Facts:
                         ignored, [])
 
 
-def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Part]) -> oracle.OracleResult | None:
+def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Part],
+            beside: ThreadPoolExecutor) -> oracle.OracleResult | None:
     """The window's result from its chunks' facts: the checks that need neighbours over all their
     narrow rows, then the report; None when the path declines (`_neighbour_rows`)."""
     facts = _merged(parts)
@@ -755,7 +772,7 @@ def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Par
     found = _neighbour_rows(
         n_pid=joined("pid"), n_seq=joined("seq"), n_present=joined("present"), n_part=joined("part"),
         n_off=joined("off"), n_pt=joined("pt"), n_win=joined("win"), fps=joined("fps"), fp_hashes=joined("hashes"),
-        pid_names=parts[0].pid_names)
+        pid_names=parts[0].pid_names, beside=beside)
     if found is None:
         return None
     oracle.emit_neighbour_rows(oracle.anomaly_emitter(facts.anomalies, tc.name, ws, as_of), *found)
