@@ -166,6 +166,16 @@ def _where(table: pa.Table, mask: Any) -> pa.Table:
 _FEW_SEGMENTS = 4096  # `_prev_max` runs segment by segment up to this many
 
 
+def _sorted_distinct(values: Any) -> pa.Array:
+    """The distinct non-null strings of `values` (an array, or a list of them), in order."""
+    chunks: list[Any] = []
+    for col in values if isinstance(values, list) else [values]:
+        col = pc.cast(pc.drop_null(col), pa.string())
+        chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+    distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
+    return pc.take(distinct, pc.sort_indices(distinct))
+
+
 def _prev_max(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per row of rows sorted by `segment`, the largest of `values` (all >= 0) over the rows before it
     in its segment; -1 for a segment's first row."""
@@ -201,14 +211,7 @@ class _Keys:
     the window, sorted, when the rows at hand are one chunk of it (`Split`)."""
 
     def __init__(self, pid_columns: list[Any], pids: pa.Array | None = None) -> None:
-        if pids is None:
-            chunks: list[Any] = []
-            for col in pid_columns:
-                col = pc.cast(pc.drop_null(col), pa.string())
-                chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
-            distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
-            pids = pc.take(distinct, pc.sort_indices(distinct))
-        self.pids = pids
+        self.pids = _sorted_distinct(pid_columns) if pids is None else pids
         # a pid code must leave SEQ_BITS for the seq in a non-negative int64 (`classify` declines)
         self.fits = len(self.pids) < 2 ** (63 - SEQ_BITS)
 
@@ -325,8 +328,7 @@ def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarra
         return None
     q = np.flatnonzero(processing)
     g_code = _int(pc.index_in(con["group"], value_set=pa.array(sorted(set(tc.groups)))))
-    consumers = pa.array(sorted(pc.unique(con["consumer"]).to_pylist()))
-    cons = _int(pc.index_in(con["consumer"], value_set=consumers))
+    cons = _int(pc.index_in(con["consumer"], value_set=_sorted_distinct(con["consumer"])))
     back = _backwards(g_code[q], cons[q], _int(con["consume_seq"])[q], c_part[q], c_off[q], c_ts[q])
     if back is None:
         return None
@@ -389,6 +391,13 @@ class _Visible:
     sinks: dict[str, pa.Table]
 
 
+def _consumed_seen(rows: Any, tc: TopicConfig, rr: Any) -> Any:
+    """The oracle's visibility of consumption rows (a table or a batch) for `tc`'s window of read
+    ranges `rr`: the topic's, of one of its groups, consumed within the event range."""
+    return pc.and_(pc.and_(pc.equal(rows["topic"], tc.name), pc.is_in(rows["group"], pa.array(sorted(set(tc.groups))))),
+                   _between(rows["consume_ts"], rr.event_lo, rr.event_hi))
+
+
 def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
     """The oracle's visibility for `tc`'s window of `ws` over `t` (other topics' rows left out)."""
     rr = read_ranges(tc, ws)
@@ -401,9 +410,7 @@ def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
                              for c in ("produce_ts", "kafka_ts", "captured_at")))
     log = _where(t.log, pc.and_(is_topic(t.log), _between(log_time, rr.message_lo, rr.message_hi)))
     if tc.groups and t.consumed is not None:
-        con = _where(t.consumed, pc.and_(pc.and_(is_topic(t.consumed),
-                                                 pc.is_in(t.consumed["group"], pa.array(list(tc.groups)))),
-                                         _between(t.consumed["consume_ts"], rr.event_lo, rr.event_hi)))
+        con = _where(t.consumed, _consumed_seen(t.consumed, tc, rr))
     else:
         con = pa.table({f.name: pa.array([], type=pa.string()) for f in fields(oracle.ConsumedRow)})
     sinks = {}
@@ -848,9 +855,7 @@ class Split:
             if not tc.groups:
                 continue
             groups = pa.array(sorted(set(tc.groups)))
-            seen = _bool(pc.and_(pc.and_(pc.equal(batch.column("topic"), tc.name),
-                                         pc.is_in(batch.column("group"), groups)),
-                                 _between(batch.column("consume_ts"), rr.event_lo, rr.event_hi)))
+            seen = _bool(_consumed_seen(batch, tc, rr))
             if not seen.any():
                 continue
             if pc.any(pc.is_null(batch.column("consume_seq").filter(seen))).as_py() or \
@@ -867,8 +872,7 @@ class Split:
 
     def pids(self) -> pa.Array:
         """Every pid of the window's rows, sorted (`_Keys`)."""
-        distinct = pc.unique(pa.chunked_array(self._pids, pa.string()))
-        return pc.take(distinct, pc.sort_indices(distinct))
+        return _sorted_distinct(self._pids)
 
     def flags(self) -> np.ndarray | None:
         """Per consumed row (by `_row`): flagged by the order of consumption; None on a tie the
@@ -881,8 +885,7 @@ class Split:
             group, consumer, cseq, part, off, ts, row = (
                 np.concatenate([p[i] for p in pieces]) if i != 1 else pa.chunked_array([p[1] for p in pieces], pa.string())
                 for i in range(7))
-            names = pc.unique(consumer)
-            back = _backwards(group, _int(pc.index_in(consumer, value_set=pc.take(names, pc.sort_indices(names)))),
+            back = _backwards(group, _int(pc.index_in(consumer, value_set=_sorted_distinct(consumer))),
                               cseq, part, off, ts)
             if back is None:
                 return None
