@@ -317,6 +317,18 @@ def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]
     return [make(*v) for v in zip(*cols, strict=True)]
 
 
+def _processing(rows: Any) -> Any:
+    """Whether each consumption row (of a table or a batch) processed its message on the audited
+    cluster: the rows of the order of consumption (`oracle.reordered_in_consumption`)."""
+    return pc.and_(pc.is_null(rows["cluster"]), pc.is_in(rows["outcome"], pa.array(sorted(PROCESSING_OUTCOMES))))
+
+
+def _lacks_order(rows: Any) -> bool:
+    """Whether a consumption row of `rows` lacks a key of the order of consumption (its consume_seq
+    or consumer): the oracle then orders those rows as handed, which the passes do not."""
+    return bool(pc.any(pc.is_null(rows["consume_seq"])).as_py() or pc.any(pc.is_null(rows["consumer"])).as_py())
+
+
 def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarray, c_part: np.ndarray,
                            c_off: np.ndarray, c_ts: np.ndarray) -> np.ndarray | None:
     """`oracle.reordered_in_consumption` over the visible processings (`processing`) of `con`: per
@@ -324,7 +336,7 @@ def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarra
     offset below the highest offset processed before it; a mask over `con`'s rows. None when two
     processings equal in every sort key hold different offsets (the oracle orders them as handed)."""
     flagged = np.zeros(con.num_rows, dtype=bool)
-    if pc.any(pc.is_null(con["consume_seq"])).as_py() or pc.any(pc.is_null(con["consumer"])).as_py():
+    if _lacks_order(con):
         return None
     q = np.flatnonzero(processing)
     g_code = _int(pc.index_in(con["group"], value_set=pa.array(sorted(set(tc.groups)))))
@@ -448,7 +460,7 @@ def _consumption(con: pa.Table, tc: TopicConfig,
     part, off, ts = _int(con["partition"]), _int(con["offset"]), _us(con["consume_ts"])
     on_source = _bool(pc.is_null(con["cluster"]))
     is_commit = _bool(pc.equal(con["outcome"], COMMITTED))
-    processing = _bool(pc.is_in(con["outcome"], pa.array(sorted(PROCESSING_OUTCOMES)))) & on_source
+    processing = _bool(_processing(con))
     if flags is None:
         flagged = _reordered_processings(con, tc, processing, part, off, ts)
     else:
@@ -849,8 +861,7 @@ class Split:
 
     def _processed(self, batch: pa.RecordBatch) -> None:
         """Keeps the narrow columns of `batch`'s visible processings of each topic."""
-        processing = pc.and_(pc.is_null(batch.column("cluster")),
-                             pc.is_in(batch.column("outcome"), pa.array(sorted(PROCESSING_OUTCOMES))))
+        processing = _bool(_processing(batch))
         for tc, rr in self._topics:
             if not tc.groups:
                 continue
@@ -858,10 +869,9 @@ class Split:
             seen = _bool(_consumed_seen(batch, tc, rr))
             if not seen.any():
                 continue
-            if pc.any(pc.is_null(batch.column("consume_seq").filter(seen))).as_py() or \
-                    pc.any(pc.is_null(batch.column("consumer").filter(seen))).as_py():
+            if _lacks_order(batch.select(["consume_seq", "consumer"]).filter(pa.array(seen))):
                 self.declined = "a consumption row without its consume_seq or consumer"
-            q = np.flatnonzero(seen & _bool(processing))
+            q = np.flatnonzero(seen & processing)
             taken = pa.array(q)
             self._processings[tc.name].append((
                 _int(pc.index_in(batch.column("group").take(taken), value_set=groups)),
