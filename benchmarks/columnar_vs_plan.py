@@ -7,10 +7,13 @@ both published the same report and anomaly rows and found every injected anomaly
 growth of this Python process's peak RSS during the columnar runs (the driver's memory for them).
 With `--other driver` the other side is the oracle in the driver (`driver_rows` above the window's
 rows, the columnar side at `driver_rows: 1`): where the columnar path should take over from it.
+With `--other uncompressed` (a window above `columnar_rows`, settled in chunks) the other side is
+the same path with its spill files written uncompressed (`driver.SPILL_OPTIONS`).
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --anomaly-rate 0.0001 --history 2 --generate-only --dir DIR
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 1000000 --anomaly-rate 0.0001 --reps 3
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 40000 --other driver --reps 5
+    .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 10000000 --anomaly-rate 0.0001 --other uncompressed --reps 2
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -44,21 +47,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=2, help="its --history (default 2): the window is that hour")
     ap.add_argument("--anomaly-rate", type=float, default=0.001, help="the rate it was generated with")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds, alternating (medians)")
-    ap.add_argument("--other", choices=("plan", "driver"), default="plan",
-                    help="the other side: the Spark plan (default) or the oracle in the driver")
+    ap.add_argument("--other", choices=("plan", "driver", "uncompressed"), default="plan",
+                    help="the other side: the Spark plan (default), the oracle in the driver, or the "
+                         "columnar path spilling its chunks uncompressed")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
     rs.set_anomaly_rate(args.anomaly_rate)
     cfg = rs.bench_config(Path(args.dir), conf=args.conf)
+    import pyarrow as pa
+
     from spark_jobs.io.session import build_spark
-    from spark_jobs.reconcile import reconcile_window
+    from spark_jobs.reconcile import driver, reconcile_window
 
     spark = build_spark(cfg, app_name="msgaudit-columnar-vs-plan")
     other = args.other
-    sides = ({"columnar": cfg, other: replace(cfg, columnar_rows=0)} if other == "plan"
-             else {"columnar": replace(cfg, driver_rows=1), other: replace(cfg, driver_rows=10**12)})
+    spill = driver.SPILL_OPTIONS
+    sides = ({"columnar": (cfg, spill), other: (replace(cfg, columnar_rows=0), spill)} if other == "plan"
+             else {"columnar": (cfg, spill), other: (cfg, pa.ipc.IpcWriteOptions())} if other == "uncompressed"
+             else {"columnar": (replace(cfg, driver_rows=1), spill), other: (replace(cfg, driver_rows=10**12), spill)})
 
-    def run(c: Any) -> tuple[float, list[Any], list[Any]]:
+    def run(side: tuple[Any, Any]) -> tuple[float, list[Any], list[Any]]:
+        c, driver.SPILL_OPTIONS = side
         t = time.perf_counter()
         r = reconcile_window(spark, c, rs.TOPIC, rs.WINDOW, rs.AS_OF, publish=False)
         took = time.perf_counter() - t

@@ -220,6 +220,9 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
 
 
 SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
+# the spill's buffers are compressed (as Spark compresses its own spills): a fifth of the bytes to
+# write, hold in the page cache and map back, for a few seconds of compression (docs/benchmarks.md)
+SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
@@ -249,7 +252,8 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
                 for k, pieces in enumerate(split.split(kind, batch)):
                     for piece in pieces:
                         if k not in writers:
-                            writers[k] = pa.ipc.new_file(str(folder / f"{key}.{k}.arrow"), piece.schema)
+                            writers[k] = pa.ipc.new_file(str(folder / f"{key}.{k}.arrow"), piece.schema,
+                                                                 options=SPILL_OPTIONS)
                         writers[k].write_batch(piece)
         finally:
             for w in writers.values():
@@ -263,8 +267,8 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
 
     def table(key: str, k: int) -> pa.Table:
-        """Chunk k's rows of `key`, mapped; the file is unlinked at once (each chunk is read once: its
-        pages are freed with the table, not kept in the page cache)."""
+        """Chunk k's rows of `key`, decompressed from its mapped file; the file is unlinked at once
+        (each chunk is read once: its pages are not kept in the page cache)."""
         path = folder / f"{key}.{k}.arrow"
         rows = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
         path.unlink()
