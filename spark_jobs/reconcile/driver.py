@@ -220,8 +220,9 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
 
 
 SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
-# the spill's buffers are compressed (as Spark compresses its own spills): a fifth of the bytes to
-# write, hold in the page cache and map back, for a few seconds of compression (docs/benchmarks.md)
+# the spill's buffers are compressed (as Spark compresses its own spills): under a quarter of the
+# bytes to write, hold in the page cache and map back, for some seconds of compression
+# (docs/benchmarks.md)
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -253,7 +254,7 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
                     for piece in pieces:
                         if k not in writers:
                             writers[k] = pa.ipc.new_file(str(folder / f"{key}.{k}.arrow"), piece.schema,
-                                                                 options=SPILL_OPTIONS)
+                                                         options=SPILL_OPTIONS)
                         writers[k].write_batch(piece)
         finally:
             for w in writers.values():
