@@ -61,13 +61,17 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_spark(cfg, app_name="msgaudit-columnar-vs-plan")
     other = args.other
-    spill = driver.SPILL_OPTIONS
-    sides = ({"columnar": (cfg, spill), other: (replace(cfg, columnar_rows=0), spill)} if other == "plan"
-             else {"columnar": (cfg, spill), other: (cfg, pa.ipc.IpcWriteOptions())} if other == "uncompressed"
-             else {"columnar": (replace(cfg, driver_rows=1), spill), other: (replace(cfg, driver_rows=10**12), spill)})
+    spill = driver.SPILL_OPTIONS  # each side: its config and the spill files' write options
+    if other == "plan":
+        sides = {"columnar": (cfg, spill), other: (replace(cfg, columnar_rows=0), spill)}
+    elif other == "uncompressed":
+        sides = {"columnar": (cfg, spill), other: (cfg, pa.ipc.IpcWriteOptions())}
+    else:
+        sides = {"columnar": (replace(cfg, driver_rows=1), spill), other: (replace(cfg, driver_rows=10**12), spill)}
 
     def run(side: tuple[Any, Any]) -> tuple[float, list[Any], list[Any]]:
-        c, driver.SPILL_OPTIONS = side
+        c, options = side
+        driver.SPILL_OPTIONS = options
         t = time.perf_counter()
         r = reconcile_window(spark, c, rs.TOPIC, rs.WINDOW, rs.AS_OF, publish=False)
         took = time.perf_counter() - t

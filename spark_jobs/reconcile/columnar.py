@@ -317,6 +317,12 @@ def _rows(table: pa.Table, cls: type, mask: np.ndarray, topic: str) -> list[Any]
     return [make(*v) for v in zip(*cols, strict=True)]
 
 
+def _group_names(tc: TopicConfig) -> pa.Array:
+    """`tc`'s consumer groups, sorted: a group's code is its place here (the order of consumption's
+    segments, over a window and over the split alike)."""
+    return pa.array(sorted(set(tc.groups)), pa.string())
+
+
 def _processing(rows: Any) -> Any:
     """Whether each consumption row (of a table or a batch) processed its message on the audited
     cluster: the rows of the order of consumption (`oracle.reordered_in_consumption`)."""
@@ -339,7 +345,7 @@ def _reordered_processings(con: pa.Table, tc: TopicConfig, processing: np.ndarra
     if _lacks_order(con):
         return None
     q = np.flatnonzero(processing)
-    g_code = _int(pc.index_in(con["group"], value_set=pa.array(sorted(set(tc.groups)))))
+    g_code = _int(pc.index_in(con["group"], value_set=_group_names(tc)))
     cons = _int(pc.index_in(con["consumer"], value_set=_sorted_distinct(con["consumer"])))
     back = _backwards(g_code[q], cons[q], _int(con["consume_seq"])[q], c_part[q], c_off[q], c_ts[q])
     if back is None:
@@ -406,7 +412,7 @@ class _Visible:
 def _consumed_seen(rows: Any, tc: TopicConfig, rr: Any) -> Any:
     """The oracle's visibility of consumption rows (a table or a batch) for `tc`'s window of read
     ranges `rr`: the topic's, of one of its groups, consumed within the event range."""
-    return pc.and_(pc.and_(pc.equal(rows["topic"], tc.name), pc.is_in(rows["group"], pa.array(sorted(set(tc.groups))))),
+    return pc.and_(pc.and_(pc.equal(rows["topic"], tc.name), pc.is_in(rows["group"], _group_names(tc))),
                    _between(rows["consume_ts"], rr.event_lo, rr.event_hi))
 
 
@@ -865,7 +871,7 @@ class Split:
         for tc, rr in self._topics:
             if not tc.groups:
                 continue
-            groups = pa.array(sorted(set(tc.groups)))
+            groups = _group_names(tc)
             seen = _bool(_consumed_seen(batch, tc, rr))
             if not seen.any():
                 continue
