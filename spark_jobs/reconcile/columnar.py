@@ -836,7 +836,9 @@ class Split:
         self._topics = [(tc, read_ranges(tc, ws)) for tc in topics]
         self._pids: list[pa.Array] = []
         self._rows = 0  # consumed rows split so far
-        self._processings: dict[str, list[tuple[Any, ...]]] = {tc.name: [] for tc in topics}
+        # per topic: each (group, partition)'s processings, as pieces of the batches read (`_processed`)
+        self._processings: dict[str, dict[int, list[tuple[Any, ...]]]] = {tc.name: {} for tc in topics}
+        self._consumers: dict[str, list[pa.Array]] = {tc.name: [] for tc in topics}  # names, per piece's batch
 
     def split(self, kind: str, batch: pa.RecordBatch) -> list[list[pa.RecordBatch]]:
         """The rows of `batch`, of the table `kind` ('ledger', 'log', 'consumed' or 'sink'), per chunk."""
@@ -866,25 +868,34 @@ class Split:
         return np.where(identified, (mixed >> np.uint64(32)) % np.uint64(self.n), 0).astype(self._ids)
 
     def _processed(self, batch: pa.RecordBatch) -> None:
-        """Keeps the narrow columns of `batch`'s visible processings of each topic."""
+        """Keeps the narrow columns of `batch`'s visible processings of each topic, by (group, partition):
+        the order of consumption is per (group, partition), so `flags` settles one at a time."""
         processing = _bool(_processing(batch))
         for tc, rr in self._topics:
             if not tc.groups:
                 continue
-            groups = _group_names(tc)
             seen = _bool(_consumed_seen(batch, tc, rr))
             if not seen.any():
                 continue
             if _lacks_order(batch.select(["consume_seq", "consumer"]).filter(pa.array(seen))):
                 self.declined = "a consumption row without its consume_seq or consumer"
-            q = np.flatnonzero(seen & processing)
-            taken = pa.array(q)
-            self._processings[tc.name].append((
-                _int(pc.index_in(batch.column("group").take(taken), value_set=groups)),
-                pc.cast(batch.column("consumer").take(taken), pa.string()),
-                _int(batch.column("consume_seq").take(taken)), _int(batch.column("partition").take(taken)),
-                _int(batch.column("offset").take(taken)), _us(batch.column("consume_ts").take(taken)),
-                _int(batch.column("_row").take(taken))))
+            taken = pa.array(np.flatnonzero(seen & processing))
+            if not len(taken):
+                continue
+            consumer = pc.dictionary_encode(pc.cast(batch.column("consumer").take(taken), pa.string()))
+            names = self._consumers[tc.name]
+            names.append(consumer.dictionary)
+            group = _int(pc.index_in(batch.column("group").take(taken), value_set=_group_names(tc)))
+            segment = (group << 32) | (_int(batch.column("partition").take(taken)) & 0xFFFFFFFF)
+            columns = (_int(consumer.indices), _int(batch.column("consume_seq").take(taken)),
+                       _int(batch.column("offset").take(taken)), _us(batch.column("consume_ts").take(taken)),
+                       _int(batch.column("_row").take(taken)))
+            keys, inverse = np.unique(segment, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")  # each segment's rows in the order read
+            bounds = np.searchsorted(inverse[order], np.arange(len(keys) + 1))
+            for i, key in enumerate(keys.tolist()):
+                rows = order[bounds[i]:bounds[i + 1]]
+                self._processings[tc.name].setdefault(key, []).append((len(names) - 1, *(c[rows] for c in columns)))
 
     def pids(self) -> pa.Array:
         """Every pid of the window's rows, sorted (`_Keys`)."""
@@ -892,18 +903,22 @@ class Split:
 
     def flags(self) -> np.ndarray | None:
         """Per consumed row (by `_row`): flagged by the order of consumption; None on a tie the
-        oracle breaks by the rows' order (`_backwards`). Frees the narrow columns."""
+        oracle breaks by the rows' order (`_backwards`). One (group, partition) at a time, each
+        freed as it is settled: no column of every processing at once."""
         out = np.zeros(self._rows, dtype=bool)
         for name in list(self._processings):
-            pieces = self._processings.pop(name)
-            if not pieces:
+            segments, dictionaries = self._processings.pop(name), self._consumers.pop(name)
+            if not segments:
                 continue
-            group, consumer, cseq, part, off, ts, row = (
-                np.concatenate([p[i] for p in pieces]) if i != 1 else pa.chunked_array([p[1] for p in pieces], pa.string())
-                for i in range(7))
-            back = _backwards(group, _int(pc.index_in(consumer, value_set=_sorted_distinct(consumer))),
-                              cseq, part, off, ts)
-            if back is None:
-                return None
-            out[row[back]] = True
+            names = _sorted_distinct(dictionaries)  # a consumer's code: its place among the topic's names
+            codes = [_int(pc.index_in(d, value_set=names)) for d in dictionaries]
+            for key in list(segments):
+                pieces = segments.pop(key)
+                consumer = np.concatenate([codes[p[0]][p[1]] for p in pieces])
+                cseq, off, ts, row = (np.concatenate([p[i] for p in pieces]) for i in range(2, 6))
+                one = np.zeros(len(off), dtype=np.int64)  # one group, one partition
+                back = _backwards(one, consumer, cseq, one, off, ts)
+                if back is None:
+                    return None
+                out[row[back]] = True
         return out
