@@ -487,10 +487,16 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     log order."""
     def gaps() -> list[Any]:
         """Per pid, consecutive present seqs."""
-        pr = np.flatnonzero(n_present)
-        by = pr[np.argsort((n_pid[pr] << SEQ_BITS) | n_seq[pr])]  # keys: (pid, seq) in order
-        pid_by, seq_by = n_pid[by], n_seq[by]
-        nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1) & n_win[by][1:])
+        every = bool(n_present.all())
+        pid, seq, win = (n_pid, n_seq, n_win) if every else (n_pid[n_present], n_seq[n_present], n_win[n_present])
+        # (pid, seq, in the window) packed in one unsigned key and sorted by value: no gathers of rows
+        # in sorted order (a message has one narrow row, so its (pid, seq) is unique)
+        key = (pid.astype(np.uint64) << np.uint64(SEQ_BITS + 1)) | (seq.astype(np.uint64) << np.uint64(1)) | win
+        key.sort()
+        pid_by = (key >> np.uint64(SEQ_BITS + 1)).astype(np.int64)
+        seq_by = ((key >> np.uint64(1)) & np.uint64((1 << SEQ_BITS) - 1)).astype(np.int64)
+        nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1)
+                             & (key[1:] & np.uint64(1)).astype(bool))
         return [(pid_names[p], a, b) for p, a, b in
                 zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
 
@@ -519,8 +525,9 @@ def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray,
     by, seg = (order if every else o[order]), segments[order]
     off_by = n_off[by]
     tied = bool(np.any((seg[1:] == seg[:-1]) & (off_by[1:] == off_by[:-1])))
-    high = _prev_max(seg, n_seq[by])
-    is_late = (high >= 0) & (n_seq[by] < high) & n_win[by]
+    seq_by = n_seq[by]
+    high = _prev_max(seg, seq_by)
+    is_late = (high >= 0) & (seq_by < high) & n_win[by]
     late = by[is_late]
     reordered = [(pid_names[p], s, part, off, h) for p, s, part, off, h in
                  zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
