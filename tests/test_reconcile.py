@@ -132,15 +132,31 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 # Where a published window is classified: in the driver (small inputs, the default); on Arrow
 # columns because the inputs hold more rows than `reconcile.driver_rows` (here 5) and at most
 # `reconcile.columnar_rows`; on Arrow columns in chunks of at most `columnar_rows` (here 6) rows
-# when they hold more; or by the Spark plan (`columnar_rows: 0`). The other paths are made to
-# fail, so each case proves which one ran.
+# when they hold more, the chunks held in memory (a small spill) or, when memory is short, in files;
+# or by the Spark plan (`columnar_rows: 0`). The other paths are made to fail, so each case proves
+# which one ran.
 PATHS = {"driver": {}, "columnar": {"reconcile": {"driver_rows": 5}},
          "chunked": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
+         "chunked-files": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
          "spark": {"reconcile": {"driver_rows": 5, "columnar_rows": 0}}}
 
 
-def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
+    """Makes every path but `path` fail; on a chunked path, the spill's kind, as each window spills
+    ('memory' or 'files'), is appended to the list returned (files: no memory to spare)."""
     import spark_jobs.reconcile as rec
+    import spark_jobs.reconcile.driver as driver
+
+    spills: list[str] = []
+    if path.startswith("chunked"):
+        spill = driver.spill_tables
+
+        def recorded(*args: Any) -> Any:
+            spills.append("memory" if args[-1] is None else "files")
+            return spill(*args)
+        monkeypatch.setattr(rec, "spill_tables", recorded)
+        if path == "chunked-files":
+            monkeypatch.setattr(driver, "_available_memory", lambda: 0)
 
     def refuse(what: str) -> Callable[..., Any]:
         def refused(*_: Any, **__: Any) -> Any:
@@ -153,10 +169,13 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
                            "classify_columnar_chunks": "columnar path in chunks"},
               "chunked": {"classify_batch": "Spark plan", "classify_collected": "driver path",
                           "classify_columnar": "columnar path"},
+              "chunked-files": {"classify_batch": "Spark plan", "classify_collected": "driver path",
+                                "classify_columnar": "columnar path"},
               "spark": {"classify_collected": "driver path", "classify_columnar": "columnar path",
                         "classify_columnar_chunks": "columnar path in chunks"}}[path]
     for name, what in others.items():
         monkeypatch.setattr(rec, name, refuse(what))
+    return spills
 
 
 def _config(make_config: Callable[..., Config], tmp_path: Path, path: str = "driver") -> Config:
@@ -209,6 +228,7 @@ STEPS = {
     "driver": {"inputs counted / collected", "published"},
     "columnar": {"inputs counted / collected", "columnar", "published"},
     "chunked": {"inputs counted / collected", "columnar, in chunks", "published"},
+    "chunked-files": {"inputs counted / collected", "columnar, in chunks", "published"},
     "spark": {"inputs counted / collected", "consumption order", "lookups", "typed path", "general path keys",
               "general path", "narrow rows", "repeated hashes", "summary", "published"},
 }
@@ -224,7 +244,7 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     from spark_jobs.reconcile import reconcile_window
 
     cfg = _config(make_config, tmp_path, path)
-    _only_path(monkeypatch, path)
+    spills = _only_path(monkeypatch, path)
     h = _io_history()
     write_lake(spark, cfg.lake, h.inputs())
     write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
@@ -279,6 +299,7 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(report_2) == 4
     assert sorted_anomalies(_delta_rows(spark, cfg, "audit_anomalies")) == sorted_anomalies(
         oracle_reconcile(cfg.topic(TOPIC), T0, early, h.inputs()).anomalies)
+    assert spills == {"chunked": ["memory"] * 3, "chunked-files": ["files"] * 3}.get(path, [])
 
 
 @pytest.mark.spark
@@ -942,7 +963,7 @@ def _retopic(inputs: Any, topic: str, sinks: dict[str, str]) -> Any:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("path", sorted(set(PATHS) - {"chunked-files"}))  # the files: the test above
 def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: Callable[..., Config],
                                                        tmp_path: Path, path: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

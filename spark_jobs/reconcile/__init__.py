@@ -110,6 +110,7 @@ and `outputs.write_outputs` are the only I/O (with `spark_jobs/io/sinks_read.py`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -141,7 +142,13 @@ from spark_jobs.reconcile.blocks import (
     split_by_block,
 )
 from spark_jobs.reconcile.classify import classify, simple_latencies, with_stage_names
-from spark_jobs.reconcile.driver import classify_collected, collect_inputs, collect_tables, spill_tables
+from spark_jobs.reconcile.driver import (
+    classify_collected,
+    collect_inputs,
+    collect_tables,
+    spill_held,
+    spill_tables,
+)
 from spark_jobs.reconcile.failover import failover_lookups, ignored_x, translate
 from spark_jobs.reconcile.inputs import (
     WindowInputs,
@@ -532,7 +539,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             else:
                 with described(spark, f"{label}: columnar, in chunks"):
                     by_oracle = classify_columnar_chunks(  # the chunks settled at once hold columnar_rows
-                        spark, inputs, shape, ws, as_of, -(-rows * columnar.CHUNKS_AT_ONCE // cfg.columnar_rows))
+                        spark, inputs, shape, ws, as_of, -(-rows * columnar.CHUNKS_AT_ONCE // cfg.columnar_rows),
+                        spill_held(rows))
         if by_oracle is not None:
             classified = by_oracle
             anomalies = next(iter(classified.values())).summary
@@ -568,13 +576,14 @@ def classify_columnar(spark: SparkSession, tables: columnar.Tables, shape: Shape
 
 
 def classify_columnar_chunks(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: datetime,
-                             as_of: datetime, n: int) -> dict[str, Classified] | None:
+                             as_of: datetime, n: int, held: bool = False) -> dict[str, Classified] | None:
     """`classify_columnar` of a window of more than `reconcile.columnar_rows` rows, in `n` chunks by
     message (docs/design.md §5.10): the rows are read once and each chunk's written to Arrow IPC
-    files in a temporary folder (`driver.spill_tables`; the system's temporary directory, TMPDIR),
-    removed when the window is classified. None when the path declines (the Spark plan runs then)."""
-    with tempfile.TemporaryDirectory(prefix="msgaudit-chunks-") as folder:
-        spilled = spill_tables(inputs, shape, ws, n, Path(folder))
+    files (`driver.spill_tables`), held in memory when `held` (`driver.spill_held`), else in a
+    temporary folder in the system's temporary directory (TMPDIR), removed when the window is
+    classified. None when the path declines (the Spark plan runs then)."""
+    with contextlib.nullcontext(None) if held else tempfile.TemporaryDirectory(prefix="msgaudit-chunks-") as folder:
+        spilled = spill_tables(inputs, shape, ws, n, None if folder is None else Path(folder))
         if spilled is None:
             return None
         results = columnar.classify_chunks(shape.topics, ws, as_of, *spilled)

@@ -13,8 +13,8 @@ first one runs.
 once per topic. `collect_tables` is the medium windows' I/O (`columnar`, §5.10): the rows as Arrow
 columns, a table pinned to plain Parquet files (a lake table, a Delta sink) read by pyarrow
 (`parquet_reader`), the rest handed over by Spark. `spill_tables` is the large windows' I/O: the rows
-read once and split by message into chunks, each written to Arrow IPC files in a temporary folder
-the caller owns; it writes nothing else.
+read once and split by message into chunks, each written to Arrow IPC files held in memory or in a
+temporary folder the caller owns (`spill_held` chooses); it writes nothing else.
 """
 
 from __future__ import annotations
@@ -221,19 +221,44 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
 
 SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
 # the spill's buffers are compressed (as Spark compresses its own spills): under a quarter of the
-# bytes to write, hold in the page cache and map back, for some seconds of compression
-# (docs/benchmarks.md)
+# bytes to write, hold and map back, for some seconds of compression (docs/benchmarks.md)
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+# A window's spill is held in this process's memory when it would take at most SPILL_HELD_MAX_BYTES
+# and a quarter of the memory available (`spill_held`), else written to files: held, a 10M-message
+# window ran in about 0.7 of the time (no file system in the way; docs/benchmarks.md). A row takes
+# about 20 to 30 bytes compressed; the estimate is generous.
+SPILL_BYTES_PER_ROW = 40
+SPILL_HELD_MAX_BYTES = 4 << 30
+
+
+def _available_memory() -> int:
+    """The bytes of memory the system could give this process now (Linux: MemAvailable), or 0 when it
+    does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def spill_held(rows: int) -> bool:
+    """Whether the spill of a window of `rows` input rows is held in memory (else in files)."""
+    need = rows * SPILL_BYTES_PER_ROW
+    return need <= SPILL_HELD_MAX_BYTES and need <= _available_memory() // 4
 
 
 def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
-                 folder: Path) -> tuple[columnar.Split, Callable[[int], columnar.Tables]] | None:
+                 folder: Path | None) -> tuple[columnar.Split, Callable[[int], columnar.Tables]] | None:
     """The window's rows split into `n` chunks by message (`columnar.Split`, docs/design.md §5.10):
     each table read once, a batch at a time, by pyarrow from the files of its pinned scan
     (`parquet_reader`; a sink Spark reads is handed over whole), each chunk's rows of each table
-    appended to an Arrow IPC file in `folder`; and `chunk(k)`, the rows of chunk k as `Tables`,
-    mapped from those files (no copy). None when the ledger, the log or the consumption rows are
-    not plain Parquet files pyarrow can read: the Spark plan classifies the window then."""
+    appended to an Arrow IPC file, in `folder` or, when it is None, in memory (`spill_held`); and
+    `chunk(k)`, the rows of chunk k as `Tables`, read back from those files (each once, then let
+    go). None when the ledger, the log or the consumption rows are not plain Parquet files pyarrow
+    can read: the Spark plan classifies the window then."""
     split = columnar.Split(n, shape.topics, ws)
     sources: list[tuple[str, str, Any]] = []
     for kind, df, cls in (("ledger", inputs.ledger, oracle.LedgerRow), ("log", inputs.log, oracle.LogRecord),
@@ -246,6 +271,14 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         sources.append((kind, kind, read(SPILL_BATCH_ROWS)))
     for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS).items():
         sources.append(("sink", "sink:" + name, batches))
+    held: dict[str, Any] = {}  # file name -> its buffer, when the spill is held in memory
+
+    def target(name: str) -> Any:
+        if folder is None:
+            held[name] = pa.BufferOutputStream()
+            return held[name]
+        return str(folder / name)
+
     def spill(kind: str, key: str, batches: Iterator[pa.RecordBatch]) -> None:
         writers: dict[int, Any] = {}
         try:
@@ -253,7 +286,7 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
                 for k, pieces in enumerate(split.split(kind, batch)):
                     for piece in pieces:
                         if k not in writers:
-                            writers[k] = pa.ipc.new_file(str(folder / f"{key}.{k}.arrow"), piece.schema,
+                            writers[k] = pa.ipc.new_file(target(f"{key}.{k}.arrow"), piece.schema,
                                                          options=SPILL_OPTIONS)
                         writers[k].write_batch(piece)
         finally:
@@ -268,11 +301,13 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
 
     def table(key: str, k: int) -> pa.Table:
-        """Chunk k's rows of `key`, decompressed from its mapped file; the file is unlinked at once
-        (each chunk is read once: its pages are not kept in the page cache)."""
-        path = folder / f"{key}.{k}.arrow"
-        rows = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        path.unlink()
+        """Chunk k's rows of `key`, decompressed; its file let go at once (each chunk is read once:
+        a file's pages are not kept in the page cache, a held buffer is freed)."""
+        name = f"{key}.{k}.arrow"
+        if folder is None:
+            return pa.ipc.open_file(held.pop(name).getvalue()).read_all()
+        rows = pa.ipc.open_file(pa.memory_map(str(folder / name))).read_all()
+        (folder / name).unlink()
         return rows
 
     def chunk(k: int) -> columnar.Tables:
