@@ -8,12 +8,15 @@ growth of this Python process's peak RSS during the columnar runs (the driver's 
 With `--other driver` the other side is the oracle in the driver (`driver_rows` above the window's
 rows, the columnar side at `driver_rows: 1`): where the columnar path should take over from it.
 With `--other uncompressed` (a window above `columnar_rows`, settled in chunks) the other side is
-the same path with its spill files written uncompressed (`driver.SPILL_OPTIONS`).
+the same path with its spill written uncompressed (`driver.SPILL_OPTIONS`); with `--other files`,
+the same path with its spill in files in TMPDIR, where the columnar side holds it in memory when it
+fits (`driver.spill_held`; `SPILL_HELD_MAX_BYTES` at 0 on the other side).
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --anomaly-rate 0.0001 --history 2 --generate-only --dir DIR
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 1000000 --anomaly-rate 0.0001 --reps 3
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 40000 --other driver --reps 5
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 10000000 --anomaly-rate 0.0001 --other uncompressed --reps 2
+    .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 10000000 --anomaly-rate 0.0001 --other files --reps 2
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -47,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=2, help="its --history (default 2): the window is that hour")
     ap.add_argument("--anomaly-rate", type=float, default=0.001, help="the rate it was generated with")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds, alternating (medians)")
-    ap.add_argument("--other", choices=("plan", "driver", "uncompressed"), default="plan",
-                    help="the other side: the Spark plan (default), the oracle in the driver, or the "
-                         "columnar path spilling its chunks uncompressed")
+    ap.add_argument("--other", choices=("plan", "driver", "uncompressed", "files"), default="plan",
+                    help="the other side: the Spark plan (default), the oracle in the driver, the "
+                         "columnar path spilling its chunks uncompressed, or spilling them to files")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
     rs.set_anomaly_rate(args.anomaly_rate)
@@ -61,17 +64,22 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_spark(cfg, app_name="msgaudit-columnar-vs-plan")
     other = args.other
-    spill = driver.SPILL_OPTIONS  # each side: its config and the spill files' write options
+    # each side: its config, the spill's write options and the most bytes of it held in memory
+    spill, held = driver.SPILL_OPTIONS, driver.SPILL_HELD_MAX_BYTES
     if other == "plan":
-        sides = {"columnar": (cfg, spill), other: (replace(cfg, columnar_rows=0), spill)}
+        sides = {"columnar": (cfg, spill, held), other: (replace(cfg, columnar_rows=0), spill, held)}
     elif other == "uncompressed":
-        sides = {"columnar": (cfg, spill), other: (cfg, pa.ipc.IpcWriteOptions())}
+        sides = {"columnar": (cfg, spill, held), other: (cfg, pa.ipc.IpcWriteOptions(), held)}
+    elif other == "files":
+        sides = {"columnar": (cfg, spill, held), other: (cfg, spill, 0)}
     else:
-        sides = {"columnar": (replace(cfg, driver_rows=1), spill), other: (replace(cfg, driver_rows=10**12), spill)}
+        sides = {"columnar": (replace(cfg, driver_rows=1), spill, held),
+                 other: (replace(cfg, driver_rows=10**12), spill, held)}
 
-    def run(side: tuple[Any, Any]) -> tuple[float, list[Any], list[Any]]:
-        c, options = side
+    def run(side: tuple[Any, Any, int]) -> tuple[float, list[Any], list[Any]]:
+        c, options, most = side
         driver.SPILL_OPTIONS = options
+        driver.SPILL_HELD_MAX_BYTES = most
         t = time.perf_counter()
         r = reconcile_window(spark, c, rs.TOPIC, rs.WINDOW, rs.AS_OF, publish=False)
         took = time.perf_counter() - t

@@ -224,9 +224,9 @@ SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
 # bytes to write, hold and map back, for some seconds of compression (docs/benchmarks.md)
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 # A window's spill is held in this process's memory when it would take at most SPILL_HELD_MAX_BYTES
-# and a quarter of the memory available (`spill_held`), else written to files: held, a 10M-message
-# window ran in about 0.7 of the time (no file system in the way; docs/benchmarks.md). A row takes
-# about 20 to 30 bytes compressed; the estimate is generous.
+# and a quarter of the memory available (`spill_held`), else written to files in TMPDIR: held, it
+# needs no room there and writes nothing to disk (about as fast as files in the page cache,
+# docs/benchmarks.md). A row takes about 20 to 30 bytes compressed; the estimate is generous.
 SPILL_BYTES_PER_ROW = 40
 SPILL_HELD_MAX_BYTES = 4 << 30
 
