@@ -893,6 +893,7 @@ class Split:
             names = self._consumers[tc.name]
             names.append(consumer.dictionary)
             group = _int(pc.index_in(batch.column("group").take(taken), value_set=_group_names(tc)))
+            # (group, partition) as one key (a partition is an int32; a null one, -1, is a segment too)
             segment = (group << 32) | (_int(batch.column("partition").take(taken)) & 0xFFFFFFFF)
             columns = (_int(consumer.indices), _int(batch.column("consume_seq").take(taken)),
                        _int(batch.column("offset").take(taken)), _us(batch.column("consume_ts").take(taken)),
