@@ -1242,11 +1242,13 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     """`driver.parquet_reader`: a lake table pinned to its Parquet files is read by pyarrow with the
     rows and values Spark hands over (its partition column from the directories; a column the files
     lack read as null; a column renamed, as a sink's audit columns are), filters aside; a Delta scan
-    that is not pinned, a computed column, or rows handed over from Python are not read so."""
+    that is not pinned, a computed column, or rows handed over from Python are not read so; read for a
+    spill, its strings dictionary-coded, the same rows made plain."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
     from spark_jobs.reconcile import Shape, pinned, read_batch_inputs
-    from spark_jobs.reconcile.driver import collect_inputs, parquet_reader
+    from spark_jobs.reconcile.driver import _plain, collect_inputs, parquet_reader
     from tests.reconcile_cases import frame as table_frame
     from tests.reconcile_cases import table_rows
 
@@ -1303,6 +1305,13 @@ def test_the_columnar_path_reads_a_pinned_lake_table_as_spark_does_and_leaves_th
     got, want = read(), frame.select(*columns).toArrow()
     assert ordered(got) == ordered(want)
     assert set(got.column("cluster").to_pylist()) == {None, "mirror-a"}
+    # read for a spill, a batch at a time: the strings dictionary-coded (not the partition column,
+    # from the directories), a file without `cluster` giving coded nulls; made plain, the same rows
+    batches = list(read(3, coded=True))
+    assert len(batches) > 1 and all(b.num_rows <= 3 for b in batches)
+    coded = pa.Table.from_batches(batches)
+    assert {f.name for f in coded.schema if pa.types.is_dictionary(f.type)} == {"group", "pid", "outcome", "error", "cluster"}
+    assert _plain(coded).schema == want.schema and ordered(_plain(coded)) == ordered(want)
 
 
 @pytest.mark.spark

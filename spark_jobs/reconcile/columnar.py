@@ -824,6 +824,12 @@ def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Par
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads (pid hash ^ seq) over the chunks
 
 
+def _coded(col: Any) -> Any:
+    """`col`'s strings dictionary-coded: as read when they are (`driver.parquet_reader`'s `coded`),
+    else coded here."""
+    return col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(pc.cast(col, pa.string()))
+
+
 class Split:
     """A window's rows split into `n` chunks by message, batch by batch as they are read
     (docs/design.md §5.10): a row with a message identity (pid and seq; for a log record, valid)
@@ -867,7 +873,7 @@ class Split:
                 for k in range(self.n)]
 
     def _chunks(self, batch: pa.RecordBatch, identified: np.ndarray) -> np.ndarray:
-        encoded = pc.dictionary_encode(pc.cast(batch.column("pid"), pa.string()))
+        encoded = _coded(batch.column("pid"))
         self._pids.append(encoded.dictionary)
         hashes = np.append(_hash64(encoded.dictionary), np.uint64(0))  # a null pid: the last
         with np.errstate(over="ignore"):
@@ -889,7 +895,7 @@ class Split:
             taken = pa.array(np.flatnonzero(seen & processing))
             if not len(taken):
                 continue
-            consumer = pc.dictionary_encode(pc.cast(batch.column("consumer").take(taken), pa.string()))
+            consumer = _coded(batch.column("consumer").take(taken))
             names = self._consumers[tc.name]
             names.append(consumer.dictionary)
             group = _int(pc.index_in(batch.column("group").take(taken), value_set=_group_names(tc)))

@@ -160,11 +160,11 @@ def _arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
 def _direct(df: DataFrame, cls: type, batch_rows: int | None = None) -> Any:
     """`_arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df` is
     one (four to five times faster than Spark's scan and hand-over), else by Spark; with
-    `batch_rows`, as record batches."""
+    `batch_rows`, as record batches (read by pyarrow: their strings dictionary-coded, `coded`)."""
     columns = [f.name for f in fields(cls) if f.name in df.columns]
     read = parquet_reader(df, columns)
     if read is not None:
-        return read(batch_rows)
+        return read(batch_rows, coded=batch_rows is not None)
     table = _arrow(df, cls)
     return table if batch_rows is None else _batches(iter(table.to_batches(max_chunksize=batch_rows)), table.schema)
 
@@ -220,6 +220,11 @@ def collect_tables(inputs: WindowInputs, shape: Shape, ws: datetime) -> columnar
 
 
 SPILL_BATCH_ROWS = 1 << 20  # rows of a table split at a time (`spill_tables`)
+# The strings a spill carries are read from Parquet dictionary-coded (`parquet_reader`'s `coded`)
+# and made plain again as each chunk is read back (`_plain`): splitting and compressing then move
+# small integer codes, not the strings (a pid, a group, an outcome: a few values repeated on every
+# row), and the read skips decoding them. Not a fingerprint: a value per message, nothing to share.
+DENSE_STRINGS = frozenset({"fingerprint"})
 # the spill's buffers are compressed (as Spark compresses its own spills): under a quarter of the
 # bytes to write, hold and map back, for some seconds of compression (docs/benchmarks.md)
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
@@ -268,7 +273,7 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         read = parquet_reader(df, [f.name for f in fields(cls) if f.name in df.columns])
         if read is None:
             return None
-        sources.append((kind, kind, read(SPILL_BATCH_ROWS)))
+        sources.append((kind, kind, read(SPILL_BATCH_ROWS, coded=True)))
     for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS).items():
         sources.append(("sink", "sink:" + name, batches))
     held: dict[str, Any] = {}  # file name -> its buffer, when the spill is held in memory
@@ -285,9 +290,9 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
             for batch in batches:  # at least one (`_batches`): every chunk has a file of every table
                 for k, pieces in enumerate(split.split(kind, batch)):
                     for piece in pieces:
-                        if k not in writers:
-                            writers[k] = pa.ipc.new_file(target(f"{key}.{k}.arrow"), piece.schema,
-                                                         options=SPILL_OPTIONS)
+                        if k not in writers:  # a stream: each batch's dictionaries may differ
+                            writers[k] = pa.ipc.new_stream(target(f"{key}.{k}.arrow"), piece.schema,
+                                                           options=SPILL_OPTIONS)
                         writers[k].write_batch(piece)
         finally:
             for w in writers.values():
@@ -301,14 +306,14 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
 
     def table(key: str, k: int) -> pa.Table:
-        """Chunk k's rows of `key`, decompressed; its file let go at once (each chunk is read once:
-        a file's pages are not kept in the page cache, a held buffer is freed)."""
+        """Chunk k's rows of `key`, decompressed, strings plain; its file let go at once (each chunk
+        is read once: a file's pages are not kept in the page cache, a held buffer is freed)."""
         name = f"{key}.{k}.arrow"
         if folder is None:
-            return pa.ipc.open_file(held.pop(name).getvalue()).read_all()
-        rows = pa.ipc.open_file(pa.memory_map(str(folder / name))).read_all()
+            return _plain(pa.ipc.open_stream(held.pop(name).getvalue()).read_all())
+        rows = pa.ipc.open_stream(pa.memory_map(str(folder / name))).read_all()
         (folder / name).unlink()
-        return rows
+        return _plain(rows)
 
     def chunk(k: int) -> columnar.Tables:
         return columnar.Tables(
@@ -318,6 +323,14 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
             group_offsets=group_offsets, watermarks=watermarks)
 
     return split, chunk
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """`table` with its dictionary-coded columns as plain ones (the columnar path's types)."""
+    if not any(pa.types.is_dictionary(f.type) for f in table.schema):
+        return table
+    return table.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                                 for f in table.schema]))
 
 
 _ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
@@ -380,7 +393,8 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     if leaf.getClass().getSimpleName() == "LocalRelation":  # rows handed over from Python, or no file kept
         if not leaf.data().isEmpty():
             return None
-        return lambda batch_rows=None: schema.empty_table() if batch_rows is None else _batches(iter(()), schema)
+        return lambda batch_rows=None, coded=False: \
+            schema.empty_table() if batch_rows is None else _batches(iter(()), schema)
     if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
         return None
     relation = leaf.relation()
@@ -407,23 +421,35 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partition_columns),
                           *((p, pa.string()) for p in partition_columns)])
 
-    def read(batch_rows: int | None = None) -> Any:
-        """The rows as one table; with `batch_rows`, an iterator of record batches of at most that many."""
+    def read(batch_rows: int | None = None, coded: bool = False) -> Any:
+        """The rows as one table; with `batch_rows`, an iterator of record batches of at most that many.
+        `coded`: the string columns in the files (but DENSE_STRINGS) as Parquet stores them,
+        dictionary-coded (`pa.dictionary(int32, string)`; a batch's dictionary may differ from the
+        last's)."""
         import pyarrow.dataset as ds
+
+        codes = {c for c, t in read_as.items() if coded and t == pa.string() and c not in partition_columns
+                 and c not in DENSE_STRINGS}
+
+        def coding(f: pa.Field, name: str) -> pa.Field:
+            return f.with_type(pa.dictionary(pa.int32(), f.type)) if name in codes else f
 
         paths = [local_path(f) for f in files]
         parts = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_columns]), flavor="hive") \
             if partition_columns else None
-        data = ds.dataset(paths, schema=physical, format="parquet", partitioning=parts, partition_base_dir=root)
+        form = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=codes)) if codes else "parquet"
+        data = ds.dataset(paths, schema=pa.schema([coding(f, f.name) for f in physical]), format=form,
+                          partitioning=parts, partition_base_dir=root)
+        out = pa.schema([coding(f, sources[f.name]) for f in schema])
 
         def renamed(got: Any, kind: Any) -> Any:
             return kind.from_arrays([pa.nulls(got.num_rows, f.type) if sources[f.name] == _NULL
-                                     else got.column(sources[f.name]) for f in schema], schema=schema)
+                                     else got.column(sources[f.name]) for f in out], schema=out)
 
         if batch_rows is None:
             return renamed(data.to_table(columns=list(read_as)), pa.Table)
         # one file and a batch ahead, not the dataset's default of many: memory of a batch or two
         return _batches((renamed(b, pa.RecordBatch) for b in data.to_batches(
-            columns=list(read_as), batch_size=batch_rows, batch_readahead=1, fragment_readahead=1)), schema)
+            columns=list(read_as), batch_size=batch_rows, batch_readahead=1, fragment_readahead=1)), out)
 
     return read
