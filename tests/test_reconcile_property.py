@@ -424,3 +424,24 @@ def test_the_running_maximum_per_segment_is_exact(rows: list[tuple[int, int]], f
     want = [max((v for s, v in rows[:i] if s == rows[i][0]), default=-1) for i in range(len(rows))]
     with unittest.mock.patch.object(columnar, "_FEW_SEGMENTS", few):
         assert columnar._prev_max(seg, vals).tolist() == want
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([-1, 0, 1, 5, 70_000, 2**31 - 1])), min_size=1, max_size=30),
+       st.booleans())
+def test_rows_are_grouped_by_group_and_partition_in_their_order(rows: list[tuple[int, int]], small: bool) -> None:
+    """`columnar._segments`: each (group, partition) -- a null partition, -1, among them -- once, its
+    rows together in their order; by a 16-bit code when the partitions are few, else by the keys."""
+    import numpy as np
+
+    from spark_jobs.reconcile import columnar
+
+    if small:
+        rows = [(g, p % 7 - 1) for g, p in rows]
+    group = np.array([r[0] for r in rows], dtype=np.int64)
+    part = np.array([r[1] for r in rows], dtype=np.int64)
+    keys, order, bounds = columnar._segments(group, part)
+    want = {(g << 32) | (p & 0xFFFFFFFF): [i for i, r in enumerate(rows) if r == (g, p)] for g, p in set(rows)}
+    assert sorted(keys) == sorted(want) and len(bounds) == len(keys) + 1
+    assert {k: order[bounds[i]:bounds[i + 1]].tolist() for i, k in enumerate(keys)} == want
