@@ -541,6 +541,26 @@ def test_unknown_topic_is_a_config_error_before_any_jvm(make_config: Callable[..
 
 
 @pytest.mark.unit
+def test_a_spill_codes_a_column_of_many_values_per_chunk() -> None:
+    """A coded column whose dictionary, repeated in each chunk's stream, would outweigh its rows (a
+    value per row) is coded anew in each chunk's piece; one of few values is kept as read."""
+    import pyarrow as pa
+
+    from spark_jobs.reconcile.driver import _plain, _recoded, _wide_codes
+
+    many = pa.array([f"v{i}" for i in range(8)]).dictionary_encode()
+    few = pa.array(["a", "b"] * 4).dictionary_encode()
+    batch = pa.RecordBatch.from_arrays([many, few, pa.array(range(8))], names=["many", "few", "n"])
+    assert _wide_codes(batch, 2) == [0] and _wide_codes(batch, 1) == []
+    piece = _recoded(batch.slice(2, 3), _wide_codes(batch, 2))
+    assert piece.column(0).dictionary.to_pylist() == ["v2", "v3", "v4"]
+    assert piece.column(1).dictionary.to_pylist() == ["a", "b"]
+    assert piece.schema == batch.schema
+    assert _plain(pa.Table.from_batches([piece])).to_pydict() == {
+        "many": ["v2", "v3", "v4"], "few": ["a", "b", "a"], "n": [2, 3, 4]}
+
+
+@pytest.mark.unit
 def test_jdbc_options_from_sqlalchemy_urls() -> None:
     from spark_jobs.io.sinks_read import jdbc_options
 

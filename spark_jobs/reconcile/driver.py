@@ -288,8 +288,10 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         writers: dict[int, Any] = {}
         try:
             for batch in batches:  # at least one (`_batches`): every chunk has a file of every table
+                wide = _wide_codes(batch, n)
                 for k, pieces in enumerate(split.split(kind, batch)):
                     for piece in pieces:
+                        piece = _recoded(piece, wide)
                         if k not in writers:  # a stream: each batch's dictionaries may differ
                             writers[k] = pa.ipc.new_stream(target(f"{key}.{k}.arrow"), piece.schema,
                                                            options=SPILL_OPTIONS)
@@ -323,6 +325,23 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
             group_offsets=group_offsets, watermarks=watermarks)
 
     return split, chunk
+
+
+def _wide_codes(batch: pa.RecordBatch, n: int) -> list[int]:
+    """The dictionary-coded columns of `batch` whose dictionary, which each of `n` chunks' streams
+    repeats, would take more than a value per row of the batch (a string column with a value per
+    message): each chunk's piece of them is coded anew with its own values (`_recoded`), so the
+    spill stays about as large as the rows."""
+    return [i for i, f in enumerate(batch.schema)
+            if pa.types.is_dictionary(f.type) and len(batch.column(i).dictionary) * n > batch.num_rows]
+
+
+def _recoded(piece: pa.RecordBatch, columns: Sequence[int]) -> pa.RecordBatch:
+    """`piece` with each of `columns` (dictionary-coded) coded anew: a dictionary of its own values."""
+    for i in columns:
+        f = piece.schema.field(i)
+        piece = piece.set_column(i, f, pc.dictionary_encode(pc.cast(piece.column(i), f.type.value_type)))
+    return piece
 
 
 def _plain(table: pa.Table) -> pa.Table:
