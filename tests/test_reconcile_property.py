@@ -254,18 +254,24 @@ def test_the_columnar_path_equals_the_oracle_row_for_row(history: tuple[Inputs, 
 @pytest.mark.unit
 @settings(max_examples=_examples(UNIT_EXAMPLES, SOAK_UNIT_EXAMPLES), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(batches(), st.integers(min_value=2, max_value=4))
+@given(batches(), st.integers(min_value=2, max_value=4), st.sampled_from([1, 2, 3, 1 << 20]), st.booleans())
 def test_the_columnar_path_in_chunks_equals_the_oracle_row_for_row(history: tuple[Inputs, datetime],
-                                                                    n: int) -> None:
+                                                                    n: int, block: int, packed: bool) -> None:
     """A window split into chunks by message (`columnar.Split`, a few rows of each table at a time)
     and settled chunk by chunk (`columnar.classify_chunks`) gives the oracle's report and anomaly
     rows: the order of consumption, the committed offsets and the checks that need neighbours are
-    the whole window's."""
+    the whole window's, whatever the blocks those checks' passes take and whether the log order's
+    key is packed in 64 bits or sorted on two columns."""
+    import unittest.mock
+
+    from spark_jobs.reconcile import columnar
     from tests.reconcile_cases import arrow_tables, classify_in_chunks
 
     inputs, as_of = history
     want = reconcile_window(TC, T0, as_of, inputs)
-    got = classify_in_chunks([TC], T0, as_of, arrow_tables(inputs), n)
+    with unittest.mock.patch.object(columnar, "_BLOCK", block), \
+            unittest.mock.patch.object(columnar, "_KEY_BITS", 64 if packed else 0):
+        got = classify_in_chunks([TC], T0, as_of, arrow_tables(inputs), n)
     assert got is not None
     r = got[TC.name]
     assert sorted_anomalies(r.anomalies) == sorted_anomalies(want.anomalies)
@@ -367,6 +373,62 @@ def test_shared_fingerprints_are_found_exactly_whatever_their_hashes_collide(
         for j in shared.tolist():
             assert (codes[i] == codes[j]) == (strings[i] == strings[j])
     assert len(set(columnar._hash64(pa.array(["fp1", "fp2", "", "1pf", "fp10"])).tolist())) == 5
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["p", "q", "r"]), st.integers(0, 12), st.booleans(),
+                          st.one_of(st.none(), st.integers(0, 2)), st.integers(0, 9),
+                          st.sampled_from([None, "x", "y"]), st.integers(0, 3), st.booleans()),
+                unique_by=lambda r: (r[0], r[1]), max_size=40),
+       st.lists(st.integers(0, 40), max_size=3), st.sampled_from([1, 2, 3, 1 << 20]), st.booleans())
+def test_the_checks_that_need_neighbours_in_chunks_equal_the_oracle(
+        rows: list[tuple[str, int, bool, int | None, int, str | None, int, bool]], cuts: list[int], block: int,
+        packed: bool) -> None:
+    """`columnar._neighbour_rows` over narrow rows cut into chunks, its sorted keys passed in blocks of
+    `block` rows, the log order's key packed in 64 bits or sorted on two columns: the oracle's
+    reordered messages, gaps and content duplicates on the same rows; None exactly when two originals
+    of a pid share a (partition, offset) (the oracle's order is then the order of its rows)."""
+    import unittest.mock
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import pyarrow as pa
+
+    from audit.oracle import Narrow, content_duplicates, reordered_in_log, seq_gaps
+    from spark_jobs.reconcile import columnar
+
+    narrow = [Narrow(pid, seq, present, part, None if part is None else off, fp, T0 + timedelta(minutes=minute), win)
+              for pid, seq, present, part, off, fp, minute, win in rows]
+    names = sorted({n.pid for n in narrow})
+    minutes = {(r[0], r[1]): r[6] for r in rows}
+    bounds = [0, *sorted(c for c in cuts if c < len(narrow)), len(narrow)]
+
+    def chunk(ns: list[Narrow]) -> Any:
+        fps = pa.array([n.fingerprint for n in ns], pa.string())
+        return columnar._Narrow(
+            np.array([names.index(n.pid) for n in ns], dtype=np.int64), np.array([n.seq for n in ns], dtype=np.int64),
+            np.array([n.present for n in ns], dtype=bool),
+            np.array([-1 if n.partition is None else n.partition for n in ns], dtype=np.int64),
+            np.array([-1 if n.offset is None else n.offset for n in ns], dtype=np.int64),
+            np.array([columnar._micros(T0 + timedelta(minutes=minutes[n.pid, n.seq])) for n in ns], dtype=np.int64),
+            np.array([n.in_window for n in ns], dtype=bool), fps, columnar._hash64(fps))
+
+    chunks = [chunk(narrow[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    with unittest.mock.patch.object(columnar, "_BLOCK", block), \
+            unittest.mock.patch.object(columnar, "_KEY_BITS", 64 if packed else 0), \
+            ThreadPoolExecutor(max_workers=2) as beside:
+        got = columnar._neighbour_rows(chunks, names, beside)
+    positions = [(n.partition, n.pid, n.offset) for n in narrow if n.partition is not None]
+    if len(set(positions)) < len(positions):
+        assert got is None
+        return
+    assert got is not None
+    reordered, gaps, content = got
+    assert sorted(reordered) == sorted((n.pid, n.seq, n.partition, n.offset, high) for n, high in reordered_in_log(narrow))
+    assert gaps == sorted(seq_gaps(narrow))
+    assert sorted(content) == sorted((n.pid, n.seq, n.partition, n.offset, first.pid, first.seq)
+                                     for n, first in content_duplicates(narrow))
 
 
 @pytest.mark.unit

@@ -29,7 +29,7 @@ handed the rows -- and the caller then runs the Spark plan. Transforms only: no 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -97,18 +97,6 @@ def _between(col: Any, lo: datetime, hi: datetime) -> Any:
     return pc.and_(pc.greater_equal(c, pa.scalar(lo, t)), pc.less(c, pa.scalar(hi, t)))
 
 
-def _sort_by_segment(segment: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The order of rows by (`segment` (>= 0), `values`): one sort of a combined key when it fits in
-    an int64 (several times faster than a sort on two keys), else that sort."""
-    if not len(values):
-        return np.empty(0, dtype=np.int64)
-    low = int(values.min())
-    span = int(values.max()) - low + 1
-    if (int(segment.max()) + 1) * span >= 2**62:
-        return np.lexsort((values, segment))
-    return np.argsort(segment * span + (values - low))
-
-
 _HASH_BASE = 0x100000001B3  # odd: a polynomial hash of bytes modulo 2^64
 _HASH_SLICE = 1 << 16  # strings hashed at a time: bounds the per-byte arrays
 
@@ -135,7 +123,7 @@ def _hash64(strings: pa.Array) -> np.ndarray:
     return out
 
 
-def _shared_strings(strings: pa.Array, rows: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _shared_strings(strings: pa.Array | pa.ChunkedArray, rows: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row of `strings`, equal for equal strings, defined on the rows returned; the rows
     among `rows` whose string, not null, another of `rows` shares), exactly: the rows whose hash
     repeats are the candidates (`hashes`: each string's `_hash64`), and only their strings are compared."""
@@ -148,7 +136,9 @@ def _shared_strings(strings: pa.Array, rows: np.ndarray, hashes: np.ndarray) -> 
     if not len(twice):
         return codes, rows[:0]
     candidates = rows[_bool(pc.is_in(pa.array(h), value_set=pa.array(twice)))]  # a hash table: one pass
-    exact = _int(pc.dictionary_encode(strings.take(pa.array(candidates, pa.int64()))).indices)
+    taken = strings.take(pa.array(candidates, pa.int64()))
+    taken = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
+    exact = _int(pc.dictionary_encode(taken).indices)
     candidates, exact = candidates[exact >= 0], exact[exact >= 0]  # a null shares nothing
     codes[candidates] = exact
     shared = candidates[np.bincount(exact, minlength=int(exact.max(initial=0)) + 1)[exact] > 1]
@@ -475,66 +465,160 @@ def _consumption(con: pa.Table, tc: TopicConfig,
     return None if flagged is None else _Consumption(part, off, ts, on_source, is_commit, processing, flagged)
 
 
-def _neighbour_rows(n_pid: np.ndarray, n_seq: np.ndarray, n_present: np.ndarray, n_part: np.ndarray,
-                    n_off: np.ndarray, n_pt: np.ndarray, n_win: np.ndarray, fps: pa.Array, fp_hashes: np.ndarray,
-                    pid_names: list[str],
-                    beside: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """The checks that need neighbours over the narrow rows of every message (pid code, seq, whether
-    present, partition and offset of its original (-1: none), produce time, in the window,
-    fingerprint and its `_hash64`), as `oracle.emit_neighbour_rows` takes them: (reordered in the
-    log, gaps, content duplicates); None when two originals share a position (the oracle's order
-    is then the rows' order). The gaps and the content check run on `beside` when given, beside the
-    log order."""
-    def gaps() -> list[Any]:
-        """Per pid, consecutive present seqs."""
-        every = bool(n_present.all())
-        pid, seq, win = (n_pid, n_seq, n_win) if every else (n_pid[n_present], n_seq[n_present], n_win[n_present])
-        # (pid, seq, in the window) packed in one unsigned key and sorted by value: no gathers of rows
-        # in sorted order (a message has one narrow row, so its (pid, seq) is unique)
-        key = (pid.astype(np.uint64) << np.uint64(SEQ_BITS + 1)) | (seq.astype(np.uint64) << np.uint64(1)) | win
+_BLOCK = 1 << 20  # sorted keys a pass over them takes at a time: bounds its temporaries
+_KEY_BITS = 64  # the bits of the log order's packed key ((segment, offset, row) when they fit)
+
+
+def _rows_of(narrow: Sequence[_Narrow]) -> np.ndarray:
+    """The first global row of each chunk's narrow rows, then their number."""
+    return np.cumsum([0, *(len(n.seq) for n in narrow)])
+
+
+def _take(narrow: Sequence[_Narrow], starts: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
+    """The column `name` of the narrow rows at global `rows` (a few: the rows an anomaly names)."""
+    which = np.searchsorted(starts, rows, side="right") - 1
+    out = np.empty(len(rows), dtype=getattr(narrow[0], name).dtype)
+    for k in np.unique(which).tolist():
+        at = which == k
+        out[at] = getattr(narrow[k], name)[rows[at] - starts[k]]
+    return out
+
+
+def _gaps(narrow: Sequence[_Narrow], pid_names: list[str]) -> list[Any]:
+    """Per pid, consecutive present seqs the later of which is in the window: (pid, seq, in the
+    window) packed in one unsigned key per present message (its (pid, seq) is unique), built chunk
+    by chunk and sorted by value; then a pass over the sorted keys in blocks."""
+    key = np.empty(sum(int(np.count_nonzero(n.present)) for n in narrow), dtype=np.uint64)
+    shift, at = np.uint64(SEQ_BITS + 1), 0
+    for n in narrow:
+        every = bool(n.present.all())
+        pid, seq, win = (n.pid, n.seq, n.win) if every else (n.pid[n.present], n.seq[n.present], n.win[n.present])
+        out = key[at:at + len(pid)]
+        np.left_shift(pid.astype(np.uint64), shift, out=out)
+        out |= seq.astype(np.uint64) << np.uint64(1)
+        out |= win
+        at += len(pid)
+    key.sort()
+    mask = (1 << SEQ_BITS) - 1
+    found = []
+    for lo in range(0, max(len(key) - 1, 0), _BLOCK):
+        block = key[lo:lo + _BLOCK + 1]
+        # within a pid the step from one key to the next is 2 * (seq step) + (window bit change): 4 or
+        # more when a seq is skipped and the later row is in the window, 3 or less for the next seq
+        step = np.flatnonzero(block[1:] - block[:-1] >= np.uint64(4))
+        before, after = block[step], block[step + 1]
+        gap = ((before >> shift) == (after >> shift)) & (after & np.uint64(1)).astype(bool)
+        found += [(pid_names[b >> (SEQ_BITS + 1)], (b >> 1) & mask, (a >> 1) & mask)
+                  for b, a in zip(before[gap].tolist(), after[gap].tolist(), strict=True)]
+    return found
+
+
+def _log_order(narrow: Sequence[_Narrow], starts: np.ndarray, segments: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The originals (partition >= 0) in (segment, offset) order (segment: partition * `segments` +
+    pid code), in blocks of (global rows, segments, offsets). One in-place sort of (segment, offset,
+    row) packed in an unsigned key built chunk by chunk when they fit in `_KEY_BITS`, else a sort of
+    the whole columns on two keys."""
+    originals = [np.flatnonzero(n.part >= 0) for n in narrow]
+    total = sum(len(o) for o in originals)
+    if not total:
+        return
+    low = min(int(n.off[o].min()) for n, o in zip(narrow, originals, strict=True) if len(o))
+    high = max(int(n.off[o].max()) for n, o in zip(narrow, originals, strict=True) if len(o))
+    top = max(int(n.part[o].max()) for n, o in zip(narrow, originals, strict=True) if len(o))
+    row_bits, off_bits = int(starts[-1]).bit_length(), (high - low).bit_length()
+    seg_bits = ((top + 1) * segments).bit_length()
+    if row_bits + off_bits + seg_bits <= _KEY_BITS:
+        key = np.empty(total, dtype=np.uint64)
+        at = 0
+        for n, o, first in zip(narrow, originals, starts[:-1].tolist(), strict=True):
+            out = key[at:at + len(o)]
+            np.multiply(n.part[o], segments, out=out, casting="unsafe")
+            out += n.pid[o].astype(np.uint64)
+            out <<= np.uint64(off_bits)
+            out |= (n.off[o] - low).astype(np.uint64)
+            out <<= np.uint64(row_bits)
+            out |= (o + first).astype(np.uint64)
+            at += len(o)
         key.sort()
-        pid_by = (key >> np.uint64(SEQ_BITS + 1)).astype(np.int64)
-        seq_by = ((key >> np.uint64(1)) & np.uint64((1 << SEQ_BITS) - 1)).astype(np.int64)
-        nxt = np.flatnonzero((pid_by[1:] == pid_by[:-1]) & (seq_by[1:] - seq_by[:-1] > 1)
-                             & (key[1:] & np.uint64(1)).astype(bool))
-        return [(pid_names[p], a, b) for p, a, b in
-                zip(pid_by[nxt + 1].tolist(), seq_by[nxt].tolist(), seq_by[nxt + 1].tolist(), strict=True)]
+        rows_mask, off_mask = np.uint64((1 << row_bits) - 1), np.uint64((1 << off_bits) - 1)
+        for lo in range(0, total, _BLOCK):
+            block = key[lo:lo + _BLOCK]
+            yield ((block & rows_mask).astype(np.int64), (block >> np.uint64(row_bits + off_bits)).astype(np.int64),
+                   ((block >> np.uint64(row_bits)) & off_mask).astype(np.int64) + low)
+        return
+    rows = np.concatenate([o + first for o, first in zip(originals, starts[:-1].tolist(), strict=True)])
+    seg = np.concatenate([n.part[o] * segments + n.pid[o] for n, o in zip(narrow, originals, strict=True)])
+    off = np.concatenate([n.off[o] for n, o in zip(narrow, originals, strict=True)])
+    order = np.lexsort((off, seg))
+    for lo in range(0, total, _BLOCK):
+        taken = order[lo:lo + _BLOCK]
+        yield rows[taken], seg[taken], off[taken]
 
-    def content() -> list[Any]:
-        """Originals sharing a fingerprint, ordered by (produce time, pid, seq)."""
-        has_fp = (n_part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
-        fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), fp_hashes)
-        by = shared[np.lexsort((n_seq[shared], n_pid[shared], n_pt[shared], fp_idx[shared]))]
-        starts = np.ones(len(by), dtype=bool)
-        starts[1:] = fp_idx[by][1:] != fp_idx[by][:-1]
-        first_of = np.maximum.accumulate(np.where(starts, np.arange(len(by)), 0)) if len(by) else by
-        later = np.flatnonzero(~starts)
-        later = later[n_win[by][later]]
-        dup, first = by[later], by[first_of[later]]
-        return [(pid_names[p], s, part, off, pid_names[fp], fs) for p, s, part, off, fp, fs in
-                zip(n_pid[dup].tolist(), n_seq[dup].tolist(), n_part[dup].tolist(), n_off[dup].tolist(),
-                    n_pid[first].tolist(), n_seq[first].tolist(), strict=True)]
 
-    found_gaps = beside.submit(gaps) if beside is not None else None
-    found_content = beside.submit(content) if beside is not None else None
-    # log order: per (partition, pid), originals by offset
-    o = np.flatnonzero(n_part >= 0)
-    every = len(o) == len(n_part)  # most often: no gather
-    segments = (n_part if every else n_part[o]) * (len(pid_names) + 1) + (n_pid if every else n_pid[o])
-    order = _sort_by_segment(segments, n_off if every else n_off[o])
-    by, seg = (order if every else o[order]), segments[order]
-    off_by = n_off[by]
-    tied = bool(np.any((seg[1:] == seg[:-1]) & (off_by[1:] == off_by[:-1])))
-    seq_by = n_seq[by]
-    high = _prev_max(seg, seq_by)
-    is_late = (high >= 0) & (seq_by < high) & n_win[by]
-    late = by[is_late]
-    reordered = [(pid_names[p], s, part, off, h) for p, s, part, off, h in
-                 zip(n_pid[late].tolist(), n_seq[late].tolist(), n_part[late].tolist(), n_off[late].tolist(),
-                     high[is_late].tolist(), strict=True)]
-    found = (reordered, found_gaps.result() if found_gaps is not None else gaps(),
-             found_content.result() if found_content is not None else content())
-    return None if tied else found
+def _reordered(narrow: Sequence[_Narrow], starts: np.ndarray, pid_names: list[str], seq: np.ndarray,
+               win: np.ndarray) -> list[Any] | None:
+    """Per (partition, pid), the originals in offset order whose seq is below the highest before
+    them (and in the window), with that highest; None when two originals share a position. `seq`
+    and `win`: every narrow row's, by global row."""
+    segments = len(pid_names) + 1
+    found: list[Any] = []
+    last_seg, last_off, carried = -1, -1, -1  # the previous block's last position and highest seq
+    for rows, seg, off in _log_order(narrow, starts, segments):
+        if seg[0] == last_seg and off[0] == last_off or np.any((seg[1:] == seg[:-1]) & (off[1:] == off[:-1])):
+            return None
+        seq_by = seq[rows]
+        high = _prev_max(seg, seq_by)
+        if seg[0] == last_seg:  # the block goes on with the previous block's last segment
+            lead = seg == last_seg
+            high[lead] = np.maximum(high[lead], carried)
+        carried = max(int(high[-1]), int(seq_by[-1]))  # the last segment's highest so far
+        last_seg, last_off = int(seg[-1]), int(off[-1])
+        late = np.flatnonzero((high >= 0) & (seq_by < high) & win[rows])
+        found += [(pid_names[s % segments], q, s // segments, o, h) for s, q, o, h in
+                  zip(seg[late].tolist(), seq_by[late].tolist(), off[late].tolist(), high[late].tolist(), strict=True)]
+    return found
+
+
+def _content(narrow: Sequence[_Narrow], starts: np.ndarray, pid_names: list[str], seq: np.ndarray,
+             win: np.ndarray) -> list[Any]:
+    """Originals sharing a fingerprint, ordered by (produce time, pid, seq): the later ones in the
+    window, each with the first."""
+    fps = pa.chunked_array([n.fps for n in narrow], pa.string())
+    has_fp = np.concatenate([(n.part >= 0) & pc.is_valid(n.fps).to_numpy(zero_copy_only=False) for n in narrow])
+    hashes = np.concatenate([n.hashes.result() if isinstance(n.hashes, Future) else n.hashes for n in narrow])
+    fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), hashes)
+    del has_fp, hashes
+    pid, pt = _take(narrow, starts, "pid", shared), _take(narrow, starts, "pt", shared)
+    by = np.lexsort((seq[shared], pid, pt, fp_idx[shared]))
+    rows = shared[by]
+    first_row = np.ones(len(rows), dtype=bool)
+    first_row[1:] = fp_idx[rows][1:] != fp_idx[rows][:-1]
+    first_of = np.maximum.accumulate(np.where(first_row, np.arange(len(rows)), 0)) if len(rows) else rows
+    later = np.flatnonzero(~first_row)
+    later = later[win[rows][later]]
+    dup, first = rows[later], rows[first_of[later]]
+    return [(pid_names[p], s, part, off, pid_names[fp], fs) for p, s, part, off, fp, fs in
+            zip(_take(narrow, starts, "pid", dup).tolist(), seq[dup].tolist(),
+                _take(narrow, starts, "part", dup).tolist(), _take(narrow, starts, "off", dup).tolist(),
+                _take(narrow, starts, "pid", first).tolist(), seq[first].tolist(), strict=True)]
+
+
+def _neighbour_rows(narrow: Sequence[_Narrow], pid_names: list[str],
+                    beside: ThreadPoolExecutor | None = None) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The checks that need neighbours over the narrow rows of every message, chunk by chunk, as
+    `oracle.emit_neighbour_rows` takes them: (reordered in the log, gaps, content duplicates); None
+    when two originals share a position (the oracle's order is then the rows' order). Only the seqs
+    and the window flags are put together over all chunks; the rest is read from each chunk's
+    rows. The gaps and the content check run on `beside` when given, beside the log order."""
+    starts = _rows_of(narrow)
+    seq = np.concatenate([n.seq for n in narrow])
+    win = np.concatenate([n.win for n in narrow])
+    found_gaps = beside.submit(_gaps, narrow, pid_names) if beside is not None else None
+    found_content = beside.submit(_content, narrow, starts, pid_names, seq, win) if beside is not None else None
+    reordered = _reordered(narrow, starts, pid_names, seq, win)
+    gaps = found_gaps.result() if found_gaps is not None else _gaps(narrow, pid_names)
+    content = found_content.result() if found_content is not None else _content(narrow, starts, pid_names, seq, win)
+    return None if reordered is None else (reordered, gaps, content)
 
 
 def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracle.OracleResult | None:
@@ -792,19 +876,7 @@ def _finish(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[_Par
     narrow = [n for p in parts for n in p.narrow]
     for p in parts:
         p.narrow = []
-
-    def joined(name: str) -> Any:
-        """The column `name` of every chunk's narrow rows, each chunk's freed as it is copied."""
-        out = (pa.concat_arrays if name == "fps" else np.concatenate)(
-            [v.result() if isinstance(v := getattr(n, name), Future) else v for n in narrow])
-        for n in narrow:
-            setattr(n, name, None)
-        return out
-
-    found = _neighbour_rows(
-        n_pid=joined("pid"), n_seq=joined("seq"), n_present=joined("present"), n_part=joined("part"),
-        n_off=joined("off"), n_pt=joined("pt"), n_win=joined("win"), fps=joined("fps"), fp_hashes=joined("hashes"),
-        pid_names=parts[0].pid_names, beside=beside)
+    found = _neighbour_rows(narrow, parts[0].pid_names, beside)
     if found is None:
         return None
     oracle.emit_neighbour_rows(oracle.anomaly_emitter(facts.anomalies, tc.name, ws, as_of), *found)
