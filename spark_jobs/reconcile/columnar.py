@@ -469,7 +469,7 @@ _BLOCK = 1 << 20  # sorted keys a pass over them takes at a time: bounds its tem
 _KEY_BITS = 64  # the bits of the log order's packed key ((segment, offset, row) when they fit)
 
 
-def _rows_of(narrow: Sequence[_Narrow]) -> np.ndarray:
+def _starts(narrow: Sequence[_Narrow]) -> np.ndarray:
     """The first global row of each chunk's narrow rows, then their number."""
     return np.cumsum([0, *(len(n.seq) for n in narrow)])
 
@@ -522,9 +522,9 @@ def _log_order(narrow: Sequence[_Narrow], starts: np.ndarray, segments: int) -> 
     total = sum(len(o) for o in originals)
     if not total:
         return
-    low = min(int(n.off[o].min()) for n, o in zip(narrow, originals, strict=True) if len(o))
-    high = max(int(n.off[o].max()) for n, o in zip(narrow, originals, strict=True) if len(o))
-    top = max(int(n.part[o].max()) for n, o in zip(narrow, originals, strict=True) if len(o))
+    ranges = [(int(off.min()), int(off.max()), int(n.part[o].max()))
+              for n, o in zip(narrow, originals, strict=True) if len(o) for off in (n.off[o],)]
+    low, high, top = min(r[0] for r in ranges), max(r[1] for r in ranges), max(r[2] for r in ranges)
     row_bits, off_bits = int(starts[-1]).bit_length(), (high - low).bit_length()
     seg_bits = ((top + 1) * segments).bit_length()
     if row_bits + off_bits + seg_bits <= _KEY_BITS:
@@ -564,7 +564,7 @@ def _reordered(narrow: Sequence[_Narrow], starts: np.ndarray, pid_names: list[st
     found: list[Any] = []
     last_seg, last_off, carried = -1, -1, -1  # the previous block's last position and highest seq
     for rows, seg, off in _log_order(narrow, starts, segments):
-        if seg[0] == last_seg and off[0] == last_off or np.any((seg[1:] == seg[:-1]) & (off[1:] == off[:-1])):
+        if (seg[0] == last_seg and off[0] == last_off) or np.any((seg[1:] == seg[:-1]) & (off[1:] == off[:-1])):
             return None
         seq_by = seq[rows]
         high = _prev_max(seg, seq_by)
@@ -610,7 +610,7 @@ def _neighbour_rows(narrow: Sequence[_Narrow], pid_names: list[str],
     when two originals share a position (the oracle's order is then the rows' order). Only the seqs
     and the window flags are put together over all chunks; the rest is read from each chunk's
     rows. The gaps and the content check run on `beside` when given, beside the log order."""
-    starts = _rows_of(narrow)
+    starts = _starts(narrow)
     seq = np.concatenate([n.seq for n in narrow])
     win = np.concatenate([n.win for n in narrow])
     found_gaps = beside.submit(_gaps, narrow, pid_names) if beside is not None else None

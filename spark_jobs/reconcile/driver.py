@@ -157,14 +157,15 @@ def _arrow(df: DataFrame, cls: type, extra: Sequence[str] = ()) -> pa.Table:
     return df.select(*[f.name for f in fields(cls) if f.name in df.columns], *extra).toArrow()
 
 
-def _direct(df: DataFrame, cls: type, batch_rows: int | None = None) -> Any:
+def _direct(df: DataFrame, cls: type, batch_rows: int | None = None, coded: bool = False) -> Any:
     """`_arrow(df, cls)`, read by pyarrow from the files of a pinned plain-Parquet scan when `df` is
     one (four to five times faster than Spark's scan and hand-over), else by Spark; with
-    `batch_rows`, as record batches (read by pyarrow: their strings dictionary-coded, `coded`)."""
+    `batch_rows`, as record batches. `coded`: read by pyarrow, the strings come dictionary-coded
+    (`parquet_reader`'s `coded`; Spark's come plain)."""
     columns = [f.name for f in fields(cls) if f.name in df.columns]
     read = parquet_reader(df, columns)
     if read is not None:
-        return read(batch_rows, coded=batch_rows is not None)
+        return read(batch_rows, coded=coded)
     table = _arrow(df, cls)
     return table if batch_rows is None else _batches(iter(table.to_batches(max_chunksize=batch_rows)), table.schema)
 
@@ -190,13 +191,14 @@ def _small(df: DataFrame | None, cls: type) -> list[Any]:
     return [make(*v) for v in zip(*(_values(table.column(c)) for c in table.column_names), strict=True)]
 
 
-def _sink_tables(inputs: WindowInputs, shape: Shape, ws: datetime, batch_rows: int | None = None) -> dict[str, Any]:
+def _sink_tables(inputs: WindowInputs, shape: Shape, ws: datetime, batch_rows: int | None = None,
+                 coded: bool = False) -> dict[str, Any]:
     """Each sink's rows (`oracle.SinkRow` columns) as `_direct` gives them. A sink is a user's table
     of every window: its scan was pinned to the files whose sink_ts range meets the window's
     (`reconcile_batch` counts the inputs with the sinks restricted); a sink of one topic is read from
     them by pyarrow where it can be, several topics' sinks by Spark."""
     visible = restrict(inputs, shape, ws)
-    sinks = {name: _direct(df, oracle.SinkRow, batch_rows) for name, df in visible.sinks.items()}
+    sinks = {name: _direct(df, oracle.SinkRow, batch_rows, coded) for name, df in visible.sinks.items()}
     if visible.sink_rows is not None:
         rows = _arrow(visible.sink_rows, oracle.SinkRow, ["sink"])
         for name in pc.unique(rows["sink"]).to_pylist():
@@ -274,7 +276,7 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         if read is None:
             return None
         sources.append((kind, kind, read(SPILL_BATCH_ROWS, coded=True)))
-    for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS).items():
+    for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS, coded=True).items():
         sources.append(("sink", "sink:" + name, batches))
     held: dict[str, Any] = {}  # file name -> its buffer, when the spill is held in memory
 
