@@ -290,7 +290,7 @@ def ingest_source(spark: SparkSession, cfg: Config, source: LedgerSource) -> Tab
             ).first()
             assert counts is not None
             # txnAppId/txnVersion: Delta skips a batch id it has already committed for this app.
-            (parsed.transform(to_table_rows(source)).write.format("delta").mode("append")
+            (lake.by_seq(parsed.transform(to_table_rows(source)), source.partition_by).write.format("delta").mode("append")
              .option("mergeSchema", "true")  # a table of an older version may lack `error`
              .option("txnAppId", app_id).option("txnVersion", batch_id).save(table_path))
             if counts["bad"]:

@@ -197,7 +197,8 @@ def _land(spark: SparkSession, cfg: Config) -> TopicIngestResult:
                         F.countDistinct(F.regexp_replace("ledger_id", ":[0-9]+$", "")).alias("segments"),
                     ).first()
                     assert counts is not None
-                    write(parsed.transform(to_table_rows(source)), paths[source.table], app, batch_id)
+                    write(lake.by_seq(parsed.transform(to_table_rows(source)), source.partition_by), paths[source.table],
+                          app, batch_id)
                     if counts["bad"]:
                         write(parsed.transform(to_quarantine_rows(source)), quarantine_path, app, batch_id)
                     t = totals[source.table]

@@ -206,6 +206,24 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
 
 
 @pytest.mark.spark
+def test_ingest_writes_each_ledger_file_sorted_by_seq(spark: Any, tmp_path: Path, make_config: Any) -> None:
+    """The producer and consumption ledgers' files each hold their rows sorted by seq (a large window's
+    chunks are seq ranges read from the row groups that hold them, docs/design.md §5.10)."""
+    import pyarrow.parquet as pq
+
+    cfg = make_config(tmp_path)
+    write_segment(cfg.ledger_dir / "producer", [prow(i) for i in (5, 3, 1, 4, 2, 0)])
+    write_segment(cfg.ledger_dir / "producer", [prow(i) for i in (9, 7, 8, 6)])
+    write_segment(cfg.ledger_dir / "consumer", [crow(o) for o in (3, 0, 2, 1)])
+    ingest(spark, cfg)
+    for table, seqs in (("producer_ledger", list(range(10))), ("consumed_records", [0, 1, 2, 3])):
+        files = lake.read_table(spark, cfg, table).inputFiles()
+        in_files = [pq.read_table(f.removeprefix("file:"), columns=["seq"]).column("seq").to_pylist() for f in files]
+        assert sorted(s for f in in_files for s in f) == seqs
+        assert all(f == sorted(f) for f in in_files), in_files
+
+
+@pytest.mark.spark
 def test_corrupt_segment_is_quarantined_counted_and_the_rest_lands(
         spark: Any, tmp_path: Path, make_config: Any, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = make_config(tmp_path)

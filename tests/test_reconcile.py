@@ -132,18 +132,21 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 # Where a published window is classified: in the driver (small inputs, the default); on Arrow
 # columns because the inputs hold more rows than `reconcile.driver_rows` (here 5) and at most
 # `reconcile.columnar_rows`; on Arrow columns in chunks of at most `columnar_rows` (here 6) rows
-# when they hold more, the chunks held in memory (a small spill) or, when memory is short, in files;
-# or by the Spark plan (`columnar_rows: 0`). The other paths are made to fail, so each case proves
-# which one ran.
+# when they hold more, the chunks held in memory (a small spill) or, when memory is short, in files,
+# or read from the lake's row groups by seq range (`chunked-ranged`: these tiny files' row groups
+# span every chunk, so the test lets them be read that way whatever it costs); or by the Spark plan
+# (`columnar_rows: 0`). The other paths are made to fail, so each case proves which one ran.
 PATHS = {"driver": {}, "columnar": {"reconcile": {"driver_rows": 5}},
          "chunked": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
          "chunked-files": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
+         "chunked-ranged": {"reconcile": {"driver_rows": 5, "columnar_rows": 6}},
          "spark": {"reconcile": {"driver_rows": 5, "columnar_rows": 0}}}
 
 
 def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
     """Makes every path but `path` fail; on a chunked path, the spill's kind, as each window spills
-    ('memory' or 'files'), is appended to the list returned (files: no memory to spare)."""
+    ('memory' or 'files'), is appended to the list returned (files: no memory to spare), and each
+    table read by seq range from its row groups ('ranged ledger', ...)."""
     import spark_jobs.reconcile as rec
     import spark_jobs.reconcile.driver as driver
 
@@ -157,6 +160,14 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
         monkeypatch.setattr(rec, "spill_tables", recorded)
         if path == "chunked-files":
             monkeypatch.setattr(driver, "_available_memory", lambda: 0)
+        if path == "chunked-ranged":
+            monkeypatch.setattr(driver, "RANGED_COST", float("inf"))
+        note = driver.RowGroups.note
+
+        def noted(self: Any, split: Any, kind: str) -> None:
+            spills.append(f"ranged {kind}")
+            note(self, split, kind)
+        monkeypatch.setattr(driver.RowGroups, "note", noted)
 
     def refuse(what: str) -> Callable[..., Any]:
         def refused(*_: Any, **__: Any) -> Any:
@@ -171,6 +182,8 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
                           "classify_columnar": "columnar path"},
               "chunked-files": {"classify_batch": "Spark plan", "classify_collected": "driver path",
                                 "classify_columnar": "columnar path"},
+              "chunked-ranged": {"classify_batch": "Spark plan", "classify_collected": "driver path",
+                                 "classify_columnar": "columnar path"},
               "spark": {"classify_collected": "driver path", "classify_columnar": "columnar path",
                         "classify_columnar_chunks": "columnar path in chunks"}}[path]
     for name, what in others.items():
@@ -229,6 +242,7 @@ STEPS = {
     "columnar": {"inputs counted / collected", "columnar", "published"},
     "chunked": {"inputs counted / collected", "columnar, in chunks", "published"},
     "chunked-files": {"inputs counted / collected", "columnar, in chunks", "published"},
+    "chunked-ranged": {"inputs counted / collected", "columnar, in chunks", "published"},
     "spark": {"inputs counted / collected", "consumption order", "lookups", "typed path", "general path keys",
               "general path", "narrow rows", "repeated hashes", "summary", "published"},
 }
@@ -299,7 +313,8 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(report_2) == 4
     assert sorted_anomalies(_delta_rows(spark, cfg, "audit_anomalies")) == sorted_anomalies(
         oracle_reconcile(cfg.topic(TOPIC), T0, early, h.inputs()).anomalies)
-    assert spills == {"chunked": ["memory"] * 3, "chunked-files": ["files"] * 3}.get(path, [])
+    assert spills == {"chunked": ["memory"] * 3, "chunked-files": ["files"] * 3,
+                      "chunked-ranged": ["memory", "ranged ledger", "ranged log", "ranged consumed"] * 3}.get(path, [])
 
 
 @pytest.mark.spark

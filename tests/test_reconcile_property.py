@@ -507,3 +507,50 @@ def test_rows_are_grouped_by_group_and_partition_in_their_order(rows: list[tuple
     want = {(g << 32) | (p & 0xFFFFFFFF): [i for i, r in enumerate(rows) if r == (g, p)] for g, p in set(rows)}
     assert sorted(keys) == sorted(want) and len(bounds) == len(keys) + 1
     assert {k: order[bounds[i]:bounds[i + 1]].tolist() for i, k in enumerate(keys)} == want
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["ledger", "log", "consumed"]),
+       st.lists(st.tuples(st.sampled_from([None, "p", "q", "p", "q", "q"]),
+                          st.one_of(st.just(None), st.integers(0, 12), st.integers(0, 12), st.integers(0, 12)),
+                          st.sampled_from([True, False, False, False]), st.sampled_from([True, False, False, False])),
+                max_size=40),
+       st.booleans(), st.integers(1, 6), st.integers(1, 5), st.lists(st.integers(0, 12), min_size=1, max_size=20))
+def test_a_chunk_read_from_row_groups_holds_exactly_the_rows_the_split_sends_it(
+        tmp_path_factory: pytest.TempPathFactory, kind: str, rows: list[tuple[Any, Any, bool, bool]],
+        by_seq: bool, row_group: int, n: int, ledger_seqs: list[int]) -> None:
+    """`driver.RowGroups.chunk`: from a file sorted by seq or not, in row groups of any size, chunk k
+    reads exactly the rows `Split.chunk_ids` gives k (or every chunk: a `committed` row), a
+    consumption row with its place in the file (`_row`); chunks are cut at `_cuts` of some seqs."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from spark_jobs.reconcile import columnar, driver
+
+    columns = {"pid": pa.array([r[0] for r in rows], pa.string()), "seq": pa.array([r[1] for r in rows], pa.int64())}
+    if kind == "log":
+        columns["header_error"] = pa.array(["bad" if r[2] else None for r in rows], pa.string())
+    if kind == "consumed":
+        columns["outcome"] = pa.array(["committed" if r[3] else "processed" for r in rows], pa.string())
+        columns["cluster"] = pa.array([None] * len(rows), pa.string())
+    table = pa.table(columns)
+    if by_seq:
+        table = table.sort_by([("seq", "ascending", "at_start")])
+    path = tmp_path_factory.mktemp("rg") / "t.parquet"
+    pq.write_table(table, path, row_group_size=row_group)
+    groups = driver.RowGroups(ds.dataset(str(path)), table.column_names, lambda t: t)
+    cuts = driver._cuts(np.array(ledger_seqs, dtype=np.int64), n)
+    assert cuts is not None and len(cuts) == n - 1 and np.all(np.diff(cuts) >= 0)
+    split = columnar.Split(n, [], T0, cuts)
+    ids = split.chunk_ids(kind, table.to_batches()[0]) if len(rows) else np.empty(0, np.uint8)
+    for k in range(n):
+        got = groups.chunk(split, kind, k)
+        want = table.filter(pa.array((ids == k) | (ids == n))) if len(rows) else table
+        if kind == "consumed":
+            assert got.column("_row").to_pylist() == np.flatnonzero((ids == k) | (ids == n)).tolist()
+            got = got.drop_columns(["_row"])
+        assert got.to_pylist() == want.to_pylist()
+    assert 1 <= groups.read_cost(cuts) <= n + 1 or not len(rows)

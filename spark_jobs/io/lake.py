@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from audit.core.config import Config, is_uri, join_location
 from audit.core.errors import InputError, LakeBusy
@@ -304,6 +305,15 @@ def partition_columns(spark: SparkSession, cfg: Config, name: str) -> tuple[str,
     return tuple(str(cols.apply(i)) for i in range(cols.size()))
 
 
+def by_seq(df: DataFrame, partition_by: Sequence[str]) -> DataFrame:
+    """`df`'s rows sorted by seq (nulls first) within each file a write of it makes (partitioned by
+    `partition_by`): a large window's chunks are ranges of seqs, read from the row groups that hold
+    them (docs/design.md §5.10). A table without seq is written as it is."""
+    if "seq" not in df.columns:
+        return df
+    return df.sortWithinPartitions(*partition_by, F.col("seq").asc_nulls_first())
+
+
 def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",
                 partition_by: Sequence[str] = (), replace_where: str | None = None,
                 add_columns: bool = False, new_layout: bool = False) -> None:
@@ -405,8 +415,6 @@ def read_input_table(spark: SparkSession, cfg: Config, name: str) -> tuple[DataF
     read as null. Returns (frame, partitioned): `partitioned` is False when the table has no
     `part_hour` column -- a table written by another tool is read whole (filtered by topic only),
     with a warning, instead of refused."""
-    from pyspark.sql import functions as F
-
     from spark_jobs.io.schemas import PART_HOUR, TABLES
 
     df = read_table(spark, cfg, name)

@@ -928,17 +928,19 @@ def _coded(col: Any) -> Any:
 class Split:
     """A window's rows split into `n` chunks by message, batch by batch as they are read
     (docs/design.md §5.10): a row with a message identity (pid and seq; for a log record, valid)
-    goes to the chunk of a hash of its pid and seq, so every row of a message -- in every tier and
-    every topic -- is in one chunk; a row without one (the oracle keys it by partition and offset)
-    goes to chunk 0, with all such rows; a consumer's `committed` row on the audited cluster goes to
+    goes to the chunk of its seq (`cuts`: chunk k holds the seqs from cuts[k - 1] up to cuts[k]; without
+    cuts, a hash of its pid and seq), so every row of a message -- in every tier and every topic -- is
+    in one chunk; a row without one (the oracle keys it by partition and offset) goes to chunk 0, with
+    all such rows; a consumer's `committed` row on the audited cluster goes to
     every chunk (each chunk's committed offsets are the window's). What needs rows of other messages
     is gathered here as the rows pass: the window's pids (`pids`: so each chunk codes them alike)
     and the narrow columns of every visible processing of each topic (`flags`: the order of
     consumption, per (group, partition), over the whole window). A consumed row gains `_row`, its
     place in the order read, which `flags` is indexed by."""
 
-    def __init__(self, n: int, topics: Sequence[TopicConfig], ws: datetime) -> None:
+    def __init__(self, n: int, topics: Sequence[TopicConfig], ws: datetime, cuts: np.ndarray | None = None) -> None:
         self.n = n
+        self.cuts = cuts
         self._ids = np.uint8 if n < 255 else np.uint16 if n < 65535 else np.int64  # narrow: a radix sort
         self.declined: str | None = None
         self._topics = [(tc, read_ranges(tc, ws)) for tc in topics]
@@ -948,18 +950,31 @@ class Split:
         self._processings: dict[str, dict[int, list[tuple[Any, ...]]]] = {tc.name: {} for tc in topics}
         self._consumers: dict[str, list[pa.Array]] = {tc.name: [] for tc in topics}  # names, per piece's batch
 
-    def split(self, kind: str, batch: pa.RecordBatch) -> list[list[pa.RecordBatch]]:
-        """The rows of `batch`, of the table `kind` ('ledger', 'log', 'consumed' or 'sink'), per chunk."""
+    def note(self, kind: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """What the window needs of `batch`'s rows beyond their chunk: its pids; for consumption rows,
+        each row's place in the order read (`_row`, appended) and the visible processings (`flags`)."""
+        self._pids.append(_coded(batch.column("pid")).dictionary)
+        if kind == "consumed":
+            batch = batch.append_column("_row", pa.array(np.arange(self._rows, self._rows + batch.num_rows)))
+            self._rows += batch.num_rows
+            self._processed(batch)
+        return batch
+
+    def chunk_ids(self, kind: str, batch: pa.RecordBatch) -> np.ndarray:
+        """Each row's chunk (`n`: every chunk, a consumer's committed row on the audited cluster)."""
         identified = pc.and_(pc.is_valid(batch.column("pid")), pc.is_valid(batch.column("seq")))
         if kind == "log":
             identified = pc.and_(identified, pc.is_null(batch.column("header_error")))
         chunk = self._chunks(batch, _bool(identified))
         if kind == "consumed":
-            batch = batch.append_column("_row", pa.array(np.arange(self._rows, self._rows + batch.num_rows)))
-            self._rows += batch.num_rows
-            self._processed(batch)
             everywhere = _bool(pc.and_(pc.equal(batch.column("outcome"), COMMITTED), pc.is_null(batch.column("cluster"))))
             chunk[everywhere] = self.n
+        return chunk
+
+    def split(self, kind: str, batch: pa.RecordBatch) -> list[list[pa.RecordBatch]]:
+        """The rows of `batch`, of the table `kind` ('ledger', 'log', 'consumed' or 'sink'), per chunk."""
+        batch = self.note(kind, batch)
+        chunk = self.chunk_ids(kind, batch)
         order = np.argsort(chunk, kind="stable")
         bounds = np.searchsorted(chunk[order], np.arange(self.n + 2, dtype=self._ids))
         rows = batch.take(pa.array(order))
@@ -968,8 +983,10 @@ class Split:
                 for k in range(self.n)]
 
     def _chunks(self, batch: pa.RecordBatch, identified: np.ndarray) -> np.ndarray:
+        if self.cuts is not None:
+            seq = _int(batch.column("seq"))
+            return np.where(identified, np.searchsorted(self.cuts, seq, side="right"), 0).astype(self._ids)
         encoded = _coded(batch.column("pid"))
-        self._pids.append(encoded.dictionary)
         hashes = np.append(_hash64(encoded.dictionary), np.uint64(0))  # a null pid: the last
         with np.errstate(over="ignore"):
             mixed = (hashes[_int(encoded.indices)] ^ _int(batch.column("seq")).astype(np.uint64)) * _MIX

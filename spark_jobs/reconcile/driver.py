@@ -13,8 +13,10 @@ first one runs.
 once per topic. `collect_tables` is the medium windows' I/O (`columnar`, §5.10): the rows as Arrow
 columns, a table pinned to plain Parquet files (a lake table, a Delta sink) read by pyarrow
 (`parquet_reader`), the rest handed over by Spark. `spill_tables` is the large windows' I/O: the rows
-read once and split by message into chunks, each written to Arrow IPC files held in memory or in a
-temporary folder the caller owns (`spill_held` chooses); it writes nothing else.
+split by message into chunks (ranges of seqs), a table whose files hold narrow seq ranges per row
+group read chunk by chunk from them (`RowGroups`), the others read once and each chunk's rows
+written to Arrow IPC files held in memory or in a temporary folder the caller owns (`spill_held`
+chooses); it writes nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -34,6 +37,7 @@ from pyspark.sql import functions as F
 
 from audit import oracle
 from audit.core.config import TopicConfig
+from audit.core.vocabulary import COMMITTED
 from spark_jobs.io.lake import kept_rows, local_path, scala_items
 from spark_jobs.reconcile import columnar
 from spark_jobs.reconcile.columnar import row_maker
@@ -259,15 +263,16 @@ def spill_held(rows: int) -> bool:
 
 def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
                  folder: Path | None) -> tuple[columnar.Split, Callable[[int], columnar.Tables]] | None:
-    """The window's rows split into `n` chunks by message (`columnar.Split`, docs/design.md §5.10):
-    each table read once, a batch at a time, by pyarrow from the files of its pinned scan
-    (`parquet_reader`; a sink Spark reads is handed over whole), each chunk's rows of each table
+    """The window's rows split into `n` chunks by message (`columnar.Split`, docs/design.md §5.10), the
+    chunks ranges of seqs cut at the ledger's quantiles (`_cuts`): a table whose files hold narrow
+    seq ranges per row group (`RowGroups.read_cost`) is left where it is, each chunk's rows read
+    from its row groups; each other table read once, a batch at a time, by pyarrow from the files of
+    its pinned scan (`parquet_reader`; a sink Spark reads is handed over whole), each chunk's rows
     appended to an Arrow IPC file, in `folder` or, when it is None, in memory (`spill_held`); and
-    `chunk(k)`, the rows of chunk k as `Tables`, read back from those files (each once, then let
-    go). None when the ledger, the log or the consumption rows are not plain Parquet files pyarrow
+    `chunk(k)`, the rows of chunk k as `Tables` (a spilled table's read back from its files, each
+    once, then let go). None when the ledger, the log or the consumption rows are not plain Parquet files pyarrow
     can read: the Spark plan classifies the window then."""
-    split = columnar.Split(n, shape.topics, ws)
-    sources: list[tuple[str, str, Any]] = []
+    readers: dict[str, Any] = {}
     for kind, df, cls in (("ledger", inputs.ledger, oracle.LedgerRow), ("log", inputs.log, oracle.LogRecord),
                           ("consumed", inputs.consumed, oracle.ConsumedRow)):
         if df is None:
@@ -275,7 +280,21 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         read = parquet_reader(df, [f.name for f in fields(cls) if f.name in df.columns])
         if read is None:
             return None
-        sources.append((kind, kind, read(SPILL_BATCH_ROWS, coded=True)))
+        readers[kind] = read
+    # chunks are ranges of seqs cut at the ledger's quantiles; a table whose files hold them in row
+    # groups of narrow seq ranges (`lake.by_seq`) is read chunk by chunk from those, not spilled
+    groups = {kind: read(coded=True, by_row_group=True) for kind, read in readers.items()}
+    cuts = _cuts(groups["ledger"].seqs(), n) if all(g is not None for g in groups.values()) else None
+    split = columnar.Split(n, shape.topics, ws, cuts)
+    ranged: dict[str, RowGroups] = {}
+    sources: list[tuple[str, str, Any]] = []
+    for kind, read in readers.items():
+        rg = groups[kind]
+        if cuts is not None and rg is not None and rg.read_cost(cuts) <= RANGED_COST:
+            rg.note(split, kind)
+            ranged[kind] = rg
+        else:
+            sources.append((kind, kind, read(SPILL_BATCH_ROWS, coded=True)))
     for name, batches in _sink_tables(inputs, shape, ws, batch_rows=SPILL_BATCH_ROWS, coded=True).items():
         sources.append(("sink", "sink:" + name, batches))
     held: dict[str, Any] = {}  # file name -> its buffer, when the spill is held in memory
@@ -319,14 +338,141 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
         (folder / name).unlink()
         return _plain(rows)
 
+    def table_of(kind: str, k: int) -> pa.Table:
+        return _plain(ranged[kind].chunk(split, kind, k)) if kind in ranged else table(kind, k)
+
     def chunk(k: int) -> columnar.Tables:
         return columnar.Tables(
-            ledger=table("ledger", k), log=table("log", k),
-            consumed=None if inputs.consumed is None else table("consumed", k),
+            ledger=table_of("ledger", k), log=table_of("log", k),
+            consumed=None if inputs.consumed is None else table_of("consumed", k),
             sinks={key[5:]: table(key, k) for _, key, _ in sources if key.startswith("sink:")},
             group_offsets=group_offsets, watermarks=watermarks)
 
     return split, chunk
+
+
+_LOW, _HIGH = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
+class RowGroups:
+    """A table's files by row group, in the order `parquet_reader` reads them: each row group's first
+    row in that order and the range of its seqs (the files' statistics), so that a chunk, a range of
+    seqs, is read from the row groups that may hold its rows (docs/design.md §5.10). A row group that
+    may hold a row of chunk 0 or of every chunk whatever its seq (a null pid or seq, a log record's
+    header error, a consumer's `committed` row) or that lacks statistics is read for every chunk;
+    each row's chunk is then `Split.chunk_ids`' own, so the rows read are exact either way."""
+
+    def __init__(self, data: Any, columns: list[str], renamed: Callable[[pa.Table], pa.Table]) -> None:
+        self._data, self._columns, self._renamed = data, columns, renamed
+        self._units: list[tuple[Any, int]] = []  # (file fragment, row group)
+        rows, lo, hi, odd = [], [], [], []
+        for frag in data.get_fragments():
+            meta = frag.metadata
+            names = meta.schema.to_arrow_schema().names
+            index = {c: names.index(c) for c in ("seq", "pid", "header_error", "outcome") if c in names}
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                stats = {c: group.column(i).statistics for c, i in index.items()}
+                self._units.append((frag, g))
+                rows.append(group.num_rows)
+                seq = stats.get("seq")
+                if seq is not None and seq.has_min_max:
+                    lo.append(seq.min)
+                    hi.append(seq.max)
+                    odd.append(_may_hold(stats, group.num_rows))
+                else:
+                    lo.append(_LOW)
+                    hi.append(_HIGH)
+                    odd.append(True)
+        self._rows = np.array(rows, np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(self._rows)[:-1]]).astype(np.int64)
+        self._lo, self._hi, self._odd = np.array(lo, np.int64), np.array(hi, np.int64), np.array(odd, bool)
+
+    def seqs(self) -> np.ndarray:
+        """Every row's seq (nulls left out)."""
+        col = self._data.to_table(columns=["seq"]).column("seq")
+        return pc.drop_null(col).to_numpy()
+
+    def needed(self, cuts: np.ndarray, k: int) -> np.ndarray:
+        """The row groups that may hold rows of chunk k (seqs from cuts[k - 1] up to cuts[k])."""
+        lo = _LOW if k == 0 else cuts[k - 1]
+        hi = _HIGH if k == len(cuts) else cuts[k]
+        return np.flatnonzero(self._odd | ((self._lo < hi) & (self._hi >= lo)))
+
+    def read_cost(self, cuts: np.ndarray) -> float:
+        """The rows every chunk's read takes together, over the table's rows."""
+        read = sum(int(self._rows[self.needed(cuts, k)].sum()) for k in range(len(cuts) + 1))
+        return read / max(int(self._rows.sum()), 1)
+
+    def _read(self, g: int) -> pa.Table:
+        """Row group g's rows, as the reader's columns."""
+        import pyarrow.dataset as ds
+
+        frag, group = self._units[g]
+        one = ds.FileSystemDataset([frag.subset(row_group_ids=[group])], schema=self._data.schema,
+                                   format=self._data.format)
+        return self._renamed(one.to_table(columns=self._columns))
+
+    def _numbered(self, kind: str, g: int) -> pa.Table:
+        """Row group g's rows; a consumption row with its place in the order read (`_row`)."""
+        rows = self._read(g)
+        if kind == "consumed":
+            rows = rows.append_column("_row", pa.array(np.arange(self._starts[g], self._starts[g] + rows.num_rows)))
+        return rows
+
+    def note(self, split: columnar.Split, kind: str) -> None:
+        """What `split` gathers of every row of the table as the rows pass (`Split.note`): the
+        pids; for the consumption rows, each one's place in the order read and the processings."""
+        if kind != "consumed":
+            col = self._data.to_table(columns=["pid"]).column("pid")
+            split.note(kind, pa.record_batch([pa.concat_arrays([c.dictionary if pa.types.is_dictionary(c.type) else c
+                                                                for c in col.chunks]) if col.num_chunks
+                                              else pa.array([], pa.string())], names=["pid"]))
+            return
+        for g in range(len(self._units)):  # the order read: row groups in order, each one's rows in order
+            for batch in self._read(g).to_batches():
+                split.note(kind, batch)
+
+    def chunk(self, split: columnar.Split, kind: str, k: int) -> pa.Table:
+        """Chunk k's rows (`Split.chunk_ids`), read from the row groups that may hold them."""
+        assert split.cuts is not None
+        pieces = []
+        for g in self.needed(split.cuts, k):
+            rows = self._numbered(kind, g)
+            if not rows.num_rows:
+                continue
+            ids = split.chunk_ids(kind, rows.combine_chunks().to_batches()[0])
+            pieces.append(rows.filter(pa.array((ids == k) | (ids == split.n))))
+        if not pieces:
+            empty = self._renamed(self._data.schema.empty_table().select(self._columns))
+            return empty.append_column("_row", pa.array([], pa.int64())) if kind == "consumed" else empty
+        return pa.concat_tables(pieces)
+
+
+def _may_hold(stats: Mapping[str, Any], rows: int) -> bool:
+    """Whether a row group (its columns' statistics, None when a file lacks the column) may hold a row
+    whose chunk is not its seq's: a null pid or seq, a header error, a consumer's `committed` row."""
+    def nulls(c: str) -> bool:
+        st = stats.get(c)
+        return st is not None and (not st.has_null_count or st.null_count > 0)
+
+    err, outcome = stats.get("header_error"), stats.get("outcome")
+    return (nulls("seq") or nulls("pid") or "pid" not in stats
+            or (err is not None and (not err.has_null_count or err.null_count < rows))
+            or (outcome is not None and (not outcome.has_min_max or outcome.min <= COMMITTED <= outcome.max)))
+
+
+# a table's chunks are read from its row groups when all of them together read at most this many
+# times its rows (`RowGroups.read_cost`); else the table is spilled
+RANGED_COST = 1.5
+
+
+def _cuts(seqs: np.ndarray, n: int) -> np.ndarray | None:
+    """n - 1 seqs cutting `seqs` into n ranges of about as many (None when there are none)."""
+    if not len(seqs):
+        return None
+    ranks = [len(seqs) * k // n for k in range(1, n)]
+    return np.partition(seqs, ranks)[ranks].astype(np.int64) if ranks else np.empty(0, np.int64)
 
 
 def _wide_codes(batch: pa.RecordBatch, n: int) -> list[int]:
@@ -414,8 +560,8 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     if leaf.getClass().getSimpleName() == "LocalRelation":  # rows handed over from Python, or no file kept
         if not leaf.data().isEmpty():
             return None
-        return lambda batch_rows=None, coded=False: \
-            schema.empty_table() if batch_rows is None else _batches(iter(()), schema)
+        return lambda batch_rows=None, coded=False, by_row_group=False: \
+            None if by_row_group else schema.empty_table() if batch_rows is None else _batches(iter(()), schema)
     if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
         return None
     relation = leaf.relation()
@@ -442,11 +588,11 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
     physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partition_columns),
                           *((p, pa.string()) for p in partition_columns)])
 
-    def read(batch_rows: int | None = None, coded: bool = False) -> Any:
-        """The rows as one table; with `batch_rows`, an iterator of record batches of at most that many.
-        `coded`: the string columns in the files (but DENSE_STRINGS) as Parquet stores them,
-        dictionary-coded (`pa.dictionary(int32, string)`; a batch's dictionary may differ from the
-        last's)."""
+    def read(batch_rows: int | None = None, coded: bool = False, by_row_group: bool = False) -> Any:
+        """The rows as one table; with `batch_rows`, an iterator of record batches of at most that many;
+        `by_row_group`: the files by row group (`RowGroups`). `coded`: the string columns in the files
+        (but DENSE_STRINGS) as Parquet stores them, dictionary-coded (`pa.dictionary(int32, string)`;
+        a batch's dictionary may differ from the last's)."""
         import pyarrow.dataset as ds
 
         codes = {c for c, t in read_as.items() if coded and t == pa.string() and c not in partition_columns
@@ -467,6 +613,8 @@ def parquet_reader(df: DataFrame, columns: Sequence[str]) -> Any:
             return kind.from_arrays([pa.nulls(got.num_rows, f.type) if sources[f.name] == _NULL
                                      else got.column(sources[f.name]) for f in out], schema=out)
 
+        if by_row_group:
+            return RowGroups(data, list(read_as), lambda t: renamed(t, pa.Table))
         if batch_rows is None:
             return renamed(data.to_table(columns=list(read_as)), pa.Table)
         # one file and a batch ahead, not the dataset's default of many: memory of a batch or two
