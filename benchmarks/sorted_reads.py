@@ -1,10 +1,11 @@
-"""What the chunked path's spill (docs/design.md §5.10, "Windows in chunks") would save if ingest and
-capture wrote each file of the producer ledger, the log and the consumption ledger sorted by seq in
-small row groups: a design bound, not built.
+"""The chunked path's spill (docs/design.md §5.10, "Windows in chunks") of the producer ledger, the log
+and the consumption ledger, against reading each chunk, a range of seqs, from a copy of their files
+sorted by seq in small row groups (as ingest now writes the ledgers): the two ways a large window
+gets its chunks, on the same rows.
 
 Two sides over the same rows, alternating in one process, each using both cores:
 
-- spill: what the chunked path does with those tables today -- each table read once by pyarrow a
+- spill: what the chunked path does with a table it cannot read by range -- each table read once by pyarrow a
   batch at a time (strings dictionary-coded but the fingerprint), every row sent to the chunk of a
   hash of its (pid, seq) (`columnar.Split`'s hash), each chunk's rows appended to a zstd-compressed
   Arrow IPC stream held in memory (`driver.SPILL_OPTIONS`), then every chunk read back. It leaves
