@@ -376,6 +376,44 @@ def test_shared_fingerprints_are_found_exactly_whatever_their_hashes_collide(
 
 
 @pytest.mark.unit
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.none(), st.text(alphabet="0ab\u00e9", max_size=30)), max_size=40),
+       st.integers(0, 3), st.integers(0, 2), st.booleans())
+def test_a_strings_hash_is_its_words_sum_whatever_the_slice_it_is_hashed_in(
+        monkeypatch: pytest.MonkeyPatch, strings: list[str | None], skip: int, length: int, uniform: bool) -> None:
+    """`columnar._hash64` is the function its docstring states of each string alone (a null: its
+    empty string's), whether its slice holds strings of one length as they lie, of several, nulls
+    holding bytes, or is cut for long strings; the array a slice of another."""
+    import numpy as np
+    import pyarrow as pa
+
+    from spark_jobs.reconcile import columnar
+
+    if uniform:  # every string of one length: their bytes one after another
+        strings = [None if s is None else (s.encode() * 30)[:length * 5].decode("latin-1") for s in strings]
+    base = columnar._HASH_BASE
+
+    def stated(s: str | None) -> int:
+        data = b"" if s is None else s.encode()
+        padded = data + bytes(-len(data) % 8)
+        words = [int.from_bytes(padded[i:i + 8], "little") for i in range(0, len(padded), 8)]
+        return (len(data) + sum(w * pow(base, i + 1, 2**64) for i, w in enumerate(words))) % 2**64
+
+    arr = pa.array(strings, pa.string())
+    if any(s is None for s in strings):  # a null that holds bytes: its offsets span some
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[:len(arr) + 1]
+        data = b"".join(b"#" if s is None else s.encode() for s in strings)
+        held = np.cumsum([0, *(1 if s is None else len(s.encode()) for s in strings)]).astype(np.int32)
+        assert len(offsets) == len(held)
+        arr = pa.Array.from_buffers(pa.string(), len(arr), [arr.buffers()[0], pa.py_buffer(held.tobytes()),
+                                                            pa.py_buffer(data)], null_count=arr.null_count)
+    arr = arr.slice(min(skip, len(arr)))
+    monkeypatch.setattr(columnar, "_HASH_SLICE", 7)
+    monkeypatch.setattr(columnar, "_HASH_BYTES", 64)  # slices of strings of up to 30 bytes are cut
+    assert columnar._hash64(arr).tolist() == [stated(s) for s in arr.to_pylist()]
+
+
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["p", "q", "r"]), st.integers(0, 12), st.booleans(),
                           st.one_of(st.none(), st.integers(0, 2)), st.integers(0, 9),
@@ -406,13 +444,13 @@ def test_the_checks_that_need_neighbours_in_chunks_equal_the_oracle(
 
     def chunk(ns: list[Narrow]) -> Any:
         fps = pa.array([n.fingerprint for n in ns], pa.string())
+        part = np.array([-1 if n.partition is None else n.partition for n in ns], dtype=np.int64)
         return columnar._Narrow(
             np.array([names.index(n.pid) for n in ns], dtype=np.int64), np.array([n.seq for n in ns], dtype=np.int64),
-            np.array([n.present for n in ns], dtype=bool),
-            np.array([-1 if n.partition is None else n.partition for n in ns], dtype=np.int64),
+            np.array([n.present for n in ns], dtype=bool), part,
             np.array([-1 if n.offset is None else n.offset for n in ns], dtype=np.int64),
             np.array([columnar._micros(T0 + timedelta(minutes=minutes[n.pid, n.seq])) for n in ns], dtype=np.int64),
-            np.array([n.in_window for n in ns], dtype=bool), fps, columnar._hash64(fps))
+            np.array([n.in_window for n in ns], dtype=bool), fps, columnar._fingerprint_hashes(fps, part))
 
     chunks = [chunk(narrow[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     with unittest.mock.patch.object(columnar, "_BLOCK", block), \

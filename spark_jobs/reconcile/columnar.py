@@ -97,45 +97,92 @@ def _between(col: Any, lo: datetime, hi: datetime) -> Any:
     return pc.and_(pc.greater_equal(c, pa.scalar(lo, t)), pc.less(c, pa.scalar(hi, t)))
 
 
-_HASH_BASE = 0x100000001B3  # odd: a polynomial hash of bytes modulo 2^64
-_HASH_SLICE = 1 << 16  # strings hashed at a time: bounds the per-byte arrays
+_HASH_BASE = 0x100000001B3  # odd: a polynomial hash of 8-byte words modulo 2^64
+_HASH_SLICE = 1 << 16  # strings hashed at a time
+_HASH_BYTES = 1 << 24  # at most this many bytes of padded strings at a time (a slice of long ones is cut)
 
 
 def _hash64(strings: pa.Array) -> np.ndarray:
-    """A 64-bit polynomial hash of each string's bytes (a null's is its empty string's): equal strings
-    hash equal, different ones rarely (`_shared_strings` checks). Several times faster than a
-    dictionary of a million distinct strings."""
+    """A 64-bit hash of each string (a null's is its empty string's): its length in bytes plus the sum
+    of its 8-byte words (the last padded with zeros), word i times BASE^(i + 1), modulo 2^64. Equal
+    strings hash equal, different ones rarely (`_shared_strings` checks; two strings that differ in
+    one word never). A slice of strings is hashed as a matrix of words, each string padded to the
+    longest in the slice (zero words add nothing), its rows their bytes as they lie when they all
+    have one length: several times faster than a dictionary of a million distinct strings, and than
+    a polynomial over their bytes."""
     strings = strings.cast(pa.large_string())
-    out = np.empty(len(strings), dtype=np.uint64)
+    n = len(strings)
+    out = np.zeros(n, dtype=np.uint64)
+    if not n:
+        return out
+    bounds = np.frombuffer(strings.buffers()[1], dtype=np.int64)[strings.offset:strings.offset + n + 1]
+    lengths = np.diff(bounds)
+    if strings.null_count:
+        lengths = np.where(strings.is_null().to_numpy(zero_copy_only=False), 0, lengths)
+    longest = int(lengths.max())
+    if not longest:
+        return out
+    raw = np.frombuffer(strings.buffers()[2], dtype=np.uint8)
+    powers = np.cumprod(np.full((longest + 7) // 8, _HASH_BASE, dtype=np.uint64))
+    lo = 0
     with np.errstate(over="ignore"):
-        for lo in range(0, len(strings), _HASH_SLICE):
-            part = strings.slice(lo, _HASH_SLICE)
-            bounds = np.frombuffer(part.buffers()[1], dtype=np.int64)[part.offset:part.offset + len(part) + 1]
-            data = part.buffers()[2]
-            raw = (np.frombuffer(data, dtype=np.uint8)[bounds[0]:bounds[-1]] if data is not None
-                   else np.empty(0, np.uint8))
-            starts, lengths = bounds[:-1] - bounds[0], np.diff(bounds)
-            position = np.arange(len(raw), dtype=np.int64) - np.repeat(starts, lengths)
-            powers = np.cumprod(np.full(int(lengths.max(initial=0)) + 1, _HASH_BASE, dtype=np.uint64))
-            weighted = (raw.astype(np.uint64) + np.uint64(1)) * powers[position]
-            prefix = np.concatenate([np.zeros(1, np.uint64), np.cumsum(weighted, dtype=np.uint64)])
-            out[lo:lo + len(part)] = prefix[starts + lengths] - prefix[starts] + lengths.astype(np.uint64)
-    return out
+        while lo < n:
+            hi = min(n, lo + _HASH_SLICE)
+            width = (int(lengths[lo:hi].max()) + 7) & ~7
+            if (hi - lo) * width > _HASH_BYTES:  # long strings: fewer at a time
+                hi = lo + max(1, _HASH_BYTES // width)
+            size = lengths[lo:hi]
+            wide = int(size.max())
+            width = (wide + 7) & ~7
+            if not wide:  # empty strings and nulls: their lengths alone
+                lo = hi
+                continue
+            if int(size.min()) == wide and bounds[hi] - bounds[lo] == (hi - lo) * wide:  # one length, as they lie
+                block = raw[bounds[lo]:bounds[hi]].reshape(hi - lo, wide)
+                if wide != width:
+                    block = np.pad(block, ((0, 0), (0, width - wide)))
+            else:  # each string's bytes put at the start of its row
+                flat = np.zeros((hi - lo) * width, dtype=np.uint8)
+                starts = np.arange(0, (hi - lo) * width, width) - (bounds[lo:hi] - bounds[lo])
+                held = np.diff(bounds[lo:hi + 1])  # a null's bytes, if it has any, are left out
+                taken = np.repeat(size == held, held) if strings.null_count else slice(None)
+                flat[(np.repeat(starts, held) + np.arange(bounds[hi] - bounds[lo]))[taken]] = raw[bounds[lo]:bounds[hi]][taken]
+                block = flat.reshape(hi - lo, width)
+            words = np.ascontiguousarray(block).view(np.uint64)
+            out[lo:hi] = (words * powers[:width // 8]).sum(axis=1, dtype=np.uint64)
+            lo = hi
+    return out + lengths.astype(np.uint64)
+
+
+def _fingerprint_hashes(fps: pa.Array, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each of some messages' fingerprints' `_hash64`; those of the originals' (partition >= 0) not-null
+    fingerprints, sorted): a chunk's part of the content check, its hashes' runs merged at the end."""
+    hashes = _hash64(fps)
+    originals = (part >= 0) & pc.is_valid(fps).to_numpy(zero_copy_only=False)
+    held = hashes[originals]
+    held.sort()
+    return hashes, held
+
+
+def _repeated(ordered: np.ndarray) -> pa.Array:
+    """The values of sorted `ordered` held more than once."""
+    return pa.array(np.unique(ordered[1:][ordered[1:] == ordered[:-1]]))
 
 
 def _shared_strings(strings: pa.Array | pa.ChunkedArray, rows: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row of `strings`, equal for equal strings, defined on the rows returned; the rows
     among `rows` whose string, not null, another of `rows` shares), exactly: the rows whose hash
-    repeats are the candidates (`hashes`: each string's `_hash64`), and only their strings are compared."""
-    codes = np.full(len(strings), -1, dtype=np.int64)
-    if not len(rows):
-        return codes, rows
+    repeats are the candidates (`hashes`: each string's `_hash64`), and only their strings are
+    compared (`_shared_among`)."""
     h = hashes[rows]
-    ordered = np.sort(h)
-    twice = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # the hashes held more than once
-    if not len(twice):
-        return codes, rows[:0]
-    candidates = rows[_bool(pc.is_in(pa.array(h), value_set=pa.array(twice)))]  # a hash table: one pass
+    return _shared_among(strings, rows[_bool(pc.is_in(pa.array(h), value_set=_repeated(np.sort(h))))])
+
+
+def _shared_among(strings: pa.Array | pa.ChunkedArray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_shared_strings` of the `candidates` rows, every row whose string may be shared."""
+    codes = np.full(len(strings), -1, dtype=np.int64)
+    if not len(candidates):
+        return codes, candidates
     taken = strings.take(pa.array(candidates, pa.int64()))
     taken = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
     exact = _int(pc.dictionary_encode(taken).indices)
@@ -498,7 +545,7 @@ def _gaps(narrow: Sequence[_Narrow], pid_names: list[str]) -> list[Any]:
         out |= seq.astype(np.uint64) << np.uint64(1)
         out |= win
         at += len(pid)
-    key.sort()
+    key.sort(kind="stable")  # a merge sort: each chunk's ordinary keys come sorted, a run it merges
     mask = (1 << SEQ_BITS) - 1
     found = []
     for lo in range(0, max(len(key) - 1, 0), _BLOCK):
@@ -539,7 +586,7 @@ def _log_order(narrow: Sequence[_Narrow], starts: np.ndarray, segments: int) -> 
             out <<= np.uint64(row_bits)
             out |= (o + first).astype(np.uint64)
             at += len(o)
-        key.sort()
+        key.sort(kind="stable")  # a merge sort: a producer's messages in a chunk mostly come in runs
         rows_mask, off_mask = np.uint64((1 << row_bits) - 1), np.uint64((1 << off_bits) - 1)
         for lo in range(0, total, _BLOCK):
             block = key[lo:lo + _BLOCK]
@@ -584,10 +631,16 @@ def _content(narrow: Sequence[_Narrow], starts: np.ndarray, pid_names: list[str]
     """Originals sharing a fingerprint, ordered by (produce time, pid, seq): the later ones in the
     window, each with the first."""
     fps = pa.chunked_array([n.fps for n in narrow], pa.string())
-    has_fp = np.concatenate([(n.part >= 0) & pc.is_valid(n.fps).to_numpy(zero_copy_only=False) for n in narrow])
-    hashes = np.concatenate([n.hashes.result() if isinstance(n.hashes, Future) else n.hashes for n in narrow])
-    fp_idx, shared = _shared_strings(fps, np.flatnonzero(has_fp), hashes)
-    del has_fp, hashes
+    hashes = [n.hashes.result() if isinstance(n.hashes, Future) else n.hashes for n in narrow]
+    ordered = np.concatenate([held for _, held in hashes])
+    ordered.sort(kind="stable")  # a merge sort: each chunk's hashes come sorted, a run it merges
+    twice = _repeated(ordered)
+    del ordered
+    # the candidates: originals whose hash repeats; only their fingerprints are compared
+    candidates = [np.flatnonzero(_bool(pc.is_in(pa.array(h), value_set=twice)) & (n.part >= 0)) + first
+                  for (h, _), n, first in zip(hashes, narrow, starts[:-1].tolist(), strict=True)]
+    fp_idx, shared = _shared_among(fps, np.concatenate(candidates))
+    del hashes, candidates
     pid, pt = _take(narrow, starts, "pid", shared), _take(narrow, starts, "pt", shared)
     by = np.lexsort((seq[shared], pid, pt, fp_idx[shared]))
     rows = shared[by]
@@ -673,8 +726,8 @@ def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime
 
 @dataclass
 class _Narrow:
-    """Narrow rows of messages, as `_neighbour_rows` takes them (`hashes`: of `fps`, perhaps still
-    being computed beside)."""
+    """Narrow rows of messages, as `_neighbour_rows` takes them (`hashes`: `_fingerprint_hashes` of
+    `fps`, perhaps still being computed beside)."""
 
     pid: np.ndarray
     seq: np.ndarray
@@ -684,7 +737,7 @@ class _Narrow:
     pt: np.ndarray
     win: np.ndarray
     fps: pa.Array
-    hashes: np.ndarray | Future[np.ndarray]
+    hashes: tuple[np.ndarray, np.ndarray] | Future[tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -779,7 +832,7 @@ def _settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, beside: T
             at["sink:" + sc.name] = si[ok]
     ordinary = cand  # sorted keys of the ordinary messages
     ordinary_fps = pc.cast(pc.take(log["fingerprint"], pa.array(ri, pa.int64())), pa.string()).combine_chunks()
-    ordinary_hashes = beside.submit(_hash64, ordinary_fps)
+    ordinary_hashes = beside.submit(_fingerprint_hashes, ordinary_fps, l_part[li])
 
     # --- every other row goes to the oracle: an ordinary message's rows are exactly its ledger row,
     # its valid record, its processing in each group and its row in each sink (any other row with its
@@ -835,15 +888,16 @@ def _settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, beside: T
     dirty = facts.narrow
     facts.narrow = []
     dirty_fps = pa.array([n.fingerprint for n in dirty], pa.string())
+    dirty_part = np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64)
     narrow = [
         _Narrow(ordinary >> SEQ_BITS, ordinary & ((1 << SEQ_BITS) - 1), np.ones(len(ordinary), dtype=bool), part,
                 r_off[ri], pt, in_window, ordinary_fps, ordinary_hashes),
         _Narrow(keys.code(pa.array([n.pid for n in dirty], pa.string())) if dirty else np.empty(0, np.int64),
                 np.array([n.seq for n in dirty], dtype=np.int64), np.array([n.present for n in dirty], dtype=bool),
-                np.array([-1 if n.partition is None else n.partition for n in dirty], dtype=np.int64),
-                np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64),
+                dirty_part, np.array([-1 if n.offset is None else n.offset for n in dirty], dtype=np.int64),
                 np.array([_NONE if n.produce_time is None else _micros(n.produce_time) for n in dirty], dtype=np.int64),
-                np.array([n.in_window for n in dirty], dtype=bool), dirty_fps, _hash64(dirty_fps))]
+                np.array([n.in_window for n in dirty], dtype=bool), dirty_fps,
+                _fingerprint_hashes(dirty_fps, dirty_part))]
     return _Part(facts, {k: [_histogram(np.concatenate(v))] for k, v in lat.items()}, narrow, keys.pids.to_pylist())
 
 
@@ -936,7 +990,8 @@ class Split:
     is gathered here as the rows pass: the window's pids (`pids`: so each chunk codes them alike)
     and the narrow columns of every visible processing of each topic (`flags`: the order of
     consumption, per (group, partition), over the whole window). A consumed row gains `_row`, its
-    place in the order read, which `flags` is indexed by."""
+    place in the order read, which `flags` is indexed by. Tables may be noted on several threads at
+    once, each table's batches on one, in order."""
 
     def __init__(self, n: int, topics: Sequence[TopicConfig], ws: datetime, cuts: np.ndarray | None = None) -> None:
         self.n = n

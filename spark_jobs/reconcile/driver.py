@@ -291,7 +291,6 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
     for kind, read in readers.items():
         rg = groups[kind]
         if cuts is not None and rg is not None and rg.read_cost(cuts) <= RANGED_COST:
-            rg.note(split, kind)
             ranged[kind] = rg
         else:
             sources.append((kind, kind, read(SPILL_BATCH_ROWS, coded=True)))
@@ -321,9 +320,12 @@ def spill_tables(inputs: WindowInputs, shape: Shape, ws: datetime, n: int,
             for w in writers.values():
                 w.close()
 
-    # two tables at a time: reading, splitting and writing let go of the interpreter most of the time
+    # two tables at a time, a ranged table's pass (`RowGroups.note`) beside the spills: reading,
+    # splitting and writing let go of the interpreter most of the time. The consumption rows first:
+    # their pass is the longest (every column, in the order `_row` numbers them)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-spill") as pool:
-        for done in [pool.submit(spill, *source) for source in sources]:
+        noted = [pool.submit(rg.note, split, kind) for kind, rg in sorted(ranged.items(), key=lambda kv: kv[0] != "consumed")]
+        for done in [*noted, *(pool.submit(spill, *source) for source in sources)]:
             done.result()
 
     group_offsets, watermarks = _small(inputs.group_offsets, oracle.GroupOffset), _small(inputs.watermarks, oracle.Watermark)
