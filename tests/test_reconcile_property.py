@@ -592,3 +592,22 @@ def test_a_chunk_read_from_row_groups_holds_exactly_the_rows_the_split_sends_it(
             got = got.drop_columns(["_row"])
         assert got.to_pylist() == want.to_pylist()
     assert 1 <= groups.read_cost(cuts) <= n + 1 or not len(rows)
+
+
+@pytest.mark.unit
+def test_a_window_is_chunked_to_fit_columnar_rows_and_to_settle_on_both_cores() -> None:
+    """`columnar.chunk_count`: whole up to SPLIT_ROWS rows; above, up to SPLIT_CHUNKS chunks of about
+    SPLIT_ROWS rows even within `columnar_rows`; always enough that the chunks settled at once hold
+    at most `columnar_rows` rows."""
+    from spark_jobs.reconcile.columnar import CHUNKS_AT_ONCE, SPLIT_CHUNKS, SPLIT_ROWS, chunk_count
+
+    assert (CHUNKS_AT_ONCE, SPLIT_ROWS, SPLIT_CHUNKS) == (2, 2_000_000, 4)
+    limit = 12_000_000
+    assert [chunk_count(rows, limit) for rows in (0, 1, 64_000, 2_000_000)] == [1, 1, 1, 1]
+    assert [chunk_count(rows, limit) for rows in (2_000_001, 4_000_000, 4_000_001, 7_988_016, 12_000_000)] \
+        == [2, 2, 3, 4, 4]
+    assert [chunk_count(rows, limit) for rows in (24_000_001, 79_988_016)] == [5, 14]
+    assert chunk_count(1_000_000, 300_000) == 7  # small `columnar_rows`: its own bound
+    for rows in (2_500_000, 79_988_016, 1_000_000):
+        n = chunk_count(rows, limit)
+        assert -(-rows // n) * CHUNKS_AT_ONCE <= limit + CHUNKS_AT_ONCE

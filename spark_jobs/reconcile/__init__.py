@@ -7,8 +7,9 @@ holds the two equal row for row. A batch small enough (`reconcile.driver_rows`) 
 classified by the oracle in the driver instead (`driver`, docs/design.md §5.8): a Spark plan's fixed
 cost is most of a small window's time. A larger one, up to `reconcile.columnar_rows`, is read as
 Arrow columns and settled there (`columnar`, §5.10): the ordinary messages by vectorised passes, the
-others by the oracle; a larger one the same way in chunks of at most that many rows, split by message
-(`classify_columnar_chunks`). Apart from `driver` and `columnar`, this package never imports the oracle
+others by the oracle; a larger one the same way in chunks, split by message, two settled at once
+holding at most that many rows (`classify_columnar_chunks`; a window of more than
+`columnar.SPLIT_ROWS` rows is chunked even within `columnar_rows`, so that it settles on both cores). Apart from `driver` and `columnar`, this package never imports the oracle
 (an import contract checks it): what the two share -- codes,
 statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 (`audit.core.windows`), percentiles and report assembly (`audit.core.percentiles`,
@@ -533,14 +534,13 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         if collected is not None:
             by_oracle = classify_in_driver(spark, collected, shape, ws, as_of)
         elif rows is not None and cfg.columnar_rows and not any(columnar.declines(tc) for tc in shape.topics):
-            if rows <= cfg.columnar_rows:
+            n = columnar.chunk_count(rows, cfg.columnar_rows)
+            if n > 1:
+                with described(spark, f"{label}: columnar, in chunks"):
+                    by_oracle = classify_columnar_chunks(spark, inputs, shape, ws, as_of, n, spill_held(rows))
+            if (n == 1 or by_oracle is None) and rows <= cfg.columnar_rows:  # whole (the chunks may decline files)
                 with described(spark, f"{label}: columnar"):
                     by_oracle = classify_columnar(spark, collect_tables(inputs, shape, ws), shape, ws, as_of)
-            else:
-                with described(spark, f"{label}: columnar, in chunks"):
-                    by_oracle = classify_columnar_chunks(  # the chunks settled at once hold columnar_rows
-                        spark, inputs, shape, ws, as_of, -(-rows * columnar.CHUNKS_AT_ONCE // cfg.columnar_rows),
-                        spill_held(rows))
         if by_oracle is not None:
             classified = by_oracle
             anomalies = next(iter(classified.values())).summary
@@ -577,8 +577,8 @@ def classify_columnar(spark: SparkSession, tables: columnar.Tables, shape: Shape
 
 def classify_columnar_chunks(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: datetime,
                              as_of: datetime, n: int, held: bool = False) -> dict[str, Classified] | None:
-    """`classify_columnar` of a window of more than `reconcile.columnar_rows` rows, in `n` chunks by
-    message (docs/design.md §5.10): the rows are read once and each chunk's written to Arrow IPC
+    """`classify_columnar` of a window in `n` chunks by message (`columnar.chunk_count`, docs/design.md
+    §5.10): the rows are read once and each chunk's written to Arrow IPC
     files (`driver.spill_tables`), held in memory when `held` (`driver.spill_held`), else in a
     temporary folder in the system's temporary directory (TMPDIR), removed when the window is
     classified. None when the path declines (the Spark plan runs then)."""

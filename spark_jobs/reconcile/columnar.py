@@ -688,6 +688,17 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
 
 CHUNKS_AT_ONCE = 2  # chunks settled side by side (numpy and pyarrow let go of the interpreter)
+# A window of more than SPLIT_ROWS rows is settled in chunks even when it fits `columnar_rows`: up to
+# SPLIT_CHUNKS of about SPLIT_ROWS rows, so that its settling takes both cores (docs/benchmarks.md)
+SPLIT_ROWS = 2_000_000
+SPLIT_CHUNKS = 4
+
+
+def chunk_count(rows: int, columnar_rows: int) -> int:
+    """The chunks a window of `rows` input rows is settled in (1: whole): enough that the chunks
+    settled at once hold at most `columnar_rows` rows, and up to SPLIT_CHUNKS above SPLIT_ROWS rows."""
+    n = -(-rows * CHUNKS_AT_ONCE // columnar_rows)
+    return max(n, min(SPLIT_CHUNKS, -(-rows // SPLIT_ROWS))) if rows > SPLIT_ROWS else max(n, 1)
 
 
 def classify_chunks(topics: Sequence[TopicConfig], ws: datetime, as_of: datetime, split: Split,
