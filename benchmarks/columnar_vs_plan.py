@@ -10,13 +10,16 @@ rows, the columnar side at `driver_rows: 1`): where the columnar path should tak
 With `--other uncompressed` (a window above `columnar_rows`, settled in chunks) the other side is
 the same path with its spill written uncompressed (`driver.SPILL_OPTIONS`); with `--other files`,
 the same path with its spill in files in TMPDIR, where the columnar side holds it in memory when it
-fits (`driver.spill_held`; `SPILL_HELD_MAX_BYTES` at 0 on the other side).
+fits (`driver.spill_held`; `SPILL_HELD_MAX_BYTES` at 0 on the other side). With `--other whole` (a
+window of more than `columnar.SPLIT_ROWS` rows within `columnar_rows`, which the columnar side settles
+in chunks on both cores) the other side settles it whole (`SPLIT_ROWS` above its rows).
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --anomaly-rate 0.0001 --history 2 --generate-only --dir DIR
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 1000000 --anomaly-rate 0.0001 --reps 3
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 40000 --other driver --reps 5
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 10000000 --anomaly-rate 0.0001 --other uncompressed --reps 2
     .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 10000000 --anomaly-rate 0.0001 --other files --reps 2
+    .venv/bin/python benchmarks/columnar_vs_plan.py --dir DIR --n 1000000 --other whole --reps 5
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -50,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=2, help="its --history (default 2): the window is that hour")
     ap.add_argument("--anomaly-rate", type=float, default=0.001, help="the rate it was generated with")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds, alternating (medians)")
-    ap.add_argument("--other", choices=("plan", "driver", "uncompressed", "files"), default="plan",
+    ap.add_argument("--other", choices=("plan", "driver", "uncompressed", "files", "whole"), default="plan",
                     help="the other side: the Spark plan (default), the oracle in the driver, the "
-                         "columnar path spilling its chunks uncompressed, or spilling them to files")
+                         "columnar path spilling its chunks uncompressed, spilling them to files, or "
+                         "settling a window within columnar_rows whole instead of in chunks")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
     rs.set_anomaly_rate(args.anomaly_rate)
@@ -60,26 +64,30 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
 
     from spark_jobs.io.session import build_spark
-    from spark_jobs.reconcile import driver, reconcile_window
+    from spark_jobs.reconcile import columnar, driver, reconcile_window
 
     spark = build_spark(cfg, app_name="msgaudit-columnar-vs-plan")
     other = args.other
-    # each side: its config, the spill's write options and the most bytes of it held in memory
-    spill, held = driver.SPILL_OPTIONS, driver.SPILL_HELD_MAX_BYTES
+    # each side: its config, the spill's write options, the most bytes of it held in memory and the
+    # rows above which a window within columnar_rows is settled in chunks
+    spill, held, split = driver.SPILL_OPTIONS, driver.SPILL_HELD_MAX_BYTES, columnar.SPLIT_ROWS
     if other == "plan":
-        sides = {"columnar": (cfg, spill, held), other: (replace(cfg, columnar_rows=0), spill, held)}
+        sides = {"columnar": (cfg, spill, held, split), other: (replace(cfg, columnar_rows=0), spill, held, split)}
     elif other == "uncompressed":
-        sides = {"columnar": (cfg, spill, held), other: (cfg, pa.ipc.IpcWriteOptions(), held)}
+        sides = {"columnar": (cfg, spill, held, split), other: (cfg, pa.ipc.IpcWriteOptions(), held, split)}
     elif other == "files":
-        sides = {"columnar": (cfg, spill, held), other: (cfg, spill, 0)}
+        sides = {"columnar": (cfg, spill, held, split), other: (cfg, spill, 0, split)}
+    elif other == "whole":
+        sides = {"columnar": (cfg, spill, held, split), other: (cfg, spill, held, 10**15)}
     else:
-        sides = {"columnar": (replace(cfg, driver_rows=1), spill, held),
-                 other: (replace(cfg, driver_rows=10**12), spill, held)}
+        sides = {"columnar": (replace(cfg, driver_rows=1), spill, held, split),
+                 other: (replace(cfg, driver_rows=10**12), spill, held, split)}
 
-    def run(side: tuple[Any, Any, int]) -> tuple[float, list[Any], list[Any]]:
-        c, options, most = side
+    def run(side: tuple[Any, Any, int, int]) -> tuple[float, list[Any], list[Any]]:
+        c, options, most, above = side
         driver.SPILL_OPTIONS = options
         driver.SPILL_HELD_MAX_BYTES = most
+        columnar.SPLIT_ROWS = above
         t = time.perf_counter()
         r = reconcile_window(spark, c, rs.TOPIC, rs.WINDOW, rs.AS_OF, publish=False)
         took = time.perf_counter() - t
