@@ -9,8 +9,9 @@ cost is most of a small window's time. A larger one, up to `reconcile.columnar_r
 Arrow columns and settled there (`columnar`, §5.10): the ordinary messages by vectorised passes, the
 others by the oracle; a larger one the same way in chunks, split by message, two settled at once
 holding at most that many rows (`classify_columnar_chunks`; a window of more than
-`columnar.SPLIT_ROWS` rows is chunked even within `columnar_rows`, so that it settles on both cores). Apart from `driver` and `columnar`, this package never imports the oracle
-(an import contract checks it): what the two share -- codes,
+`columnar.SPLIT_ROWS` rows is chunked even within `columnar_rows`, so that it settles on both
+cores). Apart from `driver` and `columnar`, this package never imports the oracle (an import
+contract checks it): what the two share -- codes,
 statuses and detail texts (`audit.core.vocabulary`), read ranges and run ids
 (`audit.core.windows`), percentiles and report assembly (`audit.core.percentiles`,
 `audit.core.report`) -- lives in `audit.core`.
