@@ -44,6 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# first, as msgaudit's commands import it: its allocator setting must precede pyarrow's loading
+import spark_jobs  # noqa: E402, F401, I001
 from audit.core import config as config_mod  # noqa: E402
 from audit.core.config import Config  # noqa: E402
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +110,43 @@ def test_free_ports_are_below_the_ephemeral_range() -> None:
 
     ports = [free_port() for _ in range(50)]
     assert all(10_000 <= p < _ephemeral_low() - 64 for p in ports)
+
+
+# Cycles of what a large window's chunks do: Arrow buffers and numpy arrays of 64 MB allocated,
+# touched and freed; prints Arrow's purge delay, whether glibc's setting took, and the cycles' page faults.
+_CYCLES = """
+import os
+import resource
+import spark_jobs  # first, as msgaudit's commands import it
+import numpy as np
+import pyarrow as pa
+from audit.runtime import memory
+print(os.environ.get("MIMALLOC_PURGE_DELAY"), memory.keep_freed_memory())
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    bufs = [pa.allocate_buffer(64 << 20) for _ in range(2)]
+    arrays = [np.empty(8 << 20) for _ in range(2)]
+    for x in [*(np.frombuffer(b, dtype=np.uint8) for b in bufs), *arrays]:
+        x.view(np.uint8)[::4096] = 1
+    del bufs, arrays, x
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
+@pytest.mark.unit
+def test_a_job_process_keeps_the_memory_it_frees_for_its_next_chunk() -> None:
+    """`import spark_jobs` sets Arrow's purge delay before pyarrow loads and `keep_freed_memory`
+    glibc's thresholds: the chunks' cycles then fault their pages in once, not every time."""
+    def cycles(**env: str) -> tuple[str, int]:
+        env = {**{k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}, **env}
+        out = subprocess.run([sys.executable, "-c", _CYCLES], capture_output=True, text=True, env=env,
+                             cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True).stdout.split("\n")
+        return out[0], int(out[1])
+
+    kept, kept_faults = cycles()
+    plain, plain_faults = cycles(MSGAUDIT_KEEP_FREED_MEMORY="0")
+    assert (kept, plain) == ("-1 True", "None False")
+    assert kept_faults * 4 < plain_faults, (kept_faults, plain_faults)
 
 
 @pytest.mark.spark

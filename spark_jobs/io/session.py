@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from audit.core.config import Config
-from audit.runtime import jars, quiet
+from audit.runtime import jars, memory, quiet
 
 DEFAULTS: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -79,6 +79,7 @@ def utc_process_clock() -> None:
 def build_spark(cfg: Config, app_name: str = "msgaudit", extra: Mapping[str, str] | None = None) -> SparkSession:
     """A Delta- and Kafka-ready SparkSession (master from cfg.spark['master'], default local[2])."""
     utc_process_clock()  # before the JVM starts: local Python workers inherit the environment
+    memory.keep_freed_memory()  # a job's driver: numpy's freed arrays stay for the next chunk
     # The Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
