@@ -1354,24 +1354,12 @@ static int ship_segment(struct shipper *sh, const char *path) {
     return 1;
 }
 
-/* Under sh->mu: is `path` queued already, after the first `skip` items? */
-static int ship_queued(struct shipper *sh, const char *path, size_t skip) {
-    for (struct seg_item *it = sh->todo; it; it = it->next)
-        if (skip > 0)
-            skip--;
-        else if (!strcmp(it->path, path))
-            return 1;
-    return 0;
-}
-
-/* Sealed segments of the folder without a marker (left by earlier clients), ahead in the queue.
- * Scanned on the shipper thread, not the host's; this client's writer may have sealed and queued
- * a segment meanwhile (a slow thread start): that one is not queued, or counted, twice. */
+/* Sealed segments of the folder without a marker (left by earlier clients), into the queue: at the
+ * client's start, on the host's thread (a listing of a local folder), before its writer starts. */
 static void ship_scan(struct shipper *sh) {
     DIR *d = opendir(sh->dir);
     struct dirent *e;
     char path[4300], marker[4400];
-    size_t scanned = 0; /* ahead in the queue; the writer's come after them */
     if (!d)
         return;
     while ((e = readdir(d))) {
@@ -1379,26 +1367,8 @@ static void ship_scan(struct shipper *sh) {
         if (strncmp(e->d_name, "producer-", 9) != 0 || n < 7 || strcmp(e->d_name + n - 6, ".jsonl") != 0)
             continue;
         snprintf(path, sizeof(path), "%s/%s", sh->dir, e->d_name);
-        if (has_marker(path, marker, sizeof(marker)) != 0)
-            continue;
-        struct seg_item *it = calloc(1, sizeof(*it));
-        if (!it || !(it->path = strdup(path))) {
-            free(it);
-            continue; /* out of memory: the segment stays unmarked for `msgaudit ship` */
-        }
-        pthread_mutex_lock(&sh->mu);
-        if (ship_queued(sh, path, scanned)) {
-            free(it->path);
-            free(it);
-        } else {
-            scanned++;
-            __atomic_add_fetch(&sh->unshipped, 1, __ATOMIC_RELAXED);
-            it->next = sh->todo;
-            sh->todo = it;
-            if (!sh->todo_tail)
-                sh->todo_tail = it;
-        }
-        pthread_mutex_unlock(&sh->mu);
+        if (has_marker(path, marker, sizeof(marker)) == 0)
+            ship_enqueue(sh, path);
     }
     closedir(d);
 }
@@ -1407,7 +1377,6 @@ static void *shipper_main(void *arg) {
     struct shipper *sh = arg;
     double backoff = (double)sh->retry_ms / 1000.0, next_retry = 0;
     int retried_at_close = 0;
-    ship_scan(sh);
     for (;;) {
         pthread_mutex_lock(&sh->mu);
         while (!sh->todo && !sh->closing && (!sh->failed || mono_s() < next_retry)) {
@@ -1685,11 +1654,16 @@ static rd_kafka_resp_err_t on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, v
         in->ship = shipper_new(in, conf, why, sizeof(why));
         if (!in->ship) {
             report("%s; ledger rows stay in %s for `msgaudit ship`", why, in->cfg.ledger_dir);
-        } else if (pthread_create(&in->ship->thread, NULL, shipper_main, in->ship) != 0) {
-            report("cannot start the ledger shipper thread; ledger rows stay in %s for `msgaudit ship`",
-                   in->cfg.ledger_dir);
-            shipper_free(in->ship);
-            in->ship = NULL;
+        } else {
+            /* here, before this client's writer starts: a segment it seals is queued (and counted)
+             * once, by the seal, even when the shipper thread first runs after it (a loaded host) */
+            ship_scan(in->ship);
+            if (pthread_create(&in->ship->thread, NULL, shipper_main, in->ship) != 0) {
+                report("cannot start the ledger shipper thread; ledger rows stay in %s for `msgaudit ship`",
+                       in->cfg.ledger_dir);
+                shipper_free(in->ship);
+                in->ship = NULL;
+            }
         }
     }
     char why[512];
