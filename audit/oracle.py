@@ -56,7 +56,7 @@ Stage `log` (report partition: the acked partition for expected messages)
   valid audited message without ledger row; `aborted` on every uncommitted record; `unaudited` on
   every record without valid headers (detail = header_error, or "missing audit headers").
 - `reordered_in_log`: per (partition, pid), originals only (extras neither flagged nor raising
-  the running maximum), in offset order: seq lower than the maximum seq at lower offsets.
+  the running maximum), in (offset, seq) order: seq lower than the maximum seq before it.
 - `seq_gap`: per pid, seqs strictly between two consecutive seqs present in ledger or log; each
   missing seq belongs to the window of the next present seq (the one that reveals the gap).
   A gap of more than MAX_GAP_ROWS seqs is one row (seq = first missing, detail says how many).
@@ -66,7 +66,8 @@ Stage `log` (report partition: the acked partition for expected messages)
 
 Stage `group:<g>` (unit: each distinct log record of the window; report partition: its own)
 - expected = committed records; delivered = committed records processed at least once.
-- Per record, g's outcomes in (consume_ts, consume_seq, consumer) order. Not processed:
+- Per record, g's outcomes in (consume_ts, consume_seq, consumer, offset, outcome, attempt, error)
+  order (total: ties never depend on the rows' order). Not processed:
   `dead_lettered` if any outcome is dead_lettered; else `pending` within grace; else
   `retry_overdue` if g has only `failed` outcomes for it (detail: the last one's attempt,
   consumer and, when the row has one, error); else `expired_unconsumed` if offset < the highest log_start_offset captured; else `missed` if offset
@@ -419,8 +420,14 @@ class Narrow:
     in_window: bool
 
 
+def _consume_order(c: ConsumedRow) -> tuple[Any, ...]:
+    """A processing's place in its consumer's order: (consume time, consume seq, consumer), then its
+    offset and outcome, so that the order is total (a missing consume seq or consumer sorts first)."""
+    return (c.consume_ts, _int_key(c.consume_seq), c.consumer or "", c.offset, c.outcome, c.attempt, c.error or "")
+
+
 def reordered_in_consumption(processings: Iterable[ConsumedRow]) -> Iterator[ConsumedRow]:
-    """Per (group, partition), processings in (consume_ts, consume_seq, consumer) order: each first
+    """Per (group, partition), processings in `_consume_order`: each first
     processing of an offset lower than the highest offset processed before it."""
     by_gp: dict[tuple[str, int], list[ConsumedRow]] = defaultdict(list)
     for c in processings:
@@ -428,7 +435,7 @@ def reordered_in_consumption(processings: Iterable[ConsumedRow]) -> Iterator[Con
     for procs in by_gp.values():
         seen: set[int] = set()
         high: int | None = None
-        for c in sorted(procs, key=lambda c: (c.consume_ts, c.consume_seq, c.consumer)):
+        for c in sorted(procs, key=_consume_order):
             if c.offset not in seen and high is not None and c.offset < high:
                 yield c
             seen.add(c.offset)
@@ -436,7 +443,7 @@ def reordered_in_consumption(processings: Iterable[ConsumedRow]) -> Iterator[Con
 
 
 def reordered_in_log(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, int]]:
-    """Per (partition, pid), originals in offset order: (message, the highest seq at lower offsets)
+    """Per (partition, pid), originals in (offset, seq) order: (message, the highest seq before it)
     for each message of the window whose seq is lower than that."""
     per_ppid: dict[tuple[int, str], list[Narrow]] = defaultdict(list)
     for n in messages:
@@ -444,7 +451,7 @@ def reordered_in_log(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, int]]
             per_ppid[(n.partition, n.pid)].append(n)
     for originals in per_ppid.values():
         high: int | None = None
-        for n in sorted(originals, key=attrgetter("offset")):
+        for n in sorted(originals, key=attrgetter("offset", "seq")):
             if high is not None and n.seq < high and n.in_window:
                 yield n, high
             high = n.seq if high is None else max(high, n.seq)
@@ -680,7 +687,7 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 rseq = seq if seq is not None else r.seq
                 outs = sorted(((c, f) for c, f in u.consumed
                                if c.group == g and (c.partition, c.offset) == (r.partition, r.offset)),
-                              key=lambda cf: (cf[0].consume_ts, cf[0].consume_seq, cf[0].consumer))
+                              key=lambda cf: _consume_order(cf[0]))
                 processed = [(c, f) for c, f in outs if c.outcome in PROCESSING_OUTCOMES]
                 if not r.committed:
                     if processed:

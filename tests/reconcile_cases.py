@@ -538,15 +538,15 @@ def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
 
 
 def arrow_tables(inputs: Inputs) -> Any:
-    """The oracle's inputs as the columnar path's `Tables` (Arrow columns named as the row fields,
-    times as UTC microseconds, as Spark hands them over)."""
+    """The oracle's inputs as the kernel's `Tables` (Arrow columns named as the row fields, times as
+    UTC microseconds, as Spark hands them over)."""
     import typing
     from dataclasses import fields as dc_fields
 
     import pyarrow as pa
 
     from audit import oracle
-    from spark_jobs.reconcile.columnar import Tables
+    from audit.rules.kernel import Tables
 
     kinds = {str: pa.string(), int: pa.int64(), bool: pa.bool_(), datetime: pa.timestamp("us", "UTC")}
 
@@ -559,36 +559,55 @@ def arrow_tables(inputs: Inputs) -> Any:
     return Tables(ledger=table(oracle.LedgerRow, inputs.ledger), log=table(oracle.LogRecord, inputs.log),
                   consumed=table(oracle.ConsumedRow, inputs.consumed),
                   sinks={name: table(oracle.SinkRow, rows) for name, rows in inputs.sinks.items()},
-                  group_offsets=inputs.group_offsets, watermarks=inputs.watermarks)
+                  group_offsets=inputs.group_offsets, watermarks=inputs.watermarks,
+                  mirror_log=table(oracle.MirrorRecord, inputs.mirror_log),
+                  mirror_watermarks=inputs.mirror_watermarks, mirror_group_offsets=inputs.mirror_group_offsets)
 
 
-def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tables: Any, n: int,
-                       batch_rows: int = 5) -> Any:
-    """`columnar.classify_chunks` over `tables` split into `n` chunks in memory, `batch_rows` rows of
-    each table at a time (so the pids, the order of consumption and the `committed` rows meet
-    several batches), as the job splits the files it reads."""
+def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tables: Any, n: int) -> Any:
+    """The kernel over `tables` split into `n` chunks by message as the Spark job splits a window
+    (`spark_jobs/reconcile/settle.py`): a row with a message identity to the chunk of a hash of its
+    (pid, seq), a row without one to chunk 0, a consumer's `committed` row on the audited cluster to
+    every chunk, a mirrored topic's rows to chunk 0; the order of consumption's flags computed over
+    the whole window first (`_flag`). Each chunk settled alone, then `classify_parts`."""
+    import zlib
+
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    from spark_jobs.reconcile.columnar import Split, Tables, classify_chunks
+    from audit.rules import kernel
 
-    split = Split(n, topics, ws)
-    parts: list[dict[str, list[Any]]] = [{} for _ in range(n)]
-    schemas: dict[str, Any] = {}
-    named = [("ledger", "ledger", tables.ledger), ("log", "log", tables.log),
-             *([("consumed", "consumed", tables.consumed)] if tables.consumed is not None else []),
-             *(("sink", "sink:" + name, t) for name, t in tables.sinks.items())]
-    for kind, key, table in named:
-        schemas[key] = table.schema.append(pa.field("_row", pa.int64())) if kind == "consumed" else table.schema
-        for batch in table.to_batches(max_chunksize=batch_rows):
-            for k, batches in enumerate(split.split(kind, batch)):
-                parts[k].setdefault(key, []).extend(batches)
+    mirrored = {tc.name for tc in topics if tc.mirrors}
+    consumed = tables.consumed
+    if consumed is not None:
+        flag = np.zeros(consumed.num_rows, dtype=bool)
+        for tc in topics:
+            flag |= kernel.flag_processings(consumed, tc, ws)
+        consumed = consumed.append_column("_flag", pa.array(flag))
 
-    def chunk(k: int) -> Any:
-        def table(key: str) -> Any:
-            return pa.Table.from_batches(parts[k].get(key, []), schemas[key])
-        return Tables(ledger=table("ledger"), log=table("log"),
-                      consumed=table("consumed") if tables.consumed is not None else None,
-                      sinks={name: table("sink:" + name) for name in tables.sinks},
-                      group_offsets=tables.group_offsets, watermarks=tables.watermarks)
+    def chunks(t: Any, identified: Any, everywhere: Any = None) -> list[Any]:
+        ids = []
+        for r, ok in zip(t.to_pylist(), identified, strict=True):
+            ids.append(0 if not ok or r["topic"] in mirrored else zlib.crc32(f"{r['pid']}/{r['seq']}".encode()) % n)
+        ids_a = np.array(ids, dtype=np.int64)
+        every = np.zeros(t.num_rows, dtype=bool) if everywhere is None else np.asarray(everywhere)
+        return [t.filter(pa.array((ids_a == k) | every)) for k in range(n)]
 
-    return classify_chunks(topics, ws, as_of, split, chunk)
+    def ident(t: Any, extra: Any = None) -> Any:
+        ok = pc.and_(pc.is_valid(t["pid"]), pc.is_valid(t["seq"]))
+        return pc.fill_null(ok if extra is None else pc.and_(ok, extra), False).to_pylist()
+
+    ledger = chunks(tables.ledger, ident(tables.ledger))
+    log = chunks(tables.log, ident(tables.log, pc.is_null(tables.log["header_error"])))
+    con = chunks(consumed, ident(consumed), pc.fill_null(pc.and_(pc.equal(consumed["outcome"], "committed"),
+                                                                  pc.is_null(consumed["cluster"])), False)
+                 .to_numpy(zero_copy_only=False)) if consumed is not None else [None] * n
+    sinks = {name: chunks(t, ident(t)) for name, t in tables.sinks.items()}
+    mlog = tables.mirror_log
+    parts = [kernel.Tables(ledger=ledger[k], log=log[k], consumed=con[k], sinks={s: c[k] for s, c in sinks.items()},
+                           group_offsets=tables.group_offsets, watermarks=tables.watermarks,
+                           mirror_log=mlog if k == 0 else None, mirror_watermarks=tables.mirror_watermarks,
+                           mirror_group_offsets=tables.mirror_group_offsets) for k in range(n)]
+    return {tc.name: kernel.classify_parts(tc, ws, as_of, [kernel.settle(tc, ws, as_of, p) for p in parts])
+            for tc in topics}

@@ -106,14 +106,9 @@ class TopicConfig:
 # over a quarter free after full collections (Spark's 64 MB memory pages and sort buffers are
 # humongous objects to G1, which does not move them when it compacts); the parallel collector ran
 # the same windows in the same heap, and 1M-message windows 12-22 % faster.
-# A batch of windows with at most this many input rows is classified by the oracle in the driver
-# (docs/design.md §5.8), a larger one on Arrow columns (§5.10). The oracle against the columnar path
-# (docs/benchmarks.md, a window and its lookback, the default mix): 32,000 rows 1.39 s against
-# 1.70 s, 96,000 rows 2.34 s against 1.92 s, 320,000 rows 6.57 s against 3.04 s.
-DEFAULT_DRIVER_ROWS = 64_000
-# 12M input rows: 1.5M messages an hour with one group and one sink; the driver's Python process holds
-# about 350 bytes a row of Arrow columns and numpy arrays at the peak (docs/benchmarks.md)
-DEFAULT_COLUMNAR_ROWS = 12_000_000
+# `reconcile.engine`: where a window's rules run (docs/design.md §5.8). `auto`: in the driver when the
+# window's inputs hold at most DRIVER_ROWS rows, else in Spark tasks; `driver` / `spark` always there.
+ENGINES = ("auto", "driver", "spark")
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
@@ -155,12 +150,7 @@ class Config:
     spark: Mapping[str, str]
     topics: Mapping[str, TopicConfig]
     ledger: LedgerTopicConfig | None = None  # `ledger: {topic, kafka}`: ledgers shipped through a topic
-    # `reconcile.driver_rows`: a window's batch whose inputs hold at most this many rows is classified
-    # in the driver (docs/design.md §5.8); 0 always uses the Spark plan
-    driver_rows: int = DEFAULT_DRIVER_ROWS
-    # `reconcile.columnar_rows`: a larger batch whose inputs hold at most this many rows is settled on
-    # Arrow columns in the driver (docs/design.md §5.10); 0 never
-    columnar_rows: int = DEFAULT_COLUMNAR_ROWS
+    engine: str = "auto"  # `reconcile.engine`: auto | driver | spark (ENGINES)
 
     @property
     def ledger_topic(self) -> str | None:
@@ -378,15 +368,11 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "reconcile",
                        "topics"), source)
     reconcile = _mapping(data.get("reconcile"), f"{source}: reconcile")
-    _check_keys(reconcile, ("driver_rows", "columnar_rows"), f"{source}: reconcile")
-    driver_rows = reconcile.get("driver_rows", DEFAULT_DRIVER_ROWS)
-    if isinstance(driver_rows, bool) or not isinstance(driver_rows, int) or driver_rows < 0:
-        raise ConfigError(f"{source}: reconcile.driver_rows: expected a whole number >= 0 (0: always the Spark "
-                          f"plan), got {driver_rows!r}")
-    columnar_rows = reconcile.get("columnar_rows", DEFAULT_COLUMNAR_ROWS)
-    if isinstance(columnar_rows, bool) or not isinstance(columnar_rows, int) or columnar_rows < 0:
-        raise ConfigError(f"{source}: reconcile.columnar_rows: expected a whole number >= 0 (0: never the "
-                          f"columnar path), got {columnar_rows!r}")
+    _check_keys(reconcile, ("engine",), f"{source}: reconcile")
+    engine = reconcile.get("engine", "auto")
+    if engine not in ENGINES:
+        raise ConfigError(f"{source}: reconcile.engine: expected one of {', '.join(ENGINES)} (auto: the driver for "
+                          f"small windows, Spark tasks for the others), got {engine!r}")
     home = base / str(data.get("home", DEFAULT_HOME))
     kafka = {str(k): str(v) for k, v in _mapping(data.get("kafka"), f"{source}: kafka").items()}
     kafka.setdefault("bootstrap.servers", "127.0.0.1:9092")
@@ -406,8 +392,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         spark=spark,
         topics=topics,
         ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
-        driver_rows=driver_rows,
-        columnar_rows=columnar_rows,
+        engine=engine,
     )
 
 

@@ -1,7 +1,7 @@
 """Publishing one window: `write_outputs` replaces the window's rows of `audit_partition_report` and
 `audit_anomalies` in the Delta lake and in the report store.
 
-With `inputs.py` this is the only I/O of the reconciliation; it must not change or classify the
+With `read.py` this is the only I/O of the reconciliation; it must not change or classify the
 rows it is given.
 """
 
@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config
 from spark_jobs.io.session import local_frame
-from spark_jobs.reconcile.sql import _q
+from spark_jobs.reconcile.read import _q
 
 log = logging.getLogger("msgaudit")
 

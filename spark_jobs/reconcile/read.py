@@ -1,28 +1,33 @@
-"""What one window reads: `read_window_inputs` reads only the Delta partitions (topic, part_hour)
-the window and its lookback need (with `spark_jobs/io/sinks_read.py` for sinks), `restrict`
-applies the oracle's exact visibility rules (`audit.core.windows.read_ranges`) and
-`ledger_is_valid` the quarantine rule for malformed ledger rows.
+"""What one window reads: `read_batch_inputs` reads only the Delta partitions (topic, part_hour)
+the window and its lookback need (with `spark_jobs/io/sinks_read.py` for sinks), and `visible`
+keeps the rows the rules see (`audit.core.windows.read_ranges`; the kernel applies the same
+ranges again, so this only spares the later steps the rows it leaves out).
 
-With `outputs.py` this is the only I/O of the reconciliation; it must not classify anything or
+With `publish.py` this is the only I/O of the reconciliation; it must not classify anything or
 write anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from functools import reduce
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
-from audit.core.vocabulary import ACKED, COMMITTED, HANDED, LEDGER_STATUSES, PROCESSED
 from audit.core.windows import read_ranges
-from spark_jobs.reconcile.failover import ignored_rows, target_rows
-from spark_jobs.reconcile.params import Shape
-from spark_jobs.reconcile.sql import _q
+from spark_jobs.io.lake import kept_rows
+from spark_jobs.reconcile.plan import Shape
+
+
+def _q(s: str) -> str:
+    """A SQL string literal."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclass
@@ -39,18 +44,12 @@ class WindowInputs:
     group_offsets: DataFrame | None
     watermarks: DataFrame | None
     sinks: Mapping[str, DataFrame] = field(default_factory=dict)
-    mirror_log: DataFrame | None = None  # mirror_records of the topic (stage mirror:<m>), visibility in mirror.py
+    mirror_log: DataFrame | None = None  # mirror_records of the topic (stage mirror:<m>)
     mirror_watermarks: DataFrame | None = None
-    # the consumer interceptor's `committed` rows (set by `restrict`; `consumed` then holds none)
-    commits: DataFrame | None = None
     # every sink's rows in one DataFrame with the sink's name in `sink` (a batch's read, see `batches`)
     sink_rows: DataFrame | None = None
-    # consumption rows of failover groups on their mirrors' target copies (set by `restrict`, failover.py)
-    failover: DataFrame | None = None
     # the groups' committed offsets on the mirrors' target clusters (§5.5), when captured
     mirror_group_offsets: DataFrame | None = None
-    # consumption rows read on a mirror their group does not fail over to (set by `restrict`; counted)
-    ignored: DataFrame | None = None
 
 
 def sink_rows(inputs: WindowInputs) -> DataFrame | None:
@@ -69,18 +68,11 @@ def sink_rows(inputs: WindowInputs) -> DataFrame | None:
     return out
 
 
-def _as_shape(topics: TopicConfig | Shape) -> Shape:
-    return topics if isinstance(topics, Shape) else Shape((topics,))
-
-
-def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) -> WindowInputs:
-    """Exact visibility rules of the oracle (the I/O edge prunes Delta partitions coarsely first),
-    for one topic or a batch of topics with the same read ranges (`batches`)."""
-    shape = _as_shape(topics)
-    ranges = {read_ranges(tc, ws) for tc in shape.topics}
-    if len(ranges) != 1:
-        raise ValueError("a batch's topics must have the same read ranges (see `batches`)")
-    rr = ranges.pop()
+def visible(inputs: WindowInputs, shape: Shape, ws: datetime) -> WindowInputs:
+    """The rows of the batch's topics the rules see (docs/design.md §5: the message range for ledger
+    and log rows, the event range for consumption and sink rows, a topic's own groups); the batch's
+    topics share their read ranges (`plan.batches`)."""
+    rr = read_ranges(shape.topics[0], ws)
     names = shape.names
     topic = F.col("topic") == names[0] if len(names) == 1 else F.col("topic").isin(names)
 
@@ -90,47 +82,19 @@ def restrict(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) ->
     ledger = inputs.ledger.where(topic & between(F.col("produce_ts"), rr.message_lo, rr.message_hi))
     natural = F.coalesce("produce_ts", "kafka_ts", "captured_at")
     log = inputs.log.where(topic & between(natural, rr.message_lo, rr.message_hi))
-    consumed = failover = ignored = None
+    consumed = None
     if inputs.consumed is not None and shape.max_groups:
-        consumed = inputs.consumed.where(topic & shape.group_index().isNotNull()
+        own = [(F.col("topic") == tc.name) & F.col("group").isin(list(tc.groups)) for tc in shape.topics if tc.groups]
+        consumed = inputs.consumed.where(reduce(lambda a, b: a | b, own)
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
-        # rows consumed on a mirror's target copy are judged by the failover rule (failover.py), not
-        # as the source records at their (target) partition and offset
-        failover = target_rows(consumed, shape)
-        if failover is not None:
-            failover = failover.withColumn("outcome", F.when(F.col("outcome") == HANDED, F.lit(PROCESSED))
-                                           .otherwise(F.col("outcome")))
-        ignored = ignored_rows(consumed, shape)
-        consumed = consumed.where(F.col("cluster").isNull())
-    commits = None
-    if consumed is not None:
-        # The consumer interceptor's rows (§5.3): `committed` rows only give g's committed offset;
-        # a `handed` outcome is evidence of processing, as `processed` is.
-        commits = consumed.where(F.col("outcome") == COMMITTED)
-        consumed = (consumed.where(F.col("outcome") != COMMITTED)
-                    .withColumn("outcome", F.when(F.col("outcome") == HANDED, F.lit(PROCESSED))
-                                .otherwise(F.col("outcome"))))
     window = F.col("sink_ts").isNull() | between(F.col("sink_ts"), rr.event_lo, rr.event_hi)
     sinks = {name: df.where(topic & window) for name, df in inputs.sinks.items()}
     rows = inputs.sink_rows.where(topic & window) if inputs.sink_rows is not None else None
-    return WindowInputs(ledger, log, consumed, inputs.group_offsets, inputs.watermarks, sinks,
-                        inputs.mirror_log, inputs.mirror_watermarks, commits=commits, sink_rows=rows,
-                        failover=failover, mirror_group_offsets=inputs.mirror_group_offsets, ignored=ignored)
-
-
-def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int) -> list[Shape]:
-    """The topics of one window start, in batches that one plan classifies together: topics with
-    the same read ranges (window size, lookback, grace: docs/design.md §6.3), at most `cap` each,
-    so a window's Spark jobs do not grow with its topic count (only the batch count does)."""
-    by_range: dict[Any, list[TopicConfig]] = {}
-    for tc in topics:
-        by_range.setdefault(read_ranges(tc, ws), []).append(tc)
-    return [Shape(tuple(tcs[i:i + cap])) for tcs in by_range.values() for i in range(0, len(tcs), cap)]
-
-
-def ledger_is_valid() -> Any:
-    return (F.col("status").isin(list(LEDGER_STATUSES))
-            & ~((F.col("status") == ACKED) & (F.col("offset").isNull() | (F.col("partition") < 0))))
+    mirror_log = None
+    if inputs.mirror_log is not None:
+        mirror_log = inputs.mirror_log.where(topic & between(natural, rr.message_lo, rr.message_hi))
+    return replace(inputs, ledger=ledger, log=log, consumed=consumed, sinks=sinks, sink_rows=rows,
+                   mirror_log=mirror_log)
 
 
 def _hours(lo: datetime, hi: datetime) -> tuple[str, str]:
@@ -240,19 +204,19 @@ def map_frames(inputs: WindowInputs, f: Callable[[DataFrame], DataFrame]) -> Win
     return replace(inputs, **changes)
 
 
-def sinks_in_range(inputs: WindowInputs, topics: TopicConfig | Shape, ws: datetime) -> WindowInputs:
-    """`inputs` with each sink's rows restricted to the window's (`restrict`), the lake tables as read.
+def sinks_in_range(inputs: WindowInputs, shape: Shape, ws: datetime) -> WindowInputs:
+    """`inputs` with each sink's rows restricted to the window's (`visible`), the lake tables as read.
     A sink is a user's table of every window: a window's inputs are counted, and its scans pinned,
     over these (Delta skips the files of the sink's other days by their statistics)."""
-    visible = restrict(inputs, topics, ws)
-    return replace(inputs, sinks=visible.sinks, sink_rows=visible.sink_rows)
+    seen = visible(inputs, shape, ws)
+    return replace(inputs, sinks=seen.sinks, sink_rows=seen.sink_rows)
 
 
 def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInputs:
     """Each frame of a batch's inputs over the files its Delta tables' scans keep (`lake.pin_scans`,
     docs/design.md §6.3): every query of the batch then reads one snapshot of each table and lists
     no files. `planned`: a query over all the frames, already planned (the inputs' count or collect,
-    `driver.collect_inputs`), whose listings are taken instead of listing each frame's again."""
+    `settle.count_rows`), whose listings are taken instead of listing each frame's again."""
     from spark_jobs.io.lake import pin_scans, scan_files
 
     kept = None if planned is None else scan_files(planned)
@@ -285,3 +249,39 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
         key = f"sink:{_sink_identity(s)!r}"
         if key not in cache:
             cache[key] = (read_sink(spark, s, None), True)
+
+
+# Inputs that are not all plain local Parquet (a JDBC sink, an object store) and whose files hold at
+# most this many bytes are collected at once and counted as collected (well within what the driver
+# settles, `plan.DRIVER_ROWS`: collecting a larger input only to find it goes to Spark tasks would
+# cost more than the count it saves); larger ones are counted first.
+COLLECT_FIRST_MAX_BYTES = 16 << 20
+
+
+def collect_within(df: DataFrame, limit: int) -> tuple[pa.Table | None, int]:
+    """(`df`'s rows as Arrow, or None when it holds more than `limit` rows; how many rows it holds),
+    all on the one plan that listed the files -- planning a query over Delta tables lists each
+    table's files (a Spark job per table). When every scan is a Delta table of plain local Parquet
+    files, the rows those files hold are counted from their footers first (`lake.kept_rows`: no job;
+    filters on data columns aside, so at least `df`'s rows): more than `limit`, nothing is read;
+    else one job, the collect, counted as collected. Otherwise by the plan's size estimate: files of
+    at most COLLECT_FIRST_MAX_BYTES, one job, the collect, counted as it arrives; larger, or of
+    unknown size, Spark's count of no column on that plan (`count_rows`), then the collect when the
+    count is within `limit`."""
+    count = kept_rows(df)
+    if count is None and int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()) > COLLECT_FIRST_MAX_BYTES:
+        count = count_rows(df)
+    if count is not None and count > limit:
+        return None, count
+    table = df.toArrow()
+    return (table if table.num_rows <= limit else None), table.num_rows
+
+
+def count_rows(df: DataFrame) -> int:
+    """How many rows `df` holds, counted without reading a column, on top of `df`'s optimised plan
+    (never a new one: a Delta scan's files are listed once, when `df` is planned)."""
+    session = df.sparkSession
+    jvm: Any = session.sparkContext._jvm
+    planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession,
+                                                              df._jdf.queryExecution().optimizedPlan())
+    return int(planned.count())

@@ -1,0 +1,74 @@
+"""Planning a run: which topics are classified together (`Shape`, `batches`), where a window's
+rules run (`engine`: the driver or Spark tasks, docs/design.md §5.8) and in how many chunks, and
+what its Spark jobs are called. No DataFrame is read or written here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from audit.core.config import Config, TopicConfig
+from audit.core.windows import read_ranges
+
+# At most this many topics share one batch: a window's Spark jobs are a handful per batch, whatever
+# its topic count, and one plan's size (its union branches, its filters) stays bounded.
+MAX_TOPICS_PER_PLAN = 64
+# `reconcile.engine: auto` settles a batch whose inputs hold at most this many rows in the driver
+# (collected as Arrow columns: about 350 bytes a row at the peak), a larger one in Spark tasks.
+DRIVER_ROWS = 1_000_000
+# A chunk (one Spark task) holds about this many input rows: a few hundred MB of Arrow columns and
+# numpy arrays in its Python worker (docs/internals.md).
+CHUNK_ROWS = 1_500_000
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The topics one batch classifies together: their windows share read ranges (`batches`), every
+    row carries its `topic`, and the kernel settles each topic's rows apart."""
+
+    topics: tuple[TopicConfig, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.topics]
+
+    @property
+    def max_groups(self) -> int:
+        return max((len(t.groups) for t in self.topics), default=0)
+
+    @property
+    def mirrored(self) -> list[str]:
+        """The topics with mirrors: settled as one chunk each (their failover rules read the window)."""
+        return [t.name for t in self.topics if t.mirrors]
+
+
+def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int = MAX_TOPICS_PER_PLAN) -> list[Shape]:
+    """The topics of one window start, in batches classified together: topics with the same read
+    ranges (window size, lookback, grace: docs/design.md §6.3), at most `cap` each."""
+    by_range: dict[Any, list[TopicConfig]] = {}
+    for tc in topics:
+        by_range.setdefault(read_ranges(tc, ws), []).append(tc)
+    return [Shape(tuple(tcs[i:i + cap])) for tcs in by_range.values() for i in range(0, len(tcs), cap)]
+
+
+def in_driver(cfg: Config, rows: int | None) -> bool:
+    """Whether a batch whose inputs hold `rows` rows (None: not counted) is settled in the driver."""
+    if cfg.engine != "auto":
+        return cfg.engine == "driver"
+    return rows is not None and rows <= DRIVER_ROWS
+
+
+def chunk_count(rows: int, parallelism: int) -> int:
+    """The chunks (Spark tasks) a batch of `rows` input rows is settled in: about CHUNK_ROWS rows each,
+    and at least one per core of the cluster, so every core takes a part."""
+    return max(1, -(-rows // CHUNK_ROWS), parallelism)
+
+
+def job_label(shape: Shape, ws: datetime) -> str:
+    """What a window's Spark jobs are called in the Spark UI (`<label>: <step>`, `session.described`)."""
+    names = shape.names
+    who = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more topics"
+    return f"msgaudit reconcile {who} {ws.isoformat()}"

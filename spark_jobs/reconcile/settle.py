@@ -1,0 +1,332 @@
+"""Settling a batch of windows with the rules' kernel (`audit.rules`, docs/design.md §5.8): in the
+driver for a small batch, in Spark tasks for a large one -- the same functions on the same rows.
+
+The batch's rows of every tier (ledger, log, consumption, sinks, mirror copies) are one frame,
+`tiers`, each row tagged with its tier (`_tag`) and holding its tier's columns. A small batch is
+collected as Arrow columns and settled here (`in_driver`). A large one is split by message into
+chunks, one Spark task each (`in_tasks`):
+
+1. the order of consumption is a property of each (group, partition)'s processings, not of one
+   message: one pass, partitioned by (topic, group, partition), flags the processings that go
+   backwards (`neighbours.consumption_order`); the flags join the consumption rows (`_flag`);
+2. one shuffle sends every row of a message to one partition (a hash of its pid and seq; rows
+   without a message identity, and every row of a mirrored topic, to one partition); each task
+   settles its rows with `kernel.settle`, given the window's small inputs (watermarks, group
+   offsets, the consumer interceptor's `committed` rows), and writes `OUT` rows: anomalies,
+   counts, latency histograms and one narrow row per message;
+3. the checks that need neighbours are three passes over the narrow rows, each partitioned by what
+   it needs together: (topic, partition) for the log order, (topic, pid) for gaps, (topic,
+   fingerprint hash) for content duplicates;
+4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
+   latency), and assembles each topic's report (`kernel.result`).
+
+The driver never holds a column of every message: only the rows named above, which grow with the
+anomalies and the distinct latencies, not with the traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from functools import reduce
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+from audit import oracle
+from audit.core.config import TopicConfig
+from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
+from audit.core.windows import run_id_for
+from audit.rules import kernel, neighbours
+from audit.rules.columns import row_maker, values
+from spark_jobs.io.session import described
+from spark_jobs.reconcile.plan import Shape
+from spark_jobs.reconcile.read import WindowInputs, sink_rows
+
+# each tier's columns the rules read (the oracle's row fields; a sink's row carries its sink's name)
+TIERS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "ledger": (oracle.LedgerRow, tuple(f.name for f in fields(oracle.LedgerRow)
+                                       if f.name not in {"producer", "error", "txn_id"})),
+    "log": (oracle.LogRecord, tuple(f.name for f in fields(oracle.LogRecord))),
+    "consumed": (oracle.ConsumedRow, tuple(f.name for f in fields(oracle.ConsumedRow) if f.name != "produce_ts")),
+    "sink": (oracle.SinkRow, (*(f.name for f in fields(oracle.SinkRow) if f.name != "produce_ts"), "sink")),
+    "mirror_log": (oracle.MirrorRecord, tuple(f.name for f in fields(oracle.MirrorRecord))),
+}
+
+OUT = StructType([StructField(n, t, True) for n, t in (
+    ("topic", StringType()), ("kind", StringType()), ("stage", StringType()), ("partition", LongType()),
+    ("anomaly", StringType()), ("pid", StringType()), ("seq", LongType()), ("offset", LongType()),
+    ("detail", StringType()), ("value", DoubleType()), ("n", LongType()), ("present", BooleanType()),
+    ("pt", LongType()), ("win", BooleanType()), ("fp1", LongType()), ("fp2", LongType()))])
+_OUT_ARROW = pa.schema([
+    ("topic", pa.string()), ("kind", pa.string()), ("stage", pa.string()), ("partition", pa.int64()),
+    ("anomaly", pa.string()), ("pid", pa.string()), ("seq", pa.int64()), ("offset", pa.int64()),
+    ("detail", pa.string()), ("value", pa.float64()), ("n", pa.int64()), ("present", pa.bool_()),
+    ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()), ("fp2", pa.int64())])
+# OUT's kinds: an anomaly row, a count per (stage, partition) (`anomaly`: expected / delivered /
+# pending), a latency and how many have it, quarantined ledger rows, rows read on a mirror their
+# group does not fail over to (`stage`: the group, `anomaly`: the cluster), a narrow row
+ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
+
+
+def tiers(vis: WindowInputs) -> DataFrame:
+    """Every row of the batch's tiers in one frame, each with its tier (`_tag`) and its tier's columns."""
+    frames = {"ledger": vis.ledger, "log": vis.log, "consumed": vis.consumed, "sink": sink_rows(vis),
+              "mirror_log": vis.mirror_log}
+    parts = [df.select(*[c for c in (*TIERS[tag][1], "_flag") if c in df.columns], F.lit(tag).alias("_tag"))
+             for tag, df in frames.items() if df is not None]
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+
+
+@dataclass
+class Small:
+    """The window's small inputs, as the oracle's rows: every task gets all of them."""
+
+    watermarks: list[oracle.Watermark]
+    group_offsets: list[oracle.GroupOffset]
+    mirror_watermarks: list[oracle.MirrorWatermark]
+    mirror_group_offsets: list[oracle.MirrorGroupOffset]
+    commits: pa.Table | None = None  # the consumer interceptor's `committed` rows (Spark tasks only)
+
+
+def _rows_of(df: DataFrame | None, cls: type) -> list[Any]:
+    if df is None:
+        return []
+    table = df.select(*[f.name for f in fields(cls) if f.name in df.columns]).toArrow()
+    make = row_maker(cls, table.column_names)
+    return [make(*v) for v in zip(*(values(table.column(c)) for c in table.column_names), strict=True)]
+
+
+def small_inputs(vis: WindowInputs) -> Small:
+    return Small(_rows_of(vis.watermarks, oracle.Watermark), _rows_of(vis.group_offsets, oracle.GroupOffset),
+                 _rows_of(vis.mirror_watermarks, oracle.MirrorWatermark),
+                 _rows_of(vis.mirror_group_offsets, oracle.MirrorGroupOffset))
+
+
+def _split(rows: pa.Table, small: Small) -> kernel.Tables:
+    """A chunk's rows (`tiers`' columns) as the kernel's tables."""
+    tags = rows["_tag"]
+
+    def tier(tag: str) -> pa.Table:
+        cols = [c for c in TIERS[tag][1] if c in rows.column_names]
+        if tag == "consumed" and "_flag" in rows.column_names:
+            cols.append("_flag")
+        return rows.filter(pc.equal(tags, tag)).select(cols)
+
+    consumed = tier("consumed")
+    if small.commits is not None and small.commits.num_rows:
+        commits = small.commits.select([c for c in consumed.column_names if c in small.commits.column_names])
+        if "_flag" in consumed.column_names:
+            commits = commits.append_column("_flag", pa.array(np.zeros(commits.num_rows, dtype=bool)))
+        consumed = pa.concat_tables([consumed, commits.cast(consumed.schema)])
+    sink = tier("sink")
+    sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
+        if sink.num_rows else {}
+    return kernel.Tables(ledger=tier("ledger"), log=tier("log"), consumed=consumed, sinks=sinks,
+                         group_offsets=small.group_offsets, watermarks=small.watermarks, mirror_log=tier("mirror_log"),
+                         mirror_watermarks=small.mirror_watermarks, mirror_group_offsets=small.mirror_group_offsets)
+
+
+def _table(rows: dict[str, list[Any]]) -> pa.Table:
+    return pa.table({f.name: pa.array(rows.get(f.name, [None] * len(rows["kind"])), f.type) for f in _OUT_ARROW},
+                    schema=_OUT_ARROW)
+
+
+def _anomaly_rows(topic: str, anomalies: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {"topic": [topic] * len(anomalies), "kind": [ANOMALY] * len(anomalies),
+            **{c: [a[c] for a in anomalies] for c in ("stage", "partition", "anomaly", "pid", "seq", "offset", "detail")}}
+
+
+def out_rows(topic: str, s: kernel.Settled) -> pa.Table:
+    """What a task hands on of one topic's settled rows, as OUT rows."""
+    f = s.facts
+    parts = [_table(_anomaly_rows(topic, f.anomalies))]
+    counts = [(stage, p, name, n) for (stage, p), cnt in f.counts.items() for name, n in cnt.items()]
+    parts.append(_table({"topic": [topic] * len(counts), "kind": [COUNT] * len(counts),
+                         "stage": [c[0] for c in counts], "partition": [c[1] for c in counts],
+                         "anomaly": [c[2] for c in counts], "n": [c[3] for c in counts]}))
+    for (stage, p), hists in kernel.merged_histograms([s]).items():
+        xs, ns = np.concatenate([h[0] for h in hists]), np.concatenate([h[1] for h in hists])
+        k = len(xs)
+        parts.append(pa.table({"topic": pa.array([topic] * k, pa.string()), "kind": pa.array([LATENCY] * k, pa.string()),
+                               "stage": pa.array([stage] * k, pa.string()), "partition": pa.array(np.full(k, p, np.int64)),
+                               "value": pa.array(xs, pa.float64()), "n": pa.array(ns, pa.int64())})
+                     .select([c for c in ("topic", "kind", "stage", "partition", "value", "n")]))
+    extra = [(QUARANTINED, None, None, f.quarantined)] if f.quarantined else []
+    extra += [(IGNORED, g, c, n) for (g, c), n in f.ignored.items()]
+    parts.append(_table({"topic": [topic] * len(extra), "kind": [e[0] for e in extra], "stage": [e[1] for e in extra],
+                         "anomaly": [e[2] for e in extra], "n": [e[3] for e in extra]}))
+    nr = s.narrow
+    k = nr.num_rows
+    parts.append(pa.table({"topic": pa.array([topic] * k, pa.string()), "kind": pa.array([NARROW] * k, pa.string()),
+                           **{c: nr[c] for c in nr.column_names}}))
+    return pa.concat_tables([_full(p) for p in parts])
+
+
+def _full(t: pa.Table) -> pa.Table:
+    """`t` with every OUT column, in order (the missing ones null)."""
+    return pa.table([t[f.name] if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in _OUT_ARROW],
+                    schema=_OUT_ARROW)
+
+
+def settle_rows(rows: pa.Table, topics: Sequence[TopicConfig], ws: datetime, as_of: datetime, small: Small) -> pa.Table:
+    """The OUT rows of a chunk's rows (or a whole batch's), every topic of the batch."""
+    t = _split(rows, small)
+    return pa.concat_tables([out_rows(tc.name, kernel.settle(tc, ws, as_of, t)) for tc in topics])
+
+
+def neighbour_rows(narrow: pa.Table, ws: datetime, as_of: datetime, checks: str = "log gaps content") -> pa.Table:
+    """The anomaly rows (OUT) the checks that need neighbours find over `narrow` (OUT's narrow rows of
+    one or more topics, each holding every row the checks named in `checks` need)."""
+    parts = []
+    for topic in pc.unique(narrow["topic"]).to_pylist():
+        rows = narrow.filter(pc.equal(narrow["topic"], topic))
+        found: list[dict[str, Any]] = []
+        oracle.emit_neighbour_rows(oracle.anomaly_emitter(found, topic, ws, as_of),
+                                   neighbours.log_order(rows) if "log" in checks else [],
+                                   neighbours.gaps(rows) if "gaps" in checks else [],
+                                   neighbours.content(rows) if "content" in checks else [])
+        parts.append(_full(_table(_anomaly_rows(topic, found))))
+    return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
+
+
+def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
+            small: Small) -> dict[str, oracle.OracleResult]:
+    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows)."""
+    out: dict[str, oracle.OracleResult] = {}
+    rows = gathered.to_pylist()
+    for tc in shape.topics:
+        anomalies: list[dict[str, Any]] = []
+        run_id = run_id_for(tc.name, ws, as_of)
+        counts: dict[tuple[str, int], dict[str, int]] = {}
+        lat: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
+        quarantined = 0
+        ignored: dict[tuple[str, str], int] = {}
+        for r in rows:
+            if r["topic"] != tc.name:
+                continue
+            kind = r["kind"]
+            if kind == ANOMALY:
+                anomalies.append({"window_start": ws, "topic": tc.name, "partition": r["partition"], "stage": r["stage"],
+                                  "anomaly": r["anomaly"], "pid": r["pid"], "seq": r["seq"], "offset": r["offset"],
+                                  "detail": r["detail"], "run_id": run_id, "computed_at": as_of})
+            elif kind == COUNT:
+                cnt = counts.setdefault((r["stage"], r["partition"]), {})
+                cnt[r["anomaly"]] = cnt.get(r["anomaly"], 0) + r["n"]
+            elif kind == LATENCY:
+                xs, ns = lat.setdefault((r["stage"], r["partition"]), ([], []))
+                xs.append(r["value"])
+                ns.append(r["n"])
+            elif kind == QUARANTINED:
+                quarantined += r["n"]
+            elif kind == IGNORED:
+                ignored[(r["stage"], r["anomaly"])] = ignored.get((r["stage"], r["anomaly"]), 0) + r["n"]
+        hists: kernel.Histograms = {k: [(np.array(xs, np.float64), np.array(ns, np.int64))] for k, (xs, ns) in lat.items()}
+        partitions = {w.partition for w in small.watermarks if w.topic == tc.name}
+        out[tc.name] = kernel.result(tc, ws, as_of, partitions, counts, hists, anomalies, quarantined, ignored)
+    return out
+
+
+# ---------------------------------------------------------------------------- in the driver
+def in_driver(rows: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
+              small: Small) -> dict[str, oracle.OracleResult]:
+    """A batch settled here from all its rows (`tiers`, collected): one chunk."""
+    out = settle_rows(rows, shape.topics, ws, as_of, small)
+    is_narrow = pc.equal(out["kind"], NARROW)
+    found = neighbour_rows(out.filter(is_narrow), ws, as_of)
+    return results(pa.concat_tables([out.filter(pc.invert(is_narrow)), found]), shape, ws, as_of, small)
+
+
+# ---------------------------------------------------------------------------- in Spark tasks
+def _whole(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+    """A task's batches as one table, or None when it has no row."""
+    got = [b for b in batches if b.num_rows]
+    return pa.Table.from_batches(got) if got else None
+
+
+_KEYS = ("topic", "group", "partition", "consumer", "consume_seq", "offset", "consume_ts")
+
+
+def _flagged(consumed: DataFrame, n: int) -> DataFrame:
+    """The consumption rows with `_flag`: flagged by the order of consumption of their (topic, group,
+    partition), computed over the window's processings on the audited cluster in one pass."""
+    processings = (consumed.where(F.col("cluster").isNull() & F.col("outcome").isin(sorted(PROCESSING_OUTCOMES)))
+                   .select(*_KEYS))
+
+    def flag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = _whole(batches)
+        if rows is not None:
+            yield from rows.filter(pa.array(neighbours.consumption_order(rows))).to_batches()
+
+    found = (processings.repartition(n, "topic", "group", "partition")
+             .mapInArrow(flag, processings.schema).distinct())
+    marks = found.select(*[F.col(k).alias("_f_" + k) for k in _KEYS], F.lit(True).alias("_flag"))
+    cond = reduce(lambda a, b: a & b, [consumed[k].eqNullSafe(marks["_f_" + k]) for k in _KEYS])
+    return (consumed.join(marks, cond, "left")
+            .select(*[consumed[c] for c in consumed.columns], F.coalesce(F.col("_flag"), F.lit(False)).alias("_flag")))
+
+
+def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime, as_of: datetime, small: Small,
+             n: int, label: str) -> dict[str, oracle.OracleResult]:
+    """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 4)."""
+    topics = shape.topics
+    commits = None
+    if vis.consumed is not None:
+        is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
+        cols = [c for c in TIERS["consumed"][1] if c in vis.consumed.columns]
+        with described(spark, f"{label}: committed offsets"):
+            commits = vis.consumed.where(is_commit).select(*cols).toArrow()
+        vis = _with_consumed(vis, _flagged(vis.consumed.where(~is_commit), n))
+    small.commits = commits
+    rows = tiers(vis)
+    identified = (F.col("pid").isNotNull() & F.col("seq").isNotNull()
+                  & (F.col("header_error").isNull() if "header_error" in rows.columns else F.lit(True)))
+    key = F.when(identified, F.xxhash64("topic", "pid", "seq")).otherwise(F.lit(0))
+    if shape.mirrored:
+        key = F.when(F.col("topic").isin(shape.mirrored), F.lit(0)).otherwise(key)
+
+    def settle(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        got = _whole(batches)
+        if got is not None:
+            yield from settle_rows(got, topics, ws, as_of, small).to_batches()
+
+    settled = rows.repartition(n, key).mapInArrow(settle, OUT).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        with described(spark, f"{label}: settled in {n} tasks"):
+            settled.count()
+        narrow = settled.where(F.col("kind") == NARROW)
+
+        def check(which: str) -> Any:
+            def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                got = _whole(batches)
+                if got is not None:
+                    yield from neighbour_rows(got, ws, as_of, which).to_batches()
+            return run
+
+        log_order = narrow.where("partition >= 0").repartition(n, "topic", "partition").mapInArrow(check("log"), OUT)
+        gaps = narrow.where("present").repartition(n, "topic", "pid").mapInArrow(check("gaps"), OUT)
+        content = (narrow.where("partition >= 0 AND fp1 IS NOT NULL").repartition(n, "topic", "fp1")
+                   .mapInArrow(check("content"), OUT))
+        latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
+                     .agg(F.sum("n").alias("n")))
+        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED))
+        gathered_df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True),
+                             [rest, latencies, log_order, gaps, content])
+        with described(spark, f"{label}: checks that need neighbours, gathered"):
+            gathered = gathered_df.select(*OUT.names).toArrow()
+    finally:
+        settled.unpersist()
+    return results(gathered.cast(_OUT_ARROW), shape, ws, as_of, small)
+
+
+def _with_consumed(vis: WindowInputs, consumed: DataFrame) -> WindowInputs:
+    from dataclasses import replace
+
+    return replace(vis, consumed=consumed)
