@@ -1,18 +1,16 @@
 """The reconciliation rules of docs/design.md §5, as plain Python: the readable statement of what each
-anomaly code means, and the oracle the Spark classifier (`spark_jobs/reconcile/`) is tested
-against row for row. Plain dataclasses in, report rows + anomaly rows out.
+anomaly code means, and the reference every engine is tested against row for row. Plain
+dataclasses in, report rows + anomaly rows out.
 
 This module must not import pyspark, read or write files, or look at the wall clock: it is a
 pure function of its inputs and `as_of`. It imports only `audit.core` (the vocabulary -- codes,
-statuses, detail texts --, read ranges, run ids, percentiles and report assembly, which the Spark
-job shares) and nothing of `spark_jobs`; the Spark classifier never imports it. It is written for
-clarity first, and it is also what classifies small windows in production: `msgaudit reconcile`
-collects a batch of at most `reconcile.driver_rows` input rows into the driver and calls
-`reconcile_window` per topic (`spark_jobs/reconcile/driver.py`, docs/design.md §5.8), and it
-classifies the messages of a medium window that are not ordinary (`window_facts`, called by
-`spark_jobs/reconcile/columnar.py`, §5.10), so its cost must stay about linear in the rows.
+statuses, detail texts --, read ranges, run ids, percentiles and report assembly). It is written
+for clarity first, and it also runs in production: the kernel (`audit/rules/kernel.py`) settles
+the ordinary messages of a window on Arrow columns and hands every other message to
+`window_facts`, which classifies them exactly as it classifies a whole window; so its cost must
+stay about linear in the rows.
 
-Decisions where docs/design.md leaves a choice (the Spark job implements exactly these):
+Decisions where docs/design.md leaves a choice (the kernel implements exactly these):
 
 Visibility (what one window's run reads; `L` = the topic's lookback, default one window)
 - ledger rows: produce_ts in [window_start - L, window_end + grace); log records: natural time

@@ -246,13 +246,13 @@ def spark_reconcile(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime,
 
 def spark_classify(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime, inputs: Inputs
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, dict[tuple[str, str], int]]:
-    """`spark_reconcile`, and the consumption rows read on a mirror that were ignored, per (group, cluster)."""
+    """`spark_reconcile`, and the consumption rows read on a mirror that were ignored, per (group, cluster):
+    the window settled in three Spark tasks (so the checks that need neighbours meet rows of several)."""
     from spark_jobs.reconcile import classify_window
 
-    c = classify_window(spark, window_inputs(spark, inputs, tc), tc, ws, as_of)
-    out = (norm_rows(c.report), sorted_anomalies(r.asDict() for r in c.anomalies.collect()), c.quarantined, c.ignored)
-    c.summary.unpersist()
-    return out
+    c = classify_window(spark, window_inputs(spark, inputs, tc), tc, ws, as_of, engine="spark", chunks=3)
+    return (norm_rows(c.report), sorted_anomalies(r.asDict() for r in c.anomalies.collect()), c.quarantined,
+            c.ignored)
 
 
 # ---------------------------------------------------------------------------- hand-written cases

@@ -45,10 +45,11 @@ def config_data(cfg: Config, work: Path) -> dict[str, Any]:
                                              ("columns", dict(s.columns) or None)) if v is not None}
                           for s in t.sinks]}
 
-    # The lab's small windows are classified in the driver (reconcile.driver_rows); the cluster's run
-    # uses the Spark plan, so its tables equal to the lab's also hold the two classifiers equal.
+    # The lab's small windows are settled in the driver (`reconcile.engine: auto`); the cluster's run
+    # settles them in Spark tasks on the workers, so its tables equal to the lab's also hold the two
+    # engines equal.
     return {"home": str(work / "home"), "lake": str(work / "lake"), "ledger_dir": str(cfg.ledger_dir),
-            "kafka": dict(cfg.kafka), "reconcile": {"driver_rows": 0},
+            "kafka": dict(cfg.kafka), "reconcile": {"engine": "spark"},
             "topics": {n: topic(t) for n, t in cfg.topics.items()}}
 
 

@@ -76,11 +76,10 @@ def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pyt
         ("report_store: nowhere\n", "expected a SQLAlchemy URL"),
         ("- a\n- b\n", "expected a mapping at the top level"),
         ("topics: [\n", "not valid YAML"),
-        ("reconcile: {driver_row: 10}\n", "reconcile: unknown key 'driver_row' (allowed: driver_rows, columnar_rows)"),
-        ("reconcile: {columnar_rows: -5}\n", "reconcile.columnar_rows: expected a whole number >= 0"),
-        ("reconcile: {columnar_rows: true}\n", "reconcile.columnar_rows: expected a whole number >= 0"),
-        ("reconcile: {driver_rows: -1}\n", "reconcile.driver_rows: expected a whole number >= 0"),
-        ("reconcile: {driver_rows: many}\n", "reconcile.driver_rows: expected a whole number >= 0"),
+        ("reconcile: {driver_rows: 10}\n", "reconcile: unknown key 'driver_rows' (allowed: engine)"),
+        ("reconcile: {engine: columnar}\n",
+         "reconcile.engine: expected one of auto, driver, spark (auto: the driver for small windows"),
+        ("reconcile: {engine: true}\n", "reconcile.engine: expected one of auto, driver, spark"),
     ],
 )
 def test_bad_config_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -101,10 +100,8 @@ def test_missing_explicit_file_is_an_error_but_no_file_means_defaults(tmp_path: 
     assert cfg.lake == str((tmp_path / ".msgaudit" / "lake").resolve())
     assert cfg.kafka == {"bootstrap.servers": "127.0.0.1:9092"}
     assert dict(cfg.topics) == {}
-    assert cfg.driver_rows == config.DEFAULT_DRIVER_ROWS
-    assert config.from_dict({"reconcile": {"driver_rows": 0}}).driver_rows == 0
-    assert cfg.columnar_rows == config.DEFAULT_COLUMNAR_ROWS
-    assert config.from_dict({"reconcile": {"columnar_rows": 0}}).columnar_rows == 0
+    assert cfg.engine == "auto"
+    assert [config.from_dict({"reconcile": {"engine": e}}).engine for e in config.ENGINES] == ["auto", "driver", "spark"]
 
 
 def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:

@@ -190,13 +190,12 @@ def test_the_spark_rule_equals_the_oracle_on_the_same_histories(spark: Any) -> N
     wi = replace(window_inputs(spark, inputs, tc), mirror_group_offsets=spark.createDataFrame(
         [asdict(r) for r in inputs.mirror_group_offsets],
         "mirror string, group string, partition int, committed_offset bigint, captured_at timestamp, topic string"))
-    got = classify_window(spark, wi, tc, T0, AS_OF_FINAL)
+    got = classify_window(spark, wi, tc, T0, AS_OF_FINAL, engine="spark", chunks=2)
     assert sorted_anomalies(r.asDict() for r in got.anomalies.collect()) == sorted_anomalies(want.anomalies)
     key = lambda r: (r["stage"], r["partition"])  # noqa: E731
     assert sorted(norm_rows(got.report), key=key) == sorted(norm_rows(want.report), key=key)
     assert got.ignored == {("g2", "dr"): 3, (GROUP, "eu"): 2}
     assert got.notes == ignored_rows_lines(tc, want.ignored_mirror_rows) and len(got.notes) == 2
-    got.summary.unpersist()
 
 
 @pytest.mark.unit

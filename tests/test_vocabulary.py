@@ -91,40 +91,12 @@ def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None
     assert len(seen) >= len(VOCAB_KEYS) - 2  # the hand-written cases cover (almost) every code
 
 
-def _classifier_sql() -> str:
-    from spark_jobs.reconcile.classify import UNIT_FLAGS, classification_sql
-    from spark_jobs.reconcile.order import CONTENT_DUPLICATE_SQL, ORDER_CHECK_SQL
-
-    tc = topic_config(groups=("g1", "g2"), sinks=(("s1", "g1"), ("s2", None)))
-    from spark_jobs.reconcile.mirror import mirror_sql
-
-    per_stage, rows = classification_sql(tc)
-    mirror = mirror_sql(mirror_topic_config().mirrors[0])
-    return "\n".join([*UNIT_FLAGS.values(), *per_stage.values(), rows, ORDER_CHECK_SQL, CONTENT_DUPLICATE_SQL,
-                      *mirror.values()])
-
-
-def _sql_codes(sql: str) -> set[tuple[str, str]]:
-    """(stage kind, code) of every anomaly X row in the classifier's SQL: the literals of its
-    'anomaly' field (a literal, or a CASE of literals), with the stage literal before them."""
-    keys = set()
-    for m in re.finditer(r"'kind', 'A', 'stage', '([a-z]+)[^']*', 'anomaly', (.*?), 'partition'", sql):
-        for code in re.findall(r"'([a-z_]+)'", m.group(2)):
-            keys.add((m.group(1), code))
-    return keys
-
-
 @pytest.mark.unit
-def test_the_spark_classifiers_codes_are_the_vocabularys() -> None:
-    assert _sql_codes(_classifier_sql()) == VOCAB_KEYS
-
-
-@pytest.mark.unit
-def test_the_spark_classifier_writes_no_detail_text_of_its_own() -> None:
-    """Every quoted text in the classifier's SQL that is a piece of a detail template comes from the
-    vocabulary: no template's text is spelled out in the Spark package's sources."""
-    strings = []  # every string constant of the package's code (docstrings aside)
-    for path in (ROOT / "spark_jobs" / "reconcile").glob("*.py"):
+def test_the_engines_write_no_detail_text_of_their_own() -> None:
+    """Every detail text comes from the vocabulary: no template's text is spelled out in the kernel's
+    or the Spark package's sources (the oracle renders them, from the vocabulary)."""
+    strings = []  # every string constant of the packages' code (docstrings aside)
+    for path in [*(ROOT / "spark_jobs" / "reconcile").glob("*.py"), *(ROOT / "audit" / "rules").glob("*.py")]:
         tree = ast.parse(path.read_text())
         docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
         strings += [n.value for n in ast.walk(tree)
@@ -194,37 +166,11 @@ def test_statuses_outcomes_and_exit_codes_come_from_the_vocabulary() -> None:
 
 
 @pytest.mark.unit
-def test_every_template_renders_and_has_its_sql_form() -> None:
-    from spark_jobs.reconcile.sql import detail_sql, template_sql
-
-    assert template_sql("acked at offset {offset}, absent from the log", {"offset": "offset"}) == (
-        "concat('acked at offset ', cast(offset as string), ', absent from the log')")
+def test_every_template_renders() -> None:
     for a in v.ANOMALIES:
         for variant in (None, *(name for name, _ in a.variants)):
             fields = a.fields(variant)
             assert a.render(variant, **dict.fromkeys(fields, 7))
-            assert detail_sql(a.stage_kind, a.name, variant, **dict.fromkeys(fields, "x"))
     with pytest.raises(KeyError):
         v.anomaly("log", "no_such_code")
 
-
-@pytest.mark.spark
-def test_sql_details_render_the_same_text_as_python(spark: Any) -> None:
-    """Each template through Spark SQL (fields bound to literals) == the oracle's Python rendering."""
-    from spark_jobs.reconcile.sql import _q, detail_sql
-
-    values: dict[str, Any] = {"orig_partition": 1, "orig_offset": 42, "late_seq": 3, "high_seq": 9, "missing": 1500,
-                              "first": 11, "last": 1510, "first_pid": "p-1", "first_seq": 0,
-                              "committed_offset": 17, "attempt": 4, "k": 2, "n": 3, "consumer": "c'1", "header_error": None,
-                              "error": "ValueError: it's bad", "mirror_topic": "dc1.orders", "late_offset": 5,
-                              "high_offset": 8, "mirror": "dr", "failover_at": "2026-11-21T10:30:00.000000Z",
-                              "resume_offset": 108}
-    cases = [(a, variant) for a in v.ANOMALIES for variant in (None, *(n for n, _ in a.variants))]
-    exprs = []
-    for a, variant in cases:
-        sql_values = {k: (_q(x) if isinstance(x, str) else "cast(null as string)" if x is None else str(x))
-                      for k, x in values.items()}
-        exprs.append(detail_sql(a.stage_kind, a.name, variant, **sql_values))
-    row = spark.sql("SELECT " + ", ".join(f"{e} AS d{i}" for i, e in enumerate(exprs))).collect()[0]
-    for i, (a, variant) in enumerate(cases):
-        assert row[f"d{i}"] == a.render(variant, **values), (a.name, variant)

@@ -7,7 +7,6 @@ Pure functions: no pyspark, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import Any

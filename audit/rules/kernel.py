@@ -35,7 +35,15 @@ import pyarrow.compute as pc
 from audit import oracle
 from audit.core.config import TopicConfig
 from audit.core.report import assemble_report, code_counts
-from audit.core.vocabulary import ACKED, COMMITTED, LEDGER_STATUSES, LOG, PROCESSING_OUTCOMES, group_stage, sink_stage
+from audit.core.vocabulary import (
+    ACKED,
+    COMMITTED,
+    LEDGER_STATUSES,
+    LOG,
+    PROCESSING_OUTCOMES,
+    group_stage,
+    sink_stage,
+)
 from audit.core.windows import read_ranges
 from audit.rules import neighbours
 from audit.rules.columns import (

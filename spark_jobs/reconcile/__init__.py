@@ -32,7 +32,7 @@ from audit.core.windows import run_id_for, windows
 from audit.oracle import OracleResult
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile import settle
-from spark_jobs.reconcile.plan import MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, in_driver, job_label
+from spark_jobs.reconcile.plan import DRIVER_ROWS, MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, job_label
 from spark_jobs.reconcile.publish import write_outputs, write_window_outputs
 from spark_jobs.reconcile.read import (
     WindowInputs,
@@ -129,8 +129,6 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         elif engine == "spark" or chunks is not None:
             count = count_rows(rows)
         else:
-            from spark_jobs.reconcile.plan import DRIVER_ROWS
-
             collected, count = collect_within(rows, DRIVER_ROWS)
     with described(spark, f"{label}: lookups"):
         small = settle.small_inputs(seen)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from audit.core.config import Config, TopicConfig
+from audit.core.config import TopicConfig
 from audit.core.windows import read_ranges
 
 # At most this many topics share one batch: a window's Spark jobs are a handful per batch, whatever
@@ -52,13 +52,6 @@ def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int = MAX_TOPICS_P
     for tc in topics:
         by_range.setdefault(read_ranges(tc, ws), []).append(tc)
     return [Shape(tuple(tcs[i:i + cap])) for tcs in by_range.values() for i in range(0, len(tcs), cap)]
-
-
-def in_driver(cfg: Config, rows: int | None) -> bool:
-    """Whether a batch whose inputs hold `rows` rows (None: not counted) is settled in the driver."""
-    if cfg.engine != "auto":
-        return cfg.engine == "driver"
-    return rows is not None and rows <= DRIVER_ROWS
 
 
 def chunk_count(rows: int, parallelism: int) -> int:

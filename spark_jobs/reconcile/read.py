@@ -10,9 +10,9 @@ write anything.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import reduce
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
+from functools import reduce
 from typing import Any
 
 import pyarrow as pa

@@ -159,7 +159,7 @@ def out_rows(topic: str, s: kernel.Settled) -> pa.Table:
                                "stage": pa.array([stage] * k, pa.string()), "partition": pa.array(np.full(k, p, np.int64)),
                                "value": pa.array(xs, pa.float64()), "n": pa.array(ns, pa.int64())})
                      .select([c for c in ("topic", "kind", "stage", "partition", "value", "n")]))
-    extra = [(QUARANTINED, None, None, f.quarantined)] if f.quarantined else []
+    extra: list[tuple[str, str | None, str | None, int]] = [(QUARANTINED, None, None, f.quarantined)] if f.quarantined else []
     extra += [(IGNORED, g, c, n) for (g, c), n in f.ignored.items()]
     parts.append(_table({"topic": [topic] * len(extra), "kind": [e[0] for e in extra], "stage": [e[1] for e in extra],
                          "anomaly": [e[2] for e in extra], "n": [e[3] for e in extra]}))
