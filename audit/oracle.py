@@ -199,7 +199,7 @@ class ConsumedRow:
     error: str | None = None  # the handler's error of a failed / dead_lettered outcome
     cluster: str | None = None  # the mirror whose target copy it was consumed from; None: the audited cluster
     # the message's produce time from its audit headers, as the consumer wrote it: carried, never
-    # used by a rule (every latency is from the ledger's produce time; docs/design.md §5.9)
+    # used by a rule (every latency is from the ledger's produce time)
     produce_ts: datetime | None = None
 
 
@@ -399,8 +399,8 @@ class _Unit:
 
 # ---------------------------------------------------------------------------- checks that need neighbours
 # Each reads one narrow row per message (or per processing) of the window's reach, not a unit's
-# tiers: what a classifier that settles most messages from summaries (docs/design.md §5.9) still has
-# to hand them for every message. `reconcile_window` builds the rows and turns what they find into
+# tiers: what the kernel (`audit/rules/`), which settles most messages on columns, still has to
+# hand them for every message. `reconcile_window` builds the rows and turns what they find into
 # anomaly rows.
 
 

@@ -155,7 +155,7 @@ def warm_ingest(bootstrap: str, ledger_dir: Path, work: Path) -> tuple[float, in
 def main(argv: list[str] | None = None) -> int:
     from spark_jobs.pipeline.submit import cluster_submit
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50000, help="messages produced (default 50000)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="msgaudit-bench-cluster-") as tmp:

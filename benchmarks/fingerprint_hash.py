@@ -1,10 +1,12 @@
-"""The content check's fingerprint hash (`columnar._hash64`, docs/design.md §5.10) against pyarrow's
-dictionary encoding of the same strings -- the two ways to find which of a window's fingerprints are
-shared: hash them and compare only the rows whose hash repeats, or code every distinct string.
+"""The content check's fingerprint hash (`audit.rules.columns.hash64`, which
+`audit.rules.neighbours.fingerprint_hashes` runs over a window's, or a chunk's, fingerprints)
+against pyarrow's dictionary encoding of the same strings -- the two ways to find which of a
+window's fingerprints are shared: hash them and compare only the rows whose hash repeats, or code
+every distinct string.
 
 Two sides over the same strings, alternating in one process, on one thread:
 
-- hash: `_hash64` of every string (8-byte words summed with powers of an odd base);
+- hash: `hash64` of every string (8-byte words summed with powers of an odd base);
 - dictionary: `pyarrow.compute.dictionary_encode` of every string (a hash table of the strings).
 
 Three shapes of fingerprint: SHA-256 hex digests (64 bytes, what capture computes), short business
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from spark_jobs.reconcile.columnar import _hash64
+    from audit.rules.columns import hash64
 
     n = args.n
     shapes = {
@@ -58,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = []
     for name, strings in shapes.items():
         arr = pa.array(strings, pa.string())
-        if len(np.unique(_hash64(arr))) != n or len(pc.unique(arr)) != n:
+        if len(np.unique(hash64(arr))) != n or len(pc.unique(arr)) != n:
             print(f"{name}: the strings or their hashes are not all distinct", file=sys.stderr)
             return 1
-        sides: dict[str, Callable[[], Any]] = {"hash": functools.partial(_hash64, arr),
+        sides: dict[str, Callable[[], Any]] = {"hash": functools.partial(hash64, arr),
                                                "dictionary": functools.partial(pc.dictionary_encode, arr)}
         for fn in sides.values():  # one untimed run of each
             fn()

@@ -110,7 +110,7 @@ def report_rows(conf: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20000, help="messages produced into each window (default 20000)")
     ap.add_argument("--windows", type=int, default=4, help="one-minute windows (default 4)")
     args = ap.parse_args(argv)

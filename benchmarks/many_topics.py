@@ -3,21 +3,22 @@
 Generates K topics (default 50) of M messages each (default 1,000) in one 1-hour window, over the
 four tiers (producer ledger, log, one consumer group, one Delta sink table shared by all topics,
 as a deployment's sink often is), with one injected `missed` per topic. In one Spark session it
-then times, interleaved, each both ways a window can be classified (docs/design.md §5.8): in the
-driver (`reconcile.driver_rows` at its default, which these windows fit) and by the Spark plan
-(`driver_rows: 0`):
+then times, interleaved, each both ways a window can be settled (`reconcile.engine`, docs/design.md
+§5.8): in the driver (`engine: driver`, where `auto` settles windows this small) and in Spark tasks
+(`engine: spark`):
 
 - `one`: `reconcile_range` over the window for ONE topic (publishing both outputs and the report
   store), i.e. the per-(topic, window) cost;
 - `all`: `reconcile_range` over the same window for all K topics in one call;
 
-and prints the four medians, the ratios driver/plan and K topics/one topic (target: K topics <= 5x
+and prints the four medians, the ratios driver/spark and K topics/one topic (target: K topics <= 5x
 one topic; one small window <= 4 s) and whether every injected anomaly was found exactly (one
 `missed` per topic, nothing else) in all four. Then it times the SLA check of the window (every
 topic has `max_lost: 0`, which each topic's `missed` fails once) for one topic and for all K. With
-`--against REV`, the driver way of both sides is also timed with `spark_jobs/reconcile` and the
-oracle it runs (`audit/oracle.py`) as of git revision REV (publishing into its own copy of the
-generated lake, so the output tables keep the layout each package writes), and the SLA check with
+`--against REV`, the driver side is also timed with `spark_jobs/reconcile` and the rules it runs
+(`audit/oracle.py`, `audit/rules/`) as of git revision REV (018fe3b or later: an older package
+reads config keys this checkout no longer has), publishing into its own copy of the generated lake
+(so the output tables keep the layout each package writes), and the SLA check with
 `spark_jobs/sla.py` as of REV, alternating with this checkout's, and the ratios `this checkout /
 REV` are printed.
 
@@ -154,14 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topics", type=int, default=50, help="small topics in the window (default 50)")
     ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved (one, all) pairs; medians are printed")
-    ap.add_argument("--driver-rows", type=int, default=None,
-                    help="reconcile.driver_rows of the `driver` side (default: the config's default)")
     ap.add_argument("--dir", default=None, help="work folder (default: a temporary one, removed at the end)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, repeatable")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also time the driver way with spark_jobs/reconcile and audit/oracle.py as of git "
-                         "revision REV, alternating with this checkout's (--reps times each), and print the ratio")
+                    help="also time the driver side with spark_jobs/reconcile, audit/oracle.py and audit/rules/ "
+                         "as of git revision REV (018fe3b or later), alternating with this checkout's (--reps "
+                         "times each), and print the ratio")
     args = ap.parse_args(argv)
     if args.messages % PARTITIONS or args.messages <= MISSED_AT:
         ap.error(f"--messages must be even and above {MISSED_AT}")
@@ -186,16 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:  # REV publishes into its own copy of the lake: the output tables' layout may differ
         shutil.copytree(work / "lake", work / "lake-against")
     as_of = WINDOW + HOUR + timedelta(minutes=15)
-    if args.driver_rows is not None:
-        cfg = replace(cfg, driver_rows=args.driver_rows)
-    ways = {"driver": cfg, "plan": replace(cfg, driver_rows=0)}
+    from spark_jobs.reconcile.plan import DRIVER_ROWS
+
+    ways = {"driver": replace(cfg, engine="driver"), "spark": replace(cfg, engine="spark")}
     for c in ways.values():
-        run(spark, c, names[:1], as_of)  # warm-up: compiles the plans once
-    rows = args.topics * (args.messages * 4 + 2 * PARTITIONS)  # ledger, log, consumption, sink; captures
-    if cfg.driver_rows < rows:
-        after = "the columnar path" if rows <= cfg.columnar_rows else "the plan"
-        print(f"note: {args.topics} topics hold {rows:,} input rows, more than reconcile.driver_rows "
-              f"({cfg.driver_rows:,}): their `driver` runs are counted, then take {after}")
+        run(spark, c, names[:1], as_of)  # warm-up: compiles the plans once, starts the Python workers
+    rows = args.topics * (args.messages * 4)  # ledger, log, consumption, sink
+    if rows > DRIVER_ROWS:
+        print(f"note: {args.topics} topics hold about {rows:,} input rows, more than plan.DRIVER_ROWS "
+              f"({DRIVER_ROWS:,}): `engine: auto` would settle them in Spark tasks; the `driver` side "
+              "collects them all the same")
     times: dict[tuple[str, str], list[float]] = {}
     found: dict[tuple[str, str], dict[str, int]] = {}
     sides = {"one": names[:1], "all": names}
@@ -206,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 times.setdefault((side, way), []).append(s)
     against = None
     if args.against:
-        from revisions import package_at
+        from revisions import package_at, ship
 
-        other = importlib.import_module(package_at(args.against, work / "against"))
+        pkg = package_at(args.against, work / "against")
+        ship(spark, work / "against", pkg)
+        other = importlib.import_module(pkg)
+        cfg = ways["driver"]  # both packages settle in the driver
         other_cfg = replace(cfg, lake=str(work / "lake-against"))
         for topics in sides.values():  # warm-up: the other package's plans compiled once
             other.reconcile_range(spark, other_cfg, WINDOW, WINDOW + HOUR, as_of, topics)
@@ -251,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
     one, every = med[("one", "driver")], med[("all", "driver")]
-    print(f"ratio driver/plan: one topic {one / med[('one', 'plan')]:.2f}, {args.topics} topics "
-          f"{every / med[('all', 'plan')]:.2f}")
-    print(f"ratio {args.topics} topics / one topic: driver {every / one:.2f}, plan "
-          f"{med[('all', 'plan')] / med[('one', 'plan')]:.2f}  (target <= 5; one small window {one:.2f}s in the "
-          f"driver, {med[('one', 'plan')]:.2f}s by the plan, target <= 4 s)")
+    print(f"ratio driver/spark: one topic {one / med[('one', 'spark')]:.2f}, {args.topics} topics "
+          f"{every / med[('all', 'spark')]:.2f}")
+    print(f"ratio {args.topics} topics / one topic: driver {every / one:.2f}, spark "
+          f"{med[('all', 'spark')] / med[('one', 'spark')]:.2f}  (target <= 5; one small window {one:.2f}s in the "
+          f"driver, {med[('one', 'spark')]:.2f}s in Spark tasks, target <= 4 s)")
     sla_med = {k: statistics.median(v) for k, v in sla_times.items()}
     print(f"ratio sla {args.topics} topics / one topic: "
           f"{sla_med[('all', 'this checkout')] / sla_med[('one', 'this checkout')]:.2f}")

@@ -1,27 +1,30 @@
 """Scale benchmark of `msgaudit reconcile` on one window (issue 5, item 6).
 
 Generates N messages for one 1-hour window over the four tiers (producer ledger, log, consumption,
-a Delta sink) with a known 0.1 % of each injected anomaly, reconciles that window on local[2] and
-prints:
+a Delta sink) with a known 0.1 % of each injected anomaly, reconciles that window on `--master`
+(default local[2]) with `--engine` (`reconcile.engine`: auto, the default, settles a window of at
+most `plan.DRIVER_ROWS` input rows in the driver and a larger one in Spark tasks; driver / spark
+force one) and prints:
 - messages/s of the reconciliation (classification + writing both outputs and the report store);
 - the ratio to a scan-only baseline: the same pruned inputs read and every used column hashed and
   counted, in the same session (target <= 2.5);
 - the ratio of reconciling the same window with the tables holding 1x history (the window and the
   lookback hour it reads) versus 24x (23 more hours of the same traffic before it) (target <= 1.3);
-- with `--floor`, the bare operations any reconciliation of these rules needs (bring each message's
-  tiers together, sort the log's positions, group its fingerprints), timed alone, as a ratio to
-  the same scan: how much of the target is left for everything else;
 - whether every injected anomaly was found, exactly (count per code);
 - peak RSS of the driver JVM and of the Python driver;
 - with `--cpu`, where the driver JVM's CPU went during each timed 1x reconcile, by thread: the
   tasks, the JIT compilers, the garbage collector, the driver's own threads (planning) and the
-  rest (Linux only);
+  rest (Linux only; the Python workers that settle a window's chunks are not in it);
 - with `--against REV`, `reconcile(current) / reconcile(REV)`: the window classified by this
   checkout's `spark_jobs/reconcile` and by that package as of git revision REV (copied into a
-  temporary package with the oracle, `audit/oracle.py`, of REV; everything else is this
-  checkout's), alternately in one session, medians.
+  temporary package with the rules of REV, `audit/oracle.py` and `audit/rules/`; everything else
+  is this checkout's), alternately in one session, medians. REV must have `reconcile.engine`
+  (commit 018fe3b or later): an older package reads config keys this checkout no longer has.
+
+The same window on two masters side by side (local[1] against local[2]): `parallelism.py`.
 
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000
+    .venv/bin/python benchmarks/reconcile_scale.py --n 10000000 --engine spark --master local[2]
     .venv/bin/python benchmarks/reconcile_scale.py --n 1000000 --reps 3 --against HEAD   # the checkout vs its last commit
 
 This is a measurement script, not a test: it asserts nothing about time, it prints ratios.
@@ -47,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # first, as msgaudit's commands import it: its allocator setting must precede pyarrow's loading
 import spark_jobs  # noqa: E402, F401, I001
 from audit.core import config as config_mod  # noqa: E402
-from audit.core.config import Config  # noqa: E402
+from audit.core.config import ENGINES, Config  # noqa: E402
 
 TOPIC = "bench"
 GROUP = "loader"
@@ -248,11 +251,12 @@ def scan_baseline(spark: Any, cfg: Config) -> tuple[float, int]:
     """Read the same pruned inputs the window reads and hash + count every column it uses."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.reconcile import read_window_inputs, restrict
+    from spark_jobs.reconcile import Shape, read_window_inputs
+    from spark_jobs.reconcile.read import visible
 
     t = time.perf_counter()
     tc = cfg.topic(TOPIC)
-    vis = restrict(read_window_inputs(spark, cfg, tc, WINDOW), tc, WINDOW)
+    vis = visible(read_window_inputs(spark, cfg, tc, WINDOW), Shape((tc,)), WINDOW)
     rows = 0
     frames = [vis.ledger, vis.log, vis.consumed, vis.watermarks, vis.group_offsets, *vis.sinks.values()]
     for df in frames:
@@ -260,40 +264,6 @@ def scan_baseline(spark: Any, cfg: Config) -> tuple[float, int]:
             r = df.agg(F.count(F.lit(1)).alias("n"), F.max(F.xxhash64(*df.columns)).alias("h")).collect()[0]
             rows += int(r["n"])
     return time.perf_counter() - t, rows
-
-
-def floor_baseline(spark: Any, cfg: Config) -> dict[str, float]:
-    """The bare operations any implementation of docs/design.md §5 needs, timed alone on the same inputs
-    (no classification, no output): `join`, one shuffle of every tier's rows keyed by message and a
-    hash aggregation per message (the read included); `order`, one sort of the log's positions by
-    (pid, partition, offset) for the order and gap checks; `content`, one shuffle and sort of the
-    log's fingerprints for the content duplicates. `order` and `content` are net of `log_read`, a
-    read of the same log columns, since one implementation could share that read with `join`."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs.reconcile import Shape, read_window_inputs, restrict, sink_rows, typed_tiers
-
-    tc = cfg.topic(TOPIC)
-    vis = restrict(read_window_inputs(spark, cfg, tc, WINDOW), tc, WINDOW)
-    out: dict[str, float] = {}
-
-    def timed(name: str, df: Any) -> None:
-        t = time.perf_counter()
-        df.write.format("noop").mode("overwrite").save()
-        out[name] = time.perf_counter() - t
-
-    timed("join", typed_tiers(vis.ledger, vis.log, vis.consumed, sink_rows(vis), Shape((tc,)))
-          .groupBy("ktype", "k1", "k2").agg(F.count(F.lit(1)).alias("n"), F.max("off").alias("o")))
-    positions = vis.log.select("pid", "seq", "partition", "offset")
-    fingerprints = vis.log.select("fingerprint", "pid", "seq")
-    timed("log_read", positions.unionByName(fingerprints.select(
-        F.col("fingerprint").alias("pid"), "seq", F.lit(0).alias("partition"), F.lit(0).alias("offset"))))
-    timed("order", positions.repartition("pid").sortWithinPartitions("pid", "partition", "offset"))
-    timed("content", fingerprints.repartition("fingerprint").sortWithinPartitions("fingerprint"))
-    read = out.pop("log_read")
-    out["order"] = max(0.0, out["order"] - read / 2)
-    out["content"] = max(0.0, out["content"] - read / 2)
-    return out
 
 
 def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, float, Any]:
@@ -307,7 +277,6 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
 
 
 def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
-            floors: list[dict[str, float]] | None = None,
             cpu: list[dict[str, float]] | None = None) -> tuple[float, int, float, float, dict[str, int]]:
     """`reps` alternating (scan, reconcile) pairs: median scan, rows, median classify and total
     reconcile seconds, and the anomalies found (identical in every rep, or the run is reported).
@@ -316,8 +285,6 @@ def measure(spark: Any, cfg: Config, as_of: datetime, reps: int,
     rows = 0
     for _ in range(reps):
         scan, rows = scan_baseline(spark, cfg)
-        if floors is not None:
-            floors.append(floor_baseline(spark, cfg))
         before = jvm_thread_cpu(spark) if cpu is not None else None
         cls, total, result = reconcile_once(spark, cfg, as_of)
         if cpu is not None and before is not None:
@@ -468,16 +435,56 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
-def bench_config(work: Path, shuffle_partitions: str = "8", conf: list[str] | None = None) -> Config:
+def bench_config(work: Path, shuffle_partitions: str = "8", conf: list[str] | None = None,
+                 master: str = "local[2]", engine: str = "auto") -> Config:
     """The benchmark's configuration over the work folder `work` (its lake, home, report store and
-    Delta sink); `conf`: extra Spark settings as KEY=VALUE."""
+    Delta sink); `conf`: extra Spark settings as KEY=VALUE; `master`: the Spark master (`build_spark`
+    takes it from the `spark:` mapping's `master`); `engine`: `reconcile.engine`."""
     return config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
-        "spark": {"master": "local[2]", "spark.sql.shuffle.partitions": shuffle_partitions,
+        "spark": {"master": master, "spark.sql.shuffle.partitions": shuffle_partitions,
                   **dict(c.split("=", 1) for c in conf or ())},
+        "reconcile": {"engine": engine},
         "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
                            "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
                                       "group": GROUP}]}}}, source="<benchmark>", base=work)
+
+
+def engine_note(engine: str) -> str:
+    """`--engine` as the header says it."""
+    if engine != "auto":
+        return engine
+    from spark_jobs.reconcile.plan import DRIVER_ROWS
+
+    return f"auto (the driver up to {DRIVER_ROWS:,} input rows, else Spark tasks)"
+
+
+# Where each reconcile of this process settled its window, in order: "the driver" or "N Spark tasks"
+# (`track_settling`).
+SETTLED: list[str] = []
+
+
+def track_settling() -> None:
+    """Record in SETTLED where each window is settled: `classify_batch` calls `settle.in_driver` or
+    `settle.in_tasks` (its chunk count the 7th argument) through the module, so wrapping them there
+    sees every call."""
+    from spark_jobs.reconcile import settle
+
+    if getattr(settle, "_bench_tracked", False):
+        return
+    in_driver, in_tasks = settle.in_driver, settle.in_tasks
+
+    def driver(*a: Any, **k: Any) -> Any:
+        SETTLED.append("the driver")
+        return in_driver(*a, **k)
+
+    def tasks(*a: Any, **k: Any) -> Any:
+        n = a[6] if len(a) > 6 else k.get("n")
+        SETTLED.append(f"{n} Spark task{'' if n == 1 else 's'}")
+        return in_tasks(*a, **k)
+
+    settle.in_driver, settle.in_tasks = driver, tasks
+    settle._bench_tracked = True  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,26 +497,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="work folder, new or empty (default: a temporary one, removed at the end)")
     ap.add_argument("--shuffle-partitions", default="8")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark setting, repeatable (e.g. spark.driver.memory=8g)")
+                    help="extra Spark setting, repeatable (e.g. spark.driver.memory=8g; the master is --master)")
     ap.add_argument("--reps", type=int, default=1,
                     help="timed scan + reconcile pairs per history size, alternating; medians are printed")
-    ap.add_argument("--floor", action="store_true",
-                    help="also time, beside each 1x scan, the bare operations any reconciliation needs "
-                         "(join the tiers per message, sort positions, group fingerprints) and print "
-                         "their sum as a ratio to the scan")
+    ap.add_argument("--engine", choices=ENGINES, default="auto",
+                    help="reconcile.engine (default auto: the driver for a window of at most "
+                         "plan.DRIVER_ROWS input rows, else Spark tasks; driver / spark: always there)")
+    ap.add_argument("--master", default="local[2]",
+                    help="Spark master (default local[2]); parallelism.py runs two side by side")
     ap.add_argument("--anomaly-rate", type=float, default=0.001,
                     help="share of messages injected with EACH anomaly code (default 0.001 = 0.1 %%; "
                          "at most 0.001, 1 / rate a multiple of 1000)")
     ap.add_argument("--against", metavar="REV", default=None,
-                    help="also classify the 1x window with spark_jobs/reconcile (and audit/oracle.py) as of "
-                         "git revision REV, alternating with this checkout's (--reps times each), and print the ratio")
+                    help="also classify the 1x window with spark_jobs/reconcile (and audit/oracle.py, "
+                         "audit/rules/) as of git revision REV (018fe3b or later), alternating with this "
+                         "checkout's (--reps times each), and print the ratio")
     ap.add_argument("--without-produce-ts", action="store_true",
                     help="generate consumption and sink rows without the optional produce time (clients "
-                         "that do not write it): every clean block's latencies then take the typed path")
+                         "that do not write it): the latencies then need the ledger's produce time")
     ap.add_argument("--warmups", type=int, default=2, metavar="K",
                     help="untimed reconciles before the timed 1x runs (default 2): the first compiles the "
-                         "plan, the JIT compiles the generated code over the next few, so with one the 1x "
-                         "runs are slower than the later 2x ones for the JVM alone")
+                         "plans and starts the Python workers, the JIT compiles the generated code over the "
+                         "next few, so with one the 1x runs are slower than the later 24x ones for the JVM alone")
     ap.add_argument("--cpu", action="store_true",
                     help="also print where the driver JVM's CPU went during the timed 1x reconciles, by "
                          "thread: tasks, JIT compilers, GC, the driver's own threads, the rest (Linux)")
@@ -521,13 +530,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
     ap.add_argument("--generate-only", action="store_true",
                     help="generate the window and its lookback hour into --dir, then stop (the lake other "
-                         "benchmarks read, e.g. arrow_settle.py)")
+                         "benchmarks read, e.g. history_side_by_side.py, freed_memory.py)")
     args = ap.parse_args(argv)
     n, parts = args.n, args.partitions
     if args.generate_only and not args.dir:
         ap.error("--generate-only needs --dir: the folder to keep the lake in")
     if any("=" not in c for c in args.conf):
         ap.error("--conf takes KEY=VALUE")
+    if any(c.split("=", 1)[0] in ("master", "spark.master") for c in args.conf):
+        ap.error("the master is --master, not --conf")
     set_anomaly_rate(args.anomaly_rate)
     global CARRY_PRODUCE_TS
     CARRY_PRODUCE_TS = not args.without_produce_ts
@@ -539,15 +550,14 @@ def main(argv: list[str] | None = None) -> int:
         # the generator appends: a second run into the same folder would double every message
         ap.error(f"--dir {args.dir} is not empty: remove it or name a new folder")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
-    cfg = bench_config(work, args.shuffle_partitions, args.conf)
+    cfg = bench_config(work, args.shuffle_partitions, args.conf, args.master, args.engine)
     from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name="msgaudit-bench")
     window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window
     as_of = AS_OF
     print(f"n={n:,} messages in the window, anomaly rate {1 / MOD:g} of each code, {parts} partitions, "
-          f"local[2], {args.reps} rep(s) (medians), "
-          f"work dir {work}")
+          f"{args.master}, engine {engine_note(args.engine)}, {args.reps} rep(s) (medians), work dir {work}")
 
     t = time.perf_counter()
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - 1, window_ordinal + 1), window_ordinal)
@@ -557,15 +567,15 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         return 0
 
+    track_settling()
     scan_baseline(spark, cfg)  # warms the JVM up
     for _ in range(0 if args.no_warmup else args.warmups):
         reconcile_once(spark, cfg, as_of)[2].release()
-    floors: list[dict[str, float]] | None = [] if args.floor else None
     cpu: list[dict[str, float]] | None = [] if args.cpu else None
-    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, floors, cpu)
+    scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, cpu)
     expected = expected_counts(n, parts, window_ordinal)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
-          f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s")
+          f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s (settled in {SETTLED[-1]})")
 
     if args.steps:
         from spark_jobs.reconcile import reconcile_window
@@ -582,33 +592,33 @@ def main(argv: list[str] | None = None) -> int:
 
     against = None
     if args.against:
-        from revisions import package_at
+        from revisions import package_at, ship
 
-        other = importlib.import_module(package_at(args.against, work / "against"))
+        name = package_at(args.against, work / "against")
+        ship(spark, work / "against", name)  # the Python workers that settle its chunks import it too
+        other = importlib.import_module(name)
         if not args.no_warmup:
             other.reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False).release()
         against = compare(spark, cfg, as_of, args.reps, other, expected_counts(n, parts, window_ordinal))
         print(f"1x history : classify {against[0]:.1f}s with this checkout, {against[1]:.1f}s with "
               f"{args.against} (medians of {args.reps} alternating)")
 
-    t = time.perf_counter()
-    generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - args.history + 1, window_ordinal - 1),
-             window_ordinal)
-    print(f"generated {args.history - 2} more history hours in {time.perf_counter() - t:.1f}s")
+    if args.history > 2:
+        t = time.perf_counter()
+        generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - args.history + 1, window_ordinal - 1),
+                 window_ordinal)
+        print(f"generated {args.history - 2} more history hours in {time.perf_counter() - t:.1f}s")
+    else:
+        print(f"--history {args.history}: no more history hours, the second run reads the same tables")
     scan24, rows24, cls24, total24, found24 = measure(spark, cfg, as_of, args.reps)
     print(f"{args.history}x history: scan {scan24:.1f}s ({rows24:,} input rows), reconcile {cls24:.1f}s + "
-          f"publish {total24 - cls24:.1f}s = {total24:.1f}s -> {n / total24:,.0f} messages/s")
+          f"publish {total24 - cls24:.1f}s = {total24:.1f}s -> {n / total24:,.0f} messages/s "
+          f"(settled in {SETTLED[-1]})")
 
     print()
     print(f"messages/s (1x)                      : {n / total1:,.0f}")
     print(f"reconcile / scan baseline (1x)       : {total1 / scan1:.2f}  (target <= 2.5 at 1M, <= 3 at 10M, <= 2 at rate 1e-4)")
     print(f"reconcile {args.history}x / 1x history          : {total24 / total1:.2f}  (target <= 1.2)")
-    if floors:
-        med = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
-        parts_s = ", ".join(f"{k} {v:.1f}s" for k, v in med.items())
-        print(f"floor / scan baseline (1x)           : {sum(med.values()) / scan1:.2f}  ({parts_s}; "
-              f"reconcile / floor {total1 / sum(med.values()):.2f})")
-        print(f"reconcile / floor (1x)               : {total1 / sum(med.values()):.2f}")
     if cpu:
         med = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
         cores = spark.sparkContext.defaultParallelism

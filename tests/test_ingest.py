@@ -207,8 +207,8 @@ def test_ingest_lands_exactly_once_and_partitions_by_topic_and_hour(spark: Any, 
 
 @pytest.mark.spark
 def test_ingest_writes_each_ledger_file_sorted_by_seq(spark: Any, tmp_path: Path, make_config: Any) -> None:
-    """The producer and consumption ledgers' files each hold their rows sorted by seq (a large window's
-    chunks are seq ranges read from the row groups that hold them, docs/design.md §5.10)."""
+    """The producer and consumption ledgers' files each hold their rows sorted by seq, in row groups of
+    narrow seq ranges (docs/internals.md: what a task reading its chunk's rows itself would use)."""
     import pyarrow.parquet as pq
 
     cfg = make_config(tmp_path)

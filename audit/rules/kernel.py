@@ -368,6 +368,8 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         consumed_at = c_ts[at[g][win]]
         count(group_stage(g), part[win], (consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool))
     for sc in tc.sinks:
+        if sc.name not in sinks:  # no row in this sink: no message is ordinary
+            continue
         sink_at = us(sinks[sc.name]["sink_ts"])[at["sink:" + sc.name][win]]
         count(sink_stage(sc.name), part[win], (sink_at - pt[win]) / 1000.0, sink_at != NONE)
 

@@ -1,6 +1,6 @@
-"""A job process keeps the memory it frees for its next allocation (design §5.10, "Windows in chunks").
+"""A job process keeps the memory it frees for its next allocation (docs/internals.md).
 
-A large window's chunks each allocate and free about a gigabyte of Arrow buffers and numpy arrays.
+A window settled in the driver allocates and frees hundreds of megabytes of Arrow buffers and numpy arrays.
 Handed back to the kernel at once, that memory was faulted in again by the next chunk: a third of
 a 10M window's CPU time was the kernel's (docs/benchmarks.md). Two settings keep it in the process:
 

@@ -178,7 +178,7 @@ def pin_scans(df: DataFrame, kept: dict[int, Any] | None = None) -> DataFrame:
     """`df` with each Delta table it reads replaced by the Parquet files its scan keeps, at the
     snapshot that scan read: `kept` (`scan_files` of a query `df` is part of, already planned), by
     default `scan_files(df)`. Planning a query over a Delta table lists the table's files anew (a
-    Spark job per scan, "Filtering files for query"), and a window's Spark plan runs some twenty
+    Spark job per scan, "Filtering files for query"), and a window's settling runs several
     queries over the same few tables; no query on the result lists them. Every query on the result
     also reads one snapshot of each table, whatever is committed meanwhile. What a later query
     filters on is still pushed down to the Parquet row groups; what it would have skipped by
@@ -307,8 +307,8 @@ def partition_columns(spark: SparkSession, cfg: Config, name: str) -> tuple[str,
 
 def by_seq(df: DataFrame, partition_by: Sequence[str]) -> DataFrame:
     """`df`'s rows sorted by seq (nulls first) within each file a write of it makes (partitioned by
-    `partition_by`): a large window's chunks are ranges of seqs, read from the row groups that hold
-    them (docs/design.md §5.10). A table without seq is written as it is."""
+    `partition_by`): row groups of narrow seq ranges (docs/internals.md). A table without seq is
+    written as it is."""
     if "seq" not in df.columns:
         return df
     return df.sortWithinPartitions(*partition_by, F.col("seq").asc_nulls_first())

@@ -46,11 +46,11 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.sources.partitionOverwriteMode": "static",
     # Timestamps written as INT64 microseconds, not Spark's default INT96: Parquet keeps no usable
     # statistics for INT96, and a window's reads skip row groups by their produce times
-    # (`lake.pin_scans`, docs/design.md §5.9).
+    # (`lake.pin_scans`).
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # Row groups of about 4 MB (Parquet's default: 128 MB, one per file here): a file the ledgers'
-    # ingest writes sorted by seq (`lake.by_seq`) then holds row groups of narrow seq ranges, which a
-    # large window's chunks read alone (docs/design.md §5.10). Only the Hadoop setting is honoured.
+    # ingest writes sorted by seq (`lake.by_seq`) then holds row groups of narrow seq ranges
+    # (docs/internals.md). Only the Hadoop setting is honoured.
     "spark.hadoop.parquet.block.size": str(4 << 20),
     # One local machine: skip the Delta log's checksum round trips on every tiny commit.
     "spark.databricks.delta.stalenessLimit": "0",
