@@ -177,8 +177,8 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 STEPS = {
     "auto": {"inputs counted / collected", "lookups", "published"},
     "driver": {"inputs counted / collected", "lookups", "published"},
-    "spark": {"inputs counted / collected", "lookups", "committed offsets", "settled in 2 tasks",
-              "checks that need neighbours, gathered", "published"},
+    "spark": {"inputs counted / collected", "lookups", "committed offsets", "order of consumption", "chunks",
+              "settled in 2 tasks", "checks that need neighbours, gathered", "published"},
 }
 
 

@@ -9,7 +9,7 @@ write anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from functools import reduce
@@ -285,3 +285,109 @@ def count_rows(df: DataFrame) -> int:
     planned = jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession,
                                                               df._jdf.queryExecution().optimizedPlan())
     return int(planned.count())
+
+
+# ---------------------------------------------------------------------------- files a task reads itself
+_ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
+                "timestamp": pa.timestamp("us", "UTC")}
+_NULL = ""  # a column that is a null literal (an optional column its table lacks)
+
+
+@dataclass(frozen=True)
+class FileTable:
+    """A frame's rows as they lie in plain Parquet files on the local file system, for a Spark task
+    to read with pyarrow (`settle.read_files`) instead of having Spark hand them over: the files,
+    their hive partition columns (under `root`), the file columns to read (`physical`, each as the
+    frame's type), and each output column's source column (`_NULL`: a null). The frame's filters
+    are not applied: the kernel applies the exact visibility."""
+
+    paths: tuple[str, ...]
+    partitions: tuple[str, ...]
+    root: str | None
+    physical: pa.Schema
+    sources: tuple[tuple[str, str], ...]
+    out: pa.Schema
+
+
+def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
+    """Each output column of `plan` that is a column of `leaf` passed through, perhaps renamed (a
+    sink's mapped audit columns), as {output name: the leaf's column name}, or `_NULL` for a null
+    literal (an optional column the table lacks, `lake.read_input_table`); computed columns are
+    left out. None when a node between them is not a projection or a filter."""
+    from spark_jobs.io.lake import scala_items
+
+    projects = []
+    node = plan
+    while not node.equals(leaf):
+        kind = node.getClass().getSimpleName()
+        if kind not in ("Project", "Filter"):
+            return None
+        if kind == "Project":
+            projects.append(node)
+        node = node.child()
+    ids: dict[int, str] = {a.exprId().id(): a.name() for a in scala_items(leaf.output())}
+
+    def source(e: Any) -> str | None:
+        kind = e.getClass().getSimpleName()
+        if kind == "AttributeReference":
+            return ids.get(e.exprId().id())
+        if kind == "Alias":
+            return source(e.child())
+        if kind == "Literal" and e.value() is None:
+            return _NULL
+        return None
+
+    for project in reversed(projects):
+        step = {e.exprId().id(): source(e) for e in scala_items(project.projectList())}
+        ids = {k: v for k, v in step.items() if v is not None}
+    return {a.name(): ids[a.exprId().id()] for a in scala_items(plan.output()) if a.exprId().id() in ids}
+
+
+def file_table(df: DataFrame, columns: Sequence[str]) -> FileTable | None:
+    """`columns` of `df` as a `FileTable`, or None unless `df` is one local table's rows as they are
+    in its files: projections and filters over a scan of plain Parquet files (a pinned Delta scan,
+    `pinned`) whose directories name its partition values, each column one of the table's, passed
+    through or renamed, or null. Anything else (a Delta scan Spark must read itself -- deletion
+    vectors, column mapping --, a JDBC sink, an object store) is Spark's to read."""
+    from spark_jobs.io.lake import local_path, scala_items
+
+    plan = df._jdf.queryExecution().optimizedPlan()
+    leaves = scala_items(plan.collectLeaves())
+    if len(leaves) != 1:
+        return None
+    leaf = leaves[0]
+    types = dict(df.dtypes)
+    if any(types.get(c) not in _ARROW_TYPES for c in columns):
+        return None
+    out = pa.schema([(c, _ARROW_TYPES[types[c]]) for c in columns])
+    if leaf.getClass().getSimpleName() == "LocalRelation":  # no file kept (or rows from Python: Spark's)
+        if not leaf.data().isEmpty():
+            return None
+        return FileTable((), (), None, pa.schema([]), tuple((c, _NULL) for c in columns), out)
+    if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
+        return None
+    relation = leaf.relation()
+    if relation.getClass().getName() != "org.apache.spark.sql.execution.datasources.HadoopFsRelation":
+        return None
+    if relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat":
+        return None
+    sources = _sources(plan, leaf)
+    if sources is None or any(c not in sources for c in columns):
+        return None
+    files = [str(f) for f in relation.location().inputFiles()]
+    if not all(f.startswith("file:") for f in files):
+        return None
+    partitions = [f.name() for f in relation.partitionSchema().fields()]
+    base = relation.options().get("basePath")
+    if partitions and not base.isDefined():
+        return None
+    root = local_path(str(base.get())) if partitions else None
+    # each file column read as the table's type; one schema for every file, so a file written before
+    # a column was added reads it as null
+    read_as = {sources[c]: _ARROW_TYPES[types[c]] for c in columns if sources[c] != _NULL}
+    if any(p in read_as and read_as[p] != pa.string() for p in partitions):
+        return None
+    physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partitions),
+                          *((p, pa.string()) for p in partitions)])
+    return FileTable(tuple(local_path(f) for f in files), tuple(partitions), root, physical,
+                     tuple((c, sources[c]) for c in columns), out)

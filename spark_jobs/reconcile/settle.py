@@ -48,7 +48,7 @@ from audit.rules import kernel, neighbours
 from audit.rules.columns import row_maker, values
 from spark_jobs.io.session import described
 from spark_jobs.reconcile.plan import Shape
-from spark_jobs.reconcile.read import WindowInputs, sink_rows
+from spark_jobs.reconcile.read import FileTable, WindowInputs, file_table, sink_rows
 
 # each tier's columns the rules read (the oracle's row fields; a sink's row carries its sink's name)
 TIERS: dict[str, tuple[type, tuple[str, ...]]] = {
@@ -252,11 +252,13 @@ def _whole(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
 
 
 _KEYS = ("topic", "group", "partition", "consumer", "consume_seq", "offset", "consume_ts")
+_MARKER = "_marker"  # a row of no tier: tells each task its chunk (`_chunk`)
 
 
-def _flagged(consumed: DataFrame, n: int) -> DataFrame:
-    """The consumption rows with `_flag`: flagged by the order of consumption of their (topic, group,
-    partition), computed over the window's processings on the audited cluster in one pass."""
+def _flagged(consumed: DataFrame, n: int) -> pa.Table:
+    """The processings flagged by the order of consumption of their (topic, group, partition), over the
+    window's processings on the audited cluster, in one Spark pass; collected (each one is a
+    `reordered_in_consumption` of its record, or a processing of a record that has one)."""
     processings = (consumed.where(F.col("cluster").isNull() & F.col("outcome").isin(sorted(PROCESSING_OUTCOMES)))
                    .select(*_KEYS))
 
@@ -265,41 +267,186 @@ def _flagged(consumed: DataFrame, n: int) -> DataFrame:
         if rows is not None:
             yield from rows.filter(pa.array(neighbours.consumption_order(rows))).to_batches()
 
-    found = (processings.repartition(n, "topic", "group", "partition")
-             .mapInArrow(flag, processings.schema).distinct())
-    marks = found.select(*[F.col(k).alias("_f_" + k) for k in _KEYS], F.lit(True).alias("_flag"))
-    cond = reduce(lambda a, b: a & b, [consumed[k].eqNullSafe(marks["_f_" + k]) for k in _KEYS])
-    return (consumed.join(marks, cond, "left")
-            .select(*[consumed[c] for c in consumed.columns], F.coalesce(F.col("_flag"), F.lit(False)).alias("_flag")))
+    return (processings.repartition(n, "topic", "group", "partition").mapInArrow(flag, processings.schema)
+            .toArrow())
+
+
+def _flag_key(rows: pa.Table) -> list[tuple[Any, ...]]:
+    return list(zip(*(rows[k].cast(pa.int64()).to_pylist() if k == "consume_ts" else rows[k].to_pylist()
+                      for k in _KEYS), strict=True))
+
+
+def mark_flags(consumed: pa.Table, flagged: pa.Table | None) -> pa.Table:
+    """`consumed` with `_flag`: whether each row is one of the `flagged` processings (few: only the
+    rows at their offsets are compared whole)."""
+    flag = np.zeros(consumed.num_rows, dtype=bool)
+    if flagged is not None and flagged.num_rows and consumed.num_rows:
+        at = np.flatnonzero(pc.fill_null(pc.is_in(consumed["offset"], value_set=flagged["offset"]), False)
+                            .to_numpy(zero_copy_only=False))
+        if len(at):
+            wanted = set(_flag_key(flagged.cast(pa.schema([flagged.schema.field(k) for k in _KEYS]))))
+            some = consumed.take(pa.array(at)).select(list(_KEYS))
+            flag[at[[k in wanted for k in _flag_key(some)]]] = True
+    return consumed.append_column("_flag", pa.array(flag))
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """How a window is cut into chunks by message: chunk k holds the seqs from cuts[k - 1] up to
+    cuts[k] (of identified rows: pid and seq, and no header error); every other row, and every row
+    of a mirrored topic, is chunk 0's."""
+
+    cuts: tuple[int, ...]
+    mirrored: tuple[str, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.cuts) + 1
+
+    def ids(self, rows: pa.Table, tag: str) -> np.ndarray:
+        identified = pc.and_(pc.is_valid(rows["pid"]), pc.is_valid(rows["seq"]))
+        if "header_error" in rows.column_names:
+            identified = pc.and_(identified, pc.is_null(rows["header_error"]))
+        seq = pc.fill_null(rows["seq"], 0).to_numpy()
+        ids = np.where(pc.fill_null(identified, False).to_numpy(zero_copy_only=False),
+                       np.searchsorted(np.array(self.cuts, dtype=np.int64), seq, side="right"), 0)
+        if self.mirrored:
+            ids[pc.is_in(rows["topic"], value_set=pa.array(self.mirrored)).to_numpy(zero_copy_only=False)] = 0
+        return ids
+
+    def sql(self) -> Any:
+        """`ids` as a Spark column over `tiers`' columns."""
+        identified = F.col("pid").isNotNull() & F.col("seq").isNotNull() & F.col("header_error").isNull()
+        chunk = F.size(F.filter(F.array(*[F.lit(c) for c in self.cuts]), lambda x: x <= F.col("seq"))) \
+            if self.cuts else F.lit(0)
+        out = F.when(identified, chunk).otherwise(F.lit(0))
+        if self.mirrored:
+            out = F.when(F.col("topic").isin(list(self.mirrored)), F.lit(0)).otherwise(out)
+        return out
+
+    def pushdown(self, ft: FileTable, k: int) -> Any:
+        """A pyarrow filter keeping at least chunk k's rows of `ft` (row groups are skipped by their
+        statistics): its seq range, and for chunk 0 also the rows without an identity or of a
+        mirrored topic."""
+        import pyarrow.dataset as ds
+
+        src = dict(ft.sources)
+        if not self.cuts or src.get("seq", "") == "":
+            return None
+        seq = ds.field(src["seq"])
+        lo = seq >= self.cuts[k - 1] if k > 0 else None
+        hi = seq < self.cuts[k] if k < len(self.cuts) else None
+        keep = lo if hi is None else hi if lo is None else lo & hi
+        if k == 0:
+            keep = keep | seq.is_null()
+            if src.get("pid"):
+                keep = keep | ds.field(src["pid"]).is_null()
+            if src.get("header_error"):
+                keep = keep | ds.field(src["header_error"]).is_valid()
+            if self.mirrored and src.get("topic"):
+                keep = keep | ds.field(src["topic"]).isin(list(self.mirrored))
+        return keep
+
+
+def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
+    """Chunk k's rows of a table read by this task itself (`read.FileTable`), as the frame's columns."""
+    import pyarrow.dataset as ds
+
+    if not ft.paths:
+        return ft.out.empty_table()
+    parts = ds.partitioning(pa.schema([(c, pa.string()) for c in ft.partitions]), flavor="hive") \
+        if ft.partitions else None
+    data = ds.dataset(list(ft.paths), schema=ft.physical, format="parquet", partitioning=parts,
+                      partition_base_dir=ft.root)
+    got = data.to_table(columns=[f.name for f in ft.physical], filter=chunks.pushdown(ft, k))
+    rows = pa.table([pa.nulls(got.num_rows, f.type) if src == "" else got[src].cast(f.type)
+                     for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
+    return rows.filter(pa.array(chunks.ids(rows, "") == k))
+
+
+def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
+    """A key per chunk k that Spark's `repartition(n, key)` sends to partition k (pmod of its Murmur3
+    hash, as `hash()` computes it), found among the first integers in one small job."""
+    found: dict[int, int] = {}
+    for r in spark.range(0, 64 * n + 64).selectExpr("id", f"pmod(hash(id), {n}) AS p").collect():
+        found.setdefault(int(r["p"]), int(r["id"]))
+    return [found[k] for k in range(n)]
 
 
 def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime, as_of: datetime, small: Small,
              n: int, label: str) -> dict[str, oracle.OracleResult]:
     """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 4)."""
     topics = shape.topics
-    commits = None
-    if vis.consumed is not None:
+    consumed = vis.consumed
+    flagged = None
+    if consumed is not None:
         is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
-        cols = [c for c in TIERS["consumed"][1] if c in vis.consumed.columns]
+        cols = [c for c in TIERS["consumed"][1] if c in consumed.columns]
         with described(spark, f"{label}: committed offsets"):
-            commits = vis.consumed.where(is_commit).select(*cols).toArrow()
-        vis = _with_consumed(vis, _flagged(vis.consumed.where(~is_commit), n))
-    small.commits = commits
-    rows = tiers(vis)
-    identified = (F.col("pid").isNotNull() & F.col("seq").isNotNull()
-                  & (F.col("header_error").isNull() if "header_error" in rows.columns else F.lit(True)))
-    key = F.when(identified, F.xxhash64("topic", "pid", "seq")).otherwise(F.lit(0))
-    if shape.mirrored:
-        key = F.when(F.col("topic").isin(shape.mirrored), F.lit(0)).otherwise(key)
+            small.commits = consumed.where(is_commit).select(*cols).toArrow()
+        consumed = consumed.where(~is_commit)
+        with described(spark, f"{label}: order of consumption"):
+            flagged = _flagged(consumed, n)
+    with described(spark, f"{label}: chunks"):
+        ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
+        probs = [k / n for k in range(1, n)]
+        cuts = sorted({int(c) for c in ledger.approxQuantile("seq", probs, 0.001)}) if probs else []
+        keys = _chunk_keys(spark, len(cuts) + 1)
+    chunks = Chunks(tuple(cuts), tuple(shape.mirrored))
+    # each tier's frame: read by the tasks themselves where it is plain local Parquet, else by Spark
+    frames = {"ledger": vis.ledger, "log": vis.log, "consumed": consumed, "mirror_log": vis.mirror_log,
+              **{f"sink:{name}": df for name, df in vis.sinks.items()}}
+    if vis.sink_rows is not None:
+        frames["sink:*"] = vis.sink_rows
+    files: dict[str, FileTable] = {}
+    by_spark = []
+    for key, df in frames.items():
+        if df is None:
+            continue
+        tag = key.split(":")[0]
+        cols = [c for c in TIERS[tag][1] if c in df.columns]
+        ft = file_table(df.select(*cols), cols)
+        if ft is not None and key != "sink:*":
+            files[key] = ft
+        elif tag == "sink" and key != "sink:*":
+            by_spark.append(df.select(*cols, F.lit(key[len("sink:"):]).alias("sink"), F.lit(tag).alias("_tag")))
+        else:
+            by_spark.append(df.select(*cols, *(["sink"] if key == "sink:*" else []), F.lit(tag).alias("_tag")))
+    markers = spark.createDataFrame([(key, k, _MARKER) for k, key in enumerate(keys)],
+                                    "_key bigint, _chunk int, _tag string")
+    rows = markers
+    if by_spark:
+        spark_rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), by_spark)
+        if "header_error" not in spark_rows.columns:
+            spark_rows = spark_rows.withColumn("header_error", F.lit(None).cast("string"))
+        spark_rows = spark_rows.withColumn("_chunk", chunks.sql())
+        spark_rows = spark_rows.withColumn("_key", F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("_chunk") + 1))
+        rows = spark_rows.unionByName(markers, allowMissingColumns=True)
 
     def settle(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         got = _whole(batches)
-        if got is not None:
-            yield from settle_rows(got, topics, ws, as_of, small).to_batches()
+        if got is None:
+            return
+        is_marker = pc.equal(got["_tag"], _MARKER)
+        k = int(got.filter(is_marker)["_chunk"][0].as_py())
+        parts: dict[str, list[pa.Table]] = {}
+        rest = got.filter(pc.invert(is_marker))
+        for tag in pc.unique(rest["_tag"]).to_pylist() if rest.num_rows else []:
+            one = rest.filter(pc.equal(rest["_tag"], tag))
+            parts.setdefault(tag, []).append(one.select([c for c in TIERS[tag][1] if c in one.column_names]))
+        for key, ft in files.items():
+            read = read_files(ft, chunks, k)
+            if key == "consumed":  # the committed rows every task is given (`Small.commits`)
+                read = read.filter(pc.invert(pc.fill_null(pc.and_(pc.equal(read["outcome"], COMMITTED),
+                                                                   pc.is_null(read["cluster"])), False)))
+            elif key.startswith("sink:"):
+                read = read.append_column("sink", pa.array([key[len("sink:"):]] * read.num_rows, pa.string()))
+            parts.setdefault(key.split(":")[0], []).append(read)
+        yield from _settle_parts(parts, topics, ws, as_of, small, flagged).to_batches()
 
-    settled = rows.repartition(n, key).mapInArrow(settle, OUT).persist(StorageLevel.MEMORY_AND_DISK)
+    settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        with described(spark, f"{label}: settled in {n} tasks"):
+        with described(spark, f"{label}: settled in {len(keys)} tasks"):
             settled.count()
         narrow = settled.where(F.col("kind") == NARROW)
 
@@ -310,10 +457,14 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                     yield from neighbour_rows(got, ws, as_of, which).to_batches()
             return run
 
-        log_order = narrow.where("partition >= 0").repartition(n, "topic", "partition").mapInArrow(check("log"), OUT)
-        gaps = narrow.where("present").repartition(n, "topic", "pid").mapInArrow(check("gaps"), OUT)
-        content = (narrow.where("partition >= 0 AND fp1 IS NOT NULL").repartition(n, "topic", "fp1")
-                   .mapInArrow(check("content"), OUT))
+        b = max(n, 1)
+        log_order = (narrow.where("partition >= 0").select("topic", "pid", "seq", "partition", "offset", "win")
+                     .repartition(b, "topic", "partition").mapInArrow(check("log"), OUT))
+        gaps = (narrow.where("present").select("topic", "pid", "seq", "present", "win")
+                .repartition(b, "topic", "pid").mapInArrow(check("gaps"), OUT))
+        content = (narrow.where("partition >= 0 AND fp1 IS NOT NULL")
+                   .select("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
+                   .repartition(b, "topic", "fp1").mapInArrow(check("content"), OUT))
         latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
                      .agg(F.sum("n").alias("n")))
         rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED))
@@ -326,7 +477,27 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     return results(gathered.cast(_OUT_ARROW), shape, ws, as_of, small)
 
 
-def _with_consumed(vis: WindowInputs, consumed: DataFrame) -> WindowInputs:
-    from dataclasses import replace
+def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig], ws: datetime, as_of: datetime,
+                  small: Small, flagged: pa.Table | None) -> pa.Table:
+    """The OUT rows of a chunk's rows given per tier (a sink's rows with their sink's name in `sink`)."""
+    def tier(tag: str) -> pa.Table | None:
+        got = [t for t in parts.get(tag, []) if t is not None]
+        if not got:
+            return None
+        return pa.concat_tables(got, promote_options="permissive") if len(got) > 1 else got[0]
 
-    return replace(vis, consumed=consumed)
+    consumed = tier("consumed")
+    if small.commits is not None and small.commits.num_rows:
+        consumed = small.commits if consumed is None else pa.concat_tables([consumed, small.commits],
+                                                                           promote_options="permissive")
+    if consumed is not None:
+        consumed = mark_flags(consumed, flagged)
+    sink = tier("sink")
+    sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
+        if sink is not None and sink.num_rows else {}
+    empty = {tag: pa.table({c: pa.array([], pa.string()) for c in TIERS[tag][1]}) for tag in ("ledger", "log")}
+    t = kernel.Tables(ledger=tier("ledger") or empty["ledger"], log=tier("log") or empty["log"], consumed=consumed,
+                      sinks=sinks, group_offsets=small.group_offsets, watermarks=small.watermarks,
+                      mirror_log=tier("mirror_log"), mirror_watermarks=small.mirror_watermarks,
+                      mirror_group_offsets=small.mirror_group_offsets)
+    return pa.concat_tables([out_rows(tc.name, kernel.settle(tc, ws, as_of, t)) for tc in topics])
