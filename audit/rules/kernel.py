@@ -132,8 +132,16 @@ class _Visible:
     sinks: dict[str, pa.Table]
 
 
-def _empty(cls: type) -> pa.Table:
-    return pa.table({f.name: pa.array([], type=pa.string()) for f in fields(cls)})
+_ARROW_OF = {str: pa.string(), int: pa.int64(), bool: pa.bool_(), datetime: pa.timestamp("us", "UTC")}
+
+
+def empty(cls: type) -> pa.Table:
+    """A table of no row with the columns of the oracle's row type `cls`, each of its field's type."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    return pa.schema([(f.name, _ARROW_OF[next(a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
+                                              if a is not type(None))]) for f in fields(cls)]).empty_table()
 
 
 def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
@@ -150,7 +158,7 @@ def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
     if tc.groups and t.consumed is not None and t.consumed.num_rows:
         con = where(t.consumed, consumed_seen(t.consumed, tc, ws))
     else:
-        con = _empty(oracle.ConsumedRow)
+        con = empty(oracle.ConsumedRow)
     sinks = {}
     for s in tc.sinks:
         st = t.sinks.get(s.name)

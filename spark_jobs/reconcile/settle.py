@@ -46,7 +46,7 @@ from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
 from audit.rules.columns import row_maker, values
-from spark_jobs.io.session import described
+from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import FileTable, WindowInputs, file_table, sink_rows
 
@@ -148,7 +148,8 @@ def out_rows(topic: str, s: kernel.Settled) -> pa.Table:
     """What a task hands on of one topic's settled rows, as OUT rows."""
     f = s.facts
     parts = [_table(_anomaly_rows(topic, f.anomalies))]
-    counts = [(stage, p, name, n) for (stage, p), cnt in f.counts.items() for name, n in cnt.items()]
+    # a (stage, partition) the rules touched without counting anything still has its report row
+    counts = [(stage, p, name, n) for (stage, p), cnt in f.counts.items() for name, n in (cnt or {"expected": 0}).items()]
     parts.append(_table({"topic": [topic] * len(counts), "kind": [COUNT] * len(counts),
                          "stage": [c[0] for c in counts], "partition": [c[1] for c in counts],
                          "anomaly": [c[2] for c in counts], "n": [c[3] for c in counts]}))
@@ -411,9 +412,9 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         elif tag == "sink" and key != "sink:*":
             by_spark.append(df.select(*cols, F.lit(key[len("sink:"):]).alias("sink"), F.lit(tag).alias("_tag")))
         else:
-            by_spark.append(df.select(*cols, *(["sink"] if key == "sink:*" else []), F.lit(tag).alias("_tag")))
-    markers = spark.createDataFrame([(key, k, _MARKER) for k, key in enumerate(keys)],
-                                    "_key bigint, _chunk int, _tag string")
+            by_spark.append(df.select(*cols, F.lit(tag).alias("_tag")))
+    markers = local_frame(spark, [(key, k, _MARKER) for k, key in enumerate(keys)],
+                          "_key bigint, _chunk int, _tag string")
     rows = markers
     if by_spark:
         spark_rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), by_spark)
@@ -495,8 +496,9 @@ def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig
     sink = tier("sink")
     sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
         if sink is not None and sink.num_rows else {}
-    empty = {tag: pa.table({c: pa.array([], pa.string()) for c in TIERS[tag][1]}) for tag in ("ledger", "log")}
-    t = kernel.Tables(ledger=tier("ledger") or empty["ledger"], log=tier("log") or empty["log"], consumed=consumed,
+    ledger, log = tier("ledger"), tier("log")
+    t = kernel.Tables(ledger=kernel.empty(oracle.LedgerRow) if ledger is None else ledger,
+                      log=kernel.empty(oracle.LogRecord) if log is None else log, consumed=consumed,
                       sinks=sinks, group_offsets=small.group_offsets, watermarks=small.watermarks,
                       mirror_log=tier("mirror_log"), mirror_watermarks=small.mirror_watermarks,
                       mirror_group_offsets=small.mirror_group_offsets)
