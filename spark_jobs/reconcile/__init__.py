@@ -30,6 +30,7 @@ from audit.core.errors import InputError, ResultReleased
 from audit.core.failover import ignored_rows_lines
 from audit.core.windows import run_id_for, windows
 from audit.oracle import OracleResult
+from spark_jobs.io.lake import kept_rows
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile import settle
 from spark_jobs.reconcile.plan import DRIVER_ROWS, MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, job_label
@@ -127,7 +128,9 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         if engine == "driver":
             collected = rows.toArrow()
         elif engine == "spark" or chunks is not None:
-            count = count_rows(rows)
+            count = kept_rows(rows)  # from the files' footers, where they tell
+            if count is None:
+                count = count_rows(rows)
         else:
             collected, count = collect_within(rows, DRIVER_ROWS)
     with described(spark, f"{label}: lookups"):

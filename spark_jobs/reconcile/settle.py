@@ -7,15 +7,19 @@ collected as Arrow columns and settled here (`in_driver`). A large one is split 
 chunks, one Spark task each (`in_tasks`):
 
 1. the order of consumption is a property of each (group, partition)'s processings, not of one
-   message: one pass, partitioned by (topic, group, partition), flags the processings that go
-   backwards (`neighbours.consumption_order`); the flags join the consumption rows (`_flag`);
-2. one shuffle sends every row of a message to one partition (a hash of its pid and seq; rows
-   without a message identity, and every row of a mirrored topic, to one partition); each task
+   message: one pass, partitioned by (topic, group, partition), finds the processings that go
+   backwards (`neighbours.consumption_order`); they are few (each one a `reordered_in_consumption`
+   of its record), collected, and every task marks its consumption rows with them (`_flag`);
+2. the window is cut into chunks by seq (`Chunks`: ranges at the ledger's quantiles; rows without
+   a message identity, and every row of a mirrored topic, in chunk 0), one task each. A task reads
+   its chunk's rows of every table that is plain Parquet on the local file system itself, with
+   pyarrow (`read_files`: the row groups whose seq statistics meet its range); the other tables
+   (a JDBC sink, a Delta table Spark must read) are shuffled by Spark to the same tasks. Each task
    settles its rows with `kernel.settle`, given the window's small inputs (watermarks, group
    offsets, the consumer interceptor's `committed` rows), and writes `OUT` rows: anomalies,
    counts, latency histograms and one narrow row per message;
-3. the checks that need neighbours are three passes over the narrow rows, each partitioned by what
-   it needs together: (topic, partition) for the log order, (topic, pid) for gaps, (topic,
+3. the checks that need neighbours are two passes over the narrow rows, each partitioned by what
+   it needs together: (topic, pid) for the log order (per partition and pid) and the gaps, (topic,
    fingerprint hash) for content duplicates;
 4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
    latency), and assembles each topic's report (`kernel.result`).
@@ -459,18 +463,21 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             return run
 
         b = max(n, 1)
-        log_order = (narrow.where("partition >= 0").select("topic", "pid", "seq", "partition", "offset", "win")
-                     .repartition(b, "topic", "partition").mapInArrow(check("log"), OUT))
-        gaps = (narrow.where("present").select("topic", "pid", "seq", "present", "win")
-                .repartition(b, "topic", "pid").mapInArrow(check("gaps"), OUT))
-        content = (narrow.where("partition >= 0 AND fp1 IS NOT NULL")
+        # the log order (per partition and pid) and the gaps (per pid) in one pass, by pid
+        by_pid = (narrow.where("partition >= 0 OR present").select("topic", "pid", "seq", "present", "partition",
+                                                                   "offset", "win")
+                  .repartition(b, "topic", "pid").mapInArrow(check("log gaps"), OUT))
+        # content duplicates: only the originals whose fingerprint's first hash another one holds
+        held = narrow.where("partition >= 0 AND fp1 IS NOT NULL")
+        repeated = held.groupBy("topic", "fp1").count().where("count > 1").select("topic", "fp1")
+        content = (held.join(repeated, ["topic", "fp1"], "left_semi")
                    .select("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
                    .repartition(b, "topic", "fp1").mapInArrow(check("content"), OUT))
         latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
                      .agg(F.sum("n").alias("n")))
         rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED))
         gathered_df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True),
-                             [rest, latencies, log_order, gaps, content])
+                             [rest, latencies, by_pid, content])
         with described(spark, f"{label}: checks that need neighbours, gathered"):
             gathered = gathered_df.select(*OUT.names).toArrow()
     finally:
