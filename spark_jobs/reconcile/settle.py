@@ -42,7 +42,15 @@ import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from audit import oracle
 from audit.core.config import TopicConfig
@@ -260,20 +268,65 @@ _KEYS = ("topic", "group", "partition", "consumer", "consume_seq", "offset", "co
 _MARKER = "_marker"  # a row of no tier: tells each task its chunk (`_chunk`)
 
 
-def _flagged(consumed: DataFrame, n: int) -> pa.Table:
+def _processings(rows: pa.Table) -> pa.Table:
+    """The processings on the audited cluster among consumption rows, as the order of consumption's columns."""
+    keep = pc.and_(pc.is_null(rows["cluster"]), pc.is_in(rows["outcome"], pa.array(sorted(PROCESSING_OUTCOMES))))
+    return rows.filter(pc.fill_null(keep, False)).select(list(_KEYS))
+
+
+def _bucket(rows: pa.Table, b: int) -> np.ndarray:
+    """Each processing's bucket of its (topic, group, partition), one of `b`."""
+    from audit.rules.columns import hash64
+
+    names = pc.binary_join_element_wise(rows["topic"], rows["group"], "/").combine_chunks()
+    with np.errstate(over="ignore"):
+        mixed = hash64(names) + pc.fill_null(rows["partition"], -1).to_numpy().astype(np.uint64) * np.uint64(
+            0x9E3779B97F4A7C15)
+    return (mixed % np.uint64(b)).astype(np.int64)
+
+
+def _flagged(spark: SparkSession, consumed: DataFrame, n: int) -> pa.Table:
     """The processings flagged by the order of consumption of their (topic, group, partition), over the
-    window's processings on the audited cluster, in one Spark pass; collected (each one is a
-    `reordered_in_consumption` of its record, or a processing of a record that has one)."""
-    processings = (consumed.where(F.col("cluster").isNull() & F.col("outcome").isin(sorted(PROCESSING_OUTCOMES)))
-                   .select(*_KEYS))
+    window's processings on the audited cluster, in one pass of `b` tasks, each a share of the
+    (topic, group, partition)s; collected (each one is a `reordered_in_consumption` of its record, or a
+    processing of a record that has one). The tasks read the consumption rows themselves where they
+    are plain local Parquet (`read.file_table`), else Spark shuffles them there."""
+    cols = [c for c in (*_KEYS, "outcome", "cluster") if c in consumed.columns]
+    ft = file_table(consumed.select(*cols), cols)
+    if ft is None:
+        processings = (consumed.where(F.col("cluster").isNull()
+                                      & F.col("outcome").isin(sorted(PROCESSING_OUTCOMES))).select(*_KEYS))
 
-    def flag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = _whole(batches)
-        if rows is not None:
-            yield from rows.filter(pa.array(neighbours.consumption_order(rows))).to_batches()
+        def flag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            rows = _whole(batches)
+            if rows is not None:
+                yield from rows.filter(pa.array(neighbours.consumption_order(rows))).to_batches()
 
-    return (processings.repartition(n, "topic", "group", "partition").mapInArrow(flag, processings.schema)
-            .toArrow())
+        return (processings.repartition(n, "topic", "group", "partition").mapInArrow(flag, processings.schema)
+                .toArrow())
+    b = max(1, min(n, spark.sparkContext.defaultParallelism))
+    whole = Chunks((), ())
+    schema = StructType([StructField(k, StringType() if t == pa.string() else TimestampType() if k == "consume_ts"
+                                     else LongType(), True) for k, t in _ARROW_OF.items()])
+
+    def flag_bucket(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        got = _whole(batches)
+        if got is None:
+            return
+        k = int(got["_chunk"][0].as_py())
+        rows = _processings(read_files(ft, whole, 0))
+        rows = rows.filter(pa.array(_bucket(rows, b) == k))
+        if rows.num_rows:
+            flagged = rows.filter(pa.array(neighbours.consumption_order(rows)))
+            yield from flagged.cast(pa.schema(list(_ARROW_OF.items()))).to_batches()
+
+    keys = _chunk_keys(spark, b)
+    markers = local_frame(spark, [(key, k) for k, key in enumerate(keys)], "_key bigint, _chunk int")
+    return markers.repartition(b, "_key").mapInArrow(flag_bucket, schema).toArrow()
+
+
+_ARROW_OF = {"topic": pa.string(), "group": pa.string(), "partition": pa.int64(), "consumer": pa.string(),
+             "consume_seq": pa.int64(), "offset": pa.int64(), "consume_ts": pa.timestamp("us", "UTC")}
 
 
 def _flag_key(rows: pa.Table) -> list[tuple[Any, ...]]:
@@ -366,6 +419,8 @@ def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
     got = data.to_table(columns=[f.name for f in ft.physical], filter=chunks.pushdown(ft, k))
     rows = pa.table([pa.nulls(got.num_rows, f.type) if src == "" else got[src].cast(f.type)
                      for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
+    if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
+        return rows
     return rows.filter(pa.array(chunks.ids(rows, "") == k))
 
 
@@ -391,7 +446,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             small.commits = consumed.where(is_commit).select(*cols).toArrow()
         consumed = consumed.where(~is_commit)
         with described(spark, f"{label}: order of consumption"):
-            flagged = _flagged(consumed, n)
+            flagged = _flagged(spark, consumed, n)
     with described(spark, f"{label}: chunks"):
         ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
         probs = [k / n for k in range(1, n)]
