@@ -566,11 +566,11 @@ def arrow_tables(inputs: Inputs) -> Any:
 
 def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tables: Any, n: int) -> Any:
     """The kernel over `tables` split into `n` chunks by message as the Spark job splits a window
-    (`spark_jobs/reconcile/settle.py`): a row with a message identity to the chunk of a hash of its
-    (pid, seq), a row without one to chunk 0, a consumer's `committed` row on the audited cluster to
+    (`spark_jobs/reconcile/settle.py`): a row with a message identity to the chunk of its seq (ranges
+    cut at the ledger's seqs), a row without one to chunk 0, a consumer's `committed` row on the audited cluster to
     every chunk, a mirrored topic's rows to chunk 0; the order of consumption's flags computed over
     the whole window first (`_flag`). Each chunk settled alone, then `classify_parts`."""
-    import zlib
+    import bisect
 
     import numpy as np
     import pyarrow as pa
@@ -586,10 +586,14 @@ def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tab
             flag |= kernel.flag_processings(consumed, tc, ws)
         consumed = consumed.append_column("_flag", pa.array(flag))
 
+    # the cuts: the ledger's distinct seqs at n - 1 evenly spaced ranks
+    seqs = sorted({s for s in tables.ledger["seq"].to_pylist() if s is not None})
+    cuts = sorted({seqs[len(seqs) * k // n] for k in range(1, n)}) if seqs else []
+
     def chunks(t: Any, identified: Any, everywhere: Any = None) -> list[Any]:
         ids = []
         for r, ok in zip(t.to_pylist(), identified, strict=True):
-            ids.append(0 if not ok or r["topic"] in mirrored else zlib.crc32(f"{r['pid']}/{r['seq']}".encode()) % n)
+            ids.append(0 if not ok or r["topic"] in mirrored else bisect.bisect_right(cuts, r["seq"]))
         ids_a = np.array(ids, dtype=np.int64)
         every = np.zeros(t.num_rows, dtype=bool) if everywhere is None else np.asarray(everywhere)
         return [t.filter(pa.array((ids_a == k) | every)) for k in range(n)]

@@ -110,7 +110,9 @@ def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
 # Where a published window is settled (`reconcile.engine`): in the driver (`driver`; `auto` for these
 # few rows) or in Spark tasks (`spark`). The other engine is made to fail, so each case proves which
 # one ran.
-PATHS = {"auto": {}, "driver": {"reconcile": {"engine": "driver"}}, "spark": {"reconcile": {"engine": "spark"}}}
+# `tasks`: engine spark with the window cut in two chunks (its few rows would make one).
+PATHS = {"auto": {}, "driver": {"reconcile": {"engine": "driver"}}, "spark": {"reconcile": {"engine": "spark"}},
+         "tasks": {"reconcile": {"engine": "spark"}}}
 
 
 def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
@@ -122,8 +124,12 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
             raise AssertionError(f"the {what} ran")
         return refused
 
-    if path == "spark":
+    if path in ("spark", "tasks"):
         monkeypatch.setattr(settle, "in_driver", refuse("driver engine"))
+        if path == "tasks":
+            import spark_jobs.reconcile as reconcile
+
+            monkeypatch.setattr(reconcile, "chunk_count", lambda rows, parallelism: 2)
     else:
         monkeypatch.setattr(settle, "in_tasks", refuse("Spark-task engine"))
 
@@ -177,8 +183,9 @@ def _our_persisted_rdds(spark: Any) -> set[int]:
 STEPS = {
     "auto": {"inputs counted / collected", "lookups", "published"},
     "driver": {"inputs counted / collected", "lookups", "published"},
-    "spark": {"inputs counted / collected", "lookups", "committed offsets", "order of consumption", "chunks",
-              "settled in 2 tasks", "checks that need neighbours, gathered", "published"},
+    "spark": {"inputs counted / collected", "lookups", "settled in one task", "published"},
+    "tasks": {"inputs counted / collected", "lookups", "committed offsets", "order of consumption", "chunks",
+              "settled in 2 tasks", "bounds", "checks that need neighbours, gathered", "published"},
 }
 
 
@@ -513,7 +520,7 @@ def _retopic(inputs: Any, topic: str, sinks: dict[str, str]) -> Any:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("path", ["driver", "spark"])
+@pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_many_topics_in_one_plan_each_equal_the_oracle(spark: Any, make_config: Callable[..., Config],
                                                        tmp_path: Path, path: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,7 +101,7 @@ def _group_names(tc: TopicConfig) -> pa.Array:
     return pa.array(sorted(set(tc.groups)), pa.string())
 
 
-def _processing(rows: Any) -> Any:
+def is_processing(rows: Any) -> Any:
     """Whether each consumption row processed its message on the audited cluster."""
     return pc.and_(pc.is_null(rows["cluster"]), pc.is_in(rows["outcome"], pa.array(sorted(PROCESSING_OUTCOMES))))
 
@@ -116,7 +116,7 @@ def consumed_seen(rows: Any, tc: TopicConfig, ws: datetime) -> Any:
 
 def flag_processings(consumed: pa.Table, tc: TopicConfig, ws: datetime) -> np.ndarray:
     """The order of consumption's flags over `consumed`'s visible processings (a mask over its rows)."""
-    seen = bools(pc.and_(consumed_seen(consumed, tc, ws), _processing(consumed)))
+    seen = bools(pc.and_(consumed_seen(consumed, tc, ws), is_processing(consumed)))
     out = np.zeros(consumed.num_rows, dtype=bool)
     rows = np.flatnonzero(seen)
     if len(rows):
@@ -269,7 +269,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         c_part, c_off, c_ts = ints(con["partition"]), ints(con["offset"]), us(con["consume_ts"])
         on_source = bools(pc.is_null(con["cluster"]))
         is_commit = bools(pc.equal(con["outcome"], COMMITTED))
-        processing = bools(_processing(con))
+        processing = bools(is_processing(con))
         flagged = bools(con["_flag"]) if "_flag" in con.column_names else flag_processings(con, tc, ws)
     valid_log = bools(pc.and_(pc.is_null(log["header_error"]), pc.and_(pc.is_valid(log["pid"]), pc.is_valid(log["seq"]))))
     tiers = [(led["pid"], led["seq"], np.ones(led.num_rows, dtype=bool)), (log["pid"], log["seq"], valid_log)]
@@ -440,10 +440,13 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 
 
 def classify_parts(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[Settled]) -> oracle.OracleResult:
-    """The window's result from the settled parts of its chunks (each message in one of them)."""
+    """The window's result from the settled parts of its chunks (each message in one of them; chunk
+    k's seqs below chunk k + 1's), their log order and gaps found chunk by chunk (`neighbours.in_chunks`)."""
     anomalies = [a for p in parts for a in p.facts.anomalies]
     narrow = pa.concat_tables([p.narrow for p in parts]) if parts else _no_narrow()
-    oracle.emit_neighbour_rows(oracle.anomaly_emitter(anomalies, tc.name, ws, as_of), *found_by_neighbours(narrow))
+    reordered, gaps = neighbours.in_chunks([p.narrow for p in parts])
+    oracle.emit_neighbour_rows(oracle.anomaly_emitter(anomalies, tc.name, ws, as_of), reordered, gaps,
+                               neighbours.content(narrow))
     ignored: dict[tuple[str, str], int] = {}
     for p in parts:
         for k, n in p.facts.ignored.items():

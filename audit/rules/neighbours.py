@@ -96,22 +96,32 @@ def consumption_order(rows: pa.Table) -> np.ndarray:
     return out
 
 
+def _log_highs(orig: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """For originals (partition >= 0): their (partition, pid, offset, seq) order; per row, whether
+    its (partition, pid) has rows at lower positions and the highest seq among them; the pids'
+    names and codes."""
+    pid, names = _codes(orig["pid"])
+    part, off, seq = ints(orig["partition"]), ints(orig["offset"]), ints(orig["seq"])
+    order = np.lexsort((seq, off, pid, part))
+    low = int(seq.min())
+    h = prev_max(np.cumsum(_firsts(part[order], pid[order])) - 1, seq[order] - low)
+    has, high = np.zeros(len(order), dtype=bool), np.zeros(len(order), dtype=np.int64)
+    has[order], high[order] = h >= 0, h + low
+    return order, has, high, names, pid
+
+
 def log_order(narrow: pa.Table) -> list[tuple[str, int, int, int, int]]:
-    """(pid, seq, partition, offset, the highest seq before it) of each original of the window whose
-    seq is below the highest seq of its (partition, pid) at lower positions."""
+    """(pid, seq, partition, offset, the highest seq before it) of each original of the window
+    whose seq is below the highest seq of its (partition, pid) at lower positions."""
     orig = narrow.filter(pc.greater_equal(narrow["partition"], 0))
     if not orig.num_rows:
         return []
-    pid, names = _codes(orig["pid"])
-    part, off, seq, win = ints(orig["partition"]), ints(orig["offset"]), ints(orig["seq"]), bools(orig["win"])
-    order = np.lexsort((seq, off, pid, part))
-    p, c, s = part[order], pid[order], seq[order]
-    low = int(s.min())
-    high = prev_max(np.cumsum(_firsts(p, c)) - 1, s - low)
-    late = order[(high >= 0) & (s - low < high) & win[order]]
-    highs = (high + low)[(high >= 0) & (s - low < high) & win[order]]
-    return [(names[c_], q, pp, o, h) for c_, q, pp, o, h in
-            zip(pid[late].tolist(), seq[late].tolist(), part[late].tolist(), off[late].tolist(), highs.tolist(),
+    order, has, high, names, pid = _log_highs(orig)
+    seq, win = ints(orig["seq"]), bools(orig["win"])
+    late = order[(has & (seq < high) & win)[order]]
+    part, off = ints(orig["partition"]), ints(orig["offset"])
+    return [(names[c], q, pp, o, h) for c, q, pp, o, h in
+            zip(pid[late].tolist(), seq[late].tolist(), part[late].tolist(), off[late].tolist(), high[late].tolist(),
                 strict=True)]
 
 
@@ -126,6 +136,148 @@ def gaps(narrow: pa.Table) -> list[tuple[str, int, int]]:
     c, s, w = pid[order], seq[order], win[order]
     at = np.flatnonzero((c[1:] == c[:-1]) & (s[1:] - s[:-1] > 1) & w[1:])
     return [(names[k], a, b) for k, a, b in zip(c[at].tolist(), s[at].tolist(), s[at + 1].tolist(), strict=True)]
+
+
+# ---------------------------------------------------------------------------- a window in chunks
+# A window cut into chunks by seq range (chunk k's seqs all below chunk k + 1's, for every pid) has
+# its log order and gaps found chunk by chunk: each chunk alone, plus what crosses the cuts, from
+# each chunk's bounds (`bounds`) and the few rows they point at (`log_order_part`).
+BOUNDS = pa.schema([("chunk", pa.int64()), ("pid", pa.string()), ("partition", pa.int64()), ("lo", pa.int64()),
+                    ("hi", pa.int64()), ("win", pa.bool_())])
+_FAR = 2**62
+
+
+def bounds(narrow: pa.Table, chunk: int) -> pa.Table:
+    """A chunk's bounds (BOUNDS): per (pid, partition) of its originals, the lowest and highest
+    offset; per pid of its present messages (partition -1), the lowest seq (and whether it is in the
+    window) and the highest."""
+    out = []
+    orig = narrow.filter(pc.greater_equal(narrow["partition"], 0))
+    if orig.num_rows:
+        g = orig.group_by(["pid", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
+        out.append(pa.table({"pid": g["pid"], "partition": g["partition"], "lo": g["offset_min"],
+                             "hi": g["offset_max"], "win": pa.nulls(g.num_rows, pa.bool_())}))
+    present = narrow.filter(narrow["present"])
+    if present.num_rows:
+        pid, names = _codes(present["pid"])
+        seq, win = ints(present["seq"]), bools(present["win"])
+        order = np.lexsort((seq, pid))
+        first = _firsts(pid[order])
+        last = np.append(first[1:], True)
+        out.append(pa.table({"pid": pa.array([names[c] for c in pid[order][first].tolist()], pa.string()),
+                             "partition": pa.array(np.full(int(first.sum()), -1, np.int64)),
+                             "lo": pa.array(seq[order][first]), "hi": pa.array(seq[order][last]),
+                             "win": pa.array(win[order][first])}))
+    t = pa.concat_tables([x.cast(BOUNDS.remove(0)) for x in out]) if out else BOUNDS.remove(0).empty_table()
+    return t.add_column(0, "chunk", pa.array(np.full(t.num_rows, chunk, np.int64)))
+
+
+def gaps_across(every: pa.Table) -> list[tuple[str, int, int]]:
+    """(pid, a, b) of the gaps across cuts: a the highest present seq of a pid in one chunk, b its
+    lowest in the next chunk that has one, b - a > 1, b in the window (`every`: all chunks' bounds)."""
+    rows = every.filter(pc.equal(every["partition"], -1))
+    if not rows.num_rows:
+        return []
+    pid, names = _codes(rows["pid"])
+    chunk, lo, hi, win = ints(rows["chunk"]), ints(rows["lo"]), ints(rows["hi"]), bools(rows["win"])
+    order = np.lexsort((chunk, pid))
+    c, lo, hi, w = pid[order], lo[order], hi[order], win[order]
+    at = np.flatnonzero((c[1:] == c[:-1]) & (lo[1:] - hi[:-1] > 1) & w[1:])
+    return [(names[k], a, b) for k, a, b in zip(c[at].tolist(), hi[at].tolist(), lo[at + 1].tolist(), strict=True)]
+
+
+def around(every: pa.Table) -> pa.Table:
+    """Per chunk and (pid, partition) of its originals (from all chunks' bounds): the lowest offset
+    in the later chunks (`after`) and the highest in the earlier ones (`before`), null where none."""
+    rows = every.filter(pc.greater_equal(every["partition"], 0))
+    if not rows.num_rows:
+        return pa.table({"chunk": pa.array([], pa.int64()), "pid": pa.array([], pa.string()),
+                         "partition": pa.array([], pa.int64()), "after": pa.array([], pa.int64()),
+                         "before": pa.array([], pa.int64())})
+    pid, _ = _codes(rows["pid"])
+    chunk, part, lo, hi = ints(rows["chunk"]), ints(rows["partition"]), ints(rows["lo"]), ints(rows["hi"])
+    order = np.lexsort((chunk, part, pid))
+    seg = np.cumsum(_firsts(pid[order], part[order])) - 1
+    before = prev_max(seg, hi[order])
+    rev = order[::-1]
+    seg_r = seg[::-1]
+    after = prev_max(seg_r, _FAR - lo[rev])  # its segments run backwards: still each in one run
+    after_r = np.where(after >= 0, _FAR - after, -1)[::-1]
+    taken = rows.take(pa.array(order))
+    return pa.table({"chunk": taken["chunk"], "pid": taken["pid"], "partition": taken["partition"],
+                     "after": pc.if_else(pa.array(after_r >= 0), pa.array(after_r), pa.scalar(None, pa.int64())),
+                     "before": pc.if_else(pa.array(before >= 0), pa.array(before), pa.scalar(None, pa.int64()))})
+
+
+FLAGGED = pa.schema([("pid", pa.string()), ("seq", pa.int64()), ("partition", pa.int64()), ("offset", pa.int64()),
+                     ("high", pa.int64())])
+
+
+def log_order_part(narrow: pa.Table, near: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """One chunk's part of the log order, given its `around` rows (`near`): the originals of the
+    window it flags (FLAGGED; `high` the highest seq before it in this chunk, null: none) -- a seq
+    below that, or an offset above a later chunk's lowest -- and its rows at offsets below an earlier
+    chunk's highest (FLAGGED's columns, `high` null): the only ones a flagged row of an earlier chunk
+    can find before it."""
+    orig = narrow.filter(pc.greater_equal(narrow["partition"], 0))
+    if not orig.num_rows:
+        return FLAGGED.empty_table(), FLAGGED.empty_table()
+    orig = orig.select(["pid", "seq", "partition", "offset", "win"])
+    _, has, high, _, _ = _log_highs(orig)
+    orig = orig.append_column("high", pc.if_else(pa.array(has), pa.array(high), pa.scalar(None, pa.int64())))
+    if near.num_rows:
+        orig = orig.join(near.select(["pid", "partition", "after", "before"]), ["pid", "partition"])
+    else:
+        orig = orig.append_column("after", pa.nulls(orig.num_rows, pa.int64())) \
+            .append_column("before", pa.nulls(orig.num_rows, pa.int64()))
+    seq, off, win = ints(orig["seq"]), ints(orig["offset"]), bools(orig["win"])
+    has, high = bools(pc.is_valid(orig["high"])), ints(orig["high"], 0)
+    after, before = ints(orig["after"], _FAR), ints(orig["before"], -1)
+    flagged = orig.filter(pa.array(win & ((has & (seq < high)) | (off > after))))
+    stairs = orig.filter(pa.array(off < before))
+    return (flagged.select(FLAGGED.names).cast(FLAGGED),
+            stairs.select(FLAGGED.names[:4]).append_column("high", pa.nulls(stairs.num_rows, pa.int64())).cast(FLAGGED))
+
+
+def log_order_across(flagged: pa.Table, stairs: pa.Table) -> list[tuple[str, int, int, int, int]]:
+    """`log_order`'s rows from every chunk's `log_order_part` (each table with its `chunk`): a
+    flagged row's highest seq before it is the larger of its chunk's and that of the later chunks'
+    rows at lower offsets of its (partition, pid)."""
+    later: dict[tuple[str, int], dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    if stairs.num_rows:
+        pid, names = _codes(stairs["pid"])
+        part, off, seq, chunk = ints(stairs["partition"]), ints(stairs["offset"]), ints(stairs["seq"]), ints(stairs["chunk"])
+        order = np.lexsort((off, chunk, part, pid))
+        firsts = np.flatnonzero(_firsts(pid[order], part[order], chunk[order]))
+        for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(order)], strict=True):
+            at = order[a:b]
+            later.setdefault((names[pid[at[0]]], int(part[at[0]])), {})[int(chunk[at[0]])] = (
+                off[at], np.maximum.accumulate(seq[at]))
+    out = []
+    for r in sorted(flagged.to_pylist(), key=lambda r: (r["partition"], r["pid"], r["offset"], r["seq"])):
+        highs = [] if r["high"] is None else [r["high"]]
+        for c, (offs, runs) in later.get((r["pid"], r["partition"]), {}).items():
+            k = int(np.searchsorted(offs, r["offset"]))  # the rows at lower offsets
+            if c > r["chunk"] and k:
+                highs.append(int(runs[k - 1]))
+        out.append((r["pid"], r["seq"], r["partition"], r["offset"], max(highs)))
+    return out
+
+
+def in_chunks(narrows: list[pa.Table]) -> tuple[list[Any], list[Any]]:
+    """`log_order` and `gaps` of a window given as its chunks' narrow rows (chunk k's seqs below chunk
+    k + 1's), each chunk looked at alone as a Spark task does, then what crosses the cuts."""
+    every = pa.concat_tables([bounds(nr, k) for k, nr in enumerate(narrows)]) if narrows else BOUNDS.empty_table()
+    near = around(every)
+    flagged, stairs, found_gaps = [], [], gaps_across(every)
+    for k, nr in enumerate(narrows):
+        f, s = log_order_part(nr, near.filter(pc.equal(near["chunk"], k)))
+        flagged.append(f.append_column("chunk", pa.array(np.full(f.num_rows, k, np.int64))))
+        stairs.append(s.append_column("chunk", pa.array(np.full(s.num_rows, k, np.int64))))
+        found_gaps += gaps(nr)
+    if not narrows:
+        return [], []
+    return log_order_across(pa.concat_tables(flagged), pa.concat_tables(stairs)), found_gaps
 
 
 def content(narrow: pa.Table) -> list[tuple[str, int, int, int, str, int]]:

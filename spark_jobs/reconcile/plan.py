@@ -22,6 +22,10 @@ DRIVER_ROWS = 1_000_000
 # A chunk (one Spark task) holds about this many input rows: a few hundred MB of Arrow columns and
 # numpy arrays in its Python worker (docs/internals.md).
 CHUNK_ROWS = 1_500_000
+# A batch is cut into one chunk per core only where each holds at least this many rows: a smaller one
+# costs its Spark jobs more than the second core saves, and one chunk needs no passes of its own for
+# the checks that need neighbours.
+MIN_CHUNK_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int = MAX_TOPICS_P
 
 def chunk_count(rows: int, parallelism: int) -> int:
     """The chunks (Spark tasks) a batch of `rows` input rows is settled in: about CHUNK_ROWS rows each,
-    and at least one per core of the cluster, so every core takes a part."""
-    return max(1, -(-rows // CHUNK_ROWS), parallelism)
+    and one per core of the cluster where each gets at least MIN_CHUNK_ROWS, so every core takes a part."""
+    return max(1, -(-rows // CHUNK_ROWS), min(parallelism, rows // MIN_CHUNK_ROWS))
 
 
 def job_label(shape: Shape, ws: datetime) -> str:

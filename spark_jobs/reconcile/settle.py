@@ -3,8 +3,9 @@ driver for a small batch, in Spark tasks for a large one -- the same functions o
 
 The batch's rows of every tier (ledger, log, consumption, sinks, mirror copies) are one frame,
 `tiers`, each row tagged with its tier (`_tag`) and holding its tier's columns. A small batch is
-collected as Arrow columns and settled here (`in_driver`). A large one is split by message into
-chunks, one Spark task each (`in_tasks`):
+collected as Arrow columns and settled here (`in_driver`). A larger one is settled in Spark tasks
+(`in_tasks`): in one task, whole, as the driver would, when it is one chunk; else split by message
+into chunks, one Spark task each:
 
 1. the order of consumption is a property of each (group, partition)'s processings, not of one
    message: one pass, partitioned by (topic, group, partition), finds the processings that go
@@ -18,9 +19,13 @@ chunks, one Spark task each (`in_tasks`):
    settles its rows with `kernel.settle`, given the window's small inputs (watermarks, group
    offsets, the consumer interceptor's `committed` rows), and writes `OUT` rows: anomalies,
    counts, latency histograms and one narrow row per message;
-3. the checks that need neighbours are two passes over the narrow rows, each partitioned by what
-   it needs together: (topic, pid) for the log order (per partition and pid) and the gaps, (topic,
-   fingerprint hash) for content duplicates;
+3. the log order and the gaps are found chunk by chunk, since a chunk holds a range of every pid's
+   seqs: each task emits its chunk's bounds (per pid and partition: lowest and highest offset; per
+   pid: lowest and highest present seq), which the driver collects; the gaps across cuts come from
+   the bounds alone, and a map pass over each chunk's narrow rows (no shuffle) finds its gaps, its
+   flagged originals and the rows an earlier chunk's flagged ones may find before them
+   (`neighbours.log_order_part`), which the driver joins (`neighbours.log_order_across`). Content
+   duplicates are one pass over the originals whose fingerprint's first hash repeats, by hash;
 4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
    latency), and assembles each topic's report (`kernel.result`).
 
@@ -76,16 +81,22 @@ OUT = StructType([StructField(n, t, True) for n, t in (
     ("topic", StringType()), ("kind", StringType()), ("stage", StringType()), ("partition", LongType()),
     ("anomaly", StringType()), ("pid", StringType()), ("seq", LongType()), ("offset", LongType()),
     ("detail", StringType()), ("value", DoubleType()), ("n", LongType()), ("present", BooleanType()),
-    ("pt", LongType()), ("win", BooleanType()), ("fp1", LongType()), ("fp2", LongType()))])
+    ("pt", LongType()), ("win", BooleanType()), ("fp1", LongType()), ("fp2", LongType()), ("lo", LongType()),
+    ("hi", LongType()))])
 _OUT_ARROW = pa.schema([
     ("topic", pa.string()), ("kind", pa.string()), ("stage", pa.string()), ("partition", pa.int64()),
     ("anomaly", pa.string()), ("pid", pa.string()), ("seq", pa.int64()), ("offset", pa.int64()),
     ("detail", pa.string()), ("value", pa.float64()), ("n", pa.int64()), ("present", pa.bool_()),
-    ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()), ("fp2", pa.int64())])
+    ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()), ("fp2", pa.int64()), ("lo", pa.int64()),
+    ("hi", pa.int64())])
 # OUT's kinds: an anomaly row, a count per (stage, partition) (`anomaly`: expected / delivered /
 # pending), a latency and how many have it, quarantined ledger rows, rows read on a mirror their
-# group does not fail over to (`stage`: the group, `anomaly`: the cluster), a narrow row
+# group does not fail over to (`stage`: the group, `anomaly`: the cluster), a narrow row (`n`: its
+# chunk); in several chunks also a chunk's bounds (`neighbours.BOUNDS`: `n` the chunk, `lo`, `hi`,
+# `win`), and its part of the log order: a flagged original (`hi`: its chunk's highest seq before
+# it) or a row at an offset an earlier chunk passed (`neighbours.log_order_part`)
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
+BOUND, FLAGGED, STAIR = "B", "F", "S"
 
 
 def tiers(vis: WindowInputs) -> DataFrame:
@@ -122,28 +133,13 @@ def small_inputs(vis: WindowInputs) -> Small:
                  _rows_of(vis.mirror_group_offsets, oracle.MirrorGroupOffset))
 
 
-def _split(rows: pa.Table, small: Small) -> kernel.Tables:
-    """A chunk's rows (`tiers`' columns) as the kernel's tables."""
-    tags = rows["_tag"]
-
-    def tier(tag: str) -> pa.Table:
-        cols = [c for c in TIERS[tag][1] if c in rows.column_names]
-        if tag == "consumed" and "_flag" in rows.column_names:
-            cols.append("_flag")
-        return rows.filter(pc.equal(tags, tag)).select(cols)
-
-    consumed = tier("consumed")
-    if small.commits is not None and small.commits.num_rows:
-        commits = small.commits.select([c for c in consumed.column_names if c in small.commits.column_names])
-        if "_flag" in consumed.column_names:
-            commits = commits.append_column("_flag", pa.array(np.zeros(commits.num_rows, dtype=bool)))
-        consumed = pa.concat_tables([consumed, commits.cast(consumed.schema)])
-    sink = tier("sink")
-    sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
-        if sink.num_rows else {}
-    return kernel.Tables(ledger=tier("ledger"), log=tier("log"), consumed=consumed, sinks=sinks,
-                         group_offsets=small.group_offsets, watermarks=small.watermarks, mirror_log=tier("mirror_log"),
-                         mirror_watermarks=small.mirror_watermarks, mirror_group_offsets=small.mirror_group_offsets)
+def _parts(rows: pa.Table) -> dict[str, list[pa.Table]]:
+    """Rows of `tiers`' columns (perhaps without some) as each tier's table, by their `_tag`."""
+    parts: dict[str, list[pa.Table]] = {}
+    for tag in pc.unique(rows["_tag"]).to_pylist() if rows.num_rows else []:
+        one = rows.filter(pc.equal(rows["_tag"], tag))
+        parts.setdefault(tag, []).append(one.select([c for c in TIERS[tag][1] if c in one.column_names]))
+    return parts
 
 
 def _table(rows: dict[str, list[Any]]) -> pa.Table:
@@ -187,12 +183,6 @@ def _full(t: pa.Table) -> pa.Table:
     """`t` with every OUT column, in order (the missing ones null)."""
     return pa.table([t[f.name] if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in _OUT_ARROW],
                     schema=_OUT_ARROW)
-
-
-def settle_rows(rows: pa.Table, topics: Sequence[TopicConfig], ws: datetime, as_of: datetime, small: Small) -> pa.Table:
-    """The OUT rows of a chunk's rows (or a whole batch's), every topic of the batch."""
-    t = _split(rows, small)
-    return pa.concat_tables([out_rows(tc.name, kernel.settle(tc, ws, as_of, t)) for tc in topics])
 
 
 def neighbour_rows(narrow: pa.Table, ws: datetime, as_of: datetime, checks: str = "log gaps content") -> pa.Table:
@@ -251,10 +241,15 @@ def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
 def in_driver(rows: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
               small: Small) -> dict[str, oracle.OracleResult]:
     """A batch settled here from all its rows (`tiers`, collected): one chunk."""
-    out = settle_rows(rows, shape.topics, ws, as_of, small)
+    return results(_with_neighbours(_settle_parts(_parts(rows), shape.topics, ws, as_of, small, None), ws, as_of),
+                   shape, ws, as_of, small)
+
+
+def _with_neighbours(out: pa.Table, ws: datetime, as_of: datetime) -> pa.Table:
+    """The OUT rows of a whole batch (one chunk) with its narrow rows replaced by what the checks
+    that need neighbours find over them."""
     is_narrow = pc.equal(out["kind"], NARROW)
-    found = neighbour_rows(out.filter(is_narrow), ws, as_of)
-    return results(pa.concat_tables([out.filter(pc.invert(is_narrow)), found]), shape, ws, as_of, small)
+    return pa.concat_tables([out.filter(pc.invert(is_narrow)), neighbour_rows(out.filter(is_narrow), ws, as_of)])
 
 
 # ---------------------------------------------------------------------------- in Spark tasks
@@ -270,8 +265,7 @@ _MARKER = "_marker"  # a row of no tier: tells each task its chunk (`_chunk`)
 
 def _processings(rows: pa.Table) -> pa.Table:
     """The processings on the audited cluster among consumption rows, as the order of consumption's columns."""
-    keep = pc.and_(pc.is_null(rows["cluster"]), pc.is_in(rows["outcome"], pa.array(sorted(PROCESSING_OUTCOMES))))
-    return rows.filter(pc.fill_null(keep, False)).select(list(_KEYS))
+    return rows.filter(pc.fill_null(kernel.is_processing(rows), False)).select(list(_KEYS))
 
 
 def _bucket(rows: pa.Table, b: int) -> np.ndarray:
@@ -361,7 +355,7 @@ class Chunks:
     def n(self) -> int:
         return len(self.cuts) + 1
 
-    def ids(self, rows: pa.Table, tag: str) -> np.ndarray:
+    def ids(self, rows: pa.Table) -> np.ndarray:
         identified = pc.and_(pc.is_valid(rows["pid"]), pc.is_valid(rows["seq"]))
         if "header_error" in rows.column_names:
             identified = pc.and_(identified, pc.is_null(rows["header_error"]))
@@ -421,7 +415,7 @@ def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
                      for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
     if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
         return rows
-    return rows.filter(pa.array(chunks.ids(rows, "") == k))
+    return rows.filter(pa.array(chunks.ids(rows) == k))
 
 
 def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
@@ -439,7 +433,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     topics = shape.topics
     consumed = vis.consumed
     flagged = None
-    if consumed is not None:
+    if consumed is not None and n > 1:  # one chunk holds every consumption row: its task orders them
         is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
         cols = [c for c in TIERS["consumed"][1] if c in consumed.columns]
         with described(spark, f"{label}: committed offsets"):
@@ -447,11 +441,13 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         consumed = consumed.where(~is_commit)
         with described(spark, f"{label}: order of consumption"):
             flagged = _flagged(spark, consumed, n)
-    with described(spark, f"{label}: chunks"):
-        ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
-        probs = [k / n for k in range(1, n)]
-        cuts = sorted({int(c) for c in ledger.approxQuantile("seq", probs, 0.001)}) if probs else []
-        keys = _chunk_keys(spark, len(cuts) + 1)
+    cuts: list[int] = []
+    keys = [0]  # one partition: any key
+    if n > 1:
+        with described(spark, f"{label}: chunks"):
+            ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
+            cuts = sorted({int(c) for c in ledger.approxQuantile("seq", [k / n for k in range(1, n)], 0.001)})
+            keys = _chunk_keys(spark, len(cuts) + 1)
     chunks = Chunks(tuple(cuts), tuple(shape.mirrored))
     # each tier's frame: read by the tasks themselves where it is plain local Parquet, else by Spark
     frames = {"ledger": vis.ledger, "log": vis.log, "consumed": consumed, "mirror_log": vis.mirror_log,
@@ -489,22 +485,29 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             return
         is_marker = pc.equal(got["_tag"], _MARKER)
         k = int(got.filter(is_marker)["_chunk"][0].as_py())
-        parts: dict[str, list[pa.Table]] = {}
-        rest = got.filter(pc.invert(is_marker))
-        for tag in pc.unique(rest["_tag"]).to_pylist() if rest.num_rows else []:
-            one = rest.filter(pc.equal(rest["_tag"], tag))
-            parts.setdefault(tag, []).append(one.select([c for c in TIERS[tag][1] if c in one.column_names]))
+        parts = _parts(got.filter(pc.invert(is_marker)))
         for key, ft in files.items():
             read = read_files(ft, chunks, k)
-            if key == "consumed":  # the committed rows every task is given (`Small.commits`)
+            if key == "consumed" and small.commits is not None:  # every task is given these (`Small.commits`)
                 read = read.filter(pc.invert(pc.fill_null(pc.and_(pc.equal(read["outcome"], COMMITTED),
                                                                    pc.is_null(read["cluster"])), False)))
             elif key.startswith("sink:"):
                 read = read.append_column("sink", pa.array([key[len("sink:"):]] * read.num_rows, pa.string()))
             parts.setdefault(key.split(":")[0], []).append(read)
-        yield from _settle_parts(parts, topics, ws, as_of, small, flagged).to_batches()
+        out = _settle_parts(parts, topics, ws, as_of, small, flagged)
+        if len(keys) == 1:
+            yield from _with_neighbours(out, ws, as_of).to_batches()
+            return
+        is_narrow = pc.equal(out["kind"], NARROW)
+        narrow = out.filter(is_narrow)
+        narrow = narrow.set_column(narrow.schema.get_field_index("n"), "n", pa.array(np.full(narrow.num_rows, k, np.int64)))
+        yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), narrow, _bounds(narrow, k)]).to_batches()
 
-    settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT).persist(StorageLevel.MEMORY_AND_DISK)
+    settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT)
+    if len(keys) == 1:  # one task settled the batch whole, the checks that need neighbours too
+        with described(spark, f"{label}: settled in one task"):
+            return results(settled.toArrow().cast(_OUT_ARROW), shape, ws, as_of, small)
+    settled = settled.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with described(spark, f"{label}: settled in {len(keys)} tasks"):
             settled.count()
@@ -518,10 +521,19 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             return run
 
         b = max(n, 1)
-        # the log order (per partition and pid) and the gaps (per pid) in one pass, by pid
-        by_pid = (narrow.where("partition >= 0 OR present").select("topic", "pid", "seq", "present", "partition",
-                                                                   "offset", "win")
-                  .repartition(b, "topic", "pid").mapInArrow(check("log gaps"), OUT))
+        # the log order and the gaps: each chunk's own, in its partition of `settled` (no shuffle), and
+        # what crosses the cuts, from every chunk's bounds (collected: a few rows per pid and chunk)
+        with described(spark, f"{label}: bounds"):
+            every = settled.where(F.col("kind") == BOUND).select(*OUT.names).toArrow().cast(_OUT_ARROW)
+        near = {t: neighbours.around(_bounds_of(every, t)) for t in pc.unique(every["topic"]).to_pylist()}
+        across = _out_anomalies({t: neighbours.gaps_across(_bounds_of(every, t)) for t in near}, ws, as_of, "gaps")
+
+        def part(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            got = _whole(batches)
+            if got is not None:
+                yield from _chunk_part(got, near, ws, as_of).to_batches()
+
+        by_chunk = narrow.select(*OUT.names).mapInArrow(part, OUT)
         # content duplicates: only the originals whose fingerprint's first hash another one holds
         held = narrow.where("partition >= 0 AND fp1 IS NOT NULL")
         repeated = held.groupBy("topic", "fp1").count().where("count > 1").select("topic", "fp1")
@@ -532,12 +544,79 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                      .agg(F.sum("n").alias("n")))
         rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED))
         gathered_df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True),
-                             [rest, latencies, by_pid, content])
+                             [rest, latencies, by_chunk, content])
         with described(spark, f"{label}: checks that need neighbours, gathered"):
-            gathered = gathered_df.select(*OUT.names).toArrow()
+            gathered = gathered_df.select(*OUT.names).toArrow().cast(_OUT_ARROW)
     finally:
         settled.unpersist()
-    return results(gathered.cast(_OUT_ARROW), shape, ws, as_of, small)
+    return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
+                   small)
+
+
+def _bounds(narrow: pa.Table, k: int) -> pa.Table:
+    """Chunk k's bounds (`neighbours.bounds`) of each topic, as OUT rows."""
+    parts = []
+    for topic in pc.unique(narrow["topic"]).to_pylist():
+        b = neighbours.bounds(narrow.filter(pc.equal(narrow["topic"], topic)), k)
+        parts.append(_full(pa.table({"topic": pa.array([topic] * b.num_rows, pa.string()),
+                                     "kind": pa.array([BOUND] * b.num_rows, pa.string()), "n": b["chunk"],
+                                     **{c: b[c] for c in ("pid", "partition", "lo", "hi", "win")}})))
+    return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
+
+
+def _bounds_of(rows: pa.Table, topic: str) -> pa.Table:
+    """A topic's BOUND rows as `neighbours.BOUNDS`."""
+    t = rows.filter(pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["kind"], BOUND)))
+    return pa.table({"chunk": t["n"], **{c: t[c] for c in ("pid", "partition", "lo", "hi", "win")}},
+                    schema=neighbours.BOUNDS)
+
+
+def _out_anomalies(found: dict[str, list[Any]], ws: datetime, as_of: datetime, which: str) -> pa.Table:
+    """The anomaly rows (OUT) of what `which` check ('log', 'gaps') found, per topic."""
+    parts = []
+    for topic, rows in found.items():
+        out: list[dict[str, Any]] = []
+        oracle.emit_neighbour_rows(oracle.anomaly_emitter(out, topic, ws, as_of), rows if which == "log" else [],
+                                   rows if which == "gaps" else [], [])
+        parts.append(_full(_table(_anomaly_rows(topic, out))))
+    return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
+
+
+def _chunk_part(narrow: pa.Table, near: dict[str, pa.Table], ws: datetime, as_of: datetime) -> pa.Table:
+    """One chunk's part of the log order and gaps (a task over its partition of the settled rows): the
+    gaps within it as anomaly rows, its flagged originals and the rows an earlier chunk may find
+    before them (`neighbours.log_order_part`) as FLAGGED and STAIR rows."""
+    k = int(narrow["n"][0].as_py())
+    parts = []
+    for topic in pc.unique(narrow["topic"]).to_pylist():
+        rows = narrow.filter(pc.equal(narrow["topic"], topic))
+        parts.append(_out_anomalies({topic: neighbours.gaps(rows)}, ws, as_of, "gaps"))
+        t_near = near.get(topic)
+        flagged, stairs = neighbours.log_order_part(
+            rows, t_near.filter(pc.equal(t_near["chunk"], k)) if t_near is not None else neighbours.around(
+                neighbours.BOUNDS.empty_table()))
+        for kind, t in ((FLAGGED, flagged), (STAIR, stairs)):
+            parts.append(_full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
+                                         "kind": pa.array([kind] * t.num_rows, pa.string()),
+                                         "n": pa.array(np.full(t.num_rows, k, np.int64)), "hi": t["high"],
+                                         **{c: t[c] for c in ("pid", "seq", "partition", "offset")}})))
+    return pa.concat_tables(parts)
+
+
+def _log_order_across(gathered: pa.Table, ws: datetime, as_of: datetime) -> pa.Table:
+    """The `reordered_in_log` rows (OUT) from every chunk's FLAGGED and STAIR rows."""
+    found = {}
+    for topic in pc.unique(gathered["topic"]).to_pylist():
+        of = gathered.filter(pc.equal(gathered["topic"], topic))
+
+        def kind(k: str, t: pa.Table = of) -> pa.Table:
+            x = t.filter(pc.equal(t["kind"], k))
+            return pa.table({"pid": x["pid"], "seq": x["seq"], "partition": x["partition"], "offset": x["offset"],
+                             "high": x["hi"], "chunk": x["n"]})
+        flagged = kind(FLAGGED)
+        if flagged.num_rows:
+            found[topic] = neighbours.log_order_across(flagged, kind(STAIR))
+    return _out_anomalies(found, ws, as_of, "log")
 
 
 def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig], ws: datetime, as_of: datetime,
@@ -553,7 +632,7 @@ def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig
     if small.commits is not None and small.commits.num_rows:
         consumed = small.commits if consumed is None else pa.concat_tables([consumed, small.commits],
                                                                            promote_options="permissive")
-    if consumed is not None:
+    if consumed is not None and flagged is not None:  # else the kernel orders the consumption itself
         consumed = mark_flags(consumed, flagged)
     sink = tier("sink")
     sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
