@@ -122,8 +122,8 @@ class ReportCollector:
             q = (sa.select(r.c.topic, r.c.stage, *[sa.func.max(r.c[col]) for _, col in QUANTILES])
                  .join(sub, sa.and_(sub.c.topic == r.c.topic, sub.c.ws == r.c.window_start))
                  .where(final).group_by(r.c.topic, r.c.stage).order_by(r.c.topic, r.c.stage))
-            for topic, stage, *values in conn.execute(q):
-                for (quantile, _), ms in zip(QUANTILES, values, strict=True):
+            for topic, stage, *worst in conn.execute(q):
+                for (quantile, _), ms in zip(QUANTILES, worst, strict=True):
                     if ms is not None:  # nothing delivered: no latency
                         latency.add_metric([topic, stage, quantile], float(ms) / 1000.0)
         yield latency
@@ -145,7 +145,7 @@ def registry(cfg: Config) -> CollectorRegistry:
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ReportCollector(cfg.report_store, cfg.metrics.partition_label))  # type: ignore[arg-type]
+    reg.register(ReportCollector(cfg.report_store, cfg.metrics.partition_label))
     return reg
 
 

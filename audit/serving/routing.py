@@ -148,14 +148,14 @@ def route_sla(cfg: Config, rows: Sequence[Mapping[str, Any]], topics: Sequence[s
                 if receiver == ALERTMANAGER:
                     assert a.alertmanager is not None
                     _post(f"{a.alertmanager}/api/v2/alerts",
-                          [_alert(labels, n.summary() if n else f"{labels['dedup_key']}: passed on a rerun",
+                          [_alert(labels, note.summary() if note else f"{labels['dedup_key']}: passed on a rerun",
                                   at, at + a.active_for if status == FIRING else at)
-                           for labels, n, status in firing], a.timeout.total_seconds())
+                           for labels, note, status in firing], a.timeout.total_seconds())
                 else:
                     assert a.webhook is not None
-                    for labels, n, status in firing:
-                        _post(a.webhook, _webhook_body(labels, status, n.summary() if n else
-                                                       f"{labels['dedup_key']}: passed on a rerun", n, at),
+                    for labels, note, status in firing:
+                        _post(a.webhook, _webhook_body(labels, status, note.summary() if note else
+                                                       f"{labels['dedup_key']}: passed on a rerun", note, at),
                               a.timeout.total_seconds())
             except (OSError, urllib.error.URLError) as e:
                 warn(f"alerts: cannot reach the {receiver} at {getattr(a, receiver)}: {e}; its notices are sent "
