@@ -22,7 +22,7 @@ from audit.core.vocabulary import REPORT_CODE_COLUMNS
 from audit.runtime.local_kafka import free_port
 from audit.serving import metrics
 from audit.serving.report_store import ReportStore
-from tests.support.monitoring import binary, prometheus, query
+from tests.support.monitoring import binary, prometheus, pushgateway, query
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "monitoring" / "prometheus" / "msgaudit-rules.yml"
@@ -156,6 +156,22 @@ def test_each_step_writes_the_textfile(tmp_path: Path) -> None:
     publish_known(cfg.report_store)
     publish_metrics(cfg)
     assert samples(cfg.metrics.textfile.read_text()) == EXPECTED
+
+
+@pytest.mark.e2e
+def test_each_step_pushes_to_a_real_pushgateway(tmp_path: Path) -> None:
+    from spark_jobs.pipeline.steps import publish_metrics
+
+    with pushgateway() as gateway:
+        cfg = make_cfg(tmp_path, pushgateway=gateway, job="msgaudit-test")
+        publish_known(cfg.report_store)
+        publish_metrics(cfg)
+        with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as resp:
+            pushed = samples(resp.read().decode())
+    ours = {(name, tuple(kv for kv in labels if kv[0] not in ("job", "instance"))): v
+            for (name, labels), v in pushed.items() if ("job", "msgaudit-test") in labels
+            and name.startswith("msgaudit_")}
+    assert ours == EXPECTED
 
 
 @pytest.mark.unit

@@ -137,3 +137,14 @@ class Webhook:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@contextmanager
+def pushgateway() -> Iterator[str]:
+    """A Prometheus Pushgateway (Debian's `prometheus-pushgateway`); yields its base URL."""
+    folder = Path(tempfile.mkdtemp(prefix="msgaudit-pgw-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _server([binary("prometheus-pushgateway", "prometheus-pushgateway"),
+                  f"--web.listen-address=127.0.0.1:{port}"], url, folder) as u:
+        yield u
