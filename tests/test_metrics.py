@@ -22,7 +22,7 @@ from audit.core.vocabulary import REPORT_CODE_COLUMNS
 from audit.runtime.local_kafka import free_port
 from audit.serving import metrics
 from audit.serving.report_store import ReportStore
-from tests.support.monitoring import binary, prometheus, pushgateway, query
+from tests.support.monitoring import binary, prometheus, pushgateway, query, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "monitoring" / "prometheus" / "msgaudit-rules.yml"
@@ -100,13 +100,6 @@ _add("msgaudit_sla_ok", 1, topic="orders", stage="log", rule="max_lost")
 _add("msgaudit_sla_ok", 1, topic="orders", stage="group:loader", rule="max_lost")
 _add("msgaudit_sla_ok", 0, topic="orders", stage="group:loader", rule="max_duplicate_ratio")
 _add("msgaudit_report_store_up", 1)
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def make_cfg(tmp_path: Path, **metrics_conf: Any) -> Config:

@@ -31,6 +31,14 @@ def binary(name: str, package: str) -> str:
     return found
 
 
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text -> {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
