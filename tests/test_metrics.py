@@ -168,6 +168,21 @@ def test_each_step_pushes_to_a_real_pushgateway(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_metrics_port_in_use_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = make_cfg(tmp_path, port=port, address="127.0.0.1")
+        with pytest.raises(ConfigError) as e:
+            metrics.serve(cfg)
+    assert str(e.value).startswith(f"<dict>: metrics.port: cannot listen on 127.0.0.1:{port}: ")
+    assert str(e.value).endswith("(choose a free port)") and "\n" not in str(e.value)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(("conf", "message"), [
     ({"listen": 9464}, "metrics: unknown key 'listen' (allowed: port, address, textfile, pushgateway, job, "
                        "partition_label)"),

@@ -30,7 +30,7 @@ from audit.serving.report_store import sla_results as sla_t
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from audit.core.config import Config
+    from audit.core.config import Config, MetricsConfig
 
 # (report column, metric name without `_total`, help) of the per-stage message counters.
 COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -58,6 +58,17 @@ class ReportCollector:
     def __init__(self, report_store: str, partition_label: bool = False) -> None:
         self.url = report_store
         self.partition_label = partition_label
+        self._store: ReportStore | None = None  # one engine for every scrape of a server
+
+    def _connect(self) -> sa.Connection:
+        if self._store is None:
+            self._store = ReportStore(self.url)
+        return self._store.engine.connect()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     def describe(self) -> list[Any]:
         return []  # no describe-time read of the store: registering must not need the database
@@ -66,7 +77,7 @@ class ReportCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            with ReportStore(self.url) as store, store.engine.connect() as conn:
+            with self._connect() as conn:
                 families = list(self._families(conn))
         except (MsgauditError, sa.exc.SQLAlchemyError) as e:
             up = GaugeMetricFamily(STORE_UP, f"1 when the report store was read, 0 when not ({type(e).__name__})")
@@ -140,20 +151,25 @@ class ReportCollector:
         yield ok
 
 
-def registry(cfg: Config) -> CollectorRegistry:
-    """A registry holding only the report store's collector."""
+def registry(cfg: Config) -> tuple[CollectorRegistry, ReportCollector]:
+    """A registry holding only the report store's collector, and the collector (to close)."""
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ReportCollector(cfg.report_store, cfg.metrics.partition_label))
-    return reg
+    collector = ReportCollector(cfg.report_store, cfg.metrics.partition_label)
+    reg.register(collector)
+    return reg, collector
 
 
 def exposition(cfg: Config) -> str:
     """The metrics in Prometheus's text format."""
     from prometheus_client import generate_latest
 
-    return generate_latest(registry(cfg)).decode("utf-8")
+    reg, collector = registry(cfg)
+    try:
+        return generate_latest(reg).decode("utf-8")
+    finally:
+        collector.close()
 
 
 def publish(cfg: Config, warn: Callable[[str], None]) -> None:
@@ -162,7 +178,14 @@ def publish(cfg: Config, warn: Callable[[str], None]) -> None:
     m = cfg.metrics
     if m.textfile is None and m.pushgateway is None:
         return
-    reg = registry(cfg)
+    reg, collector = registry(cfg)
+    try:
+        _publish(m, reg, warn)
+    finally:
+        collector.close()
+
+
+def _publish(m: MetricsConfig, reg: CollectorRegistry, warn: Callable[[str], None]) -> None:
     if m.textfile is not None:
         from prometheus_client import write_to_textfile
 
@@ -189,8 +212,9 @@ class Server:
         port = cfg.metrics.port
         if port is None:
             raise ValueError("metrics.port is not set")
+        reg, self.collector = registry(cfg)
         try:
-            self.httpd, self.thread = start_http_server(port, cfg.metrics.address, registry(cfg))
+            self.httpd, self.thread = start_http_server(port, cfg.metrics.address, reg)
         except OSError as e:
             from audit.core.errors import ConfigError
 
@@ -202,6 +226,7 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
+        self.collector.close()
 
 
 def serve(cfg: Config) -> Server | None:
