@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
              "SLA of each window as soon as it is final (its end + grace), judged at that instant as the "
              "scheduled DAG judges it (the same rows); it sleeps in between. The JVM starts and warms up once, "
              "not once per window. Restarted, it resumes where it stopped and catches up the windows missed. "
-             "It reads the config file again before each tick (a topic added is followed from then on).")
+             "It reads the config file again before each tick (a topic added is followed from then on). "
+             "With metrics.port in the config it serves the report store's figures at /metrics.")
     fo.add_argument("--since", default=None, help="first window to run, ISO 8601 UTC (default: where the last "
                     "follow stopped, else the first window not final yet)")
     fo.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",

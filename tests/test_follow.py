@@ -257,17 +257,26 @@ def test_the_config_file_is_read_again_before_each_tick(tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_breach(
         spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from audit.core.config import AlertsConfig, MetricsConfig
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, SLA_RESULTS, ReportStore
     from spark_jobs.pipeline.backfill import reconcile_step, sla_step
+    from tests.support.monitoring import Webhook, samples
 
-    cfg = _cfg(make_config, tmp_path)
+    hook = Webhook()  # the SLA step routes its failed rules here, and writes the metrics textfile
+    cfg = replace(_cfg(make_config, tmp_path), alerts=AlertsConfig(webhook=hook.url),
+                  metrics=MetricsConfig(textfile=tmp_path / "metrics.prom"))
     write_two_windows_one_lost(spark, cfg.lake, tmp_path / "sinks" / "s1")
     clock = Clock(at(80))
     warned: list[str] = []
     alerts = tmp_path / "alerts.jsonl"
-    result = follow(spark, cfg, since=T0, topics=[TOPIC], steps=[("reconcile", reconcile_step), ("sla", sla_step)],
-                    ingest=lambda s, c: None, clock=clock, sleep=clock.sleep, say=lambda _line: None,
-                    warn=warned.append, alert_log=alerts, max_ticks=2)
+    try:
+        result = follow(spark, cfg, since=T0, topics=[TOPIC], steps=[("reconcile", reconcile_step), ("sla", sla_step)],
+                        ingest=lambda s, c: None, clock=clock, sleep=clock.sleep, say=lambda _line: None,
+                        warn=warned.append, alert_log=alerts, max_ticks=2)
+    finally:
+        hook.close()
     assert result.done == [(TOPIC, T0), (TOPIC, at(60))] and result.sla_errors == 1
     assert clock.slept == [55 * 60]  # 11:20 -> 12:15
     with ReportStore(cfg.report_store) as store:
@@ -283,6 +292,12 @@ def test_follow_publishes_the_rows_a_backfill_publishes_and_alerts_on_an_sla_bre
         "msgaudit-follow", "2026-11-21T11:00:00+00:00", True, 3)
     assert [(r["rule"], r["observed"], r["threshold"], r["severity"]) for r in alert["failed_rules"]] == [
         ("max_lost", 1.0, 0.0, "error")]
+    (failed,) = [r for r in sla if not r["passed"]]
+    assert [(h["dedup_key"], h["status"], h["partitions"], h["observed"]) for h in hook.received] == [
+        ("msgaudit/t/2026-11-21T11:00:00Z/log/max_lost", "firing", [failed["partition"]], 1.0)]
+    exposed = samples((tmp_path / "metrics.prom").read_text())
+    assert exposed[("msgaudit_messages_lost_total", (("stage", "log"), ("topic", TOPIC)))] == 1
+    assert exposed[("msgaudit_sla_ok", (("rule", "max_lost"), ("stage", "log"), ("topic", TOPIC)))] == 0
 
 
 @pytest.mark.e2e

@@ -89,7 +89,7 @@ def sla_row(window_start: datetime = W0, topic: str = "orders", partition: int =
 
 def test_tables_and_views_are_created_on_first_use(store: ReportStore) -> None:
     inspector = sa.inspect(store.engine)
-    assert sorted(inspector.get_table_names()) == ["audit_anomalies", "audit_partition_report", "doctor_risks",
+    assert sorted(inspector.get_table_names()) == ["alert_notices", "audit_anomalies", "audit_partition_report", "doctor_risks",
                                                    "producer_settings", "sla_results"]
     assert sorted(inspector.get_view_names()) == sorted(VIEW_NAMES)
     report_cols = [c["name"] for c in inspector.get_columns("audit_partition_report")]

@@ -140,6 +140,73 @@ def _parse_ledger(value: Any, kafka: Mapping[str, str], where: str) -> LedgerTop
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """`metrics:` (docs/design.md §8, §4.6): where the report store's figures go in Prometheus's format.
+    `port`: `msgaudit follow` serves `/metrics` there (on `address`); `textfile`: each reconcile and
+    SLA step rewrites this node_exporter textfile; `pushgateway`: each such step pushes to this URL
+    under `job`; `partition_label`: the counters get a `partition` label (one series per partition)."""
+
+    port: int | None = None
+    address: str = "0.0.0.0"
+    textfile: Path | None = None
+    pushgateway: str | None = None
+    job: str = "msgaudit"
+    partition_label: bool = False
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    """`alerts:` (docs/design.md §8, §7.1): where each SLA check sends its failed rules, one notice per
+    (topic, window, stage, rule). `alertmanager`: Alertmanager's base URL (API v2); `webhook`: a URL
+    that gets each notice as a JSON POST; `active_for`: how long Alertmanager keeps a firing notice
+    active without a new check; `timeout`: of each HTTP request."""
+
+    alertmanager: str | None = None
+    webhook: str | None = None
+    active_for: timedelta = timedelta(hours=24)
+    timeout: timedelta = timedelta(seconds=10)
+
+
+def _url(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
+        raise ConfigError(f"{where}: expected an http:// or https:// URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def _parse_metrics(value: Any, base: Path, where: str) -> MetricsConfig:
+    data = _mapping(value, where)
+    _check_keys(data, ("port", "address", "textfile", "pushgateway", "job", "partition_label"), where)
+    port = data.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise ConfigError(f"{where}.port: expected a TCP port (1-65535), got {port!r}")
+    partition_label = data.get("partition_label", False)
+    if not isinstance(partition_label, bool):
+        raise ConfigError(f"{where}.partition_label: expected true or false, got {partition_label!r}")
+    job = data.get("job", "msgaudit")
+    if not isinstance(job, str) or not job:
+        raise ConfigError(f"{where}.job: expected a job name, got {job!r}")
+    textfile = data.get("textfile")
+    if textfile is not None and (not isinstance(textfile, str) or not textfile.endswith(".prom")):
+        raise ConfigError(f"{where}.textfile: expected a file name ending in .prom (node_exporter reads only "
+                          f"those), got {textfile!r}")
+    return MetricsConfig(port=port, address=str(data.get("address", "0.0.0.0")),
+                         textfile=(base / textfile).resolve() if textfile else None,
+                         pushgateway=_url(data.get("pushgateway"), f"{where}.pushgateway"), job=job,
+                         partition_label=partition_label)
+
+
+def _parse_alerts(value: Any, where: str) -> AlertsConfig:
+    data = _mapping(value, where)
+    _check_keys(data, ("alertmanager", "webhook", "active_for", "timeout"), where)
+    return AlertsConfig(alertmanager=_url(data.get("alertmanager"), f"{where}.alertmanager"),
+                        webhook=_url(data.get("webhook"), f"{where}.webhook"),
+                        active_for=parse_duration(data.get("active_for", "24h"), f"{where}.active_for"),
+                        timeout=parse_duration(data.get("timeout", "10s"), f"{where}.timeout"))
+
+
+@dataclass(frozen=True)
 class Config:
     source: str  # the file it came from, or "<defaults>"
     home: Path
@@ -151,6 +218,8 @@ class Config:
     topics: Mapping[str, TopicConfig]
     ledger: LedgerTopicConfig | None = None  # `ledger: {topic, kafka}`: ledgers shipped through a topic
     engine: str = "auto"  # `reconcile.engine`: auto | driver | spark (ENGINES)
+    metrics: MetricsConfig = MetricsConfig()  # `metrics:`: Prometheus exposition of the report store
+    alerts: AlertsConfig = AlertsConfig()  # `alerts:`: where failed SLA rules are routed
 
     @property
     def ledger_topic(self) -> str | None:
@@ -366,7 +435,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     base = (base or Path.cwd()).resolve()
     data = _interpolate(dict(data), source)
     _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "reconcile",
-                       "topics"), source)
+                       "topics", "metrics", "alerts"), source)
     reconcile = _mapping(data.get("reconcile"), f"{source}: reconcile")
     _check_keys(reconcile, ("engine",), f"{source}: reconcile")
     engine = reconcile.get("engine", "auto")
@@ -393,6 +462,8 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         topics=topics,
         ledger=_parse_ledger(data.get("ledger"), kafka, f"{source}: ledger"),
         engine=engine,
+        metrics=_parse_metrics(data.get("metrics"), base, f"{source}: metrics"),
+        alerts=_parse_alerts(data.get("alerts"), f"{source}: alerts"),
     )
 
 

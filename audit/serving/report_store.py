@@ -1,7 +1,8 @@
 """The report store: the SQL copy of the audit outputs that BI tools, the SLA check and the dashboard read.
 
 Three SQLAlchemy Core tables (docs/design.md §4) -- `audit_partition_report`, `audit_anomalies`,
-`sla_results` -- plus `doctor_risks` and `producer_settings` (the settings of the producer sessions
+`sla_results` -- plus `doctor_risks`, `alert_notices` (the notices sent per failed SLA rule) and
+`producer_settings` (the settings of the producer sessions
 the published log anomalies name), plus read-only views for BI tools (`VIEW_NAMES`), created on first use on any
 SQLAlchemy URL (SQLite file by default, PostgreSQL in production). Writers replace one
 (table, topic, window_start) at a time in a single transaction, so every publish is idempotent.
@@ -158,6 +159,24 @@ producer_settings = sa.Table(
     _c("transactional_id", _TEXT),
     _c("mode", _TEXT),
 )
+
+ALERT_NOTICES = "alert_notices"
+# The last notice sent to each receiver (`alertmanager`, `webhook`) for each (topic, window, stage,
+# rule) of a failed SLA rule (docs/design.md §7.1), so a rerun or a backfill of the window does not
+# notify twice and a passing rerun sends the resolved notice. Written by audit/serving/routing.py.
+alert_notices = sa.Table(
+    ALERT_NOTICES, metadata,
+    _c("dedup_key", _TEXT, pk=True),
+    _c("receiver", _TEXT, pk=True),
+    _c("topic", _TEXT, nullable=False),
+    _c("window_start", _TS, nullable=False),
+    _c("stage", _TEXT, nullable=False),
+    _c("rule", _TEXT, nullable=False),
+    _c("status", _TEXT, nullable=False),
+    _c("labels", _TEXT, nullable=False),
+    _c("sent_at", _TS, nullable=False),
+)
+sa.Index("ix_alert_notices_topic_window", alert_notices.c.topic, alert_notices.c.window_start)
 
 # Read order of each table: its identity, then the rest, so `read` is deterministic on every dialect.
 _ORDER: dict[str, tuple[str, ...]] = {
@@ -607,6 +626,30 @@ class ReportStore:
                                  max(starts) + timedelta(microseconds=1), SETTINGS_CODES)
         behind = failure_anomalies(logs, rows)
         return producer_lines(behind, self.settings_of(a["pid"] for a in behind)) if behind else []
+
+    def notices(self, topics: Sequence[str], start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """The `alert_notices` rows of these topics' windows starting in [start, end)."""
+        t = alert_notices
+        query = sa.select(t).where(t.c.topic.in_(list(topics)), t.c.window_start >= _check_datetime(start, "start"),
+                                   t.c.window_start < _check_datetime(end, "end")).order_by(t.c.dedup_key, t.c.receiver)
+        self._ensure_schema()
+        with self._engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def record_notices(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store the notices sent (each replaces the row of its dedup_key and receiver)."""
+        if not rows:
+            return
+        t = alert_notices
+        clean = [{c.name: r[c.name] for c in t.c} for r in rows]
+        for r in clean:
+            r["window_start"] = _check_datetime(r["window_start"], f"{ALERT_NOTICES}: window_start")
+            r["sent_at"] = _check_datetime(r["sent_at"], f"{ALERT_NOTICES}: sent_at")
+        self._ensure_schema()
+        with self._engine.begin() as conn:
+            for r in clean:
+                conn.execute(t.delete().where(t.c.dedup_key == r["dedup_key"], t.c.receiver == r["receiver"]))
+            conn.execute(t.insert(), clean)
 
     def windows(self, table: str, topic: str | None = None) -> list[datetime]:
         """Distinct window starts present in `table` (optionally for one topic), ascending."""

@@ -32,7 +32,8 @@ one JSON line (`audit.serving.alerts.Alert`, what the DAGs' failure callback bui
 that file; `follow` goes on.
 
 This module orchestrates through `steps.run_step` and `backfill.backfill_range`; it classifies
-nothing itself and writes only its state file and the alert log.
+nothing itself and writes only its state file and the alert log; with `metrics.port` it serves the
+report store's figures at `/metrics` while it runs (`audit/serving/metrics.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -262,6 +264,21 @@ def _breach(cfg: Config, run: WindowRun, topics: Sequence[str], errors: int, war
         f.write(alert.to_json() + "\n")
 
 
+@contextmanager
+def metrics_served(cfg: Config, say: Say) -> Iterator[None]:
+    """`/metrics` on `metrics.port` while follow runs (docs/design.md §4.6), when it is set."""
+    from audit.serving.metrics import serve
+
+    server = serve(cfg)
+    if server is not None:
+        say(f"follow: metrics at http://{cfg.metrics.address}:{server.port}/metrics")
+    try:
+        yield
+    finally:
+        if server is not None:
+            server.close()
+
+
 def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Sequence[str] | None = None,
            once: bool = False, steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, ingest: Ingest | None = None,
            clock: Callable[[], datetime] = lambda: datetime.now(UTC), sleep: Callable[[float], None] = time.sleep,
@@ -281,40 +298,41 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
         f"{', '.join(names) if names else 'every configured topic'}, each when final (its end + grace)")
     result = FollowResult()
     failures = 0
-    while True:
-        if watch is not None and result.ticks:
-            cfg = watch.current(cfg, say, warn)
-        now = clock()
-        try:
-            t = tick(spark, cfg, cursor, now, names, steps=steps, ingest=ingest, say=say, warn=warn,
-                     alert_log=alert_log)
-        except MsgauditError as e:  # ingest's bad input, a busy lake: nothing of the tick ran
-            if once:
-                raise
-            warn(f"follow: {e} (no window run; tried again from {(now + RETRY).isoformat()})")
-            wake = now + RETRY
-        except Exception as e:
-            failures += 1
-            if once or failures >= MAX_FAILED_TICKS:
-                raise
-            warn(f"follow: unexpected {type(e).__name__}: {e} ({failures} in a row; tried again from "
-                 f"{(now + RETRY).isoformat()}, the {MAX_FAILED_TICKS}th stops follow)")
-            wake = now + RETRY
-        else:
-            failures = 0
-            cursor = t.cursor
-            state.save(cursor)
-            BackfillState(cfg.home / BACKFILL_STATE).forget_before(cursor)
-            result.done += t.done
-            result.failed = t.failed
-            result.sla_errors += t.sla_errors
-            wake = min(t.next_due, now + RETRY) if t.failed else t.next_due
-            if t.done and not once:
-                say(f"follow: next window final at {t.next_due.isoformat()}")
-        result.ticks += 1
-        if once or (max_ticks is not None and result.ticks >= max_ticks):
-            return result
-        sleep(max((wake - clock()).total_seconds(), 1.0))
+    with metrics_served(cfg, say):
+        while True:
+            if watch is not None and result.ticks:
+                cfg = watch.current(cfg, say, warn)
+            now = clock()
+            try:
+                t = tick(spark, cfg, cursor, now, names, steps=steps, ingest=ingest, say=say, warn=warn,
+                         alert_log=alert_log)
+            except MsgauditError as e:  # ingest's bad input, a busy lake: nothing of the tick ran
+                if once:
+                    raise
+                warn(f"follow: {e} (no window run; tried again from {(now + RETRY).isoformat()})")
+                wake = now + RETRY
+            except Exception as e:
+                failures += 1
+                if once or failures >= MAX_FAILED_TICKS:
+                    raise
+                warn(f"follow: unexpected {type(e).__name__}: {e} ({failures} in a row; tried again from "
+                     f"{(now + RETRY).isoformat()}, the {MAX_FAILED_TICKS}th stops follow)")
+                wake = now + RETRY
+            else:
+                failures = 0
+                cursor = t.cursor
+                state.save(cursor)
+                BackfillState(cfg.home / BACKFILL_STATE).forget_before(cursor)
+                result.done += t.done
+                result.failed = t.failed
+                result.sla_errors += t.sla_errors
+                wake = min(t.next_due, now + RETRY) if t.failed else t.next_due
+                if t.done and not once:
+                    say(f"follow: next window final at {t.next_due.isoformat()}")
+            result.ticks += 1
+            if once or (max_ticks is not None and result.ticks >= max_ticks):
+                return result
+            sleep(max((wake - clock()).total_seconds(), 1.0))
 
 
 def run_follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Sequence[str] | None = None,

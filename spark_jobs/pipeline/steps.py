@@ -10,6 +10,7 @@ parse time.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,12 +96,29 @@ def _run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: b
             out(summary_line(r))
         for line in explain_report(cfg, [row for r in results for row in r.report], start, end, topics):
             out(line)
+        publish_metrics(cfg)
         return results
     from spark_jobs.sla import check_sla, format_table
 
     outcome = check_sla(spark, cfg, start, end, topics, checked_at=rng.as_of, data_docs_dir=data_docs)
     out(format_table(outcome))
+    from audit.serving.routing import route_sla
+
+    route_sla(cfg, outcome.rows, topics or sorted(cfg.topics), start, end, warn=_stderr)
+    publish_metrics(cfg)
     return outcome
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def publish_metrics(cfg: Config) -> None:
+    """The report store's figures to `metrics.textfile` / `metrics.pushgateway`, when configured
+    (after each step that changes the report store: reconcile and SLA)."""
+    from audit.serving.metrics import publish
+
+    publish(cfg, warn=_stderr)
 
 
 def explain_report(cfg: Config, report: Sequence[Mapping[str, Any]], start: datetime, end: datetime,
