@@ -259,10 +259,10 @@ def test_kcat_first_request_resent_by_librdkafka_is_explained_as_the_sessions_fi
     assert kcat.stdin is not None
     # kcat reads stdin in blocks: its first request holds what it could read of the first lines.
     total, lines = 1500, [f"line-{i}\n" for i in range(1500)]
-    kcat.stdin.write("".join(lines[:150]))
+    kcat.stdin.write("".join(lines[:300]))
     kcat.stdin.flush()
     assert lab.proxy.wait_until(lambda: bool(lab.proxy.exchanges(topic)), 20)  # type: ignore[union-attr]
-    _, err = kcat.communicate("".join(lines[150:]), timeout=60)
+    _, err = kcat.communicate("".join(lines[300:]), timeout=60)
     assert kcat.returncode == 0, err
     assert "msgaudit" not in err
 
