@@ -69,6 +69,46 @@ def test_the_settings_a_producer_ran_with_name_the_setting_to_change() -> None:
     assert setting_remedy("lost_acked", []) is None
 
 
+FIRST_MESSAGES = (
+    "the client re-sent its first requests by itself, after later batches in flight had succeeded (a retriable "
+    "error: typically NOT_LEADER_OR_FOLLOWER from a topic created moments before the producer started, whose "
+    "partition leaders were not ready yet, or a broken connection); such retries leave no failed send in the "
+    "ledger: set enable.idempotence=true (or max.in.flight.requests.per.connection=1), and create topics before "
+    "their producers start")
+
+
+@pytest.mark.unit
+def test_a_reordering_of_the_sessions_first_messages_names_the_clients_own_retry_of_its_first_requests() -> None:
+    from audit.core.explain import producer_lines, session_start, settings_remedy
+
+    assert session_start(11, 2) and session_start(1, 0)
+    assert not session_start(5, 5)  # seqs 5..9 re-sent behind 10..14: a later batch, not the first
+    assert not session_start(3, None)
+    off = _settings("p-7", producer="kcat", idempotence=False, retries=2147483647, in_flight=1000000)
+    ran = "producer p-7 ran with enable.idempotence=false (retries=2147483647, max.in.flight=1000000)"
+    assert settings_remedy("reordered_in_log", off, "producer p-7", (11, 2, 34)) == (
+        f"{ran} and the reordered messages are among its first (seqs 2..34): {FIRST_MESSAGES}")
+    assert settings_remedy("reordered_in_log", off, "producer p-7", (20, 500, 519)) == (
+        f"{ran}: set enable.idempotence=true")
+    assert settings_remedy("duplicate_in_log", off, "producer p-7", (2, 0, 1)) == f"{ran}: set enable.idempotence=true"
+    assert settings_remedy("reordered_in_log", _settings("p-1"), seqs=(3, 0, 2)) == (
+        "this producer was idempotent: the copies come from separate sends or producer sessions")
+
+    # Rows one per anomaly (`seq`) or counted per partition (`rows`, `min_seq`, `max_seq`): the
+    # session's rows over all partitions; a row without seqs leaves the evidence unknown.
+    per_row = [{"stage": "log", "anomaly": "reordered_in_log", "pid": "p-7", "seq": s} for s in (4, 2, 9)]
+    counted = [{"stage": "log", "anomaly": "reordered_in_log", "pid": "p-7", "rows": 7, "min_seq": 3, "max_seq": 30},
+               {"stage": "log", "anomaly": "reordered_in_log", "pid": "p-7", "rows": 4, "min_seq": 1, "max_seq": 34}]
+    who = "producer kcat (session p-7) ran with enable.idempotence=false (retries=2147483647, max.in.flight=1000000)"
+    assert producer_lines(per_row, [off]) == [
+        f"reordered_in_log (3 rows): {who} and the reordered messages are among its first (seqs 2..9): {FIRST_MESSAGES}"]
+    assert producer_lines(counted, [off]) == [
+        f"reordered_in_log (11 rows): {who} and the reordered messages are among its first (seqs 1..34): "
+        f"{FIRST_MESSAGES}"]
+    unknown = [*counted, {"stage": "log", "anomaly": "reordered_in_log", "pid": "p-7", "rows": 1}]
+    assert producer_lines(unknown, [off]) == [f"reordered_in_log (12 rows): {who}: set enable.idempotence=true"]
+
+
 @pytest.mark.unit
 def test_producer_lines_name_each_session_whose_settings_caused_log_anomalies() -> None:
     from audit.core.explain import producer_lines

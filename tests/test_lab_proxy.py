@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,8 @@ from audit.lab.proxy import (
     parse_produce_response,
     parse_record_batches,
 )
+
+NOT_LEADER_OR_FOLLOWER = 6
 
 # -- hand-made wire bytes -----------------------------------------------------------------------
 
@@ -84,6 +90,24 @@ def test_parse_produce_response_v7() -> None:
     body += struct.pack(">ihqqq", 0, 0, 100, -1, 0) + struct.pack(">ihqqq", 1, 6, -1, -1, -1)
     body += struct.pack(">i", 0)  # throttle
     assert parse_produce_response(body, 7) == [WirePartitionResult("t", 0, 0, 100), WirePartitionResult("t", 1, 6, -1)]
+
+
+@pytest.mark.unit
+def test_a_refused_request_is_answered_with_its_error_for_each_partition() -> None:
+    from audit.lab.proxy import WireBatch, produce_error_response
+
+    batches = (WireBatch("t", 0, -1, -1, ()), WireBatch("t", 2, -1, -1, ()), WireBatch("u", 1, -1, -1, ()))
+    expected = [WirePartitionResult("t", 0, 6, -1), WirePartitionResult("t", 2, 6, -1),
+                WirePartitionResult("u", 1, 6, -1)]
+    assert produce_error_response(11, 7, batches, 6) == (
+        struct.pack(">i", 11) + struct.pack(">i", 2) + struct.pack(">h", 1) + b"t" + struct.pack(">i", 2)
+        + struct.pack(">ihqqq", 0, 6, -1, -1, -1) + struct.pack(">ihqqq", 2, 6, -1, -1, -1)
+        + struct.pack(">h", 1) + b"u" + struct.pack(">i", 1) + struct.pack(">ihqqq", 1, 6, -1, -1, -1)
+        + struct.pack(">i", 0))
+    for version in (3, 7, 8, 9, 12):  # v8 adds record errors, v9 is flexible
+        assert parse_produce_response(produce_error_response(11, version, batches, 6), version) == expected
+    with pytest.raises(ValueError, match="cannot answer Produce v13"):
+        produce_error_response(11, 13, batches, 6)
 
 
 @pytest.mark.unit
@@ -204,3 +228,66 @@ def test_delayed_response_arrives_late_but_once(lab: Lab) -> None:
     assert time.monotonic() - t0 >= 0.7
     assert _read_all(lab, topic, 1) == [(0, b"late")]
     assert [e.fate for e in lab.proxy.exchanges(topic)] == ["delayed"]
+
+
+@pytest.mark.kafka
+def test_kcat_first_request_resent_by_librdkafka_is_explained_as_the_sessions_first_messages(
+        lab: Lab, libmsgaudit: Path, tmp_path: Path) -> None:
+    """A new user's kcat with the plugin: keyless lines from stdin, idempotence off (kcat's
+    default), the first lines read before kcat knows the topic's partitions. The session's first
+    request is refused with NOT_LEADER_OR_FOLLOWER once a later batch has been written, as a
+    topic created moments before refuses it (librdkafka's debug log showed that refusal behind a
+    real run's reordering; the proxy makes it certain here, on the one partition it concerns),
+    and librdkafka re-sends it by itself. kcat reports nothing, every ledger row is `acked`, yet
+    the log holds the session's first messages after later ones: `reordered_in_log`, whose
+    explanation names the client's own retry of its first requests, not a failed send."""
+    from audit.core.explain import producer_lines
+    from audit.oracle import Narrow, reordered_in_log
+    from tests.test_producer import ledger_rows
+
+    assert lab.proxy is not None
+    exe = shutil.which("kcat")
+    if exe is None:
+        pytest.fail("kcat is not installed (Debian: apt-get install -y kcat; ./dev test installs it)")
+    topic = lab.create_topic("kcat-first")
+    spool = tmp_path / "producer"
+    spool.mkdir()
+    lab.proxy.refuse_next_produce_request(NOT_LEADER_OR_FOLLOWER, after_responses=1)
+    kcat = subprocess.Popen([exe, "-X", f"plugin.library.paths={libmsgaudit}", "-X", f"msgaudit.ledger.dir={spool}",
+                             "-X", "msgaudit.producer.name=kcat-new-user", "-b", lab.bootstrap, "-P", "-t", topic],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert kcat.stdin is not None
+    # kcat reads stdin in blocks: its first request holds what it could read of the first lines.
+    total, lines = 1500, [f"line-{i}\n" for i in range(1500)]
+    kcat.stdin.write("".join(lines[:300]))
+    kcat.stdin.flush()
+    assert lab.proxy.wait_until(lambda: bool(lab.proxy.exchanges(topic)), 20)  # type: ignore[union-attr]
+    _, err = kcat.communicate("".join(lines[300:]), timeout=60)
+    assert kcat.returncode == 0, err
+    assert "msgaudit" not in err
+
+    failed = [e for e in lab.proxy.exchanges(topic) if e.fate == "refused"]
+    assert len(failed) == 1 and failed[0] is lab.proxy.exchanges(topic)[0]  # the session's first request
+    assert [r.error_code for r in failed[0].results] == [NOT_LEADER_OR_FOLLOWER]
+    resent = sorted(s for _, _, _, s in failed[0].messages() if s is not None)
+    assert resent[0] == 0 and resent == list(range(len(resent)))
+
+    rows = ledger_rows(spool)
+    assert len(rows) == total and {r["status"] for r in rows} == {"acked"}  # no send failed
+    narrow = [Narrow(r["pid"], r["seq"], True, r["partition"], r["offset"], None, None, True) for r in rows]
+    reordered = list(reordered_in_log(narrow))
+    assert sorted(n.seq for n, _ in reordered) == resent  # the re-sent request's messages, and only they
+    assert {n.partition for n, _ in reordered} == {0}
+    late = [{"stage": "log", "anomaly": "reordered_in_log", "pid": n.pid, "seq": n.seq} for n, _ in reordered]
+
+    settings = [json.loads(f.read_text()) for f in (tmp_path / "producer_settings").iterdir()]
+    assert [(s["enable_idempotence"], s["max_in_flight"]) for s in settings] == [(False, 1000000)]
+    s = settings[0]
+    assert producer_lines(late, settings) == [
+        f"reordered_in_log ({len(resent)} rows): producer kcat-new-user (session {s['pid']}) ran with "
+        f"enable.idempotence=false (retries={s['retries']}, max.in.flight=1000000) and the reordered messages are "
+        f"among its first (seqs 0..{resent[-1]}): the client re-sent its first requests by itself, after "
+        "later batches in flight had succeeded (a retriable error: typically NOT_LEADER_OR_FOLLOWER from a topic "
+        "created moments before the producer started, whose partition leaders were not ready yet, or a broken "
+        "connection); such retries leave no failed send in the ledger: set enable.idempotence=true (or "
+        "max.in.flight.requests.per.connection=1), and create topics before their producers start"]

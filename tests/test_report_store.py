@@ -338,9 +338,9 @@ def test_producer_settings_are_stored_per_pid_and_name_the_producers_behind_fail
         anomaly_row(anomaly="lost_acked", pid="p-4"), anomaly_row(anomaly="unledgered", pid="p-3")])
     assert store.anomaly_pids(["orders"], W0, W0 + timedelta(hours=1), ["duplicate_in_log", "lost_acked"]) == [
         {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "anomaly": "duplicate_in_log",
-         "pid": "p-3", "rows": 2},
+         "pid": "p-3", "rows": 2, "min_seq": 1, "max_seq": 2},
         {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "anomaly": "lost_acked",
-         "pid": "p-4", "rows": 1}]
+         "pid": "p-4", "rows": 1, "min_seq": 1, "max_seq": 1}]
     failed = {"window_start": W0, "topic": "orders", "partition": 0, "stage": "log", "rule": "max_duplicate_ratio"}
     assert store.failure_producer_lines([failed]) == [
         "duplicate_in_log (2 rows): producer orders-svc (session p-3) ran with enable.idempotence=false "

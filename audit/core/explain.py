@@ -29,14 +29,34 @@ def _bool(v: Any) -> str:
     return "true" if v else "false"
 
 
-def settings_remedy(code: str, s: Mapping[str, Any], subject: str = "this producer") -> str | None:
+def session_start(rows: int, lowest_seq: int | None) -> bool:
+    """Whether a session's `rows` reordered_in_log rows are among its first messages: their lowest
+    seq is below their number (seqs start at 0 per session), so the batch the client re-sent held
+    messages from the session's very beginning. A later retry (seqs 500..519 re-sent behind
+    520..539) is not."""
+    return lowest_seq is not None and lowest_seq < rows
+
+
+def settings_remedy(code: str, s: Mapping[str, Any], subject: str = "this producer",
+                    seqs: tuple[int, int, int] | None = None) -> str | None:
     """What one producer session's recorded settings `s` say about a log anomaly `code` (None: the
     settings do not bear on it), e.g. "this producer ran with enable.idempotence=false (retries=5,
-    max.in.flight=5): set enable.idempotence=true"."""
+    max.in.flight=5): set enable.idempotence=true". `seqs` (rows, lowest seq, highest seq) of the
+    session's rows of `code`, when known, let a reordering of the session's first messages
+    (`session_start`) name what re-sends those: the client's own retries of its first requests."""
     if code in ("duplicate_in_log", "reordered_in_log"):
         if not s["enable_idempotence"]:
-            return (f"{subject} ran with enable.idempotence=false (retries={s['retries']}, "
-                    f"max.in.flight={s['max_in_flight']}): set enable.idempotence=true")
+            ran = (f"{subject} ran with enable.idempotence=false (retries={s['retries']}, "
+                   f"max.in.flight={s['max_in_flight']})")
+            if code == "reordered_in_log" and seqs is not None and session_start(seqs[0], seqs[1]):
+                return (f"{ran} and the reordered messages are among its first (seqs {seqs[1]}..{seqs[2]}): "
+                        "the client re-sent its first requests by itself, after later batches in flight had "
+                        "succeeded (a retriable error: typically NOT_LEADER_OR_FOLLOWER from a topic created "
+                        "moments before the producer started, whose partition leaders were not ready yet, or a "
+                        "broken connection); such retries leave no failed send in the ledger: set "
+                        "enable.idempotence=true (or max.in.flight.requests.per.connection=1), and create "
+                        "topics before their producers start")
+            return f"{ran}: set enable.idempotence=true"
         return f"{subject} was idempotent: the copies come from separate sends or producer sessions"
     if code == "lost_acked":
         if s["acks"] != "all":
@@ -61,19 +81,26 @@ def producer_lines(anomalies: Iterable[Mapping[str, Any]], settings: Iterable[Ma
     """One line per (code, producer session) among the log anomaly rows (stage, anomaly, pid) whose
     pid has a `producer_settings` row and whose code those settings decide, most rows first:
     "duplicate_in_log (3 rows): producer orders (session p1) ran with enable.idempotence=false
-    (retries=5, max.in.flight=5): set enable.idempotence=true". At most `limit` lines, then one
-    saying how many were left out. Sessions without a settings row are not named (their remedy
-    is the generic one)."""
+    (retries=5, max.in.flight=5): set enable.idempotence=true". Rows carry `seq`, or `min_seq` /
+    `max_seq` with `rows` (`ReportStore.anomaly_pids`), for `settings_remedy`'s evidence of a
+    reordered session start. At most `limit` lines, then one saying how many were left out.
+    Sessions without a settings row are not named (their remedy is the generic one)."""
     by_pid: dict[str, Mapping[str, Any]] = {}
     for s in settings:
         by_pid.setdefault(s["pid"], s)
     counts: dict[tuple[str, str], int] = defaultdict(int)
+    spans: dict[tuple[str, str], list[tuple[Any, Any]]] = defaultdict(list)
     for a in anomalies:
         if a["anomaly"] in SETTINGS_CODES and stage_kind(a["stage"]) == LOG and a.get("pid") in by_pid:
-            counts[(a["anomaly"], a["pid"])] += int(a.get("rows", 1))
+            key = (a["anomaly"], a["pid"])
+            counts[key] += int(a.get("rows", 1))
+            spans[key].append((a.get("min_seq", a.get("seq")), a.get("max_seq", a.get("seq"))))
     lines = []
     for (code, pid), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        text = settings_remedy(code, by_pid[pid], producer_name(by_pid[pid]))
+        span = spans[(code, pid)]
+        known = all(lo is not None and hi is not None for lo, hi in span)
+        seqs = (n, min(lo for lo, _ in span), max(hi for _, hi in span)) if known else None
+        text = settings_remedy(code, by_pid[pid], producer_name(by_pid[pid]), seqs)
         if text:
             lines.append(f"{code} ({n} row{'' if n == 1 else 's'}): {text}")
     if len(lines) > limit:

@@ -197,7 +197,9 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "enable.idempotence=true (with acks=all, max.in.flight.requests.per.connection <= 5)"),
     (LOG, "reordered_in_log"): Explanation(
         "a failed batch was retried after a later batch succeeded: retries with "
-        "max.in.flight.requests.per.connection > 1 and idempotence off",
+        "max.in.flight.requests.per.connection > 1 and idempotence off; the client retries a retriable "
+        "error by itself (NOT_LEADER_OR_FOLLOWER from a topic created moments before or a leader change, "
+        "a broken connection), so the ledger shows no failed send",
         "enable.idempotence=true (keeps order with up to 5 in flight), or "
         "max.in.flight.requests.per.connection=1"),
     (LOG, "unledgered"): Explanation(

@@ -12,6 +12,10 @@ protocol to fault Produce traffic precisely:
   broker; once `after_responses` later Produce responses have been passed back on the same
   connection, the connection is closed, so that request fails while later batches succeeded
   (the reordering fault of max.in.flight > 1 without idempotence).
+* `refuse_next_produce_request(error_code, after_responses=1)`: the same request kept from the
+  broker, but answered by the proxy itself with `error_code` for each of its partitions (e.g. 6,
+  NOT_LEADER_OR_FOLLOWER, what a topic created moments before answers), the connection left up:
+  a retriable refusal the client retries by itself, behind the later batches already written.
 * `delay_produce_responses(ms, n)`: hold the next n Produce responses for `ms` before passing them on.
 
 Every Produce exchange is recorded (`exchanges()`): the record batches of the request with each
@@ -20,7 +24,7 @@ offset), and what the proxy did to it. That record of the wire is the lab's grou
 producer-side faults: it is taken before the audit sees anything and uses none of its code.
 
 This module must not import Spark, must listen on 127.0.0.1 only, and parses, never rewrites,
-the bytes it forwards.
+the bytes it forwards (the one answer it writes itself is a refused request's).
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ class ProduceExchange:
 
     fate: 'forwarded' (normal), 'response_dropped' (broker answered, client never saw it),
     'request_failed' (never reached the broker; the connection was closed under it),
+    'refused' (never reached the broker; the proxy answered it with an error code),
     'delayed' (answer passed on late), 'open' (no answer yet / connection died first).
     """
 
@@ -291,6 +296,47 @@ def parse_produce_response(frame: bytes, version: int) -> list[WirePartitionResu
     return out
 
 
+def produce_error_response(correlation_id: int, version: int, batches: tuple[WireBatch, ...],
+                           error_code: int) -> bytes:
+    """A Produce response frame (payload after the length) answering every partition of a
+    request's `batches` with `error_code` (offsets -1), as a broker does; Produce v3..v12."""
+    if not 3 <= version < _PRODUCE_FIRST_TOPIC_ID:
+        raise ValueError(f"cannot answer Produce v{version} (v3..v{_PRODUCE_FIRST_TOPIC_ID - 1} only)")
+    flexible = version >= _PRODUCE_FIRST_FLEXIBLE
+
+    def count(n: int) -> bytes:
+        return _uvarint(n + 1) if flexible else struct.pack(">i", n)
+
+    def name(text: str) -> bytes:
+        raw = text.encode()
+        return (_uvarint(len(raw) + 1) if flexible else struct.pack(">h", len(raw))) + raw
+
+    tags = b"\x00" if flexible else b""
+    by_topic: dict[str, list[int]] = {}
+    for b in batches:
+        by_topic.setdefault(b.topic, []).append(b.partition)
+    out = struct.pack(">i", correlation_id) + tags + count(len(by_topic))
+    for topic, partitions in by_topic.items():
+        out += name(topic) + count(len(partitions))
+        for partition in partitions:
+            # base offset, log append time (v2+), log start offset (v5+)
+            out += struct.pack(">ihqq", partition, error_code, -1, -1) + (struct.pack(">q", -1) if version >= 5 else b"")
+            if version >= 8:  # no record errors, a null error message
+                out += count(0) + (b"\x00" if flexible else struct.pack(">h", -1))
+            out += tags
+        out += tags
+    return out + struct.pack(">i", 0) + tags  # throttle time
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 # ------------------------------------------------------------------------------------------
 # The proxy
 
@@ -330,7 +376,8 @@ class _Connection:
         self.client = client
         self.upstream = upstream
         self.inflight: dict[int, tuple[int, int, ProduceExchange | None]] = {}  # corr -> (api, ver, exch)
-        self.failing: list[tuple[ProduceExchange, int]] = []  # held request, produce responses still to pass
+        # held request, produce responses still to pass, the error code to answer it with (None: close)
+        self.failing: list[tuple[ProduceExchange, int, int | None]] = []
         self.lock = threading.Lock()
         self.closed = False
 
@@ -375,11 +422,11 @@ class _Connection:
                     batches = []
                 exchange = ProduceExchange(self.id, corr, version, tuple(batches))
                 self.proxy._record(exchange)
-                held_for = self.proxy._take_request_fault()
-                if held_for is not None:
-                    exchange.fate = "request_failed"
+                held = self.proxy._take_request_fault()
+                if held is not None:
+                    exchange.fate = "request_failed" if held[1] is None else "refused"
                     with self.lock:
-                        self.failing.append((exchange, held_for))
+                        self.failing.append((exchange, *held))
                     continue
             with self.lock:
                 self.inflight[corr] = (api, version, exchange)
@@ -413,14 +460,23 @@ class _Connection:
                 exchange.fate = "forwarded"
             _send_frame(self.client, frame)
             self.proxy._notify()
-            if self._count_down_failing():
+            due = self._count_down_failing()
+            for exchange, error_code in due:
+                if error_code is not None:
+                    exchange.results = tuple(WirePartitionResult(b.topic, b.partition, error_code, -1)
+                                             for b in exchange.batches)
+                    _send_frame(self.client, produce_error_response(
+                        exchange.correlation_id, exchange.api_version, exchange.batches, error_code))
+            if any(error_code is None for _, error_code in due):
                 self.close()
                 return
 
-    def _count_down_failing(self) -> bool:
+    def _count_down_failing(self) -> list[tuple[ProduceExchange, int | None]]:
+        """Count one passed Produce response for every held request; the ones now due."""
         with self.lock:
-            self.failing = [(e, n - 1) for e, n in self.failing]
-            return any(n <= 0 for _, n in self.failing)
+            counted = [(e, n - 1, code) for e, n, code in self.failing]
+            self.failing = [(e, n, code) for e, n, code in counted if n > 0]
+            return [(e, code) for e, n, code in counted if n <= 0]
 
 
 class FaultProxy:
@@ -444,7 +500,7 @@ class FaultProxy:
         self._drop_responses = 0
         self._delay_responses = 0
         self._delay_s = 0.0
-        self._fail_requests: list[int] = []
+        self._fail_requests: list[tuple[int, int | None]] = []
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -527,7 +583,16 @@ class FaultProxy:
         if after_responses < 1:
             raise ValueError("after_responses must be >= 1")
         with self._lock:
-            self._fail_requests.append(after_responses)
+            self._fail_requests.append((after_responses, None))
+
+    def refuse_next_produce_request(self, error_code: int, after_responses: int = 1) -> None:
+        """Keep the next Produce request from the broker; once `after_responses` later Produce
+        responses on its connection have reached the client, answer it with `error_code` for each
+        of its partitions (e.g. 6, NOT_LEADER_OR_FOLLOWER), the connection left up."""
+        if after_responses < 1:
+            raise ValueError("after_responses must be >= 1")
+        with self._lock:
+            self._fail_requests.append((after_responses, error_code))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -540,7 +605,7 @@ class FaultProxy:
         with self._lock:
             return self._drop_responses + self._delay_responses + len(self._fail_requests)
 
-    def _take_request_fault(self) -> int | None:
+    def _take_request_fault(self) -> tuple[int, int | None] | None:
         with self._lock:
             return self._fail_requests.pop(0) if self._fail_requests else None
 

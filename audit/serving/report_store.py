@@ -589,11 +589,12 @@ class ReportStore:
     def anomaly_pids(self, topics: Sequence[str] | None, start: datetime | None, end: datetime | None,
                      codes: Sequence[str]) -> list[dict[str, Any]]:
         """Anomaly rows of windows starting in [start, end) (None: unbounded) with one of `codes`,
-        counted per (window_start, topic, partition, stage, anomaly, pid) as `rows` (one GROUP BY,
-        not every row)."""
+        counted per (window_start, topic, partition, stage, anomaly, pid) as `rows`, with their
+        lowest and highest seq (`min_seq`, `max_seq`; one GROUP BY, not every row)."""
         t = anomalies
         keys = [t.c.window_start, t.c.topic, t.c.partition, t.c.stage, t.c.anomaly, t.c.pid]
-        query = (sa.select(*keys, sa.func.count().label("rows"))
+        query = (sa.select(*keys, sa.func.count().label("rows"), sa.func.min(t.c.seq).label("min_seq"),
+                           sa.func.max(t.c.seq).label("max_seq"))
                  .where(t.c.anomaly.in_(list(codes)), t.c.pid.is_not(None))
                  .group_by(*keys).order_by(*keys))
         if start is not None:
