@@ -94,6 +94,7 @@ from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
 from audit.core.headers import AuditHeaders
+from audit.core.kafka_conf import access_line
 from audit.core.vocabulary import CONSUME_OUTCOMES
 
 if TYPE_CHECKING:
@@ -563,8 +564,10 @@ class AuditedConsumer:
                 out.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
-            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                               KafkaError.GROUP_AUTHORIZATION_FAILED):
+            elif line := access_line(self._kafka_common, err.name(), {"topic": "READ", "group": "READ"},
+                                     {"topic": m.topic() or ",".join(self.topics), "group": self.group}):
+                raise BrokerError(f"AuditedConsumer group {self.group!r}: {line}")
+            elif err.fatal() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise BrokerError(f"AuditedConsumer group {self.group!r}: {err.str()} (topic {m.topic()!r})")
             else:
                 log.warning("consumer %s: %s", self.instance, err.str())

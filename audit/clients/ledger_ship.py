@@ -43,7 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import OPEN_SUFFIX, SEALED_SUFFIX, recover_orphans, sealed_segments
 from audit.core.errors import BrokerError, ConfigError
-from audit.core.kafka_conf import internal_client_conf
+from audit.core.kafka_conf import access_line, internal_client_conf
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ class LedgerShipper:
         self.topic = topic
         self.kind = kind
         self.retry_interval_s = retry_interval_s
+        self._kafka = dict(kafka)
         try:
             self.producer = producer_factory(shipper_conf(kafka))
         except KafkaException as e:
@@ -203,7 +204,7 @@ class LedgerShipper:
             if err is not None:
                 if not seg.dirty:
                     log.warning("ledger topic %s did not take a row of %s (%s); the segment will be shipped "
-                                "again", self.topic, stem, err.str())
+                                "again", self.topic, stem, write_error(self._kafka, self.topic, err))
                 seg.dirty = True
                 self.stats.not_shipped_live += 1
             else:
@@ -250,7 +251,7 @@ class LedgerShipper:
         for seg in todo:
             if self._stop.is_set():
                 return True
-            ok, rows = ship_segment(self.producer, self.topic, self.kind, seg.path, timeout=timeout)
+            ok, rows = ship_segment(self.producer, self.topic, self.kind, seg.path, timeout=timeout, kafka=self._kafka)
             if not ok:
                 return False
             with self._lock:
@@ -297,15 +298,23 @@ class TransactionShipped:
 
 # -- shipping whole segments from the spool -----------------------------------------------------
 
-def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout: float = 30.0) -> tuple[bool, int]:
+def write_error(kafka: Mapping[str, Any], topic: str, err: KafkaError) -> str:
+    """A delivery error to the ledger topic, as one line (an ACL denial names the grant it needs)."""
+    return access_line(kafka, err.name(), {"topic": "WRITE", "cluster": "IDEMPOTENT_WRITE"},
+                       {"topic": topic}) or err.str()
+
+
+def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout: float = 30.0,
+                 kafka: Mapping[str, Any] | None = None) -> tuple[bool, int]:
     """Ship every line of a sealed segment (keys by line number), wait for the acknowledgements, and
-    write its marker when all of them arrived. Returns (shipped, rows)."""
+    write its marker when all of them arrived. Returns (shipped, rows). `kafka`: the producer's
+    settings, to name the user in an ACL denial."""
     stem = stem_of(segment)
     errors: list[str] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            errors.append(err.str())
+            errors.append(write_error(kafka or {}, topic, err))
 
     deadline = time.monotonic() + timeout
     rows = 0
@@ -361,7 +370,7 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
                 if is_shipped(seg):
                     already += 1
                     continue
-                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout)
+                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout, kafka=kafka)
                 if ok:
                     shipped += 1
                     rows += n

@@ -345,8 +345,13 @@ class LocalKafka:
     def grant(self, user: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
         """Allow `user` `operation` (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, CREATE, ...) on
         `resource_type` (TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID) `name` from any host."""
-        from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
-                                           ResourceType)
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclOperation,
+            AclPermissionType,
+            ResourcePatternType,
+            ResourceType,
+        )
 
         binding = AclBinding(ResourceType[resource_type.upper()], name,
                              ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL,
