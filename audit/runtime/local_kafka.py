@@ -332,6 +332,15 @@ class LocalKafka:
                          "ssl.ca.location": str(self.data_dir / SECURE_DIR / "ca.pem")})
         return conf
 
+    def write_admin_settings(self) -> Path:
+        """`<data>/secure/admin.yaml`, readable by its owner only: `kafka:` with the admin's settings."""
+        import yaml
+
+        f = self.data_dir / SECURE_DIR / "admin.yaml"
+        f.touch(mode=0o600)
+        f.write_text(yaml.safe_dump({"kafka": self.client_config()}, sort_keys=False))
+        return f
+
     def add_user(self, user: str, password: str) -> None:
         """Create (or reset) a SCRAM-SHA-512 user; it may do nothing until `grant` allows it."""
         from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
@@ -561,12 +570,15 @@ def _wait_dead(pid: int, timeout: float) -> bool:
 
 def cli_kafka(args: argparse.Namespace, cfg: Any) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else Path(cfg.home) / "kafka"
-    kafka = LocalKafka(data_dir, port=args.port, nodes=args.nodes)
+    kafka = LocalKafka(data_dir, port=args.port, nodes=args.nodes, secure=True if getattr(args, "secure", False) else None)
     if args.action == "start":
         t0 = time.monotonic()
         kafka.start()
         print(f"kafka: {len(kafka.nodes)} node(s) ready at {kafka.bootstrap_servers} "
               f"in {time.monotonic() - t0:.1f}s (data in {data_dir})")
+        if kafka.secure:
+            print(f"kafka: SASL_SSL only ({SCRAM}, ACLs enforced); the admin's client settings (a `kafka:` "
+                  f"block for msgaudit.yaml) are in {kafka.write_admin_settings()}")
     elif args.action == "stop":
         running = kafka.running_nodes()
         kafka.stop()
