@@ -20,7 +20,8 @@ from audit.core.errors import MsgauditError
 
 EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
-    "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
+    "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status\n"
+             "  msgaudit kafka start --secure   # SASL_SSL + ACLs; the admin's settings in <home>/kafka/secure/admin.yaml",
     "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
                "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
                "  msgaudit cluster submit follow --alert-log alerts.jsonl   # the schedule, on the cluster\n"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     kafka = LocalKafka(tmp_path_factory.mktemp("kafka-secured"), port=None, nodes=1, secure=True)
     kafka.start(timeout=180)
     try:
-        admin = AdminClient(kafka.client_config())
+        admin = AdminClient(dict(kafka.client_config()))
         for fut in admin.create_topics([NewTopic(TOPIC, 1, 1), NewTopic(LEDGER, 1, 1)]).values():
             fut.result(timeout=30)
         del admin
@@ -119,7 +120,7 @@ def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_
         plain.produce(TOPIC, key=b"o-%d" % i, value=b'{"n": %d}' % i)
     assert plain.flush(30) == 0
     del plain  # closing it seals and ships its segment
-    handled: list[bytes] = []
+    handled: list[bytes | None] = []
     consumer = AuditedConsumer.from_config(app, topics=[TOPIC], group=GROUP, semantics="at_least_once")
     stats = consumer.run(lambda rec: handled.append(rec.message.value()), idle_timeout_s=3)
     consumer.close()
@@ -130,7 +131,7 @@ def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_
     reader.assign([TopicPartition(LEDGER, 0, 0)])
     keys: list[bytes] = []
     for _ in range(60):
-        keys += [m.key() for m in reader.consume(100, timeout=0.5) if m.error() is None]
+        keys += [m.key() or b"" for m in reader.consume(100, timeout=0.5) if m.error() is None]
         if sum(k.startswith(b"producer/") for k in keys) >= 20:
             break
     reader.close()
@@ -158,14 +159,14 @@ def test_a_user_without_the_acl_gets_one_line_naming_it(
     bob = secured.config(tmp_path / "bob", "bob")
     consumer = AuditedConsumer.from_config(bob, topics=[TOPIC], group=GROUP, semantics="at_least_once")
     with pytest.raises(BrokerError) as denied:
-        consumer.run(lambda rec: None, idle_timeout_s=10)
+        consumer.run(lambda rec: None, stop=_after(60))
     consumer.close()
     line = str(denied.value).split(": ", 1)[1]
     assert GRANT.match(line).groups() == (  # type: ignore[union-attr]
         "bob", "READ", "topic", TOPIC, "bob", "Read", "topic", TOPIC)
 
-    # doctor needs DESCRIBE_CONFIGS on the topic: one line on stderr, exit 1, no traceback.
-    assert main(["doctor", "--config", str(tmp_path / "bob" / "msgaudit.yaml"), "--topic", TOPIC]) == 1
+    # doctor needs DESCRIBE_CONFIGS on the topic: one line on stderr, no traceback.
+    assert main(["doctor", "--config", str(tmp_path / "bob" / "msgaudit.yaml"), "--topic", TOPIC]) == BrokerError.exit_code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("msgaudit doctor: error: ")
     assert GRANT.match(err[0].removeprefix("msgaudit doctor: error: ")).groups() == (  # type: ignore[union-attr]
@@ -177,10 +178,16 @@ def test_a_user_without_the_acl_gets_one_line_naming_it(
                                            topics=[TOPIC], group=GROUP, semantics="at_least_once")
     with pytest.raises(BrokerError, match=r"SASL authentication of user alice failed at \S+: check "
                                           r"sasl.username, sasl.password and sasl.mechanism \(SCRAM-SHA-512\)$"):
-        consumer.run(lambda rec: None, idle_timeout_s=10)
+        consumer.run(lambda rec: None, stop=_after(60))
     consumer.close()
     captured = capsys.readouterr()
     _no_password_anywhere(secured, [captured.out, captured.err, str(denied.value)], tmp_path, extra=[wrong])
+
+
+def _after(seconds: float) -> Callable[[], bool]:
+    """A `stop=` for AuditedConsumer.run: True once `seconds` passed (a denial never arrived)."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
 
 
 def _no_password_anywhere(secured: Secured, outputs: list[str], tmp: Path, extra: list[str] | None = None) -> None:
@@ -194,3 +201,28 @@ def _no_password_anywhere(secured: Secured, outputs: list[str], tmp: Path, extra
     leaks = [str(p) for p in files for pw in passwords if pw.encode() in p.read_bytes()]
     leaks += [f"output {i}" for i, text in enumerate(outputs) for pw in passwords if pw in text]
     assert leaks == []
+
+
+@pytest.mark.e2e
+def test_java_producer_interceptor_ships_its_ledger_over_sasl_ssl(
+        secured: Secured, java_producer: list[str], tmp_path: Path) -> None:
+    """An unchanged JVM producer with the interceptor, its SASL_SSL settings those capture maps from
+    the librdkafka ones: its records are acked and its ledger shipper (a copy of the client's
+    security settings) marks every segment shipped."""
+    from audit.clients.ledger import sealed_segments
+    from audit.clients.ledger_ship import is_shipped
+    from spark_jobs.capture import java_kafka_options
+    from tests.test_native_ledger_topic import PRODUCER_INTERCEPTOR, rows_of, run, spool_records
+
+    conf = secured.kafka.client_config("alice", secured.passwords["alice"])
+    java = [f"{k.removeprefix('kafka.')}={v}" for k, v in java_kafka_options(conf).items()]
+    spool = tmp_path / "ledger" / "producer"
+    spool.mkdir(parents=True)
+    p = run(java_producer, TOPIC, "5", *java, PRODUCER_INTERCEPTOR, f"msgaudit.ledger.dir={spool}",
+            "msgaudit.producer.name=java-svc", f"msgaudit.ledger.topic={LEDGER}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "SENT 5" and "msgaudit:" not in p.stderr
+    segments = sealed_segments(spool)
+    assert segments and all(is_shipped(s) for s in segments)
+    assert rows_of(spool_records(spool, "producer")) == 5
+    _no_password_anywhere(secured, [p.stdout, p.stderr], tmp_path)

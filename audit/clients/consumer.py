@@ -94,7 +94,7 @@ from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
 from audit.core.headers import AuditHeaders
-from audit.core.kafka_conf import access_line
+from audit.core.kafka_conf import access_line, authentication_line
 from audit.core.vocabulary import CONSUME_OUTCOMES
 
 if TYPE_CHECKING:
@@ -351,6 +351,17 @@ class AuditedConsumer:
         conf.setdefault("client.id", self.instance)
         if semantics == "exactly_once_kafka":
             conf["isolation.level"] = "read_committed"
+        # A failed SASL login reaches only the error callback (consume() keeps retrying): keep it for _poll.
+        self._login_failed: str | None = None
+        user_error_cb = conf.get("error_cb")
+
+        def on_error(err: KafkaError) -> None:
+            if err.code() == KafkaError._AUTHENTICATION:
+                self._login_failed = authentication_line(base)
+            if user_error_cb is not None:
+                user_error_cb(err)
+
+        conf["error_cb"] = on_error
         strategy = str(conf.get("partition.assignment.strategy", ""))
         self._incremental = "cooperative" in strategy or str(conf.get("group.protocol", "")) == "consumer"
         try:
@@ -557,6 +568,8 @@ class AuditedConsumer:
 
     def _poll(self, n: int, timeout: float) -> list[Message]:
         msgs = self.consumer.consume(num_messages=n, timeout=timeout)
+        if self._login_failed is not None:
+            raise BrokerError(f"AuditedConsumer group {self.group!r}: {self._login_failed}")
         out = []
         for m in msgs:
             err = m.error()
