@@ -25,8 +25,6 @@ from audit.core.config import Config
 from audit.core.errors import BrokerError
 from audit.runtime.local_kafka import LocalKafka
 
-pytestmark = [pytest.mark.kafka]
-
 TOPIC, LEDGER, GROUP = "orders", "msgaudit.ledger", "orders-loader"
 GRANT = re.compile(r"^user (\w+) may not ([A-Z_]+) (topic|group) (\S+): grant it with kafka-acls --bootstrap-server "
                    r"\S+ --command-config <admin client properties> --add --allow-principal User:(\w+) "
@@ -59,6 +57,51 @@ class Secured:
         return config_mod.load(str(tmp / "msgaudit.yaml"))
 
 
+@pytest.mark.unit
+def test_the_secure_broker_config_and_certificates_without_a_broker(tmp_path: Path) -> None:
+    """secure=True: SASL_SSL listener, SCRAM, ACLs, a broker certificate for 127.0.0.1 signed by the
+    local CA; the plaintext config is what it was; a secured data folder stays secured."""
+    from cryptography import x509
+
+    plain, secure = LocalKafka(tmp_path / "plain", port=19092), LocalKafka(tmp_path / "secure", port=19092, secure=True)
+    node = plain.nodes[0]
+    assert plain.client_config() == {"bootstrap.servers": "127.0.0.1:19092"}
+    assert plain._properties(node)["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert "authorizer.class.name" not in plain._properties(node)
+    props = secure._properties(secure.nodes[0])
+    assert {k: props[k] for k in ("listeners", "sasl.enabled.mechanisms", "authorizer.class.name", "super.users")} == {
+        "listeners": "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093", "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:admin;User:ANONYMOUS"}
+    folder = tmp_path / "secure" / "secure"
+    assert {p.name: p.stat().st_mode & 0o077 for p in folder.iterdir() if p.name != "ca.pem"} == {
+        "credentials.json": 0, "broker.pem": 0}
+    ca = x509.load_pem_x509_certificate((folder / "ca.pem").read_bytes())
+    broker = x509.load_pem_x509_certificates((folder / "broker.pem").read_bytes())[0]
+    broker.verify_directly_issued_by(ca)
+    san = broker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert LocalKafka(tmp_path / "secure", port=19092).secure and not LocalKafka(tmp_path / "plain").secure
+
+
+@pytest.mark.unit
+def test_a_spark_read_denied_by_the_acls_is_one_line(tmp_path: Path) -> None:
+    from spark_jobs.capture import _read_access
+
+    cfg = config_mod.from_dict({"kafka": {"bootstrap.servers": "b:9093", "sasl.username": "carol",
+                                          "sasl.password": "pw"}}, source="<test>", base=tmp_path)
+    java = ("An error occurred while calling o93.collectToPython.\n: org.apache.spark.SparkException: Job aborted"
+            "\nCaused by: org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access "
+            "topics: [orders]\n\tat org.apache.kafka...")
+    with pytest.raises(BrokerError) as denied, _read_access(cfg, ["orders", "payments"]):
+        raise RuntimeError(java)
+    assert str(denied.value) == (
+        "capture: user carol may not READ topic orders: grant it with kafka-acls --bootstrap-server b:9093 "
+        "--command-config <admin client properties> --add --allow-principal User:carol --operation Read --topic orders")
+    with pytest.raises(RuntimeError, match="something else"), _read_access(cfg, ["orders"]):
+        raise RuntimeError("something else")
+
+
 @pytest.fixture(scope="session")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -81,6 +124,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         kafka.stop()
 
 
+@pytest.mark.kafka
 def test_the_broker_serves_sasl_ssl_only_with_acls(secured: Secured) -> None:
     """Plaintext is refused, the CA's certificate is checked, the admin's settings file says it all."""
     from confluent_kafka.admin import AdminClient
@@ -95,6 +139,7 @@ def test_the_broker_serves_sasl_ssl_only_with_acls(secured: Secured) -> None:
     assert {TOPIC, LEDGER} <= set(AdminClient(settings).list_topics(timeout=15).topics)
 
 
+@pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.e2e
 def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_alone(
@@ -151,6 +196,7 @@ def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_
     _no_password_anywhere(secured, [out, capsys.readouterr().err], tmp_path)
 
 
+@pytest.mark.kafka
 def test_a_user_without_the_acl_gets_one_line_naming_it(
         secured: Secured, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from audit import AuditedConsumer
@@ -203,6 +249,7 @@ def _no_password_anywhere(secured: Secured, outputs: list[str], tmp: Path, extra
     assert leaks == []
 
 
+@pytest.mark.kafka
 @pytest.mark.e2e
 def test_java_producer_interceptor_ships_its_ledger_over_sasl_ssl(
         secured: Secured, java_producer: list[str], tmp_path: Path) -> None:
