@@ -218,6 +218,15 @@ def test_a_user_without_the_acl_gets_one_line_naming_it(
     assert GRANT.match(err[0].removeprefix("msgaudit doctor: error: ")).groups() == (  # type: ignore[union-attr]
         "bob", "DESCRIBE_CONFIGS", "topic", TOPIC, "bob", "DescribeConfigs", "topic", TOPIC)
 
+    # `msgaudit ship` of a spool to the ledger topic bob may not write.
+    bob_ledger = secured.config(tmp_path / "bob-ship", "bob", ledger=True)
+    (Path(bob_ledger.ledger_dir) / "producer").mkdir(parents=True)
+    (Path(bob_ledger.ledger_dir) / "producer" / "seg-1.jsonl").write_text('{"seq": 1}\n')
+    assert main(["ship", "--config", str(tmp_path / "bob-ship" / "msgaudit.yaml")]) == BrokerError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and GRANT.search(err[0].split("(", 1)[1].split("; ship:")[0]).groups() == (  # type: ignore[union-attr]
+        "bob", "WRITE", "topic", LEDGER, "bob", "Write", "topic", LEDGER)
+
     # A wrong password: one line naming the user, never the password.
     wrong = secrets.token_urlsafe(12)
     consumer = AuditedConsumer.from_config(secured.config(tmp_path / "wrong", "alice", password=wrong),

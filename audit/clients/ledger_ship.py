@@ -305,10 +305,10 @@ def write_error(kafka: Mapping[str, Any], topic: str, err: KafkaError) -> str:
 
 
 def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout: float = 30.0,
-                 kafka: Mapping[str, Any] | None = None) -> tuple[bool, int]:
+                 kafka: Mapping[str, Any] | None = None, failures: list[str] | None = None) -> tuple[bool, int]:
     """Ship every line of a sealed segment (keys by line number), wait for the acknowledgements, and
     write its marker when all of them arrived. Returns (shipped, rows). `kafka`: the producer's
-    settings, to name the user in an ACL denial."""
+    settings, to name the user in an ACL denial; `failures` gets why a segment was not shipped."""
     stem = stem_of(segment)
     errors: list[str] = []
 
@@ -332,8 +332,10 @@ def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout
             rows += 1
     left = producer.flush(max(0.0, deadline - time.monotonic()))
     if left or errors:
-        log.warning("ledger topic %s: %s not shipped (%s)", topic, segment.name,
-                    errors[0] if errors else f"{left} rows still in flight")
+        why = errors[0] if errors else f"{left} rows still in flight"
+        log.warning("ledger topic %s: %s not shipped (%s)", topic, segment.name, why)
+        if failures is not None:
+            failures.append(why)
         return False, rows
     _write_marker(segment)
     return True, rows
@@ -362,6 +364,7 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
     segment could not be shipped (run it again when the topic is back: what was shipped is marked)."""
     producer = producer_factory(shipper_conf(kafka))
     shipped = rows = already = failed = recovered = 0
+    why: list[str] = []
     try:
         for kind in KINDS:
             folder = Path(ledger_dir) / kind
@@ -370,7 +373,7 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
                 if is_shipped(seg):
                     already += 1
                     continue
-                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout, kafka=kafka)
+                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout, kafka=kafka, failures=why)
                 if ok:
                     shipped += 1
                     rows += n
@@ -385,8 +388,9 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
         producer.flush(5.0)
     result = ShipResult(shipped, rows, already, failed, recovered)
     if failed:
-        raise BrokerError(f"ledger topic {topic}: {failed} segments could not be shipped ({result.summary(topic)}); "
-                          "they stay in the spool unmarked - run `msgaudit ship` again when the topic is reachable")
+        raise BrokerError(f"ledger topic {topic}: {failed} segments could not be shipped ({why[0]}; "
+                          f"{result.summary(topic)}); they stay in the spool unmarked - run `msgaudit ship` again "
+                          "when the topic is reachable")
     return result
 
 
