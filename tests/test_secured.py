@@ -1,4 +1,4 @@
-"""A secured cluster, end to end (docs/design.md §12 "Secured clusters"): the local broker started with
+"""A secured cluster, end to end (docs/design.md §8, "Secured clusters"): the local broker started with
 SASL_SSL only (SCRAM-SHA-512, its own CA) and ACLs enforced, and msgaudit's components run against it
 with config alone -- AuditedProducer and a plain producer on the librdkafka plugin, each shipping its ledger to the
 ledger topic, AuditedConsumer, `msgaudit doctor`, capture through Spark's Kafka source. A user without the needed
