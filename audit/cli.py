@@ -20,7 +20,8 @@ from audit.core.errors import MsgauditError
 
 EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
-    "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status",
+    "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status\n"
+             "  msgaudit kafka start --secure   # SASL_SSL + ACLs; the admin's settings in <home>/kafka/secure/admin.yaml",
     "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
                "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
                "  msgaudit cluster submit follow --alert-log alerts.jsonl   # the schedule, on the cluster\n"
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
+    k.add_argument("--secure", action="store_true", help="start: serve SASL_SSL only (SCRAM-SHA-512, a local CA) with "
+                   "ACLs enforced; the admin's client settings go to <data-dir>/secure/admin.yaml (a data folder "
+                   "made secure stays secure)")
     k.add_argument("--data-dir", default=None, help="broker data folder (default <home>/kafka: the config's `home`, "
                    "./.msgaudit without a config)")
     cl = add("cluster", "Run a local Spark standalone cluster (a master and workers, each its own JVM, bound to "

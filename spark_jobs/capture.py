@@ -39,8 +39,9 @@ consumer group (Spark's Kafka source never commits).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import reduce
@@ -52,6 +53,7 @@ from pyspark.sql import functions as F
 from audit.core import headers as H
 from audit.core.config import Config, MirrorConfig, TopicConfig
 from audit.core.errors import BrokerError, ConfigError, InputError
+from audit.core.kafka_conf import access_line, authentication_line, denied_line
 from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
     GROUP_OFFSETS,
@@ -501,7 +503,7 @@ def _admin(cfg: Config) -> Any:
     return AdminClient(internal_client_conf(cfg.kafka))
 
 
-def _result(future: Any, cfg: Config, what: str) -> Any:
+def _result(future: Any, cfg: Config, what: str, topic: str = "") -> Any:
     from confluent_kafka import KafkaError, KafkaException
 
     try:
@@ -511,6 +513,10 @@ def _result(future: Any, cfg: Config, what: str) -> Any:
         if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             raise InputError(f"{what}: topic does not exist on the Kafka cluster at {_bootstrap(cfg)} "
                              f"(create it, or remove it from {cfg.source})") from None
+        line = access_line(cfg.kafka, err.name(), {"topic": "DESCRIBE"}, {"topic": topic}) \
+            if isinstance(err, KafkaError) else None
+        if line:
+            raise BrokerError(f"{what}: {line}") from None
         raise BrokerError(f"{what}: Kafka at {_bootstrap(cfg)} answered: {err}") from None
     except TimeoutError:
         raise BrokerError(f"{what}: no answer from Kafka at {_bootstrap(cfg)} within "
@@ -521,7 +527,7 @@ def _partitions(admin: Any, cfg: Config, topic: str) -> list[int]:
     from confluent_kafka import TopicCollection
 
     futures = admin.describe_topics(TopicCollection([topic]), request_timeout=ADMIN_TIMEOUT_S)
-    desc = _result(futures[topic], cfg, f"topic {topic!r}")
+    desc = _result(futures[topic], cfg, f"topic {topic!r}", topic)
     return sorted(p.id for p in desc.partitions)
 
 
@@ -532,7 +538,7 @@ def _list_offsets(admin: Any, cfg: Config, topic: str, partitions: Sequence[int]
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions},
                                  isolation_level=level, request_timeout=ADMIN_TIMEOUT_S)
-    return {tp.partition: _result(f, cfg, f"topic {topic!r} offsets").offset for tp, f in futures.items()}
+    return {tp.partition: _result(f, cfg, f"topic {topic!r} offsets", topic).offset for tp, f in futures.items()}
 
 
 def plan_topic(admin: Any, cfg: Config, topic: str, partitions: Sequence[int],
@@ -594,6 +600,23 @@ def _read_kafka(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequence[
         .option("groupIdPrefix", "msgaudit-capture")
         .load()
     )
+
+
+@contextlib.contextmanager
+def _read_access(cfg: Config, topics: Iterable[str]) -> Iterator[None]:
+    """Turn the Java client's ACL denial or failed login, raised by the Spark action inside, into one
+    line naming the grant to add (the Spark error would be a page of Java stack)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - Py4JJavaError or a pyspark error, re-raised unless it is access
+        text = str(e)
+        if "TopicAuthorizationException" in text:
+            denied = [t for t in topics if t in text] or list(topics)
+            raise BrokerError("capture: " + "; ".join(denied_line(cfg.kafka, "READ", "topic", t) for t in denied)) \
+                from None
+        if "SaslAuthenticationException" in text:
+            raise BrokerError(f"capture: {authentication_line(cfg.kafka)}") from None
+        raise
 
 
 def _table_schema(schema: Any) -> Any:
@@ -765,11 +788,12 @@ def read_and_merge(spark: SparkSession, cfg: Config, ranges: Mapping[str, Sequen
     tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
     rows = landing.relabel(to_log_records(everything, committed, captured_at, tz)).persist()
     try:
-        counts = {tuple(r[:-3]): (int(r[-3]), int(r[-2]), int(r[-1])) for r in rows.groupBy(*landing.scope).agg(
-            F.count(F.lit(1)).alias("records"),
-            F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
-            F.count(F.col("header_error")).alias("header_errors"),
-        ).collect()}
+        with _read_access(cfg, to_read):  # the first action reads Kafka
+            counts = {tuple(r[:-3]): (int(r[-3]), int(r[-2]), int(r[-1])) for r in rows.groupBy(*landing.scope).agg(
+                F.count(F.lit(1)).alias("records"),
+                F.count(F.when(~F.col("committed"), 1)).alias("aborted"),
+                F.count(F.col("header_error")).alias("header_errors"),
+            ).collect()}
         written = (merge_records(spark, cfg, rows, landing, {landing.names[t]: rs for t, rs in to_read.items()})
                    if counts else {})
     finally:

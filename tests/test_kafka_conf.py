@@ -49,3 +49,26 @@ def test_capture_and_doctor_create_their_admin_clients_quiet(monkeypatch: pytest
     with pytest.raises(Exception, match="no broker"):
         doctor.diagnose(cfg)
     assert made == [{"bootstrap.servers": "b:9092", "log_level": 4}] * 2
+
+
+@pytest.mark.unit
+def test_an_acl_denial_is_one_line_naming_the_user_the_operation_and_the_grant() -> None:
+    from audit.core.kafka_conf import access_line
+
+    conf = {"bootstrap.servers": "b:9093", "sasl.username": "alice", "sasl.password": "s3cret",
+            "sasl.mechanism": "SCRAM-SHA-512"}
+    ops, names = {"topic": "READ", "group": "READ"}, {"topic": "orders", "group": "loader"}
+    assert access_line(conf, "TOPIC_AUTHORIZATION_FAILED", ops, names) == (
+        "user alice may not READ topic orders: grant it with kafka-acls --bootstrap-server b:9093 --command-config "
+        "<admin client properties> --add --allow-principal User:alice --operation Read --topic orders")
+    assert access_line(conf, "GROUP_AUTHORIZATION_FAILED", ops, names).endswith(  # type: ignore[union-attr]
+        "--operation Read --group loader")
+    assert access_line(conf, "_AUTHENTICATION", ops, names) == (
+        "SASL authentication of user alice failed at b:9093: check sasl.username, sasl.password and "
+        "sasl.mechanism (SCRAM-SHA-512)")
+    assert access_line(conf, "UNKNOWN_TOPIC_OR_PART", ops, names) is None
+    assert access_line({"bootstrap.servers": "b:9092"}, "TOPIC_AUTHORIZATION_FAILED", {"topic": "DESCRIBE_CONFIGS"},
+                       names) == (
+        "user this client's principal (no sasl.username set) may not DESCRIBE_CONFIGS topic orders: grant it with "
+        "kafka-acls --bootstrap-server b:9092 --command-config <admin client properties> --add --allow-principal "
+        "User:<user> --operation DescribeConfigs --topic orders")

@@ -94,6 +94,7 @@ from audit.clients.sinks import Position, Sink, SinkRecord
 from audit.core import headers as audit_headers
 from audit.core.errors import BrokerError, ConfigError, MsgauditError
 from audit.core.headers import AuditHeaders
+from audit.core.kafka_conf import access_line, authentication_line
 from audit.core.vocabulary import CONSUME_OUTCOMES
 
 if TYPE_CHECKING:
@@ -350,6 +351,17 @@ class AuditedConsumer:
         conf.setdefault("client.id", self.instance)
         if semantics == "exactly_once_kafka":
             conf["isolation.level"] = "read_committed"
+        # A failed SASL login reaches only the error callback (consume() keeps retrying): keep it for _poll.
+        self._login_failed: str | None = None
+        user_error_cb = conf.get("error_cb")
+
+        def on_error(err: KafkaError) -> None:
+            if err.code() == KafkaError._AUTHENTICATION:
+                self._login_failed = authentication_line(base)
+            if user_error_cb is not None:
+                user_error_cb(err)
+
+        conf["error_cb"] = on_error
         strategy = str(conf.get("partition.assignment.strategy", ""))
         self._incremental = "cooperative" in strategy or str(conf.get("group.protocol", "")) == "consumer"
         try:
@@ -556,6 +568,8 @@ class AuditedConsumer:
 
     def _poll(self, n: int, timeout: float) -> list[Message]:
         msgs = self.consumer.consume(num_messages=n, timeout=timeout)
+        if self._login_failed is not None:
+            raise BrokerError(f"AuditedConsumer group {self.group!r}: {self._login_failed}")
         out = []
         for m in msgs:
             err = m.error()
@@ -563,8 +577,10 @@ class AuditedConsumer:
                 out.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
-            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                               KafkaError.GROUP_AUTHORIZATION_FAILED):
+            elif line := access_line(self._kafka_common, err.name(), {"topic": "READ", "group": "READ"},
+                                     {"topic": m.topic() or ",".join(self.topics), "group": self.group}):
+                raise BrokerError(f"AuditedConsumer group {self.group!r}: {line}")
+            elif err.fatal() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise BrokerError(f"AuditedConsumer group {self.group!r}: {err.str()} (topic {m.topic()!r})")
             else:
                 log.warning("consumer %s: %s", self.instance, err.str())

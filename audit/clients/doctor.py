@@ -34,7 +34,7 @@ from typing import Any
 from audit.core.config import Config
 from audit.core.errors import BrokerError
 from audit.core.failover import failover_pairs, ignored_rows_line
-from audit.core.kafka_conf import internal_client_conf
+from audit.core.kafka_conf import access_line, internal_client_conf
 from audit.core.vocabulary import ERROR, WARN
 
 
@@ -50,12 +50,38 @@ class Risk:
         return f"{self.severity.upper():5}  {self.topic}  {self.subject}  {self.risk}: {self.detail}"
 
 
-def _configs(admin: Any, topic: str) -> dict[str, str]:
+def denied(cfg: Config, e: Exception, ops: dict[str, str], names: dict[str, str]) -> BrokerError | None:
+    """The BrokerError of one line for an ACL denial or a failed login in `e`, else None."""
+    from confluent_kafka import KafkaError
+
+    err = e.args[0] if e.args else None
+    line = access_line(cfg.kafka, err.name(), ops, names) if isinstance(err, KafkaError) else None
+    return BrokerError(line) if line else None
+
+
+def _configs(cfg: Config, admin: Any, topic: str) -> dict[str, str]:
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     res = ConfigResource(ResourceType.TOPIC, topic)
-    entries = admin.describe_configs([res])[res].result(timeout=30)
+    try:
+        entries = admin.describe_configs([res])[res].result(timeout=30)
+    except KafkaException as e:
+        raise denied(cfg, e, {"topic": "DESCRIBE_CONFIGS"}, {"topic": topic}) or e from None
     return {k: e.value for k, e in entries.items()}
+
+
+def _missing(cfg: Config, admin: Any, topic: str) -> BrokerError:
+    """Why `topic` is not in the cluster's metadata: absent, or hidden from this user by the ACLs."""
+    try:
+        md = admin.list_topics(topic, timeout=15).topics.get(topic)
+    except Exception:  # noqa: BLE001 - the plain answer below stands
+        md = None
+    if md is not None and md.error is not None:
+        line = access_line(cfg.kafka, md.error.name(), {"topic": "DESCRIBE"}, {"topic": topic})
+        if line:
+            return BrokerError(line)
+    return BrokerError(f"topic {topic!r} does not exist on the broker")
 
 
 def _oldest_unprocessed_ts(cfg: Config, topic: str, partition: int, offset: int) -> datetime | None:
@@ -83,18 +109,19 @@ def diagnose(cfg: Config, topics: list[str] | None = None, horizon: timedelta = 
     try:
         meta = admin.list_topics(timeout=15)
     except Exception as e:
-        raise BrokerError(f"cannot reach {cfg.kafka.get('bootstrap.servers', '?')}: {e}") from None
+        raise denied(cfg, e, {}, {}) or BrokerError(f"cannot reach {cfg.kafka.get('bootstrap.servers', '?')}: "
+                                                    f"{e}") from None
     risks: list[Risk] = []
     for name in names:
         if name not in meta.topics:
-            raise BrokerError(f"topic {name!r} does not exist on the broker")
+            raise _missing(cfg, admin, name)
     risks += dlq_risks(cfg, names, set(meta.topics), now)
     for name in names:
         tc = cfg.topic(name)
         if name not in meta.topics:
             raise BrokerError(f"topic {name!r} does not exist on the broker")
         parts = meta.topics[name].partitions
-        conf = _configs(admin, name)
+        conf = _configs(cfg, admin, name)
         if conf.get("unclean.leader.election.enable") == "true":
             risks.append(Risk(ERROR, "unclean_leader_election", name, "topic",
                               "unclean.leader.election.enable=true; set it to false"))
@@ -225,7 +252,8 @@ def committed_offsets(cfg: Config, group: str, topic: str, partitions: list[int]
                 err = e.args[0] if e.args else None
                 if not (isinstance(err, KafkaError) and err.code() in busy) \
                         or time.monotonic() > deadline:
-                    raise
+                    raise denied(cfg, e, {"group": "DESCRIBE", "topic": "DESCRIBE"},
+                                 {"group": group, "topic": topic}) or e from None
                 time.sleep(0.5)
     finally:
         c.close()

@@ -43,7 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from audit.clients.ledger import OPEN_SUFFIX, SEALED_SUFFIX, recover_orphans, sealed_segments
 from audit.core.errors import BrokerError, ConfigError
-from audit.core.kafka_conf import internal_client_conf
+from audit.core.kafka_conf import access_line, internal_client_conf
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ class LedgerShipper:
         self.topic = topic
         self.kind = kind
         self.retry_interval_s = retry_interval_s
+        self._kafka = dict(kafka)
         try:
             self.producer = producer_factory(shipper_conf(kafka))
         except KafkaException as e:
@@ -203,7 +204,7 @@ class LedgerShipper:
             if err is not None:
                 if not seg.dirty:
                     log.warning("ledger topic %s did not take a row of %s (%s); the segment will be shipped "
-                                "again", self.topic, stem, err.str())
+                                "again", self.topic, stem, write_error(self._kafka, self.topic, err))
                 seg.dirty = True
                 self.stats.not_shipped_live += 1
             else:
@@ -250,7 +251,7 @@ class LedgerShipper:
         for seg in todo:
             if self._stop.is_set():
                 return True
-            ok, rows = ship_segment(self.producer, self.topic, self.kind, seg.path, timeout=timeout)
+            ok, rows = ship_segment(self.producer, self.topic, self.kind, seg.path, timeout=timeout, kafka=self._kafka)
             if not ok:
                 return False
             with self._lock:
@@ -297,15 +298,23 @@ class TransactionShipped:
 
 # -- shipping whole segments from the spool -----------------------------------------------------
 
-def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout: float = 30.0) -> tuple[bool, int]:
+def write_error(kafka: Mapping[str, Any], topic: str, err: KafkaError) -> str:
+    """A delivery error to the ledger topic, as one line (an ACL denial names the grant it needs)."""
+    return access_line(kafka, err.name(), {"topic": "WRITE", "cluster": "IDEMPOTENT_WRITE"},
+                       {"topic": topic}) or err.str()
+
+
+def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout: float = 30.0,
+                 kafka: Mapping[str, Any] | None = None, failures: list[str] | None = None) -> tuple[bool, int]:
     """Ship every line of a sealed segment (keys by line number), wait for the acknowledgements, and
-    write its marker when all of them arrived. Returns (shipped, rows)."""
+    write its marker when all of them arrived. Returns (shipped, rows). `kafka`: the producer's
+    settings, to name the user in an ACL denial; `failures` gets why a segment was not shipped."""
     stem = stem_of(segment)
     errors: list[str] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            errors.append(err.str())
+            errors.append(write_error(kafka or {}, topic, err))
 
     deadline = time.monotonic() + timeout
     rows = 0
@@ -323,8 +332,10 @@ def ship_segment(producer: Any, topic: str, kind: str, segment: Path, *, timeout
             rows += 1
     left = producer.flush(max(0.0, deadline - time.monotonic()))
     if left or errors:
-        log.warning("ledger topic %s: %s not shipped (%s)", topic, segment.name,
-                    errors[0] if errors else f"{left} rows still in flight")
+        why = errors[0] if errors else f"{left} rows still in flight"
+        log.warning("ledger topic %s: %s not shipped (%s)", topic, segment.name, why)
+        if failures is not None:
+            failures.append(why)
         return False, rows
     _write_marker(segment)
     return True, rows
@@ -353,6 +364,7 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
     segment could not be shipped (run it again when the topic is back: what was shipped is marked)."""
     producer = producer_factory(shipper_conf(kafka))
     shipped = rows = already = failed = recovered = 0
+    why: list[str] = []
     try:
         for kind in KINDS:
             folder = Path(ledger_dir) / kind
@@ -361,7 +373,7 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
                 if is_shipped(seg):
                     already += 1
                     continue
-                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout)
+                ok, n = ship_segment(producer, topic, kind, seg, timeout=timeout, kafka=kafka, failures=why)
                 if ok:
                     shipped += 1
                     rows += n
@@ -376,8 +388,9 @@ def ship_spool(ledger_dir: Path, kafka: Mapping[str, Any], topic: str, *, timeou
         producer.flush(5.0)
     result = ShipResult(shipped, rows, already, failed, recovered)
     if failed:
-        raise BrokerError(f"ledger topic {topic}: {failed} segments could not be shipped ({result.summary(topic)}); "
-                          "they stay in the spool unmarked - run `msgaudit ship` again when the topic is reachable")
+        raise BrokerError(f"ledger topic {topic}: {failed} segments could not be shipped ({why[0]}; "
+                          f"{result.summary(topic)}); they stay in the spool unmarked - run `msgaudit ship` again "
+                          "when the topic is reachable")
     return result
 
 

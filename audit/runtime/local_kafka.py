@@ -1,7 +1,9 @@
 """A real local Kafka (KRaft mode) run from the cached jars with `java -cp`.
 
 One node by default; `nodes=3` gives a small cluster (each node broker + controller) for the
-replication faults of the lab. Everything binds to 127.0.0.1; data lives under
+replication faults of the lab. `secure=True` serves clients over SASL_SSL only (SCRAM-SHA-512, a
+CA and broker certificate made here) with ACLs enforced (StandardAuthorizer;
+the broker's own user `admin` is the super user); `client_config()` gives the settings to use. Everything binds to 127.0.0.1; data lives under
 `<msgaudit home>/kafka/` by default (`$MSGAUDIT_HOME`, else `~/.cache/msgaudit`). This module starts, waits for, inspects and stops broker
 processes; it knows nothing about audit logic.
 """
@@ -13,6 +15,7 @@ import base64
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -155,6 +158,57 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+SECURE_DIR = "secure"  # in the data folder: credentials.json and broker.pem (0600), ca.pem
+SCRAM = "SCRAM-SHA-512"
+SUPER_USER = "admin"
+
+
+def jaas(user: str, password: str) -> str:
+    """The `sasl.jaas.config` value of a SCRAM login (quotes and backslashes escaped)."""
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"')
+
+    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{esc(user)}" ' \
+           f'password="{esc(password)}";'
+
+
+def make_certificates(folder: Path) -> None:
+    """A CA (`ca.pem`, what clients trust) and the broker's key and certificate signed by it, for
+    127.0.0.1 and localhost (`broker.pem`: key, certificate, CA; readable by its owner only)."""
+    import ipaddress
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.now(UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+
+    def cert(subject: str, public: object, ca: bool) -> x509.Certificate:
+        b = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name("msgaudit local CA"))
+             .public_key(public).serial_number(x509.random_serial_number())  # type: ignore[arg-type]
+             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=3650))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        return b.sign(ca_key, hashes.SHA256())
+
+    ca_pem = cert("msgaudit local CA", ca_key.public_key(), True).public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    broker_pem = cert("localhost", key.public_key(), False).public_bytes(serialization.Encoding.PEM)
+    (folder / "ca.pem").write_bytes(ca_pem)
+    own = folder / "broker.pem"
+    own.touch(mode=0o600)
+    own.write_bytes(key_pem + broker_pem + ca_pem)
+
+
 class LocalKafka:
     """A local KRaft cluster of `nodes` combined broker+controller processes.
 
@@ -165,10 +219,13 @@ class LocalKafka:
     """
 
     def __init__(self, data_dir: Path | str | None = None, port: int | None = 9092, nodes: int = 1,
-                 advertised: dict[int, str] | None = None, broker_config: dict[str, str] | None = None) -> None:
+                 advertised: dict[int, str] | None = None, broker_config: dict[str, str] | None = None,
+                 secure: bool | None = None) -> None:
         if nodes < 1:
             raise BrokerError(f"nodes must be >= 1, got {nodes}")
         self.data_dir = Path(data_dir) if data_dir else jars.msgaudit_home() / "kafka"
+        # None: as the data folder was made (its storage holds the SCRAM credentials); plaintext when new.
+        self.secure = (self.data_dir / SECURE_DIR / "credentials.json").exists() if secure is None else secure
         self.auto_port = port is None
         self.nodes: list[NodeSpec] = []
         self.move(free_port_block(2 * nodes) if port is None else port, nodes)
@@ -221,8 +278,96 @@ class LocalKafka:
             "num.io.threads": "2",
             "num.recovery.threads.per.data.dir": "1",
         }
+        if self.secure:
+            props.update(self._secure_properties(node))
         props.update(self.broker_config)
         return props
+
+    # -- SASL/SCRAM over TLS with ACLs (secure=True) ------------------------------------
+    def _secure_properties(self, node: NodeSpec) -> dict[str, str]:
+        cred = self._credentials()
+        sec = self.data_dir / SECURE_DIR
+        return {
+            "listeners": f"SASL_SSL://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"SASL_SSL://{self.advertised.get(node.node_id, node.address)}",
+            "inter.broker.listener.name": "SASL_SSL",
+            # The controller listener stays on loopback without TLS: KRaft cannot check SCRAM there
+            # (the credentials live in the metadata it serves), so its peers are User:ANONYMOUS.
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": SCRAM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM,
+            f"listener.name.sasl_ssl.{SCRAM.lower()}.sasl.jaas.config": jaas(SUPER_USER, cred["admin"]),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(sec / "broker.pem"),
+            "ssl.truststore.type": "PEM",  # the broker is a client of its peers too
+            "ssl.truststore.location": str(sec / "ca.pem"),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{SUPER_USER};User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def _credentials(self) -> dict[str, str]:
+        """The admin's password, made with the certificates on first use."""
+        sec = self.data_dir / SECURE_DIR
+        f = sec / "credentials.json"
+        if f.exists():
+            return dict(json.loads(f.read_text()))
+        sec.mkdir(parents=True, exist_ok=True)
+        sec.chmod(0o700)
+        cred = {"admin": secrets.token_urlsafe(18)}
+        make_certificates(sec)
+        tmp = sec / "credentials.json.tmp"
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(cred))
+        tmp.rename(f)
+        return cred
+
+    def client_config(self, user: str = SUPER_USER, password: str | None = None) -> dict[str, str]:
+        """librdkafka settings for a client of this cluster (as `user`; the admin by default).
+        Plaintext: only bootstrap.servers."""
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        if self.secure:
+            conf.update({"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM, "sasl.username": user,
+                         "sasl.password": self._credentials()["admin"] if password is None else password,
+                         "ssl.ca.location": str(self.data_dir / SECURE_DIR / "ca.pem")})
+        return conf
+
+    def write_admin_settings(self) -> Path:
+        """`<data>/secure/admin.yaml`, readable by its owner only: `kafka:` with the admin's settings."""
+        import yaml
+
+        f = self.data_dir / SECURE_DIR / "admin.yaml"
+        f.touch(mode=0o600)
+        f.write_text(yaml.safe_dump({"kafka": self.client_config()}, sort_keys=False))
+        return f
+
+    def add_user(self, user: str, password: str) -> None:
+        """Create (or reset) a SCRAM-SHA-512 user; it may do nothing until `grant` allows it."""
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+        admin = self._admin()  # kept alive until the futures resolve
+        futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())])
+        for fut in futures.values():
+            fut.result(timeout=30)
+
+    def grant(self, user: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
+        """Allow `user` `operation` (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, CREATE, ...) on
+        `resource_type` (TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID) `name` from any host."""
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclOperation,
+            AclPermissionType,
+            ResourcePatternType,
+            ResourceType,
+        )
+
+        binding = AclBinding(ResourceType[resource_type.upper()], name,
+                             ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL,
+                             f"User:{user}", "*", AclOperation[operation.upper()], AclPermissionType.ALLOW)
+        admin = self._admin()
+        for fut in admin.create_acls([binding]).values():
+            fut.result(timeout=30)
 
     def _state_file(self) -> Path:
         return self.data_dir / "cluster.json"
@@ -297,10 +442,15 @@ class LocalKafka:
         jvm = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={node.data_dir}", "-cp", classpath]
         if not (node.data_dir / "logs" / "meta.properties").exists():
+            scram = ["--add-scram", f"{SCRAM}=[name={SUPER_USER},password={self._credentials()['admin']}]"] \
+                if self.secure else []
             fmt = subprocess.run([*jvm, STORAGE_TOOL, "format", f"--cluster-id={cluster_id}", "-c", str(props),
-                                  "--ignore-formatted"], capture_output=True, text=True)
+                                  "--ignore-formatted", *scram], capture_output=True, text=True)
             if fmt.returncode != 0:
-                raise BrokerError(f"formatting node {node.node_id} storage failed: {fmt.stderr.strip()[-400:]}")
+                err = fmt.stderr.strip()[-400:]
+                if self.secure:
+                    err = err.replace(self._credentials()["admin"], "***")
+                raise BrokerError(f"formatting node {node.node_id} storage failed: {err}")
         out = open(node.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         return subprocess.Popen([*jvm, KAFKA_MAIN, str(props)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -309,7 +459,8 @@ class LocalKafka:
         from confluent_kafka.admin import AdminClient
 
         # log_level 0: connection-refused chatter while a node boots is expected, not news.
-        return AdminClient({"bootstrap.servers": ",".join(n.address for n in self.nodes), "log_level": 0})
+        return AdminClient({**self.client_config(), "bootstrap.servers": ",".join(n.address for n in self.nodes),
+                            "log_level": 0})
 
     def is_ready(self) -> bool:
         try:
@@ -419,12 +570,15 @@ def _wait_dead(pid: int, timeout: float) -> bool:
 
 def cli_kafka(args: argparse.Namespace, cfg: Any) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else Path(cfg.home) / "kafka"
-    kafka = LocalKafka(data_dir, port=args.port, nodes=args.nodes)
+    kafka = LocalKafka(data_dir, port=args.port, nodes=args.nodes, secure=True if getattr(args, "secure", False) else None)
     if args.action == "start":
         t0 = time.monotonic()
         kafka.start()
         print(f"kafka: {len(kafka.nodes)} node(s) ready at {kafka.bootstrap_servers} "
               f"in {time.monotonic() - t0:.1f}s (data in {data_dir})")
+        if kafka.secure:
+            print(f"kafka: SASL_SSL only ({SCRAM}, ACLs enforced); the admin's client settings (a `kafka:` "
+                  f"block for msgaudit.yaml) are in {kafka.write_admin_settings()}")
     elif args.action == "stop":
         running = kafka.running_nodes()
         kafka.stop()
