@@ -224,7 +224,8 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
 
     def instant(name: str) -> Any:
         value = getattr(args, name, None)
-        return parse_instant(value, "--" + name.replace("_", "-")) if value and value != "now" else None
+        # --as-of now is the default (None); --start / --end now are this instant
+        return parse_instant(value, "--" + name.replace("_", "-")) if value and (value != "now" or name != "as_of") else None
 
     rng = StepRange(instant("start"), instant("end"), tuple(args.topics) if getattr(args, "topics", None) else None,
                     instant("as_of"))

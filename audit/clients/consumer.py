@@ -563,7 +563,11 @@ class AuditedConsumer:
                 out.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
-            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise BrokerError(f"AuditedConsumer group {self.group!r}: topic {m.topic()!r} does not exist on "
+                                  f"{self._kafka_common.get('bootstrap.servers')}: create it (on the local broker, "
+                                  "`msgaudit kafka start` creates the topics of msgaudit.yaml)")
+            elif err.fatal() or err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
                                                KafkaError.GROUP_AUTHORIZATION_FAILED):
                 raise BrokerError(f"AuditedConsumer group {self.group!r}: {err.str()} (topic {m.topic()!r})")
             else:
