@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into the jar cache "
         "($MSGAUDIT_JARS, $MSGAUDIT_HOME/jars or ~/.cache/msgaudit/jars); build the librdkafka plugin "
         "(native/libmsgaudit) and the Java interceptor jar.")
-    k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars.")
+    k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars; `start` creates the "
+            "topics of the config (msgaudit.yaml) the broker lacks.")
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")

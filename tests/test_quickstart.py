@@ -57,6 +57,12 @@ def test_the_quick_start_runs_as_written(kafka_cluster: LocalKafka, spark: Any, 
     (tmp_path / "quickstart.py").write_text(qs["python"])
     node = kafka_cluster.nodes[0]
 
+    # a new user's first try: the snippet's sends before anything created `orders` (the issue's run;
+    # a short delivery timeout instead of the snippet's, to keep the test short)
+    early = subprocess.run([sys.executable, "-c", EARLY_SENDS], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=_env())
+    assert (early.returncode, early.stdout) == (0, "UNKNOWN_TOPIC_OR_PART UNKNOWN_TOPIC_OR_PART\n"), early.stderr
+
     # 2. the broker (the session's, already running) gets the config's topics
     assert main([*qs["kafka"][1:], "--port", str(node.port), "--data-dir", str(kafka_cluster.data_dir)]) == 0
     assert "kafka: created topic(s) orders of msgaudit.yaml" in capsys.readouterr().out
@@ -75,9 +81,14 @@ def test_the_quick_start_runs_as_written(kafka_cluster: LocalKafka, spark: Any, 
     with sqlite3.connect(tmp_path / ".msgaudit" / "report.db") as db:
         rows = db.execute("SELECT stage, expected, delivered FROM audit_partition_report "
                           "WHERE topic = 'orders' AND expected > 0 ORDER BY stage").fetchall()
-        anomalies = db.execute("SELECT count(*) FROM audit_anomalies").fetchone()
+        anomalies = db.execute("SELECT stage, anomaly, partition, seq, \"offset\", detail FROM audit_anomalies "
+                               "ORDER BY seq").fetchall()
+        failed = db.execute("SELECT sum(failed_send) FROM audit_partition_report WHERE stage = 'log'").fetchone()
     assert rows == [("group:orders-loader", 1, 1), ("log", 1, 1), ("sink:orders_table", 1, 1)]
-    assert anomalies == (0,)
+    # the first try's sends, told failed and never in the log, are reported (not counted as lost)
+    detail = "ledger says failed (Broker: Unknown topic or partition), no copy in the log"
+    assert anomalies == [("log", "failed_send", -1, 0, None, detail), ("log", "failed_send", -1, 1, None, detail)]
+    assert failed == (2,)
     assert (tmp_path / "dashboard" / "index.html").exists()
 
 
@@ -95,6 +106,20 @@ def test_a_consumer_of_a_missing_topic_ends_with_one_line(kafka_bootstrap: str, 
     assert run.stderr == (f"msgaudit: AuditedConsumer group 'g1': topic 'no-such-topic-q1' does not exist on "
                           f"{kafka_bootstrap}: create it (on the local broker, `msgaudit kafka start` creates "
                           "the topics of msgaudit.yaml)\n")
+
+
+EARLY_SENDS = """
+from audit import AuditedProducer
+from audit.core import config
+
+errors = []
+cfg = config.load("msgaudit.yaml")
+with AuditedProducer.from_config(cfg, producer_name="orders-svc", **{"message.timeout.ms": 1500}) as producer:
+    for i in range(2):
+        producer.produce("orders", key=b"o-%d" % i, value=b"{}", on_delivery=lambda err, msg: errors.append(err.name()))
+    producer.flush()
+print(*errors)
+"""
 
 
 def _env() -> dict[str, str]:
