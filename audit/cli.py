@@ -192,11 +192,12 @@ def _setup(args: argparse.Namespace, cfg: Any) -> int:
     for manifest in jars.MANIFESTS:
         d = jars.fetch(manifest)
         print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
-    if (plugin.SOURCE_DIR / "Makefile").is_file():
+    from audit.core.errors import SetupError
+
+    try:  # the C source ships in the package (the wheel too)
         print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
-    else:  # an installed wheel: the C source ships with the repository, not the package
-        print("libmsgaudit: no plugin source in this installation (build native/libmsgaudit from the "
-              "repository and point $MSGAUDIT_PLUGIN at it); AuditedProducer uses its pure-Python path")
+    except SetupError as e:  # no gcc, make or librdkafka's header: one line, and the rest of the set-up
+        print(f"libmsgaudit: {e}; AuditedProducer uses its pure-Python path")
     print(f"interceptors: Java interceptor jar in {jars.interceptors_jar(build=True)}")
     return 0
 
