@@ -139,3 +139,23 @@ def _env() -> dict[str, str]:
     import os
 
     return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.unit
+def test_times_relative_to_now() -> None:
+    from audit.core.errors import InputError
+    from audit.core.windows import parse_instant
+
+    before = datetime.now(UTC)
+    got = parse_instant("now-90m")
+    assert before - timedelta(minutes=90) <= got <= datetime.now(UTC) - timedelta(minutes=90)
+    with pytest.raises(InputError, match=r"^--start: 'now-1x' is not 'now-' and a duration such as now-1h, "
+                                         r"now-30m or now-2d$"):
+        parse_instant("now-1x", "--start")
+
+
+@pytest.mark.unit
+def test_kafka_start_creates_topics_only_for_a_config_that_names_its_broker(tmp_path: Path) -> None:
+    broker = LocalKafka(tmp_path, port=19092)
+    assert broker.serves("127.0.0.1:19092") and broker.serves("localhost:19092,other:9092")
+    assert not broker.serves("127.0.0.1:9092") and not broker.serves("broker1:19092") and not broker.serves("")
