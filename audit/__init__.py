@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from audit.core.errors import install_excepthook
+
 __version__ = "0.1.0"
 __all__ = ["AuditedProducer", "AuditedConsumer", "__version__"]
 
 if TYPE_CHECKING:
     from audit.clients.consumer import AuditedConsumer
     from audit.clients.producer import AuditedProducer
+
+# A program using the library that lets a MsgauditError escape ends with its one line, not a traceback.
+install_excepthook()
 
 
 def __getattr__(name: str) -> Any:

@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("setup", "Fetch the JVM jars (Delta, Spark's Kafka source, JDBC drivers, Kafka broker) into the jar cache "
         "($MSGAUDIT_JARS, $MSGAUDIT_HOME/jars or ~/.cache/msgaudit/jars); build the librdkafka plugin "
         "(native/libmsgaudit) and the Java interceptor jar.")
-    k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars.")
+    k = add("kafka", "Run a local KRaft Kafka broker (or a small cluster) from the cached jars; `start` creates the "
+            "topics of the config (msgaudit.yaml) the broker lacks.")
     k.add_argument("action", choices=["start", "stop", "status"])
     k.add_argument("--port", type=int, default=9092, help="first client port (default 9092)")
     k.add_argument("--nodes", type=int, default=1, help="number of brokers (default 1; 3 for replication faults)")
@@ -196,11 +197,12 @@ def _setup(args: argparse.Namespace, cfg: Any) -> int:
     for manifest in jars.MANIFESTS:
         d = jars.fetch(manifest)
         print(f"{manifest}: {len(list(d.glob('*.jar')))} jars in {d}")
-    if (plugin.SOURCE_DIR / "Makefile").is_file():
+    from audit.core.errors import SetupError
+
+    try:  # the C source ships in the package (the wheel too)
         print(f"libmsgaudit: librdkafka plugin in {plugin.build()}")
-    else:  # an installed wheel: the C source ships with the repository, not the package
-        print("libmsgaudit: no plugin source in this installation (build native/libmsgaudit from the "
-              "repository and point $MSGAUDIT_PLUGIN at it); AuditedProducer uses its pure-Python path")
+    except SetupError as e:  # no gcc, make or librdkafka's header: one line, and the rest of the set-up
+        print(f"libmsgaudit: {e}; AuditedProducer uses its pure-Python path")
     print(f"interceptors: Java interceptor jar in {jars.interceptors_jar(build=True)}")
     return 0
 
@@ -229,7 +231,8 @@ def _step(args: argparse.Namespace, cfg: Any) -> int:
 
     def instant(name: str) -> Any:
         value = getattr(args, name, None)
-        return parse_instant(value, "--" + name.replace("_", "-")) if value and value != "now" else None
+        # --as-of now is the default (None); --start / --end now are this instant
+        return parse_instant(value, "--" + name.replace("_", "-")) if value and (value != "now" or name != "as_of") else None
 
     rng = StepRange(instant("start"), instant("end"), tuple(args.topics) if getattr(args, "topics", None) else None,
                     instant("as_of"))

@@ -50,6 +50,8 @@ Stage `log` (report partition: the acked partition for expected messages)
   produce time + grace;
   `unverifiable` if no capture covered it but a capture's log_start_offset is above it;
   otherwise it is counted as `pending` (report column only: the log stage has no pending code).
+- a failed message (ledger status failed) with no committed copy: `failed_send` once as_of >=
+  produce time + grace, on its first failed row's partition, offset null.
 - `ghost_write` on the original copy of a failed message; `unledgered` on the original copy of a
   valid audited message without ledger row; `aborted` on every uncommitted record; `unaudited` on
   every record without valid headers (detail = header_error, or "missing audit headers").
@@ -646,6 +648,8 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                         lc["pending"] += 1
             if status == FAILED and orig is not None:
                 emit(LOG, "ghost_write", orig.partition, pid, seq, orig.offset)
+            if status == FAILED and orig is None and as_of >= pt + grace:
+                emit(LOG, "failed_send", min((lr.produce_ts, lr.partition) for lr in u.ledger)[1], pid, seq, None)
             if status is None and orig is not None:
                 emit(LOG, "unledgered", orig.partition, pid, seq, orig.offset)
             for x in u.extras:

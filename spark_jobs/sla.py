@@ -18,6 +18,7 @@ Rules, the observed value they judge and the stages they apply to:
 | max_reordered | reordered | observed <= t | log, group (a sink has no order) |
 | max_p99_latency_ms | latency_p99_ms | observed <= t; null (nothing delivered) passes | log, group, sink |
 | min_completeness | (delivered + dead_lettered) / expected | observed >= t; null (expected 0) passes | log, group, sink |
+| max_failed_sends | failed_send (failed sends with no copy in the log) | observed <= t | log |
 
 Latency at every stage is measured from produce time, so a p99 bound holds for each hop.
 The duplicate ratio's denominator is at least 1 so that copies of nothing still fail a 0 bound.

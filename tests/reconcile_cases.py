@@ -428,6 +428,12 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.clean("reob", 1, 5, 3, at(60.1))
     h.clean("reob", 0, 5, 4, at(59.9))
     exp["reordered_in_log"].append(("log", "reordered_in_log", 5, "reob", 0, 4))
+
+    # partition -1: two sends the producer was told failed (the topic did not exist: no partition)
+    # and that never reached the log
+    h.produce("fsend", 0, -1, None, at(5), status="failed")
+    h.ledger.append(LedgerRow("fsend", 1, -1, None, "failed", at(5.1), error="Broker: Unknown topic or partition"))
+    exp["failed_send"] = [("log", "failed_send", -1, "fsend", 0, None), ("log", "failed_send", -1, "fsend", 1, None)]
     return h, exp
 
 

@@ -38,6 +38,8 @@ def test_rule_explanations_are_the_codes_counting_in_the_rules_total() -> None:
     assert [c for c, _ in v.rule_explanations("max_duplicate_ratio", v.LOG)] == ["duplicate_in_log"]
     assert [c for c, _ in v.rule_explanations("max_reordered", v.GROUP)] == ["reordered_in_consumption"]
     assert v.rule_explanations("max_p99_latency_ms", v.LOG) == ()
+    assert [c for c, _ in v.rule_explanations("max_failed_sends", v.LOG)] == ["failed_send"]
+    assert v.rule_explanations("max_failed_sends", v.GROUP) == ()
     assert set(v.SLA_RULE_TOTALS) <= set(v.SLA_RULES)
 
 

@@ -48,7 +48,8 @@ def test_wheel_installs_into_a_clean_venv_and_sets_up_without_a_checkout(tmp_pat
     (wheel,) = dist.glob("msgaudit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"audit/runtime/jvm/settings.xml", "audit/runtime/jvm/spark-deps/pom.xml",
-            "audit/runtime/jvm/kafka-broker/pom.xml"} <= names
+            "audit/runtime/jvm/kafka-broker/pom.xml",
+            "audit/clients/native/Makefile", "audit/clients/native/msgaudit.c"} <= names
     assert not any(n.startswith(("tests/", "jvm/")) for n in names)
     # A venv of its own (no system site packages). Its dependencies are the already installed ones,
     # reached through a plain path in a .pth file (so CI does not download pyspark again); the
@@ -79,13 +80,42 @@ def test_wheel_installs_into_a_clean_venv_and_sets_up_without_a_checkout(tmp_pat
         f"spark-deps: {len(list((home / 'spark-deps').glob('*.jar')))} jars in {home / 'spark-deps'}",
         f"kafka-broker: {len(list((home / 'kafka-broker').glob('*.jar')))} jars in {home / 'kafka-broker'}",
         f"kafka-mirror: {len(list((home / 'kafka-mirror').glob('*.jar')))} jars in {home / 'kafka-mirror'}",
-        # the C plugin's source ships with the repository, not the wheel; the Java interceptor's does
-        "libmsgaudit: no plugin source in this installation (build native/libmsgaudit from the repository "
-        "and point $MSGAUDIT_PLUGIN at it); AuditedProducer uses its pure-Python path",
+        # the C plugin's source and the Java interceptor's ship in the wheel; both are built under the home
+        f"libmsgaudit: librdkafka plugin in {home.parent / 'plugin' / 'libmsgaudit.so'}",
         f"interceptors: Java interceptor jar in {home / 'interceptors' / 'msgaudit-interceptors.jar'}"]
     assert any((home / "spark-deps").glob("hadoop-aws-*.jar"))
+    # AuditedProducer finds the plugin the installation built
+    found = run(str(py), "-c", "from audit.clients.plugin import Plugin, plugin_path; p = plugin_path(); "
+                "Plugin.load(p); print(p)")
+    assert (found.returncode, found.stdout) == (0, f"{home.parent / 'plugin' / 'libmsgaudit.so'}\n"), found.stderr
     helped = run(msgaudit, "--help")
     assert helped.returncode == 0 and "ingest" in helped.stdout
     status = run(msgaudit, "kafka", "status")  # reads the broker's state under MSGAUDIT_HOME
     assert (status.returncode, status.stdout, status.stderr) == (1, "kafka: not running\n", ""), status
     assert os.listdir(empty) == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("missing", "line"), [
+    ("gcc", "libmsgaudit: building the librdkafka plugin needs gcc (Debian: apt-get install -y build-essential); "
+            "AuditedProducer uses its pure-Python path"),
+    ("rdkafka.h", "libmsgaudit: building the librdkafka plugin needs librdkafka's header (Debian: apt-get install "
+                  "-y librdkafka-dev); AuditedProducer uses its pure-Python path"),
+])
+def test_setup_says_in_one_line_what_the_plugins_build_lacks_and_sets_up_the_rest(
+        missing: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from audit import cli
+    from audit.clients import plugin
+
+    monkeypatch.setattr(jars, "MANIFESTS", ())
+    monkeypatch.setattr(jars, "interceptors_jar", lambda build: tmp_path / "i.jar")
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == missing else which(tool))
+    exists = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda p: False if p.name == missing else exists(p))
+    monkeypatch.setattr(plugin, "built", lambda: tmp_path / "plugin" / "libmsgaudit.so")
+    assert cli.main(["setup"]) == 0
+    assert capsys.readouterr().out.splitlines() == [line, f"interceptors: Java interceptor jar in {tmp_path / 'i.jar'}"]

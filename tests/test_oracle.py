@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 26
+    assert len(final_result.anomalies) == 28
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -78,8 +78,8 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert rows[(G, 11)]["lost"] == 1 and rows[(G, 11)]["missed"] == 1
     assert rows[(G, 13)]["duplicated"] == 1 and rows[(G, 14)]["reordered"] == 1
     assert rows[("log", 5)]["reordered"] == 2 and rows[(S, 18)]["duplicated"] == 1
-    # seq gaps have no partition: they get their own row
-    assert rows[("log", -1)] == report_row("log", -1, seq_gap=2)
+    # seq gaps and failed sends without a partition get their own row; a failed send is not expected
+    assert rows[("log", -1)] == report_row("log", -1, seq_gap=2, failed_send=2)
     # a sink row from a sink g1 feeds counts as g1's processing (no consumption row, no latency)
     assert rows[(G, 20)] == report_row(G, 20, expected=2, delivered=2)
     assert rows[(S, 20)] == report_row(S, 20)
@@ -98,6 +98,8 @@ def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult)
     assert by[("missed", "miss")]["detail"] == "never processed, below committed offset 2"
     assert by[("retry_overdue", "retry")]["detail"] == \
         "only failed outcomes, past grace; last: attempt 2 by c2: KeyError: 'price'"
+    assert [a["detail"] for a in final_result.anomalies if a["anomaly"] == "failed_send"] == [
+        "ledger says failed, no copy in the log"] * 2
     assert {a["run_id"] for a in final_result.anomalies} == {run_id_for("t", T0, AS_OF_FINAL)}
     assert {a["computed_at"] for a in final_result.anomalies} == {AS_OF_FINAL}
 
@@ -129,6 +131,27 @@ def test_pending_until_produce_time_plus_grace_and_final_after_window_end_plus_g
     group_row = next(row for row in r.report if row["stage"] == G)
     assert group_row["pending"] == (1 if as_of_min < 65 else 0)
     assert group_row["overdue"] == (0 if as_of_min < 65 else 1)
+
+
+@pytest.mark.parametrize(("as_of_min", "expected"), [
+    (64.99, []),  # within grace a retry of the producer's own may still land: nothing yet
+    (65, [("log", "failed_send", -1, "f", 0, None)]),
+])
+def test_a_failed_send_without_a_copy_is_reported_after_grace_and_one_with_a_copy_is_a_ghost_write(
+        as_of_min: float, expected: list[tuple[object, ...]]) -> None:
+    h = History()
+    h.captured(0, 0, 100, at(55))
+    h.produce("f", 0, -1, None, at(50), status="failed")
+    h.produce("g", 0, -1, None, at(50), status="failed")
+    h.record("g", 0, 0, 0, at(50))
+    h.produce("g", 1, 0, 1, at(50))  # failed then acked (a retry of the same message): acked wins
+    h.produce("g", 1, -1, None, at(50), status="failed")
+    h.record("g", 1, 0, 1, at(50))
+    r = reconcile_window(topic_config(groups=(), sinks=()), T0, at(as_of_min), h.inputs())
+    assert brief(r.anomalies) == [*expected, ("log", "ghost_write", 0, "g", 0, 0)]
+    rows = {(row["stage"], row["partition"]): row for row in r.report}
+    assert (rows[("log", 0)]["expected"], rows[("log", 0)]["delivered"], rows[("log", 0)]["failed_send"]) == (1, 1, 0)
+    assert rows.get(("log", -1), {}).get("failed_send", 0) == len(expected)
 
 
 def retry_history() -> History:

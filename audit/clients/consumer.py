@@ -580,7 +580,12 @@ class AuditedConsumer:
             elif line := access_line(self._kafka_common, err.name(), {"topic": "READ", "group": "READ"},
                                      {"topic": m.topic() or ",".join(self.topics), "group": self.group}):
                 raise BrokerError(f"AuditedConsumer group {self.group!r}: {line}")
-            elif err.fatal() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise BrokerError(f"AuditedConsumer group {self.group!r}: topic {m.topic()!r} does not exist on "
+                                  f"{self._kafka_common.get('bootstrap.servers')}: create it (on the local broker, "
+                                  "`msgaudit kafka start` creates the topics of msgaudit.yaml)")
+            elif err.fatal() or err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                               KafkaError.GROUP_AUTHORIZATION_FAILED):
                 raise BrokerError(f"AuditedConsumer group {self.group!r}: {err.str()} (topic {m.topic()!r})")
             else:
                 log.warning("consumer %s: %s", self.instance, err.str())

@@ -9,7 +9,10 @@ it with, so both see the same instance of it.
 Where the plugin is taken from:
   - `$MSGAUDIT_PLUGIN` = a path to `libmsgaudit.so`: that file (it must exist);
   - `$MSGAUDIT_PLUGIN` = `off` (or `0`, `false`, `no`): no plugin, the pure-Python path;
-  - unset: `<project>/native/libmsgaudit/build/libmsgaudit.so` if it has been built.
+  - unset: the library `msgaudit setup` built, if it has: in a checkout
+    `<project>/native/libmsgaudit/build/libmsgaudit.so`; installed from the wheel (which ships the
+    source as `audit/clients/native`, a link to `native/libmsgaudit` in a checkout)
+    `<msgaudit home>/plugin/libmsgaudit.so`.
 
 This module must not import Kafka or Spark.
 """
@@ -24,12 +27,20 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit.core.config import msgaudit_home
 from audit.core.errors import ConfigError, LedgerError, SetupError
 
 PLUGIN_ENV = "MSGAUDIT_PLUGIN"
 _OFF = ("off", "0", "false", "no")
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "native" / "libmsgaudit"
-BUILT = SOURCE_DIR / "build" / "libmsgaudit.so"
+# The C source: the package's `native` (a link to native/libmsgaudit in a checkout, a copy in the wheel)
+SOURCE_DIR = Path(__file__).resolve().parent / "native"
+CHECKOUT = Path(__file__).resolve().parents[2] / "native" / "libmsgaudit"
+BUILT = CHECKOUT / "build" / "libmsgaudit.so"  # where a checkout builds it
+
+
+def built() -> Path:
+    """Where `build` puts the library: in a checkout next to its source, else under msgaudit home."""
+    return BUILT if SOURCE_DIR.resolve() == CHECKOUT.resolve() else msgaudit_home() / "plugin" / "libmsgaudit.so"
 
 
 def plugin_path() -> Path | None:
@@ -43,28 +54,31 @@ def plugin_path() -> Path | None:
             raise ConfigError(f"{PLUGIN_ENV}={env}: no such file (build it with `msgaudit setup`, "
                               f"or set {PLUGIN_ENV}=off for the pure-Python producer)")
         return path
-    return BUILT if BUILT.is_file() else None
+    path = built()
+    return path if path.is_file() else None
 
 
 def build(force: bool = False) -> Path:
-    """Build the plugin from `native/libmsgaudit/` with make and gcc; return the library.
+    """Build the plugin from its source (`native/libmsgaudit/`) with make and gcc into `built()`;
+    return the library.
 
     make rebuilds only when the source changed, so this is cheap when nothing did."""
     if not (SOURCE_DIR / "Makefile").is_file():
-        raise SetupError(f"plugin source {SOURCE_DIR} is missing; run msgaudit from a checkout of the project")
+        raise SetupError(f"plugin source {SOURCE_DIR} is missing; reinstall msgaudit")
+    out = built()
     for tool in ("make", "gcc"):
         if shutil.which(tool) is None:
             raise SetupError(f"building the librdkafka plugin needs {tool} (Debian: apt-get install -y build-essential)")
     if not Path("/usr/include/librdkafka/rdkafka.h").is_file():
         raise SetupError("building the librdkafka plugin needs librdkafka's header "
                          "(Debian: apt-get install -y librdkafka-dev)")
-    args = ["make", "-s", "-C", str(SOURCE_DIR)]
+    args = ["make", "-s", "-C", str(SOURCE_DIR.resolve()), f"OUT={out.parent}"]
     if force:
         args.insert(1, "-B")
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         raise SetupError(f"building the librdkafka plugin failed:\n{r.stdout}{r.stderr}")
-    return BUILT
+    return out
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,16 @@ OPTIONAL_AUDIT_COLUMNS = ("produce_ts",)
 SINK_AUDIT_COLUMNS = AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS  # every logical column a sink may map
 
 
+def msgaudit_home() -> Path:
+    """msgaudit's own folder for caches and local services: $MSGAUDIT_HOME, else the user cache
+    folder ($XDG_CACHE_HOME/msgaudit, default ~/.cache/msgaudit)."""
+    env = os.environ.get("MSGAUDIT_HOME")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "msgaudit"
+
+
 def parse_duration(value: Any, where: str) -> timedelta:
     """'1h', '15m', '30s', '1d', '250ms' or a number of seconds -> timedelta."""
     if isinstance(value, bool):

@@ -7,6 +7,10 @@ never a traceback.
 
 from __future__ import annotations
 
+import os
+import sys
+from types import TracebackType
+
 from audit.core.vocabulary import ExitCode
 
 
@@ -52,3 +56,18 @@ class ResultReleased(MsgauditError):
     """A reconcile result's Spark rows were read after its `release()` freed what they are computed from."""
 
     exit_code = ExitCode.UNEXPECTED.value
+
+
+def _one_line(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """A script's uncaught MsgauditError: its one line on stderr, as the CLI prints it (the message
+    says what to do; MSGAUDIT_TRACEBACK=1 shows the traceback). Any other exception as before."""
+    if isinstance(error, MsgauditError) and os.environ.get("MSGAUDIT_TRACEBACK", "") in ("", "0"):
+        print(f"msgaudit: {error}", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, error, tb)
+
+
+def install_excepthook() -> None:
+    """Make an uncaught MsgauditError end a program with one line (only over Python's own hook)."""
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _one_line

@@ -99,6 +99,7 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("lost_acked", LOG, "acked, capture covered the offset, not in the log", (LOST,)),
     _code("unverifiable", LOG, "offset below log_start_offset before any capture"),
     _code("ghost_write", LOG, "ledger says failed, the log has it"),
+    _code("failed_send", LOG, "ledger says failed, no copy in the log"),
     _code("duplicate_in_log", LOG, "extra copy of offset {orig_partition}:{orig_offset}", (DUPLICATED,)),
     _code("reordered_in_log", LOG, "seq {late_seq} after seq {high_seq}", (REORDERED,)),
     _code("unledgered", LOG, "no producer ledger row"),
@@ -192,6 +193,11 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "and counted the send as failed",
         "enable.idempotence=true with retries, so the client retries the send instead of failing it; "
         "treat a failed send as unknown, not as absent"),
+    (LOG, "failed_send"): Explanation(
+        "the producer was told the send failed (delivery timeout, unknown topic, an error retries did not "
+        "overcome) and the log has no copy: an application that ignores its delivery errors lost it",
+        "handle delivery errors: resend the message or stop; create the topic before producing "
+        "(brokers often run with auto.create.topics.enable=false)"),
     (LOG, "duplicate_in_log"): Explanation(
         "the producer retried a send whose ack was lost, without idempotence",
         "enable.idempotence=true (with acks=all, max.in.flight.requests.per.connection <= 5)"),
@@ -298,10 +304,15 @@ def explanation(kind: str, name: str) -> Explanation:
 # The report total an SLA rule judges, for the codes that can explain its failure.
 SLA_RULE_TOTALS: dict[str, str] = {"max_lost": LOST, "max_duplicate_ratio": DUPLICATED,
                                    "max_reordered": REORDERED, "min_completeness": LOST}
+# The rules that judge one code's column instead of a total.
+SLA_RULE_CODES: dict[str, str] = {"max_failed_sends": "failed_send"}
 
 
 def rule_explanations(rule: str, kind: str) -> tuple[tuple[str, Explanation], ...]:
     """(code, explanation) of the codes of a stage kind whose rows can fail `rule` (none for latency)."""
+    code = SLA_RULE_CODES.get(rule)
+    if code is not None:
+        return ((code, EXPLANATIONS[(kind, code)]),) if (kind, code) in EXPLANATIONS else ()
     total = SLA_RULE_TOTALS.get(rule)
     if total is None:
         return ()
@@ -364,6 +375,8 @@ SLA_RULE_SPECS: tuple[SlaRuleSpec, ...] = (
                 "p99 latency from produce time, ms; null (nothing delivered) passes"),
     SlaRuleSpec("min_completeness", "completeness", "min", STAGE_KINDS,
                 "(delivered + dead_lettered) / expected; null (expected 0) passes"),
+    SlaRuleSpec("max_failed_sends", "failed_send", "max", (LOG,),
+                "sends the producer was told failed that have no copy in the log (report column `failed_send`)"),
 )
 SLA_RULES: tuple[str, ...] = tuple(r.name for r in SLA_RULE_SPECS)
 

@@ -1,7 +1,7 @@
 """UTC window arithmetic shared by the CLI, the oracle and the Spark jobs (docs/design.md §6): aligned
 windows, what one window's run reads (`read_ranges`), its run id and whether it is final.
 
-Pure functions of their arguments (`parse_instant('now')` aside): no I/O, no pyspark.
+Pure functions of their arguments (`parse_instant('now...')` aside): no I/O, no pyspark.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from audit.core.errors import InputError
+from audit.core.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
     from audit.core.config import TopicConfig
@@ -21,9 +21,17 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse_instant(text: str, what: str = "time") -> datetime:
-    """ISO 8601 ('2026-11-21T10:00', '2026-11-21T10:00:00Z', '2026-11-21') or 'now' -> aware UTC."""
+    """ISO 8601 ('2026-11-21T10:00', '2026-11-21T10:00:00Z', '2026-11-21'), 'now' or 'now-<duration>'
+    ('now-1h', 'now-90m', 'now-2d') -> aware UTC."""
     if text == "now":
         return datetime.now(UTC)
+    if text.startswith("now-"):
+        from audit.core.config import parse_duration
+
+        try:
+            return datetime.now(UTC) - parse_duration(text[4:], what)
+        except ConfigError:
+            raise InputError(f"{what}: {text!r} is not 'now-' and a duration such as now-1h, now-30m or now-2d") from None
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -12,7 +12,8 @@ The jars home is `$MSGAUDIT_JARS`, else `$MSGAUDIT_HOME/jars`, else the user cac
 checkout: an installed wheel works the same (`./dev` sets MSGAUDIT_HOME to the checkout's
 `.msgaudit`).
 Set-up also builds the Java interceptor jar from `jvm/interceptors` (the same folder) and the
-librdkafka plugin (`native/libmsgaudit`, see `audit.clients.plugin`).
+librdkafka plugin (`native/libmsgaudit`, shipped in the wheel as `audit/clients/native`, see
+`audit.clients.plugin`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+# defined in audit.core.config (the librdkafka plugin's build folder is there too); kept here by name
+from audit.core.config import msgaudit_home as msgaudit_home
 from audit.core.errors import SetupError
 
 MANIFESTS = ("spark-deps", "kafka-broker", "kafka-mirror")
@@ -31,16 +34,6 @@ _STAMP = ".manifest-sha256"
 
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "jvm"
-
-
-def msgaudit_home() -> Path:
-    """msgaudit's own folder for caches and local services: $MSGAUDIT_HOME, else the user cache
-    folder ($XDG_CACHE_HOME/msgaudit, default ~/.cache/msgaudit)."""
-    env = os.environ.get("MSGAUDIT_HOME")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME")
-    return (Path(cache) if cache else Path.home() / ".cache") / "msgaudit"
 
 
 def jars_home() -> Path:

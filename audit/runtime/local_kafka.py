@@ -493,6 +493,35 @@ class LocalKafka:
         except Exception:
             return False
 
+    def create_topics(self, names: list[str]) -> list[str]:
+        """Create the topics of `names` this broker lacks (its default partitions and replication);
+        return the ones created. Auto-creation is off here, so a config's topics exist only this way."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        admin = self._admin()
+        missing = sorted(set(names) - set(admin.list_topics(timeout=10).topics))
+        if not missing:
+            return []
+        created = []
+        for name, fut in admin.create_topics([NewTopic(n, -1, -1) for n in missing]).items():
+            try:
+                fut.result(timeout=30)
+                created.append(name)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise BrokerError(f"cannot create topic {name!r} on {self.bootstrap_servers}: {e.args[0].str()}") from e
+        return sorted(created)
+
+    def serves(self, bootstrap_servers: str) -> bool:
+        """Whether a client's `bootstrap.servers` names one of this broker's nodes."""
+        ports = {n.port for n in self.nodes}
+        for server in bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if host in ("127.0.0.1", "localhost") and port.isdigit() and int(port) in ports:
+                return True
+        return False
+
     def log_hint(self, node_id: int) -> Path:
         return self.data_dir / f"node-{node_id}" / "server.log"
 
@@ -579,6 +608,11 @@ def cli_kafka(args: argparse.Namespace, cfg: Any) -> int:
         if kafka.secure:
             print(f"kafka: SASL_SSL only ({SCRAM}, ACLs enforced); the admin's client settings (a `kafka:` "
                   f"block for msgaudit.yaml) are in {kafka.write_admin_settings()}")
+        # the config's topics, when the config's clients point at this broker (auto-creation is off)
+        if cfg.topics and kafka.serves(cfg.kafka.get("bootstrap.servers", "")):
+            created = kafka.create_topics(list(cfg.topics))
+            if created:
+                print(f"kafka: created topic(s) {', '.join(created)} of {cfg.source}")
     elif args.action == "stop":
         running = kafka.running_nodes()
         kafka.stop()

@@ -54,6 +54,7 @@ CREATE TABLE audit_partition_report (
 	lost_acked BIGINT,
 	unverifiable BIGINT,
 	ghost_write BIGINT,
+	failed_send BIGINT,
 	duplicate_in_log BIGINT,
 	reordered_in_log BIGINT,
 	unledgered BIGINT,
