@@ -25,8 +25,8 @@ from audit.serving.report_store import ReportStore
 from tests.support.monitoring import binary, prometheus, pushgateway, query, samples
 
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "monitoring" / "prometheus" / "msgaudit-rules.yml"
-DASHBOARD = ROOT / "monitoring" / "grafana" / "msgaudit-dashboard.json"
+RULES = ROOT / "audit" / "serving" / "monitoring" / "prometheus" / "msgaudit-rules.yml"
+DASHBOARD = ROOT / "audit" / "serving" / "monitoring" / "grafana" / "msgaudit-dashboard.json"
 W0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
 W1 = W0 + timedelta(hours=1)
 LOG_CODES = ("lost_acked", "unverifiable", "ghost_write", "duplicate_in_log", "reordered_in_log", "unledgered",
