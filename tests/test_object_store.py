@@ -2,6 +2,9 @@
 cloud bucket would be: endpoint, path-style access and credentials come from the config's `spark:`
 section (credentials through `${ENV}`), and ingest, capture, reconcile and SLA run end to end.
 
+Reconcile settles each window in Spark tasks (`reconcile.engine: spark`), and the tasks read the
+lake's Parquet files on the store themselves, with pyarrow and the same S3A settings.
+
 The store is moto's server mode (a separate process serving the S3 HTTP API on 127.0.0.1): light
 to start, and the S3A connector talks to it over HTTP like to any bucket."""
 
@@ -37,6 +40,7 @@ def s3_result(tmp_path_factory: pytest.TempPathFactory, spark: Any, s3: S3Server
     cfg = config_mod.from_dict({
         "home": str(work / ".msgaudit"),
         "lake": f"s3a://{s3.bucket}/prod/lake/",
+        "reconcile": {"engine": "spark"},  # the windows settled in Spark tasks, which read the lake's files
         "spark": {
             "spark.hadoop.fs.s3a.endpoint": s3.endpoint,
             "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
@@ -103,3 +107,27 @@ def test_report_and_sla_rows_from_the_s3_lake(s3_result: LabResult) -> None:
 
     again = run_step(build_spark(result.cfg), result.cfg, "ingest", StepRange())
     assert again.landed == 0
+
+
+@pytest.mark.spark
+def test_the_tasks_read_the_lakes_files_on_the_store_themselves(s3_result: LabResult, s3: S3Server,
+                                                                spark: Any) -> None:
+    """A pinned scan of a lake table on the store is a `FileTable` on that store (its files' keys,
+    the settings of the session's S3A connector, no secret in its repr), and pyarrow reads from it
+    exactly the rows Spark reads."""
+    from spark_jobs.io.lake import pin_scans, read_table
+    from spark_jobs.reconcile.read import file_table, object_store
+    from spark_jobs.reconcile.settle import Chunks, read_files
+
+    store = object_store(spark)
+    assert store is not None and store.secret_key is not None and store.access_key is not None
+    assert store.secret_key not in repr(store) and store.access_key not in repr(store)
+    cols = ["topic", "partition", "offset", "pid", "seq"]
+    df = pin_scans(read_table(spark, s3_result.cfg, "log_records").select(*cols))
+    ft = file_table(df, cols, store)
+    assert ft is not None and ft.store == store and ft.paths
+    assert all(p.startswith(f"{s3.bucket}/prod/lake/log_records/") for p in ft.paths), ft.paths
+    got = read_files(ft, Chunks((), ()), 0)
+    want = sorted(tuple(r) for r in df.collect())
+    assert want and sorted(zip(*(got[c].to_pylist() for c in cols), strict=True)) == want
+    assert file_table(df, cols) is None  # without the store's settings: Spark's to read

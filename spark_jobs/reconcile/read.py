@@ -307,6 +307,48 @@ class FileTable:
     physical: pa.Schema
     sources: tuple[tuple[str, str], ...]
     out: pa.Schema
+    store: ObjectStore | None = None  # the files are keys of this S3 store (paths: bucket/key)
+
+    def filesystem(self) -> Any:
+        """The pyarrow file system the paths are on (None: the local one)."""
+        return None if self.store is None else self.store.filesystem()
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """An S3-compatible store as Hadoop's S3A connector is configured for it (`spark.hadoop.fs.s3a.*`
+    in the config), for pyarrow to read the same files; the secret never shows in a repr."""
+
+    endpoint: str | None
+    region: str | None
+    access_key: str | None = field(repr=False)
+    secret_key: str | None = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    endpoint_tls: bool = True  # `fs.s3a.connection.ssl.enabled`, for an endpoint without a scheme
+
+    def filesystem(self) -> Any:
+        from pyarrow import fs
+
+        scheme, host = "https", self.endpoint
+        if host and "://" in host:
+            scheme, host = host.split("://", 1)
+        elif host and not self.endpoint_tls:
+            scheme = "http"
+        return fs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key,
+                               session_token=self.session_token, region=self.region or "us-east-1",
+                               endpoint_override=host, scheme=scheme)
+
+
+def object_store(spark: SparkSession) -> ObjectStore | None:
+    """The S3A settings of the session's Hadoop configuration as an `ObjectStore`, or None when
+    credentials come from elsewhere (a provider chain pyarrow may not share: Spark reads the files)."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    access, secret = conf.get("fs.s3a.access.key"), conf.get("fs.s3a.secret.key")
+    if not access or not secret:
+        return None
+    return ObjectStore(endpoint=conf.get("fs.s3a.endpoint"), region=conf.get("fs.s3a.endpoint.region"),
+                       access_key=access, secret_key=secret, session_token=conf.get("fs.s3a.session.token"),
+                       endpoint_tls=(conf.get("fs.s3a.connection.ssl.enabled") or "true").lower() != "false")
 
 
 def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
@@ -343,12 +385,13 @@ def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
     return {a.name(): ids[a.exprId().id()] for a in scala_items(plan.output()) if a.exprId().id() in ids}
 
 
-def file_table(df: DataFrame, columns: Sequence[str]) -> FileTable | None:
-    """`columns` of `df` as a `FileTable`, or None unless `df` is one local table's rows as they are
-    in its files: projections and filters over a scan of plain Parquet files (a pinned Delta scan,
-    `pinned`) whose directories name its partition values, each column one of the table's, passed
-    through or renamed, or null. Anything else (a Delta scan Spark must read itself -- deletion
-    vectors, column mapping --, a JDBC sink, an object store) is Spark's to read."""
+def file_table(df: DataFrame, columns: Sequence[str], store: ObjectStore | None = None) -> FileTable | None:
+    """`columns` of `df` as a `FileTable`, or None unless `df` is one table's rows as they are in its
+    files: projections and filters over a scan of plain Parquet files (a pinned Delta scan, `pinned`)
+    whose directories name its partition values, each column one of the table's, passed through or
+    renamed, or null; the files local, or on the S3 store `store` (`s3a://`). Anything else (a Delta
+    scan Spark must read itself -- deletion vectors, column mapping --, a JDBC sink, another object
+    store) is Spark's to read."""
     from spark_jobs.io.lake import local_path, scala_items
 
     plan = df._jdf.queryExecution().optimizedPlan()
@@ -375,13 +418,15 @@ def file_table(df: DataFrame, columns: Sequence[str]) -> FileTable | None:
     if sources is None or any(c not in sources for c in columns):
         return None
     files = [str(f) for f in relation.location().inputFiles()]
-    if not all(f.startswith("file:") for f in files):
+    on_s3 = store is not None and bool(files) and all(f.startswith("s3a://") for f in files)
+    if not on_s3 and not all(f.startswith("file:") for f in files):
         return None
+    path = _key if on_s3 else local_path
     partitions = [f.name() for f in relation.partitionSchema().fields()]
     base = relation.options().get("basePath")
     if partitions and not base.isDefined():
         return None
-    root = local_path(str(base.get())) if partitions else None
+    root = path(str(base.get())) if partitions else None
     # each file column read as the table's type; one schema for every file, so a file written before
     # a column was added reads it as null
     read_as = {sources[c]: _ARROW_TYPES[types[c]] for c in columns if sources[c] != _NULL}
@@ -389,5 +434,12 @@ def file_table(df: DataFrame, columns: Sequence[str]) -> FileTable | None:
         return None
     physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partitions),
                           *((p, pa.string()) for p in partitions)])
-    return FileTable(tuple(local_path(f) for f in files), tuple(partitions), root, physical,
-                     tuple((c, sources[c]) for c in columns), out)
+    return FileTable(tuple(path(f) for f in files), tuple(partitions), root, physical,
+                     tuple((c, sources[c]) for c in columns), out, store if on_s3 else None)
+
+
+def _key(uri: str) -> str:
+    """An `s3a://bucket/key` URI as pyarrow's S3 path, `bucket/key`."""
+    from urllib.parse import unquote
+
+    return unquote(uri[len("s3a://"):])

@@ -13,7 +13,8 @@ into chunks, one Spark task each:
    of its record), collected, and every task marks its consumption rows with them (`_flag`);
 2. the window is cut into chunks by seq (`Chunks`: ranges at the ledger's quantiles; rows without
    a message identity, and every row of a mirrored topic, in chunk 0), one task each. A task reads
-   its chunk's rows of every table that is plain Parquet on the local file system itself, with
+   its chunk's rows of every table that is plain Parquet on the local file system (or on an S3
+   store whose credentials the session's S3A settings hold: `read.ObjectStore`) itself, with
    pyarrow (`read_files`: the row groups whose seq statistics meet its range); the other tables
    (a JDBC sink, a Delta table Spark must read) are shuffled by Spark to the same tasks. Each task
    settles its rows with `kernel.settle`, given the window's small inputs (watermarks, group
@@ -65,7 +66,14 @@ from audit.rules import kernel, neighbours
 from audit.rules.columns import row_maker, values
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile.plan import Shape
-from spark_jobs.reconcile.read import FileTable, WindowInputs, file_table, sink_rows
+from spark_jobs.reconcile.read import (
+    FileTable,
+    ObjectStore,
+    WindowInputs,
+    file_table,
+    object_store,
+    sink_rows,
+)
 
 # each tier's columns the rules read (the oracle's row fields; a sink's row carries its sink's name)
 TIERS: dict[str, tuple[type, tuple[str, ...]]] = {
@@ -279,14 +287,14 @@ def _bucket(rows: pa.Table, b: int) -> np.ndarray:
     return (mixed % np.uint64(b)).astype(np.int64)
 
 
-def _flagged(spark: SparkSession, consumed: DataFrame, n: int) -> pa.Table:
+def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStore | None) -> pa.Table:
     """The processings flagged by the order of consumption of their (topic, group, partition), over the
     window's processings on the audited cluster, in one pass of `b` tasks, each a share of the
     (topic, group, partition)s; collected (each one is a `reordered_in_consumption` of its record, or a
     processing of a record that has one). The tasks read the consumption rows themselves where they
     are plain local Parquet (`read.file_table`), else Spark shuffles them there."""
     cols = [c for c in (*_KEYS, "outcome", "cluster") if c in consumed.columns]
-    ft = file_table(consumed.select(*cols), cols)
+    ft = file_table(consumed.select(*cols), cols, store)
     if ft is None:
         processings = (consumed.where(F.col("cluster").isNull()
                                       & F.col("outcome").isin(sorted(PROCESSING_OUTCOMES))).select(*_KEYS))
@@ -409,7 +417,7 @@ def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
     parts = ds.partitioning(pa.schema([(c, pa.string()) for c in ft.partitions]), flavor="hive") \
         if ft.partitions else None
     data = ds.dataset(list(ft.paths), schema=ft.physical, format="parquet", partitioning=parts,
-                      partition_base_dir=ft.root)
+                      partition_base_dir=ft.root, filesystem=ft.filesystem())
     got = data.to_table(columns=[f.name for f in ft.physical], filter=chunks.pushdown(ft, k))
     rows = pa.table([pa.nulls(got.num_rows, f.type) if src == "" else got[src].cast(f.type)
                      for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
@@ -432,6 +440,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 4)."""
     topics = shape.topics
     consumed = vis.consumed
+    store = object_store(spark)  # an S3 lake's files are read by the tasks too, with these settings
     flagged = None
     if consumed is not None and n > 1:  # one chunk holds every consumption row: its task orders them
         is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
@@ -440,7 +449,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             small.commits = consumed.where(is_commit).select(*cols).toArrow()
         consumed = consumed.where(~is_commit)
         with described(spark, f"{label}: order of consumption"):
-            flagged = _flagged(spark, consumed, n)
+            flagged = _flagged(spark, consumed, n, store)
     cuts: list[int] = []
     keys = [0]  # one partition: any key
     if n > 1:
@@ -461,7 +470,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             continue
         tag = key.split(":")[0]
         cols = [c for c in TIERS[tag][1] if c in df.columns]
-        ft = file_table(df.select(*cols), cols)
+        ft = file_table(df.select(*cols), cols, store)
         if ft is not None and key != "sink:*":
             files[key] = ft
         elif tag == "sink" and key != "sink:*":
