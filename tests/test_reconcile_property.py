@@ -362,12 +362,19 @@ def test_a_strings_hash_is_its_words_sum_whatever_the_slice_it_is_hashed_in(
                           st.one_of(st.none(), st.integers(0, 2)), st.integers(0, 9),
                           st.sampled_from([None, "x", "y"]), st.integers(0, 3), st.booleans()),
                 unique_by=lambda r: (r[0], r[1]), max_size=40),
-       st.sampled_from([0, 2**61]))
+       st.sampled_from([0, 2**61]), st.lists(st.integers(-3, 12), max_size=4))
 def test_the_checks_that_need_neighbours_equal_the_oracle(
-        rows: list[tuple[str, int, bool, int | None, int, str | None, int, bool]], base: int) -> None:
+        rows: list[tuple[str, int, bool, int | None, int, str | None, int, bool]], base: int, cuts: list[int]) -> None:
     """`neighbours.log_order`, `gaps` and `content` over narrow rows (two originals of a pid at one
     position among them; seqs negative, small or beyond 2^61) find what the oracle's
-    `reordered_in_log`, `seq_gaps` and `content_duplicates` find on the same messages."""
+    `reordered_in_log`, `seq_gaps` and `content_duplicates` find on the same messages; and
+    `neighbours.in_chunks` finds the same log order and gaps in the rows cut into chunks by seq at
+    `cuts` (some chunks empty), as the Spark tasks see them."""
+    import bisect
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from audit.oracle import Narrow, content_duplicates, reordered_in_log, seq_gaps
     from audit.rules import neighbours
     from audit.rules.kernel import _narrow_of
@@ -379,6 +386,11 @@ def test_the_checks_that_need_neighbours_equal_the_oracle(
     assert sorted(neighbours.log_order(table)) == sorted(
         (n.pid, n.seq, n.partition, n.offset, high) for n, high in reordered_in_log(narrow))
     assert sorted(neighbours.gaps(table)) == sorted(seq_gaps(narrow))
+    at = sorted({base + c for c in cuts})
+    chunk = pa.array([bisect.bisect_right(at, n.seq) for n in narrow], pa.int64())
+    reordered, gaps = neighbours.in_chunks([table.filter(pc.equal(chunk, k)) for k in range(len(at) + 1)])
+    assert sorted(reordered) == sorted((n.pid, n.seq, n.partition, n.offset, high) for n, high in reordered_in_log(narrow))
+    assert sorted(gaps) == sorted(seq_gaps(narrow))
     assert sorted(neighbours.content(table)) == sorted((n.pid, n.seq, n.partition, n.offset, first.pid, first.seq)
                                                        for n, first in content_duplicates(narrow))
 
