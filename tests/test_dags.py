@@ -36,6 +36,7 @@ from tests.support import airflow_env
 DAG_FILES = {
     "msgaudit_window.py": ["msgaudit_window_1h", "msgaudit_window_1m"],
     "msgaudit_backfill.py": ["msgaudit_backfill"],
+    "msgaudit_downstream_example.py": ["msgaudit_downstream_example"],
 }
 WINDOWS = "1m,1h"  # MSGAUDIT_WINDOWS for every test: 1m keeps the e2e waits short
 FORBIDDEN_AT_IMPORT = ("pyspark", "delta", "confluent_kafka", "great_expectations", "spark_jobs",
@@ -75,8 +76,9 @@ _IMPORT_PROBE = textwrap.dedent("""
                      "params": sorted(dag.params.keys()),
                      "max_active_runs": dag.max_active_runs,
                      "retry": {t.task_id: [t.retries, t.retry_delay.total_seconds(), t.retry_exponential_backoff,
-                                           t.max_retry_delay.total_seconds(), type(t.retry_policy).__name__,
-                                           [c.__name__ for c in t.on_failure_callback]]
+                                           t.max_retry_delay and t.max_retry_delay.total_seconds(),
+                                           type(t.retry_policy).__name__,
+                                           [c.__name__ for c in t.on_failure_callback or []]]
                                for t in dag.tasks}}
                  for d, dag in dags.items()},
     }))
@@ -123,7 +125,7 @@ def test_dag_file_imports_fast_without_db_or_heavy_modules(import_probe: dict[st
 @pytest.mark.airflow
 def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
     dags = import_probe["msgaudit_window.py"]["dags"]
-    chain = {"plan": [], "wait_for_grace": ["plan"], "window": ["plan", "wait_for_grace"]}
+    chain = {"plan": [], "wait_for_grace": ["plan"], "window": ["plan", "wait_for_grace"], "publish": ["window"]}
     assert dags["msgaudit_window_1m"]["tasks"] == chain
     assert dags["msgaudit_window_1h"]["tasks"] == chain
     assert dags["msgaudit_window_1m"]["timetable"] == "*/1 * * * *"
@@ -143,10 +145,20 @@ def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
 
 @pytest.mark.unit
 @pytest.mark.airflow
+def test_downstream_example_dag_shape(import_probe: dict[str, Any]) -> None:
+    dag = import_probe["msgaudit_downstream_example.py"]["dags"]["msgaudit_downstream_example"]
+    assert dag["tasks"] == {"exactly_once": [], "load": ["exactly_once"]}
+    assert dag["timetable"] == "Asset"
+
+
+@pytest.mark.unit
+@pytest.mark.airflow
 def test_every_task_retries_with_backoff_except_an_sla_breach_and_alerts(import_probe: dict[str, Any]) -> None:
     """spark_jobs.pipeline.airflow.default_args: 3 retries, 1 min doubling up to 30 min, SLA breach final."""
     expected = [3, 60.0, 2.0, 1800.0, "SlaBreachIsFinal", ["sla_failure_callback"]]
     for name, dag_ids in DAG_FILES.items():
+        if name == "msgaudit_downstream_example.py":  # the user's DAG: Airflow's defaults
+            continue
         for dag_id in dag_ids:
             retry = import_probe[name]["dags"][dag_id]["retry"]
             assert retry == {t: expected for t in import_probe[name]["dags"][dag_id]["tasks"]}
@@ -337,7 +349,7 @@ def _write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-SPARK_STEPS = "ingest|window|backfill"  # the Spark tasks of both DAGs
+SPARK_STEPS = "ingest|window|backfill|publish"  # the Spark tasks of both DAGs, and what reads their output
 
 
 @pytest.mark.airflow
@@ -348,7 +360,7 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
     assert r.state == "success"
-    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", "window")}
+    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", "window", "publish")}
     window = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00"]
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
     assert plan["topics"] == ["orders", "payments"]
@@ -403,12 +415,79 @@ def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, 
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable  # the executors' Python
 
 
+def _stage_row(topic: str, ws: datetime, as_of: datetime, partition: int, stage: str, **counts: int) -> dict[str, Any]:
+    base = {"expected": 0, "delivered": 0, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0}
+    return {"window_start": ws, "window_end": ws + timedelta(minutes=1), "topic": topic, "partition": partition,
+            "stage": stage, "status": "final", "run_id": "r", "computed_at": as_of, **base, **counts}
+
+
+@pytest.mark.airflow
+def test_window_run_publishes_a_completeness_event_per_topic_that_starts_the_downstream_dag(
+        dagbag: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`publish` reads the window's report rows and emits one event per topic on its asset; the
+    example downstream DAG, scheduled on `orders`' asset, gets a run from the scheduler's own code
+    with the event, and its gate stops it: the window was complete but not exactly once."""
+    from audit.serving.report_store import ReportStore
+
+    store = f"sqlite:///{tmp_path / 'report.db'}"
+    cfg = _write_config(tmp_path / "msgaudit.yaml", {
+        "report_store": store, "kafka": {"bootstrap.servers": "Kafka-1:9092,kafka-2:9092"},
+        "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "5s"}}})
+    ws, as_of = datetime(2026, 5, 1, 10, 6, tzinfo=UTC), datetime(2026, 5, 1, 10, 7, 5, tzinfo=UTC)
+    with ReportStore(store) as s:
+        s.replace_window("audit_partition_report", "orders", ws, [
+            _stage_row("orders", ws, as_of, 0, "log", expected=3, delivered=3),
+            _stage_row("orders", ws, as_of, 1, "log", expected=2, delivered=2, unaudited=1),
+            _stage_row("orders", ws, as_of, 0, "group:loader", expected=5, delivered=5, duplicated=2, redelivered=2)])
+    orders, payments = "msgaudit://kafka-1:9092/orders", "msgaudit://kafka-1:9092/payments"
+    monkeypatch.setenv("MSGAUDIT_DOWNSTREAM_ASSET", orders)
+    r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success="window")
+    assert r.states[("publish", -1)] == "success", r.states
+    window = {"window_start": ws.isoformat(), "window_end": (ws + timedelta(minutes=1)).isoformat(),
+              "as_of": as_of.isoformat()}
+    log = {"expected": 5, "delivered": 5, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0,
+           "anomalies": {"unaudited": 1}, "complete": True, "exactly_once": True}
+    group = {"expected": 5, "delivered": 5, "lost": 0, "duplicated": 2, "reordered": 0, "pending": 0,
+             "anomalies": {"redelivered": 2}, "complete": True, "exactly_once": False}
+    orders_extra = {"topic": "orders", **window, "complete": True, "exactly_once": False,
+                    "stages": {"group:loader": group, "log": log}}
+    payments_extra = {"topic": "payments", **window, "complete": True, "exactly_once": True, "stages": {}}
+    assert airflow_env.asset_events(orders) == [
+        {"dag_id": "msgaudit_window_1m", "run_id": r.run_id, "task_id": "publish", "extra": orders_extra}]
+    assert airflow_env.asset_events(payments) == [
+        {"dag_id": "msgaudit_window_1m", "run_id": r.run_id, "task_id": "publish", "extra": payments_extra}]
+    assert r.xcom[("publish", -1, "return_value")] == [{"asset": orders, "extra": orders_extra},
+                                                       {"asset": payments, "extra": payments_extra}]
+    down = airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example"))
+    assert down == {"state": "success", "run_type": "asset_triggered", "consumed": [orders_extra],
+                    "states": {"exactly_once": "success", "load": "skipped"}, "returned": {}}
+    assert airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")) is None
+    # The next window of orders is clean: its event lets the downstream run go on to `load`.
+    ws2 = ws + timedelta(minutes=1)
+    with ReportStore(store) as s:
+        s.replace_window("audit_partition_report", "orders", ws2, [
+            _stage_row("orders", ws2, as_of + timedelta(minutes=1), 0, "log", expected=4, delivered=4)])
+    r2 = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+                 logical_date=datetime(2026, 5, 1, 10, 8, 30, tzinfo=UTC), mark_success="window")
+    clean = {"topic": "orders", "window_start": ws2.isoformat(), "window_end": (ws2 + timedelta(minutes=1)).isoformat(),
+             "as_of": (as_of + timedelta(minutes=1)).isoformat(), "complete": True, "exactly_once": True,
+             "stages": {"log": {**log, "expected": 4, "delivered": 4, "anomalies": {}}}}
+    assert [e["extra"] for e in airflow_env.asset_events(orders)] == [orders_extra, clean]
+    down = airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example"))
+    assert down == {"state": "success", "run_type": "asset_triggered", "consumed": [clean],
+                    "states": {"exactly_once": "success", "load": "success"},
+                    "returned": {"exactly_once": True, "load": [
+                        {k: clean[k] for k in ("topic", "window_start", "window_end")}]}}
+    assert r2.states[("publish", -1)] == "success", r2.states
+
+
 @pytest.mark.airflow
 def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"hourly": {"window": "1h"}}})
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
-    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window")}
+    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window", "publish")}
 
 
 @pytest.mark.airflow
