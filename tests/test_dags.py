@@ -73,8 +73,10 @@ _IMPORT_PROBE = textwrap.dedent("""
         "modules": sorted(sys.modules),
         "dags": {d: {"tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
                      "timetable": getattr(dag.timetable, "summary", None),
+                     "timetable_type": type(dag.timetable).__name__,
                      "params": sorted(dag.params.keys()),
                      "max_active_runs": dag.max_active_runs,
+                     "teardowns": sorted(t.task_id for t in dag.tasks if t.is_teardown),
                      "retry": {t.task_id: [t.retries, t.retry_delay.total_seconds(), t.retry_exponential_backoff,
                                            t.max_retry_delay and t.max_retry_delay.total_seconds(),
                                            type(t.retry_policy).__name__,
@@ -132,6 +134,8 @@ def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
     assert dags["msgaudit_window_1h"]["timetable"] == "0 */1 * * *"
     assert dags["msgaudit_window_1m"]["params"] == ["topics"]
     assert dags["msgaudit_window_1m"]["max_active_runs"] == 1
+    # publish runs whatever `window` did, and the run's state stays window's (an SLA breach fails it)
+    assert dags["msgaudit_window_1m"]["teardowns"] == ["publish"]
 
 
 @pytest.mark.unit
@@ -148,7 +152,7 @@ def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
 def test_downstream_example_dag_shape(import_probe: dict[str, Any]) -> None:
     dag = import_probe["msgaudit_downstream_example.py"]["dags"]["msgaudit_downstream_example"]
     assert dag["tasks"] == {"exactly_once": [], "load": ["exactly_once"]}
-    assert dag["timetable"] == "Asset"
+    assert dag["timetable_type"] == "AssetTriggeredTimetable"
 
 
 @pytest.mark.unit
@@ -486,7 +490,7 @@ def test_window_run_publishes_a_completeness_event_per_topic_that_starts_the_dow
 def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"hourly": {"window": "1h"}}})
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
-                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
+                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success="window")
     assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window", "publish")}
 
 
@@ -715,6 +719,7 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
     (a scheduled run is one spark-submit, the backfill two: the empty window's zero rows are
     held by the reconcile tests)."""
     from audit.core import config as config_mod
+    from audit.serving.completeness import asset_uri
 
     facts, ledger = injected
     root = tmp_path_factory.mktemp("e2e-runs")
@@ -725,15 +730,22 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
     backfill = _e2e_config(root, "backfill", kafka_bootstrap, facts.topic, root / "ledger-backfill")
     alert_log = root / "alerts.jsonl"
     variables = {"msgaudit_config": str(scheduled), "msgaudit_alert_log": str(alert_log)}
-    runs = []
-    for w in facts.windows:  # each as soon as its window is final (as a scheduler would start it)
-        _wait_until(w + WINDOW + GRACE + timedelta(seconds=1))
-        runs.append(run_dag(dagbag, "msgaudit_window_1m", variables, logical_date=w + WINDOW + timedelta(seconds=30)))
+    runs, downstream = [], []
+    asset = asset_uri(kafka_bootstrap, facts.topic)
+    with pytest.MonkeyPatch.context() as mp:  # the example downstream DAG waits for this topic's events
+        mp.setenv("MSGAUDIT_DOWNSTREAM_ASSET", asset)
+        for w in facts.windows:  # each as soon as its window is final (as a scheduler would start it)
+            _wait_until(w + WINDOW + GRACE + timedelta(seconds=1))
+            runs.append(run_dag(dagbag, "msgaudit_window_1m", variables,
+                                logical_date=w + WINDOW + timedelta(seconds=30)))
+            # what the scheduler does with the window's event: a run of the DAG scheduled on the asset
+            downstream.append(airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")))
+    events = airflow_env.asset_events(asset)
     alerts_after_scheduled = alert_log.read_text().splitlines() if alert_log.exists() else []
     bf = run_dag(dagbag, "msgaudit_backfill", {**variables, "msgaudit_config": str(backfill)},
                  conf={"start": facts.windows[0].isoformat(), "end": (facts.windows[1] + WINDOW).isoformat()})
     yield {
-        "facts": facts, "runs": runs, "backfill": bf,
+        "facts": facts, "runs": runs, "backfill": bf, "events": events, "downstream": downstream,
         "scheduled_store": config_mod.load(scheduled).report_store,
         "backfill_store": config_mod.load(backfill).report_store,
         "alerts_scheduled": [json.loads(line) for line in alerts_after_scheduled],
@@ -816,3 +828,35 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
         facts.windows[0].isoformat(), (facts.windows[1] + WINDOW).isoformat())
     assert [(r["window_start"], r["rule"]) for r in alert["failed_rules"]] == [
         (facts.windows[0].isoformat(), "max_duplicate_ratio")]
+
+
+@pytest.mark.airflow
+@pytest.mark.e2e
+def test_each_final_window_emits_its_completeness_event_and_starts_the_downstream_dag(e2e: dict[str, Any]) -> None:
+    """Window A (its SLA breached: a duplicate in the log) and window B (clean) each emit one event on
+    the topic's asset with the window's exact counts; each starts a run of the example downstream DAG
+    (made by the scheduler's own code), whose gate stops A's run and lets B's load."""
+    facts: Injected = e2e["facts"]
+    a, b = facts.windows
+
+    def extra(w: datetime, acked: int, exactly_once: bool, **anomalies: int) -> dict[str, Any]:
+        log = {"expected": acked, "delivered": acked, "lost": 0, "duplicated": anomalies.get("duplicate_in_log", 0),
+               "reordered": 0, "pending": 0, "anomalies": anomalies, "complete": True, "exactly_once": exactly_once}
+        return {"topic": facts.topic, "window_start": w.isoformat(), "window_end": (w + WINDOW).isoformat(),
+                "as_of": (w + WINDOW + GRACE).isoformat(), "complete": True, "exactly_once": exactly_once,
+                "stages": {"log": log}}
+
+    extra_a = extra(a, facts.acked_a, False, content_duplicate=2, duplicate_in_log=1, unaudited=3)
+    extra_b = extra(b, facts.acked_b, True)
+    run_a, run_b = e2e["runs"]
+    assert (run_a.states[("publish", -1)], run_b.states[("publish", -1)]) == ("success", "success")
+    assert e2e["events"] == [
+        {"dag_id": "msgaudit_window_1m", "run_id": run.run_id, "task_id": "publish", "extra": x}
+        for run, x in ((run_a, extra_a), (run_b, extra_b))]
+    assert e2e["downstream"] == [
+        {"state": "success", "run_type": "asset_triggered", "consumed": [extra_a],
+         "states": {"exactly_once": "success", "load": "skipped"}, "returned": {}},
+        {"state": "success", "run_type": "asset_triggered", "consumed": [extra_b],
+         "states": {"exactly_once": "success", "load": "success"},
+         "returned": {"exactly_once": True, "load": [
+             {"topic": facts.topic, "window_start": b.isoformat(), "window_end": (b + WINDOW).isoformat()}]}}]
