@@ -283,6 +283,72 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
 
 
 # --------------------------------------------------------------------------------------------
+# unit: audit.serving.completeness (the extras of the window DAG's completeness events)
+
+
+@pytest.mark.unit
+def test_asset_uri_names_the_cluster_by_its_first_bootstrap_server() -> None:
+    from audit.serving.completeness import asset_uri
+
+    assert asset_uri("Kafka-1:9092, kafka-2:9092", "orders") == "msgaudit://kafka-1:9092/orders"
+    assert asset_uri("SASL_SSL://b1.example.com:9093", "orders.v2") == "msgaudit://b1.example.com:9093/orders.v2"
+
+
+@pytest.mark.unit
+def test_window_extra_sums_partitions_per_stage_and_judges_complete_and_exactly_once() -> None:
+    from audit.serving.completeness import all_exactly_once, window_extra
+
+    ws, as_of = datetime(2026, 5, 1, 10, tzinfo=UTC), datetime(2026, 5, 1, 11, 15, tzinfo=UTC)
+    rows = [
+        _stage_row("t", ws, as_of, 0, "log", expected=4, delivered=4, reordered=1, reordered_in_log=1),
+        _stage_row("t", ws, as_of, 1, "log", expected=2, delivered=2),
+        # every committed record processed, one of them by dead-lettering: complete
+        _stage_row("t", ws, as_of, 0, "group:g", expected=6, delivered=5, dead_lettered=1),
+        _stage_row("t", ws, as_of, 0, "sink:db", expected=6, delivered=5, lost=1, missing_in_sink=1),
+        _stage_row("t", ws, as_of, 0, "mirror:m", expected=6, delivered=6, pending=0, status="provisional"),
+        _stage_row("t", ws, as_of, 0, "group:h", expected=6, delivered=5, pending=1),
+        _stage_row("other", ws, as_of, 0, "log", expected=9, delivered=0, lost=9),  # another topic
+        _stage_row("t", ws + timedelta(hours=1), as_of, 0, "log", expected=1, lost=1),  # another window
+    ]
+    extra = window_extra(rows, "t", ws, ws + timedelta(hours=1), as_of)
+    judged = {s: (v["expected"], v["delivered"], v["anomalies"], v["complete"], v["exactly_once"])
+              for s, v in extra["stages"].items()}
+    assert judged == {
+        "group:g": (6, 5, {"dead_lettered": 1}, True, True),
+        "group:h": (6, 5, {}, False, False),
+        "log": (6, 6, {"reordered_in_log": 1}, True, True),  # out of order is still exactly once
+        "mirror:m": (6, 6, {}, False, False),  # not final yet
+        "sink:db": (6, 5, {"missing_in_sink": 1}, False, False),
+    }
+    assert list(extra["stages"]) == sorted(extra["stages"])
+    assert (extra["complete"], extra["exactly_once"]) == (False, False)
+    assert (extra["window_start"], extra["as_of"]) == (ws.isoformat(), as_of.isoformat())
+    empty = window_extra([], "t", ws, ws + timedelta(hours=1), as_of)  # nothing produced: nothing missing
+    assert (empty["stages"], empty["complete"], empty["exactly_once"]) == ({}, True, True)
+    dup = window_extra([_stage_row("t", ws, as_of, 0, "log", expected=2, delivered=2, duplicated=1,
+                                   duplicate_in_log=1)], "t", ws, ws + timedelta(hours=1), as_of)
+    assert (dup["complete"], dup["exactly_once"]) == (True, False)
+    assert all_exactly_once([empty]) and not all_exactly_once([empty, dup]) and not all_exactly_once([])
+
+
+@pytest.mark.unit
+def test_sla_breached_only_by_a_failed_error_rule_checked_at_the_runs_as_of(tmp_path: Path) -> None:
+    from audit.serving.completeness import sla_breached
+    from audit.serving.report_store import ReportStore
+
+    url = f"sqlite:///{tmp_path / 'report.db'}"
+    ws = datetime(2026, 5, 1, 10, tzinfo=UTC)
+    as_of = ws + timedelta(minutes=75)
+    with ReportStore(url) as store:
+        store.replace_window("sla_results", "a", ws, [_sla_row("a", ws, "max_reordered", 1, 0, False, "warn")])
+        store.replace_window("sla_results", "b", ws, [_sla_row("b", ws, "max_lost", 1, 0, False)])
+    end = ws + timedelta(hours=1)
+    assert not sla_breached(url, ["a"], ws, end, as_of)  # a warning does not fail the run
+    assert not sla_breached(url, ["b"], ws, end, as_of)  # checked at another instant (20 min after the start)
+    assert sla_breached(url, ["a", "b"], ws, end, ws + timedelta(minutes=20))
+
+
+# --------------------------------------------------------------------------------------------
 # airflow: a metadata db for in-process dag.test() runs
 
 
@@ -419,10 +485,11 @@ def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, 
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable  # the executors' Python
 
 
-def _stage_row(topic: str, ws: datetime, as_of: datetime, partition: int, stage: str, **counts: int) -> dict[str, Any]:
+def _stage_row(topic: str, ws: datetime, as_of: datetime, partition: int, stage: str, status: str = "final",
+               **counts: int) -> dict[str, Any]:
     base = {"expected": 0, "delivered": 0, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0}
     return {"window_start": ws, "window_end": ws + timedelta(minutes=1), "topic": topic, "partition": partition,
-            "stage": stage, "status": "final", "run_id": "r", "computed_at": as_of, **base, **counts}
+            "stage": stage, "status": status, "run_id": "r", "computed_at": as_of, **base, **counts}
 
 
 @pytest.mark.airflow
