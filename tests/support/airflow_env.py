@@ -27,6 +27,9 @@ def airflow_environ(home: Path, dags_folder: Path = DAGS_FOLDER) -> dict[str, st
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        # Every sync stores a changed DAG at once (default: at most every 30 s), e.g. a downstream
+        # DAG whose asset a test names in the environment.
+        "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
     }
 
 
