@@ -3,7 +3,7 @@
 Each run handles exactly its data interval (one UTC-aligned window) for the configured topics
 whose window has that size:
 
-    plan -> wait_for_grace -> window        (window: ingest -> capture -> reconcile -> sla)
+    plan -> wait_for_grace -> window -> publish      (window: ingest -> capture -> reconcile -> sla)
 
 `plan` reads the msgaudit config (path in the Airflow Variable `msgaudit_config`), picks the
 topics and fixes `as_of` by the pipeline's one rule (`spark_jobs.pipeline.plan.final_as_of`:
@@ -15,6 +15,10 @@ pipeline steps in order in one Spark application, so a window pays the JVM and s
 (and a cold JIT) once instead of four times -- more than a small window's own work. Its log holds
 each step's summary lines; an error-severity SLA failure fails it with exit code 3 (no retry, an
 alert); any other failure is retried, from ingest (every step replaces its own rows).
+`publish` (after a success or an SLA breach) emits one completeness event per topic on the asset
+`msgaudit://<first bootstrap server>/<topic>`, through the asset alias `msgaudit_window_<size>`
+(`spark_jobs.pipeline.airflow.publish_window`): a DAG scheduled on the asset starts with it. It is
+a teardown task, so it runs whatever `window` did and the run's state stays `window`'s.
 
 Window sizes come from the environment variable MSGAUDIT_WINDOWS (comma-separated, default
 `1h`), read when the file is parsed -- no Variable or database lookup at import time.
@@ -31,11 +35,11 @@ from typing import Any
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, AssetAlias, Param, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from audit.core.config import parse_duration
-from spark_jobs.pipeline.airflow import default_args, submit_target
+from spark_jobs.pipeline.airflow import default_args, submit_target, window_alias
 
 WINDOWS_ENV = "MSGAUDIT_WINDOWS"
 
@@ -100,6 +104,14 @@ def plan(window: str, params: dict[str, Any] | None = None, data_interval_start:
             **submit_target(cfg)}
 
 
+@task
+def publish(alias: str, **context: Any) -> list[dict[str, Any]]:
+    """One completeness event per topic of the window, once `window` is done (docs/design.md §6.5)."""
+    from spark_jobs.pipeline.airflow import publish_window
+
+    return publish_window(alias, context)
+
+
 def build(size: timedelta) -> DAG:
     label = window_label(size)
     with DAG(
@@ -117,6 +129,7 @@ def build(size: timedelta) -> DAG:
     ) as dag:
         planned: Any = plan(label)
         wait: Any = DateTimeSensorAsync(task_id="wait_for_grace", target_time=planned["as_of"])
+        alias = window_alias(label)
         wait >> SparkSubmitOperator(
             task_id="window",
             conn_id="spark_default",
@@ -127,7 +140,7 @@ def build(size: timedelta) -> DAG:
             application_args=planned["window"],
             env_vars=planned["env"],
             name=f"msgaudit-window-{label}",
-        )
+        ) >> publish.override(outlets=[AssetAlias(alias)])(alias).as_teardown()  # runs whatever `window` did
     return dag
 
 

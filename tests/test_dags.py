@@ -36,6 +36,7 @@ from tests.support import airflow_env
 DAG_FILES = {
     "msgaudit_window.py": ["msgaudit_window_1h", "msgaudit_window_1m"],
     "msgaudit_backfill.py": ["msgaudit_backfill"],
+    "msgaudit_downstream_example.py": ["msgaudit_downstream_example"],
 }
 WINDOWS = "1m,1h"  # MSGAUDIT_WINDOWS for every test: 1m keeps the e2e waits short
 FORBIDDEN_AT_IMPORT = ("pyspark", "delta", "confluent_kafka", "great_expectations", "spark_jobs",
@@ -72,11 +73,14 @@ _IMPORT_PROBE = textwrap.dedent("""
         "modules": sorted(sys.modules),
         "dags": {d: {"tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
                      "timetable": getattr(dag.timetable, "summary", None),
+                     "timetable_type": type(dag.timetable).__name__,
                      "params": sorted(dag.params.keys()),
                      "max_active_runs": dag.max_active_runs,
+                     "teardowns": sorted(t.task_id for t in dag.tasks if t.is_teardown),
                      "retry": {t.task_id: [t.retries, t.retry_delay.total_seconds(), t.retry_exponential_backoff,
-                                           t.max_retry_delay.total_seconds(), type(t.retry_policy).__name__,
-                                           [c.__name__ for c in t.on_failure_callback]]
+                                           t.max_retry_delay and t.max_retry_delay.total_seconds(),
+                                           type(t.retry_policy).__name__,
+                                           [c.__name__ for c in t.on_failure_callback or []]]
                                for t in dag.tasks}}
                  for d, dag in dags.items()},
     }))
@@ -123,13 +127,15 @@ def test_dag_file_imports_fast_without_db_or_heavy_modules(import_probe: dict[st
 @pytest.mark.airflow
 def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
     dags = import_probe["msgaudit_window.py"]["dags"]
-    chain = {"plan": [], "wait_for_grace": ["plan"], "window": ["plan", "wait_for_grace"]}
+    chain = {"plan": [], "wait_for_grace": ["plan"], "window": ["plan", "wait_for_grace"], "publish": ["window"]}
     assert dags["msgaudit_window_1m"]["tasks"] == chain
     assert dags["msgaudit_window_1h"]["tasks"] == chain
     assert dags["msgaudit_window_1m"]["timetable"] == "*/1 * * * *"
     assert dags["msgaudit_window_1h"]["timetable"] == "0 */1 * * *"
     assert dags["msgaudit_window_1m"]["params"] == ["topics"]
     assert dags["msgaudit_window_1m"]["max_active_runs"] == 1
+    # publish runs whatever `window` did, and the run's state stays window's (an SLA breach fails it)
+    assert dags["msgaudit_window_1m"]["teardowns"] == ["publish"]
 
 
 @pytest.mark.unit
@@ -143,10 +149,20 @@ def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
 
 @pytest.mark.unit
 @pytest.mark.airflow
+def test_downstream_example_dag_shape(import_probe: dict[str, Any]) -> None:
+    dag = import_probe["msgaudit_downstream_example.py"]["dags"]["msgaudit_downstream_example"]
+    assert dag["tasks"] == {"exactly_once": [], "load": ["exactly_once"]}
+    assert dag["timetable_type"] == "AssetTriggeredTimetable"
+
+
+@pytest.mark.unit
+@pytest.mark.airflow
 def test_every_task_retries_with_backoff_except_an_sla_breach_and_alerts(import_probe: dict[str, Any]) -> None:
     """spark_jobs.pipeline.airflow.default_args: 3 retries, 1 min doubling up to 30 min, SLA breach final."""
     expected = [3, 60.0, 2.0, 1800.0, "SlaBreachIsFinal", ["sla_failure_callback"]]
     for name, dag_ids in DAG_FILES.items():
+        if name == "msgaudit_downstream_example.py":  # the user's DAG: Airflow's defaults
+            continue
         for dag_id in dag_ids:
             retry = import_probe[name]["dags"][dag_id]["retry"]
             assert retry == {t: expected for t in import_probe[name]["dags"][dag_id]["tasks"]}
@@ -267,6 +283,72 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
 
 
 # --------------------------------------------------------------------------------------------
+# unit: audit.serving.completeness (the extras of the window DAG's completeness events)
+
+
+@pytest.mark.unit
+def test_asset_uri_names_the_cluster_by_its_first_bootstrap_server() -> None:
+    from audit.serving.completeness import asset_uri
+
+    assert asset_uri("Kafka-1:9092, kafka-2:9092", "orders") == "msgaudit://kafka-1:9092/orders"
+    assert asset_uri("SASL_SSL://b1.example.com:9093", "orders.v2") == "msgaudit://b1.example.com:9093/orders.v2"
+
+
+@pytest.mark.unit
+def test_window_extra_sums_partitions_per_stage_and_judges_complete_and_exactly_once() -> None:
+    from audit.serving.completeness import all_exactly_once, window_extra
+
+    ws, as_of = datetime(2026, 5, 1, 10, tzinfo=UTC), datetime(2026, 5, 1, 11, 15, tzinfo=UTC)
+    rows = [
+        _stage_row("t", ws, as_of, 0, "log", expected=4, delivered=4, reordered=1, reordered_in_log=1),
+        _stage_row("t", ws, as_of, 1, "log", expected=2, delivered=2),
+        # every committed record processed, one of them by dead-lettering: complete
+        _stage_row("t", ws, as_of, 0, "group:g", expected=6, delivered=5, dead_lettered=1),
+        _stage_row("t", ws, as_of, 0, "sink:db", expected=6, delivered=5, lost=1, missing_in_sink=1),
+        _stage_row("t", ws, as_of, 0, "mirror:m", expected=6, delivered=6, pending=0, status="provisional"),
+        _stage_row("t", ws, as_of, 0, "group:h", expected=6, delivered=5, pending=1),
+        _stage_row("other", ws, as_of, 0, "log", expected=9, delivered=0, lost=9),  # another topic
+        _stage_row("t", ws + timedelta(hours=1), as_of, 0, "log", expected=1, lost=1),  # another window
+    ]
+    extra = window_extra(rows, "t", ws, ws + timedelta(hours=1), as_of)
+    judged = {s: (v["expected"], v["delivered"], v["anomalies"], v["complete"], v["exactly_once"])
+              for s, v in extra["stages"].items()}
+    assert judged == {
+        "group:g": (6, 5, {"dead_lettered": 1}, True, True),
+        "group:h": (6, 5, {}, False, False),
+        "log": (6, 6, {"reordered_in_log": 1}, True, True),  # out of order is still exactly once
+        "mirror:m": (6, 6, {}, False, False),  # not final yet
+        "sink:db": (6, 5, {"missing_in_sink": 1}, False, False),
+    }
+    assert list(extra["stages"]) == sorted(extra["stages"])
+    assert (extra["complete"], extra["exactly_once"]) == (False, False)
+    assert (extra["window_start"], extra["as_of"]) == (ws.isoformat(), as_of.isoformat())
+    empty = window_extra([], "t", ws, ws + timedelta(hours=1), as_of)  # nothing produced: nothing missing
+    assert (empty["stages"], empty["complete"], empty["exactly_once"]) == ({}, True, True)
+    dup = window_extra([_stage_row("t", ws, as_of, 0, "log", expected=2, delivered=2, duplicated=1,
+                                   duplicate_in_log=1)], "t", ws, ws + timedelta(hours=1), as_of)
+    assert (dup["complete"], dup["exactly_once"]) == (True, False)
+    assert all_exactly_once([empty]) and not all_exactly_once([empty, dup]) and not all_exactly_once([])
+
+
+@pytest.mark.unit
+def test_sla_breached_only_by_a_failed_error_rule_checked_at_the_runs_as_of(tmp_path: Path) -> None:
+    from audit.serving.completeness import sla_breached
+    from audit.serving.report_store import ReportStore
+
+    url = f"sqlite:///{tmp_path / 'report.db'}"
+    ws = datetime(2026, 5, 1, 10, tzinfo=UTC)
+    as_of = ws + timedelta(minutes=75)
+    with ReportStore(url) as store:
+        store.replace_window("sla_results", "a", ws, [_sla_row("a", ws, "max_reordered", 1, 0, False, "warn")])
+        store.replace_window("sla_results", "b", ws, [_sla_row("b", ws, "max_lost", 1, 0, False)])
+    end = ws + timedelta(hours=1)
+    assert not sla_breached(url, ["a"], ws, end, as_of)  # a warning does not fail the run
+    assert not sla_breached(url, ["b"], ws, end, as_of)  # checked at another instant (20 min after the start)
+    assert sla_breached(url, ["a", "b"], ws, end, ws + timedelta(minutes=20))
+
+
+# --------------------------------------------------------------------------------------------
 # airflow: a metadata db for in-process dag.test() runs
 
 
@@ -337,7 +419,7 @@ def _write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-SPARK_STEPS = "ingest|window|backfill"  # the Spark tasks of both DAGs
+SPARK_STEPS = "ingest|window|backfill|publish"  # the Spark tasks of both DAGs, and what reads their output
 
 
 @pytest.mark.airflow
@@ -348,7 +430,7 @@ def test_window_run_hands_its_interval_topics_and_as_of_to_spark(dagbag: Any, tm
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg), "msgaudit_spark_application": APPLICATION},
                 logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
     assert r.state == "success"
-    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", "window")}
+    assert r.states == {(t, -1): "success" for t in ("plan", "wait_for_grace", "window", "publish")}
     window = ["--config", str(cfg), "--start", "2026-05-01T10:06:00+00:00", "--end", "2026-05-01T10:07:00+00:00"]
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
     assert plan["topics"] == ["orders", "payments"]
@@ -403,12 +485,80 @@ def test_window_run_on_a_spark_cluster_ships_the_code_and_the_jars(dagbag: Any, 
     assert plan["env"]["PYSPARK_PYTHON"] == sys.executable  # the executors' Python
 
 
+def _stage_row(topic: str, ws: datetime, as_of: datetime, partition: int, stage: str, status: str = "final",
+               **counts: int) -> dict[str, Any]:
+    base = {"expected": 0, "delivered": 0, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0}
+    return {"window_start": ws, "window_end": ws + timedelta(minutes=1), "topic": topic, "partition": partition,
+            "stage": stage, "status": status, "run_id": "r", "computed_at": as_of, **base, **counts}
+
+
+@pytest.mark.airflow
+def test_window_run_publishes_a_completeness_event_per_topic_that_starts_the_downstream_dag(
+        dagbag: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`publish` reads the window's report rows and emits one event per topic on its asset; the
+    example downstream DAG, scheduled on `orders`' asset, gets a run from the scheduler's own code
+    with the event, and its gate stops it: the window was complete but not exactly once."""
+    from audit.serving.report_store import ReportStore
+
+    store = f"sqlite:///{tmp_path / 'report.db'}"
+    cfg = _write_config(tmp_path / "msgaudit.yaml", {
+        "report_store": store, "kafka": {"bootstrap.servers": "Kafka-1:9092,kafka-2:9092"},
+        "topics": {"orders": {"window": "1m", "grace": "5s"}, "payments": {"window": "1m", "grace": "5s"}}})
+    ws, as_of = datetime(2026, 5, 1, 10, 6, tzinfo=UTC), datetime(2026, 5, 1, 10, 7, 5, tzinfo=UTC)
+    with ReportStore(store) as s:
+        s.replace_window("audit_partition_report", "orders", ws, [
+            _stage_row("orders", ws, as_of, 0, "log", expected=3, delivered=3),
+            _stage_row("orders", ws, as_of, 1, "log", expected=2, delivered=2, unaudited=1),
+            _stage_row("orders", ws, as_of, 0, "group:loader", expected=5, delivered=5, duplicated=2, redelivered=2)])
+    orders, payments = "msgaudit://kafka-1:9092/orders", "msgaudit://kafka-1:9092/payments"
+    monkeypatch.setenv("MSGAUDIT_DOWNSTREAM_ASSET", orders)
+    r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success="window")
+    assert r.states[("publish", -1)] == "success", r.states
+    window = {"window_start": ws.isoformat(), "window_end": (ws + timedelta(minutes=1)).isoformat(),
+              "as_of": as_of.isoformat()}
+    log = {"expected": 5, "delivered": 5, "lost": 0, "duplicated": 0, "reordered": 0, "pending": 0,
+           "anomalies": {"unaudited": 1}, "complete": True, "exactly_once": True}
+    group = {"expected": 5, "delivered": 5, "lost": 0, "duplicated": 2, "reordered": 0, "pending": 0,
+             "anomalies": {"redelivered": 2}, "complete": True, "exactly_once": False}
+    orders_extra = {"topic": "orders", **window, "complete": True, "exactly_once": False,
+                    "stages": {"group:loader": group, "log": log}}
+    payments_extra = {"topic": "payments", **window, "complete": True, "exactly_once": True, "stages": {}}
+    assert airflow_env.asset_events(orders) == [
+        {"dag_id": "msgaudit_window_1m", "run_id": r.run_id, "task_id": "publish", "extra": orders_extra}]
+    assert airflow_env.asset_events(payments) == [
+        {"dag_id": "msgaudit_window_1m", "run_id": r.run_id, "task_id": "publish", "extra": payments_extra}]
+    assert r.xcom[("publish", -1, "return_value")] == [{"asset": orders, "extra": orders_extra},
+                                                       {"asset": payments, "extra": payments_extra}]
+    down = airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example"))
+    assert down == {"state": "success", "run_type": "asset_triggered", "consumed": [orders_extra],
+                    "states": {"exactly_once": "success", "load": "skipped"}, "returned": {}}
+    assert airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")) is None
+    # The next window of orders is clean: its event lets the downstream run go on to `load`.
+    ws2 = ws + timedelta(minutes=1)
+    with ReportStore(store) as s:
+        s.replace_window("audit_partition_report", "orders", ws2, [
+            _stage_row("orders", ws2, as_of + timedelta(minutes=1), 0, "log", expected=4, delivered=4)])
+    r2 = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
+                 logical_date=datetime(2026, 5, 1, 10, 8, 30, tzinfo=UTC), mark_success="window")
+    clean = {"topic": "orders", "window_start": ws2.isoformat(), "window_end": (ws2 + timedelta(minutes=1)).isoformat(),
+             "as_of": (as_of + timedelta(minutes=1)).isoformat(), "complete": True, "exactly_once": True,
+             "stages": {"log": {**log, "expected": 4, "delivered": 4, "anomalies": {}}}}
+    assert [e["extra"] for e in airflow_env.asset_events(orders)] == [orders_extra, clean]
+    down = airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example"))
+    assert down == {"state": "success", "run_type": "asset_triggered", "consumed": [clean],
+                    "states": {"exactly_once": "success", "load": "success"},
+                    "returned": {"exactly_once": True, "load": [
+                        {k: clean[k] for k in ("topic", "window_start", "window_end")}]}}
+    assert r2.states[("publish", -1)] == "success", r2.states
+
+
 @pytest.mark.airflow
 def test_window_run_without_topics_of_its_size_is_skipped(dagbag: Any, tmp_path: Path) -> None:
     cfg = _write_config(tmp_path / "msgaudit.yaml", {"topics": {"hourly": {"window": "1h"}}})
     r = run_dag(dagbag, "msgaudit_window_1m", {"msgaudit_config": str(cfg)},
-                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success=SPARK_STEPS)
-    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window")}
+                logical_date=datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC), mark_success="window")
+    assert r.states == {(t, -1): "skipped" for t in ("plan", "wait_for_grace", "window", "publish")}
 
 
 @pytest.mark.airflow
@@ -636,6 +786,7 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
     (a scheduled run is one spark-submit, the backfill two: the empty window's zero rows are
     held by the reconcile tests)."""
     from audit.core import config as config_mod
+    from audit.serving.completeness import asset_uri
 
     facts, ledger = injected
     root = tmp_path_factory.mktemp("e2e-runs")
@@ -646,15 +797,22 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
     backfill = _e2e_config(root, "backfill", kafka_bootstrap, facts.topic, root / "ledger-backfill")
     alert_log = root / "alerts.jsonl"
     variables = {"msgaudit_config": str(scheduled), "msgaudit_alert_log": str(alert_log)}
-    runs = []
-    for w in facts.windows:  # each as soon as its window is final (as a scheduler would start it)
-        _wait_until(w + WINDOW + GRACE + timedelta(seconds=1))
-        runs.append(run_dag(dagbag, "msgaudit_window_1m", variables, logical_date=w + WINDOW + timedelta(seconds=30)))
+    runs, downstream = [], []
+    asset = asset_uri(kafka_bootstrap, facts.topic)
+    with pytest.MonkeyPatch.context() as mp:  # the example downstream DAG waits for this topic's events
+        mp.setenv("MSGAUDIT_DOWNSTREAM_ASSET", asset)
+        for w in facts.windows:  # each as soon as its window is final (as a scheduler would start it)
+            _wait_until(w + WINDOW + GRACE + timedelta(seconds=1))
+            runs.append(run_dag(dagbag, "msgaudit_window_1m", variables,
+                                logical_date=w + WINDOW + timedelta(seconds=30)))
+            # what the scheduler does with the window's event: a run of the DAG scheduled on the asset
+            downstream.append(airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")))
+    events = airflow_env.asset_events(asset)
     alerts_after_scheduled = alert_log.read_text().splitlines() if alert_log.exists() else []
     bf = run_dag(dagbag, "msgaudit_backfill", {**variables, "msgaudit_config": str(backfill)},
                  conf={"start": facts.windows[0].isoformat(), "end": (facts.windows[1] + WINDOW).isoformat()})
     yield {
-        "facts": facts, "runs": runs, "backfill": bf,
+        "facts": facts, "runs": runs, "backfill": bf, "events": events, "downstream": downstream,
         "scheduled_store": config_mod.load(scheduled).report_store,
         "backfill_store": config_mod.load(backfill).report_store,
         "alerts_scheduled": [json.loads(line) for line in alerts_after_scheduled],
@@ -699,8 +857,9 @@ def test_sla_breach_fails_the_run_and_fires_one_alert(e2e: dict[str, Any]) -> No
     a = facts.windows[0]
     run_a, run_b = e2e["runs"]
     assert run_a.state == "failed"
-    assert {k: v for k, v in run_a.states.items()} == {
-        ("plan", -1): "success", ("wait_for_grace", -1): "success", ("window", -1): "failed"}
+    assert {k: v for k, v in run_a.states.items()} == {  # publish (a teardown) does not decide the run's state
+        ("plan", -1): "success", ("wait_for_grace", -1): "success", ("window", -1): "failed",
+        ("publish", -1): "success"}
     assert run_b.state == "success"
     [alert] = e2e["alerts_scheduled"]
     assert (alert["dag_id"], alert["task_id"], alert["step"], alert["sla_breach"], alert["exit_code"]) == (
@@ -737,3 +896,35 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
         facts.windows[0].isoformat(), (facts.windows[1] + WINDOW).isoformat())
     assert [(r["window_start"], r["rule"]) for r in alert["failed_rules"]] == [
         (facts.windows[0].isoformat(), "max_duplicate_ratio")]
+
+
+@pytest.mark.airflow
+@pytest.mark.e2e
+def test_each_final_window_emits_its_completeness_event_and_starts_the_downstream_dag(e2e: dict[str, Any]) -> None:
+    """Window A (its SLA breached: a duplicate in the log) and window B (clean) each emit one event on
+    the topic's asset with the window's exact counts; each starts a run of the example downstream DAG
+    (made by the scheduler's own code), whose gate stops A's run and lets B's load."""
+    facts: Injected = e2e["facts"]
+    a, b = facts.windows
+
+    def extra(w: datetime, acked: int, exactly_once: bool, **anomalies: int) -> dict[str, Any]:
+        log = {"expected": acked, "delivered": acked, "lost": 0, "duplicated": anomalies.get("duplicate_in_log", 0),
+               "reordered": 0, "pending": 0, "anomalies": anomalies, "complete": True, "exactly_once": exactly_once}
+        return {"topic": facts.topic, "window_start": w.isoformat(), "window_end": (w + WINDOW).isoformat(),
+                "as_of": (w + WINDOW + GRACE).isoformat(), "complete": True, "exactly_once": exactly_once,
+                "stages": {"log": log}}
+
+    extra_a = extra(a, facts.acked_a, False, content_duplicate=2, duplicate_in_log=1, unaudited=3)
+    extra_b = extra(b, facts.acked_b, True)
+    run_a, run_b = e2e["runs"]
+    assert (run_a.states[("publish", -1)], run_b.states[("publish", -1)]) == ("success", "success")
+    assert e2e["events"] == [
+        {"dag_id": "msgaudit_window_1m", "run_id": run.run_id, "task_id": "publish", "extra": x}
+        for run, x in ((run_a, extra_a), (run_b, extra_b))]
+    assert e2e["downstream"] == [
+        {"state": "success", "run_type": "asset_triggered", "consumed": [extra_a],
+         "states": {"exactly_once": "success", "load": "skipped"}, "returned": {}},
+        {"state": "success", "run_type": "asset_triggered", "consumed": [extra_b],
+         "states": {"exactly_once": "success", "load": "success"},
+         "returned": {"exactly_once": True, "load": [
+             {"topic": facts.topic, "window_start": b.isoformat(), "window_end": (b + WINDOW).isoformat()}]}}]

@@ -1,5 +1,6 @@
 """What the msgaudit DAGs share: their `default_args`, and what they compute inside their tasks
-(never at import): the spark-submit target.
+(never at import): the spark-submit target, the window's completeness events and a downstream
+DAG's view of them.
 
 Airflow is imported only inside functions, so `audit` stays importable without it.
 """
@@ -7,6 +8,7 @@ Airflow is imported only inside functions, so `audit` stays importable without i
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -77,3 +79,57 @@ def submit_target(cfg: Config) -> dict[str, Any]:
         py_files = Variable.get("msgaudit_spark_py_files", default=None) or str(python_bundle())
     return {"application": application, "jars": jar_list, "py_files": py_files, "env": env,
             "conf": cfg.driver_jvm}
+
+
+def window_alias(label: str) -> str:
+    """The asset alias the window DAG `msgaudit_window_<label>` emits its topics' completeness events through."""
+    return f"msgaudit_window_{label}"
+
+
+def publish_window(alias: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The window DAG's `publish` task: one completeness event per topic of the run's window
+    (`audit.serving.completeness`), on the topic's asset, through the DAG's asset alias `alias`.
+
+    It runs once `window` is done: after a success, or after an SLA breach (exit 3: the report is
+    final, the breach is in the event's counts). Any other outcome, or a run whose plan was
+    skipped, emits nothing (the task is skipped, saying why). Returns the events' assets and extras."""
+    from airflow.sdk import Asset, AssetAlias
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from audit.core import config as config_mod
+    from audit.core.windows import parse_instant
+    from audit.serving import completeness
+    from audit.serving.alerts import parse_submit_args
+
+    ti = context["ti"]
+    argv = ti.xcom_pull(task_ids="plan", key="window")
+    if not argv:
+        raise AirflowSkipException("no window planned in this run: no completeness event")
+    args = parse_submit_args(argv)
+    start, end, as_of = (parse_instant(args[k], k) for k in ("start", "end", "as_of"))
+    topics = list(args["topics"])
+    cfg = config_mod.load(args["config"])
+    state = ti.get_task_states(dag_id=ti.dag_id, task_ids=["window"], run_ids=[ti.run_id]).get(ti.run_id, {})
+    outcome = state.get("window")
+    if outcome != "success" and not completeness.sla_breached(cfg.report_store, topics, start, end, as_of):
+        raise AirflowSkipException(f"window [{start.isoformat()}, {end.isoformat()}) did not finish (task window: "
+                                   f"{outcome}): no completeness event; a rerun of the window emits it")
+    events = context["outlet_events"][AssetAlias(alias)]
+    out = []
+    for topic, extra in completeness.window_extras(cfg.report_store, topics, start, end, as_of).items():
+        uri = completeness.asset_uri(cfg.kafka.get("bootstrap.servers", ""), topic)
+        events.add(Asset(uri), extra=extra)
+        out.append({"asset": uri, "extra": extra})
+    return out
+
+
+def completeness_events(triggering_asset_events: Any) -> list[dict[str, Any]]:
+    """The extras of the msgaudit completeness events that triggered a downstream run, oldest first
+    (each event once, though the accessor also lists it under the alias it came through)."""
+    from airflow.sdk import Asset
+
+    out = []
+    for key in triggering_asset_events or {}:
+        if isinstance(key, Asset) and key.uri.startswith("msgaudit://"):
+            out += [dict(e.extra) for e in triggering_asset_events[key]]
+    return out

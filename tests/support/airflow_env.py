@@ -27,6 +27,9 @@ def airflow_environ(home: Path, dags_folder: Path = DAGS_FOLDER) -> dict[str, st
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        # Every sync stores a changed DAG at once (default: at most every 30 s), e.g. a downstream
+        # DAG whose asset a test names in the environment.
+        "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
     }
 
 
@@ -86,3 +89,66 @@ def setup(home: Path, spark_master: str = "local[2]", variables: Mapping[str, st
     if variables:
         set_variables(variables)
     return env
+
+
+def run_asset_triggered(dag: Any) -> Any:
+    """The scheduler's own step for `dag`'s queued asset events (`_create_dag_runs_asset_triggered`:
+    one asset-triggered run consuming them), then that run's tasks in this process, as `dag.test()`
+    runs a manual run's. `dag` is the parsed (SDK) DAG. Returns the run's state, its tasks' states,
+    the extras of the events it consumed and its tasks' return values, or None when no event was
+    queued for it."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+    from airflow.utils.types import DagRunType
+
+    with create_session() as session:
+        query, triggered = DagModel.dags_needing_dagruns(session)
+        due = [d for d in query.all() if d.dag_id == dag.dag_id and d.dag_id in triggered]
+        if not due:
+            return None
+        SchedulerJobRunner(job=Job())._create_dag_runs_asset_triggered(dag_models=due, session=session)
+    with create_session() as session:
+        dr = session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.run_type == DagRunType.ASSET_TRIGGERED,
+                                          DagRun.state == DagRunState.QUEUED).one()
+        run_id = dr.run_id
+        dr.state = DagRunState.RUNNING  # what the scheduler does next with a queued run
+        session.commit()
+        dr.dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+        for _ in range(100):  # a few rounds for a few tasks; never hang a test
+            if dr.state != DagRunState.RUNNING:
+                break
+            session.expire_all()
+            schedulable, _ = dr.update_state(session=session)
+            for ti in schedulable:
+                ti.try_number += 1
+                ti.state = TaskInstanceState.SCHEDULED
+            session.commit()
+            for ti in [t for t in dr.get_task_instances(session=session) if t.state == TaskInstanceState.SCHEDULED]:
+                _run_task(ti=ti, task=dag.task_dict[ti.task_id])
+    with create_session() as session:
+        dr = session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id).one()
+        xcom = session.query(XComModel).filter(XComModel.dag_id == dag.dag_id, XComModel.run_id == run_id,
+                                               XComModel.key == "return_value").all()
+        return {"state": str(dr.state), "run_type": str(dr.run_type),
+                "states": {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)},
+                "consumed": [dict(e.extra) for e in dr.consumed_asset_events],
+                "returned": {x.task_id: XComModel.deserialize_value(x) for x in xcom}}
+
+
+def asset_events(uri: str) -> list[dict[str, Any]]:
+    """Every event of the asset `uri` in the metadata db, oldest first: source dag/run/task and extra."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .filter(AssetModel.uri == uri).order_by(AssetEvent.timestamp, AssetEvent.id).all())
+        return [{"dag_id": e.source_dag_id, "run_id": e.source_run_id, "task_id": e.source_task_id,
+                 "extra": dict(e.extra)} for e in rows]
