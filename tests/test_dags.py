@@ -233,13 +233,13 @@ def test_build_alert_reads_the_failed_rules_of_its_window(tmp_path: Path) -> Non
         store.replace_window("sla_results", "a", w11, [_sla_row("a", w11, "max_lost", 5, 0, False)])
         store.replace_window("sla_results", "b", w10, [_sla_row("b", w10, "max_lost", 7, 0, False)])
         # The anomaly rows behind the failures and the settings their producer sessions recorded:
-        # p-3 (idempotence off) reordered twice, p-4 (acks=1) lost one; p-3's duplicate counts in no
+        # p-3 (idempotence off) reordered twice (not among its first seqs), p-4 (acks=1) lost one; p-3's duplicate counts in no
         # failed rule and p-9's loss is in another window, so neither is named.
         def anomaly(ws: datetime, code: str, pid: str, seq: int) -> dict[str, Any]:
             return {"window_start": ws, "topic": "a", "partition": 0, "stage": "log", "anomaly": code, "pid": pid,
                     "seq": seq, "offset": seq, "detail": "", "run_id": "r", "computed_at": w11}
         store.replace_window("audit_anomalies", "a", w10, [
-            anomaly(w10, "reordered_in_log", "p-3", 1), anomaly(w10, "reordered_in_log", "p-3", 2),
+            anomaly(w10, "reordered_in_log", "p-3", 41), anomaly(w10, "reordered_in_log", "p-3", 42),
             anomaly(w10, "duplicate_in_log", "p-3", 3), anomaly(w10, "lost_acked", "p-4", 0)])
         store.replace_window("audit_anomalies", "a", w11, [anomaly(w11, "lost_acked", "p-9", 0)])
         settings = {"start_ts": w10, "retries": 2147483647, "max_in_flight": 5, "transactional_id": None,
