@@ -542,7 +542,8 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             if got is not None:
                 yield from _chunk_part(got, near, ws, as_of).to_batches()
 
-        by_chunk = narrow.select(*OUT.names).mapInArrow(part, OUT)
+        by_chunk = (narrow.select("topic", "pid", "seq", "present", "partition", "offset", "win", "n")
+                    .mapInArrow(part, OUT))
         # content duplicates: only the originals whose fingerprint's first hash another one holds
         held = narrow.where("partition >= 0 AND fp1 IS NOT NULL")
         repeated = held.groupBy("topic", "fp1").count().where("count > 1").select("topic", "fp1")
