@@ -284,7 +284,7 @@ def test_kcat_first_request_resent_by_librdkafka_is_explained_as_the_sessions_fi
     assert [(s["enable_idempotence"], s["max_in_flight"]) for s in settings] == [(False, 1000000)]
     s = settings[0]
     assert producer_lines(late, settings) == [
-        f"reordered_in_log ({len(resent)} rows): producer kcat-new-user (session {s['pid']}) ran with "
+        f"reordered_in_log ({len(resent)} row{'' if len(resent) == 1 else 's'}): producer kcat-new-user (session {s['pid']}) ran with "
         f"enable.idempotence=false (retries={s['retries']}, max.in.flight=1000000) and the reordered messages are "
         f"among its first (seqs 0..{resent[-1]}): the client re-sent its first requests by itself, after "
         "later batches in flight had succeeded (a retriable error: typically NOT_LEADER_OR_FOLLOWER from a topic "
