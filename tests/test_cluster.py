@@ -2,7 +2,7 @@
 
 A lab scenario makes a history (a real broker, killed consumers, SQL sinks, ledgers) and the
 lab audits it as always, on the shared `local[2]` session: that is the reference. Then the same
-four steps with the same arguments run through `spark-submit --master spark://127.0.0.1:<port>`
+four steps run in one `window` application through `spark-submit --master spark://127.0.0.1:<port>`
 on a local standalone cluster (`audit.runtime.local_spark`: a master and two workers, each its
 own JVM, from pyspark's launcher) into a second lake and report store: the jars from the cache on
 `--jars`, the project's Python as a zip on `--py-files`, the venv's Python for the executors.
@@ -104,25 +104,20 @@ def test_pipeline_on_a_standalone_cluster_equals_local(cluster: tuple[LocalSpark
     conf_path.parent.mkdir()
     conf_path.write_text(yaml.safe_dump(config_data(result.cfg, work / "cluster")))
     ccfg = config_mod.load(conf_path)
-    # The lab's own audit, step for step (audit.lab.runner._audit): one spark-submit per step, as the DAGs do.
-    rng = ["--start", result.start.isoformat(), "--end", result.end.isoformat()]
-    as_of = ["--as-of", result.as_of.isoformat()]
-    steps = [["ingest"], ["capture", *rng]]
-    for run in result.runs:
-        assert run.first is not None and run.last is not None
-        steps.append(["reconcile", "--start", run.first.isoformat(), "--end", run.last.isoformat(),
-                      *(a for t in run.topics for a in ("--topic", t)), *as_of])
-    steps.append(["sla", *rng, *as_of])
-    outputs = []
-    for step in steps:
-        argv, env = cluster_submit(ccfg, state, [step[0], "--config", str(conf_path), *step[1:]])
-        assert argv[1:3] == ["--master", state.master_url]
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=work / "cluster", timeout=600)
-        # sla exits 3: the lab's designed duplicates break max_duplicate_ratio (an error-severity rule)
-        # (spark-submit merges the Python driver's stderr, a traceback, into its stdout)
-        assert out.returncode == (3 if step[0] == "sla" else 0), out.stdout[-3000:] + out.stderr[-2000:]
-        assert " INFO " not in out.stderr, out.stderr[-2000:]  # Spark's own log lines go to the log file
-        outputs.append(out.stdout)
+    # The lab's own audit in one spark-submit of `window` (its four steps in one application), as the
+    # scheduled DAGs run a window: the lab's one scenario is reconciled over its windows, the
+    # cluster over the whole captured range, whose later windows hold none of its traffic.
+    (run,) = result.runs
+    argv, env = cluster_submit(ccfg, state, ["window", "--config", str(conf_path), "--start", result.start.isoformat(),
+                                             "--end", result.end.isoformat(), "--as-of", result.as_of.isoformat(),
+                                             *(a for t in run.topics for a in ("--topic", t))])
+    assert argv[1:3] == ["--master", state.master_url]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=work / "cluster", timeout=900)
+    # exit 3: the lab's designed duplicates break max_duplicate_ratio (an error-severity rule)
+    # (spark-submit merges the Python driver's stderr, a traceback, into its stdout)
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " INFO " not in out.stderr, out.stderr[-2000:]  # Spark's own log lines go to the log file
+    outputs = [out.stdout]
     assert "landed" in outputs[0] or "rows" in outputs[0], outputs[0]
 
     # Both workers ran tasks, and each executor that ran one fetched the project's code as a zip (an
