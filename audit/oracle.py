@@ -51,7 +51,8 @@ Stage `log` (report partition: the acked partition for expected messages)
   `unverifiable` if no capture covered it but a capture's log_start_offset is above it;
   otherwise it is counted as `pending` (report column only: the log stage has no pending code).
 - a failed message (ledger status failed) with no committed copy: `failed_send` once as_of >=
-  produce time + grace, on its first failed row's partition, offset null.
+  produce time + grace, on its first failed row's partition, offset null; none when its failed
+  row's fingerprint is that of a message with a committed copy produced at or after it (a resend).
 - `ghost_write` on the original copy of a failed message; `unledgered` on the original copy of a
   valid audited message without ledger row; `aborted` on every uncommitted record; `unaudited` on
   every record without valid headers (detail = header_error, or "missing audit headers").
@@ -168,6 +169,7 @@ class LedgerRow:
     producer: str | None = None
     error: str | None = None
     txn_id: str | None = None
+    fingerprint: str | None = None  # of a failed send's content, where the client records it
 
 
 @dataclass(frozen=True)
@@ -485,6 +487,22 @@ def content_duplicates(messages: Iterable[Narrow]) -> Iterator[tuple[Narrow, Nar
                 yield n, ns[0]
 
 
+def resent(resendable: Iterable[tuple[dict[str, Any], str, datetime]], messages: Iterable[Narrow]) -> list[dict[str, Any]]:
+    """The `failed_send` rows (of `Facts.resendable`) whose content a message with a committed copy
+    holds, produced at or after the failed send: the application resent it."""
+    latest: dict[str, datetime] = {}
+    for n in messages:
+        if n.partition is not None and n.fingerprint is not None and n.produce_time is not None:
+            latest[n.fingerprint] = max(n.produce_time, latest.get(n.fingerprint, n.produce_time))
+    return [row for row, fp, pt in resendable if fp in latest and latest[fp] >= pt]
+
+
+def without(anomalies: list[dict[str, Any]], rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`anomalies` without `rows` (the same objects)."""
+    gone = {id(r) for r in rows}
+    return [a for a in anomalies if id(a) not in gone]
+
+
 # ---------------------------------------------------------------------------- the classifier
 def reconcile_window(tc: TopicConfig, window_start: datetime, as_of: datetime, inputs: Inputs) -> OracleResult:
     """Classify one (topic, window) as of `as_of`: report rows and anomaly rows (docs/design.md §5)."""
@@ -504,6 +522,9 @@ class Facts:
     quarantined: int
     ignored: dict[tuple[str, str], int]
     narrow: list[Narrow]
+    # the `failed_send` rows whose send has a fingerprint, each with it and the send's produce time:
+    # a later original with that fingerprint is its resend (`resent`), which takes the row back
+    resendable: list[tuple[dict[str, Any], str, datetime]] = field(default_factory=list)
 
 
 def window_report(tc: TopicConfig, window_start: datetime, as_of: datetime, facts: Facts) -> OracleResult:
@@ -612,6 +633,7 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
         return pt is not None and ws <= pt < we
 
     anomalies: list[dict[str, Any]] = []
+    resendable: list[tuple[dict[str, Any], str, datetime]] = []
     # (stage, partition) -> counters / latencies
     counts: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     latencies: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -650,6 +672,10 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 emit(LOG, "ghost_write", orig.partition, pid, seq, orig.offset)
             if status == FAILED and orig is None and as_of >= pt + grace:
                 emit(LOG, "failed_send", min((lr.produce_ts, lr.partition) for lr in u.ledger)[1], pid, seq, None)
+                fp = next((lr.fingerprint for lr in sorted(u.ledger, key=lambda lr: lr.produce_ts)
+                           if lr.status == FAILED and lr.fingerprint is not None), None)
+                if fp is not None:
+                    resendable.append((anomalies[-1], fp, pt))
             if status is None and orig is not None:
                 emit(LOG, "unledgered", orig.partition, pid, seq, orig.offset)
             for x in u.extras:
@@ -675,6 +701,8 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                             seq_gaps(narrow),
                             ((nr.pid, nr.seq, nr.partition, nr.offset, first.pid, first.seq)
                              for nr, first in content_duplicates(narrow)))
+        anomalies[:] = without(anomalies, resent(resendable, narrow))
+        resendable = []
 
     # --- stage group:<g>
     for g in tc.groups:
@@ -826,7 +854,8 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                          late_offset=uorig.offset, high_offset=mhigh)
                 mhigh = uorig.offset if mhigh is None else max(mhigh, uorig.offset)
 
-    return Facts(anomalies, counts, latencies, {w.partition for w in watermarks}, quarantined, dict(ignored), narrow)
+    return Facts(anomalies, counts, latencies, {w.partition for w in watermarks}, quarantined, dict(ignored), narrow,
+                 resendable)
 
 
 def anomaly_emitter(anomalies: list[dict[str, Any]], topic: str, window_start: datetime,

@@ -433,7 +433,15 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     # and that never reached the log
     h.produce("fsend", 0, -1, None, at(5), status="failed")
     h.ledger.append(LedgerRow("fsend", 1, -1, None, "failed", at(5.1), error="Broker: Unknown topic or partition"))
-    exp["failed_send"] = [("log", "failed_send", -1, "fsend", 0, None), ("log", "failed_send", -1, "fsend", 1, None)]
+    # ... and two more whose content the ledger fingerprinted: the application resent seq 2's (a new
+    # message, produced after it, holds its fingerprint), so it is not reported; seq 3's content is
+    # that of a message produced before it, which cannot be its resend
+    h.ledger.append(LedgerRow("fsend", 2, -1, None, "failed", at(6), fingerprint="fp-resent"))
+    h.clean("resend", 0, 5, 5, at(60.2))  # in the grace after the window: read, not judged here
+    h.log[-1] = replace_fp(h.log[-1], "fp-resent")
+    h.ledger.append(LedgerRow("fsend", 3, -1, None, "failed", at(8), fingerprint="fp-clean-0-0"))
+    exp["failed_send"] = [("log", "failed_send", -1, "fsend", 0, None), ("log", "failed_send", -1, "fsend", 1, None),
+                          ("log", "failed_send", -1, "fsend", 3, None)]
     return h, exp
 
 

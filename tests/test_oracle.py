@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 28
+    assert len(final_result.anomalies) == 29
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -79,7 +79,7 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert rows[(G, 13)]["duplicated"] == 1 and rows[(G, 14)]["reordered"] == 1
     assert rows[("log", 5)]["reordered"] == 2 and rows[(S, 18)]["duplicated"] == 1
     # seq gaps and failed sends without a partition get their own row; a failed send is not expected
-    assert rows[("log", -1)] == report_row("log", -1, seq_gap=2, failed_send=2)
+    assert rows[("log", -1)] == report_row("log", -1, seq_gap=2, failed_send=3)
     # a sink row from a sink g1 feeds counts as g1's processing (no consumption row, no latency)
     assert rows[(G, 20)] == report_row(G, 20, expected=2, delivered=2)
     assert rows[(S, 20)] == report_row(S, 20)
@@ -99,7 +99,7 @@ def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult)
     assert by[("retry_overdue", "retry")]["detail"] == \
         "only failed outcomes, past grace; last: attempt 2 by c2: KeyError: 'price'"
     assert [a["detail"] for a in final_result.anomalies if a["anomaly"] == "failed_send"] == [
-        "ledger says failed, no copy in the log"] * 2
+        "ledger says failed, no copy in the log"] * 3
     assert {a["run_id"] for a in final_result.anomalies} == {run_id_for("t", T0, AS_OF_FINAL)}
     assert {a["computed_at"] for a in final_result.anomalies} == {AS_OF_FINAL}
 

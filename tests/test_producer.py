@@ -3,6 +3,7 @@ failure paths, transactions, stats. Real broker (`kafka`) unless marked `unit`."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -27,7 +28,8 @@ def ledger_lines(directory: Path) -> list[dict[str, Any]]:
     for seg in sealed_segments(directory):
         for line in seg.read_text().splitlines():
             row = json.loads(line)
-            assert list(row) in (LEDGER_COLUMNS, [*LEDGER_COLUMNS, "run"])
+            # a failed send outside a transaction also carries its content's fingerprint
+            assert list(row) in (LEDGER_COLUMNS, [*LEDGER_COLUMNS, "run"], [*LEDGER_COLUMNS, "fingerprint"])
             lines.append(row)
     assert not list(directory.glob("*.open")), "close() must seal every segment"
     return lines
@@ -115,6 +117,7 @@ def test_seq_is_per_topic_and_counts_failed_calls(tmp_path: Path, producer_mode:
     assert {r["pid"] for r in rows} == {p.pid} and p.pid.startswith("seq:")
     failed = rows[1]
     assert (failed["partition"], failed["offset"], failed["ack_ts"]) == (-1, None, None)
+    assert failed["fingerprint"] == hashlib.sha256(b"\x00" + b"x" * 5000).hexdigest()
     assert (stats.sent, stats.acked, stats.failed, stats.in_flight) == (5, 4, 1, 0)
 
 
@@ -172,13 +175,17 @@ def test_broker_unreachable_gives_failed_rows_with_the_error(tmp_path: Path) -> 
     reports: list[tuple[str | None, int | None]] = []
     conf = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 300, "log_level": 0}
     with AuditedProducer(conf, producer_name="down", ledger_dir=tmp_path) as p:
-        for i in range(3):
-            p.produce("t", b"%d" % i, on_delivery=lambda e, m: reports.append((e.name() if e else None, m.offset())))
+        for i, (key, audit_key) in enumerate([(b"k0", None), (None, None), (b"k2", 'order "2"')]):
+            p.produce("t", b"%d" % i, key=key, audit_key=audit_key,
+                      on_delivery=lambda e, m: reports.append((e.name() if e else None, m.offset())))
         assert p.flush(10) == 0
     assert [r[0] for r in reports] == ["_MSG_TIMED_OUT"] * 3
     rows = ledger_rows(tmp_path)
     assert sorted((r["seq"], r["status"], r["error"], r["partition"], r["offset"]) for r in rows) == [
         (i, "failed", "_MSG_TIMED_OUT", -1, None) for i in range(3)]
+    # capture's fingerprint of each (docs/design.md §3): audit.key, else SHA-256 of key, 0x00, value
+    assert [r["fingerprint"] for r in sorted(rows, key=lambda r: r["seq"])] == [
+        hashlib.sha256(b"k0\x000").hexdigest(), hashlib.sha256(b"\x001").hexdigest(), 'order "2"']
 
 
 # -- real broker ---------------------------------------------------------------------------

@@ -90,10 +90,13 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             status = {"failed": "failed", "ghost": "failed", "aborted": "aborted", "aborted_read": "aborted"}.get(
                 fate, "acked")
             if fate != "noledger":
+                # a failed send's fingerprint, where its client records it: perhaps that of another
+                # message's original, produced before or after it (a resend)
+                sent_fp = draw(st.sampled_from([None, "X", "Y", f"{pid}-{seq}"])) if status == "failed" else None
                 ledger.append(LedgerRow(pid, seq, p if status == "acked" else -1,
                                         offs_ack if status == "acked" else None, status, _at(t),
                                         _at(t) + timedelta(milliseconds=draw(st.integers(1, 50)))
-                                        if status == "acked" else None))
+                                        if status == "acked" else None, fingerprint=sent_fp))
             for off in offs:
                 records.append({"p": p, "off": off, "pid": pid, "seq": seq, "t": t, "fp": fp,
                                 "committed": fate not in ("aborted", "aborted_read", "abort_acked"),
@@ -169,7 +172,8 @@ def _merge(parts: list[tuple[Inputs, datetime]]) -> tuple[Inputs, datetime]:
         def part(p: int, i: int = i) -> int:
             return p if p < 0 else 2 * i + p
 
-        out.ledger = [*out.ledger, *(replace(r, pid=f"h{i}-{r.pid}", partition=part(r.partition)) for r in h.ledger)]
+        out.ledger = [*out.ledger, *(replace(r, pid=f"h{i}-{r.pid}", partition=part(r.partition),
+                                             fingerprint=pid(r.fingerprint)) for r in h.ledger)]
         out.log = [*out.log, *(replace(r, partition=part(r.partition), pid=pid(r.pid), fingerprint=pid(r.fingerprint))
                                for r in h.log)]
         out.consumed = [*out.consumed, *(replace(c, partition=part(c.partition), pid=pid(c.pid)) for c in h.consumed)]

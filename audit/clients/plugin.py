@@ -111,7 +111,8 @@ class Plugin:
         lib.msgaudit_flush.restype = ctypes.c_int
         lib.msgaudit_stats.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
         lib.msgaudit_stats.restype = ctypes.c_int
-        lib.msgaudit_failed_call.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_char_p]
+        lib.msgaudit_failed_call.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_char_p,
+                                             ctypes.c_char_p]
         lib.msgaudit_failed_call.restype = ctypes.c_int64
         self._lib = lib
 
@@ -135,9 +136,11 @@ class Plugin:
             return None
         return PluginStats(*out)
 
-    def failed_call(self, pid: str, topic: str, partition: int, error: str) -> int:
-        """A produce() call that raised: a failed ledger row unless the plugin already wrote one."""
-        return int(self._lib.msgaudit_failed_call(pid.encode(), str(topic).encode(), partition, error.encode()))
+    def failed_call(self, pid: str, topic: str, partition: int, error: str, fingerprint: str | None = None) -> int:
+        """A produce() call that raised: a failed ledger row (with the message's content `fingerprint`)
+        unless the plugin already wrote one."""
+        return int(self._lib.msgaudit_failed_call(pid.encode(), str(topic).encode(), partition, error.encode(),
+                                                  None if fingerprint is None else fingerprint.encode()))
 
 
 __all__ = ["BUILT", "PLUGIN_ENV", "Plugin", "PluginStats", "build", "plugin_path"]

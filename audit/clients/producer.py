@@ -102,10 +102,10 @@ class _TopicFormats:
 
     `acked` values: (seq, partition, offset, produce_ts, ack_ts) - the one format on the hot path.
     `any` values: (seq, partition, offset|'null', status, error json|'null', txn_id json|'null',
-    produce_ts, ack_ts|'null') for failed and transactional rows.
+    produce_ts, ack_ts|'null') for transactional rows; `failed` those of `_TopicFormats.failed`.
     """
 
-    __slots__ = ("acked", "any", "topic")
+    __slots__ = ("acked", "any", "failed", "topic")
 
     def __init__(self, producer_name: str, pid: str, topic: str) -> None:
         self.topic = topic
@@ -113,6 +113,9 @@ class _TopicFormats:
         self.acked = head + ('"partition":%d,"offset":%d,"status":"acked","error":null,"txn_id":null,'
                              '"produce_ts":%d,"ack_ts":%d}')
         self.any = head + '"partition":%d,"offset":%s,"status":"%s","error":%s,"txn_id":%s,"produce_ts":%d,"ack_ts":%s}'
+        # a failed send outside a transaction: (seq, partition, error json, produce_ts, fingerprint json)
+        self.failed = head + ('"partition":%d,"offset":null,"status":"failed","error":%s,"txn_id":null,'
+                              '"produce_ts":%d,"ack_ts":null,"fingerprint":%s}')
 
 
 class _Slot:
@@ -123,13 +126,14 @@ class _Slot:
     about as much as the produce() call itself. A slot is reused once its report is served.
     """
 
-    __slots__ = ("seq", "ts", "fmts", "user_cb", "dr")
+    __slots__ = ("seq", "ts", "fmts", "user_cb", "dr", "audit_key")
 
     seq: int
     ts: int
     fmts: _TopicFormats
     user_cb: Any
     dr: Callable[[KafkaError | None, Message], None]
+    audit_key: str | None  # a delivery report does not carry the headers: the fingerprint needs it
 
 
 def _user_headers(headers: Any, audit_key: str | None) -> list[tuple[str, Any]]:
@@ -353,6 +357,7 @@ class AuditedProducer:
         pid = self.pid
         user_headers = _user_headers
         header_error = audit_headers.user_header_error
+        fingerprint = audit_headers.fingerprint
 
         def produce(topic: str, value: Any = None, key: Any = None, partition: int = -1,
                     on_delivery: DeliveryCallback | None = None, callback: DeliveryCallback | None = None,
@@ -367,7 +372,7 @@ class AuditedProducer:
                 c_produce(topic, value, key, partition, user_cb, None, timestamp, hdrs)
             except BaseException as e:
                 part = partition if isinstance(partition, int) and partition >= 0 else -1
-                plugin.failed_call(pid, topic, part, _error_name(e))
+                plugin.failed_call(pid, topic, part, _error_name(e), fingerprint(key, value, hdrs))
                 raise
 
         produce.__doc__ = AuditedProducer.produce.__doc__
@@ -416,6 +421,7 @@ class AuditedProducer:
         c_produce: Callable[..., None] = self._producer.produce
         assert self.ledger is not None
         header_error = audit_headers.user_header_error
+        fingerprint = audit_headers.fingerprint
         append = self.ledger.append_formatted
         topics = self._topics
         counts = self._counts
@@ -450,6 +456,7 @@ class AuditedProducer:
             ts = slot.ts
             fmts = slot.fmts
             user_cb = slot.user_cb
+            audit_key = slot.audit_key
             pool_push(slot)  # free before user code runs: it may raise
             if err is None:
                 counts[0] += 1
@@ -457,8 +464,8 @@ class AuditedProducer:
             else:
                 counts[1] += 1
                 part = msg.partition()
-                append((fmts.any, seq, -1 if part is None else part, "null", "failed", json.dumps(err.name()),
-                        "null", ts, "null"))
+                append((fmts.failed, seq, -1 if part is None else part, json.dumps(err.name()), ts,
+                        json.dumps(audit_key if audit_key is not None else fingerprint(msg.key(), msg.value(), None))))
             if user_cb is not None:
                 user_cb(err, msg)
 
@@ -517,11 +524,12 @@ class AuditedProducer:
                 slot.ts = ts
                 slot.fmts = fmts
                 slot.user_cb = user_cb
+                slot.audit_key = audit_key
                 try:
                     c_produce(topic, value, key, partition, slot.dr, None, timestamp, hdrs)
                 except BaseException as e:
                     pool_push(slot)  # no delivery report will come for it
-                    failed_call(fmts, seq, ts, partition, e, None)
+                    failed_call(fmts, seq, ts, partition, e, None, fingerprint(key, value, hdrs))
                     raise
             else:
                 try:
@@ -549,12 +557,14 @@ class AuditedProducer:
         self.ledger.append_formatted((fmts.any, seq, part, offset, status, err_json, self._txn_json(txn), ts, ack))
 
     def _failed_call(self, fmts: _TopicFormats, seq: int, ts: int, partition: Any, exc: BaseException,
-                     txn: int | None) -> None:
+                     txn: int | None, fp: str | None = None) -> None:
         self._counts[1] += 1
         part = partition if isinstance(partition, int) and partition >= 0 else -1
         txn_json = self._txn_json(txn) if txn is not None else "null"
         assert self.ledger is not None
-        item = (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null")
+        item: tuple[Any, ...] = (fmts.any, seq, part, "null", "failed", json.dumps(_error_name(exc)), txn_json, ts, "null")
+        if txn is None and fp is not None:
+            item = (fmts.failed, seq, part, json.dumps(_error_name(exc)), ts, json.dumps(fp))
         self.ledger.append_formatted(item)
         if txn is not None and self._ledger_in_txn:
             self._txn_failed_calls.append((fmts, seq, item))

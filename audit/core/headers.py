@@ -34,6 +34,7 @@ rule 2 or 3 is returned as None. Values quoted in reasons are cut to 40 characte
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,17 @@ def stamp(
     if key is not None:
         out.append((KEY, key.encode()))
     return out
+
+
+def fingerprint(key: bytes | str | None, value: bytes | str | None, headers: Headers | None) -> str:
+    """A record's content fingerprint as capture computes it (docs/design.md §3): its `audit.key`
+    header when present, else the SHA-256 hex of (key bytes, 0x00, value bytes)."""
+    for name, v in headers or ():
+        if name == KEY and v is not None:
+            return v.decode("utf-8", "replace")
+    def raw(x: bytes | str | None) -> bytes:
+        return b"" if x is None else x.encode() if isinstance(x, str) else x
+    return hashlib.sha256(raw(key) + b"\x00" + raw(value)).hexdigest()
 
 
 # Headers of the AuditedConsumer's retry and dead-letter copies (docs/design.md §9): known audit.*

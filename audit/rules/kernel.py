@@ -392,6 +392,14 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     return Settled(facts, hists, narrow)
 
 
+def resendable(facts: oracle.Facts) -> pa.Table:
+    """The failed sends of `facts.resendable` as `neighbours.LATEST` rows: their fingerprint's hashes
+    and produce time."""
+    fp1, fp2 = fingerprint_hashes(pa.array([fp for _, fp, _ in facts.resendable], pa.string()))
+    return pa.table([fp1, fp2, pa.array([micros(pt) for _, _, pt in facts.resendable], pa.int64())],
+                    schema=neighbours.LATEST)
+
+
 def found_by_neighbours(narrow: pa.Table) -> tuple[list[Any], list[Any], list[Any]]:
     """What the checks that need neighbours find over a whole window's narrow rows."""
     return neighbours.log_order(narrow), neighbours.gaps(narrow), neighbours.content(narrow)
@@ -444,6 +452,10 @@ def classify_parts(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequen
     k's seqs below chunk k + 1's), their log order and gaps found chunk by chunk (`neighbours.in_chunks`)."""
     anomalies = [a for p in parts for a in p.facts.anomalies]
     narrow = pa.concat_tables([p.narrow for p in parts]) if parts else _no_narrow()
+    latest = neighbours.latest_by_content(narrow)
+    for p in parts:
+        again = neighbours.resent(resendable(p.facts), latest)
+        anomalies = oracle.without(anomalies, (row for (row, _, _), r in zip(p.facts.resendable, again, strict=True) if r))
     reordered, gaps = neighbours.in_chunks([p.narrow for p in parts])
     oracle.emit_neighbour_rows(oracle.anomaly_emitter(anomalies, tc.name, ws, as_of), reordered, gaps,
                                neighbours.content(narrow))

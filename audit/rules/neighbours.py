@@ -13,6 +13,9 @@ and `reordered_in_consumption` state it.
   window but the first (`content_duplicate`). Fingerprints are compared by two 64-bit hashes of
   different bases (`FINGERPRINT_BASES`): equal strings always match, different ones would need
   both hashes to collide.
+- `resent`: a failed send whose fingerprint an original holds, produced at or after it, was resent
+  by the application (no `failed_send`); `latest_by_content` gives each fingerprint's latest
+  original.
 
 The narrow rows (`NARROW`) are one per message: its pid and seq, whether it has a ledger row or a
 log record (`present`), its original copy's partition (-1: none) and offset, its produce time
@@ -305,3 +308,29 @@ def content(narrow: pa.Table) -> list[tuple[str, int, int, int, str, int]]:
     return [(names[a], s, p, o, names[b], fs) for a, s, p, o, b, fs in
             zip(pid[dup].tolist(), seq[dup].tolist(), part[dup].tolist(), off[dup].tolist(), pid[one].tolist(),
                 seq[one].tolist(), strict=True)]
+
+
+LATEST = pa.schema([("fp1", pa.int64()), ("fp2", pa.int64()), ("pt", pa.int64())])
+
+
+def latest_by_content(narrow: pa.Table) -> pa.Table:
+    """(fp1, fp2, the latest produce time) of each fingerprint among the originals of `narrow` (or
+    among rows already in `LATEST`'s shape, to merge them)."""
+    held = narrow.filter(pc.is_valid(narrow["fp1"]))
+    if "partition" in held.column_names:
+        held = held.filter(pc.greater_equal(held["partition"], 0))
+    got = held.select(["fp1", "fp2", "pt"]).group_by(["fp1", "fp2"]).aggregate([("pt", "max")])
+    return pa.table([got["fp1"], got["fp2"], got["pt_max"]], schema=LATEST)
+
+
+def resent(failed: pa.Table, latest: pa.Table) -> np.ndarray:
+    """Whether each failed send of `failed` (fp1, fp2 of its fingerprint, pt its produce time) was
+    resent: an original shares its fingerprint and was produced at or after it (`latest`:
+    `latest_by_content` of the window's narrow rows)."""
+    if not failed.num_rows or not latest.num_rows:
+        return np.zeros(failed.num_rows, dtype=bool)
+    keyed = failed.select(["fp1", "fp2", "pt"]).append_column("_i", pa.array(np.arange(failed.num_rows)))
+    joined = keyed.join(latest.rename_columns(["fp1", "fp2", "_last"]), ["fp1", "fp2"], join_type="inner")
+    out = np.zeros(failed.num_rows, dtype=bool)
+    out[ints(joined["_i"])[ints(joined["_last"]) >= ints(joined["pt"])]] = True
+    return out

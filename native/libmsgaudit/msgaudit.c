@@ -736,9 +736,118 @@ fail:
 
 /* -- rows --------------------------------------------------------------------------------- */
 
-/* A failed or aborted row (rare: snprintf is fine here). */
+/* SHA-256 (FIPS 180-4), for a failed send's content fingerprint: only failed sends pay for it. */
+struct sha256 {
+    uint32_t h[8];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t used;
+};
+
+static const uint32_t SHA_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(struct sha256 *s, const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, h;
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = s->h[0]; b = s->h[1]; c = s->h[2]; d = s->h[3]; e = s->h[4]; f = s->h[5]; g = s->h[6]; h = s->h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + SHA_K[i] + w[i];
+        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d; s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+}
+
+static void sha256_init(struct sha256 *s) {
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(s->h, h0, sizeof(h0));
+    s->len = 0;
+    s->used = 0;
+}
+
+static void sha256_update(struct sha256 *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    s->len += n;
+    while (n) {
+        size_t k = 64 - s->used < n ? 64 - s->used : n;
+        memcpy(s->buf + s->used, p, k);
+        s->used += k; p += k; n -= k;
+        if (s->used == 64) {
+            sha256_block(s, s->buf);
+            s->used = 0;
+        }
+    }
+}
+
+static void sha256_hex(struct sha256 *s, char out[65]) {
+    uint64_t bits = s->len * 8;
+    unsigned char pad = 0x80, len[8];
+    sha256_update(s, &pad, 1);
+    pad = 0;
+    while (s->used != 56)
+        sha256_update(s, &pad, 1);
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)(bits >> (56 - 8 * i));
+    sha256_update(s, len, 8);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 8 * i, 9, "%08x", s->h[i]);
+}
+
+/* A failed send's content fingerprint as capture computes it (docs/design.md §3), as a JSON string
+ * into `out`: its audit.key header when present, else the SHA-256 hex of (key, 0x00, value).
+ * NULL when it cannot be said (an audit.key too long for `cap`). */
+static const char *fingerprint_json(const rd_kafka_message_t *msg, rd_kafka_headers_t *hdrs, char *out, size_t cap) {
+    const void *v = NULL;
+    size_t size = 0;
+    if (hdrs && p_rd_kafka_header_get_last(hdrs, "audit.key", &v, &size) == RD_KAFKA_RESP_ERR_NO_ERROR && v) {
+        char raw[512];
+        if (size >= sizeof(raw) || cap < 3)
+            return NULL;
+        memcpy(raw, v, size);
+        raw[size] = '\0';
+        out[0] = '"';
+        int n = json_escape(raw, out + 1, cap - 2);
+        if (n < 0 || (size_t)n + 2 >= cap)
+            return NULL;
+        out[n + 1] = '"';
+        out[n + 2] = '\0';
+        return out;
+    }
+    struct sha256 s;
+    char hex[65];
+    unsigned char zero = 0;
+    sha256_init(&s);
+    if (msg->key)
+        sha256_update(&s, msg->key, msg->key_len);
+    sha256_update(&s, &zero, 1);
+    if (msg->payload)
+        sha256_update(&s, msg->payload, msg->len);
+    sha256_hex(&s, hex);
+    snprintf(out, cap, "\"%s\"", hex);
+    return out;
+}
+
+/* A failed or aborted row (rare: snprintf is fine here); `fingerprint` (a JSON string) on a failed
+ * send outside a transaction, else NULL. */
 static void write_failed_row(struct instance *in, int64_t seq, const char *topic, int32_t partition,
-                             const char *status, const char *error, int64_t produce_ts) {
+                             const char *status, const char *error, int64_t produce_ts, const char *fingerprint) {
     char line[ROW_MAX], topic_json[600];
     int n;
     if (json_escape(topic, topic_json, sizeof(topic_json)) < 0) {
@@ -748,9 +857,9 @@ static void write_failed_row(struct instance *in, int64_t seq, const char *topic
     n = snprintf(line, sizeof(line),
                  "%s%" PRId64 ",\"topic\":\"%s\",\"partition\":%" PRId32
                  ",\"offset\":null,\"status\":\"%s\",\"error\":\"%s\",\"txn_id\":%s,\"produce_ts\":%" PRId64
-                 ",\"ack_ts\":null}\n",
+                 ",\"ack_ts\":null%s%s}\n",
                  in->head, seq, topic_json, partition < 0 ? -1 : partition, status, error, in->txn_json,
-                 produce_ts);
+                 produce_ts, fingerprint ? ",\"fingerprint\":" : "", fingerprint ? fingerprint : "");
     if (n <= 0 || n >= (int)sizeof(line)) {
         __atomic_add_fetch(&in->dropped, 1, __ATOMIC_RELAXED);
         return;
@@ -992,8 +1101,10 @@ static rd_kafka_resp_err_t on_ack(rd_kafka_t *rk, rd_kafka_message_t *msg, void 
         /* abort_transaction() purges the transaction's unsent messages: they end aborted */
         int aborted = in->transactional && (msg->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
                                             msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT);
+        char fp[1100];
         write_failed_row(in, seqv, topic, msg->partition, aborted ? "aborted" : "failed",
-                         p_rd_kafka_err2name(msg->err), produce_ts);
+                         p_rd_kafka_err2name(msg->err), produce_ts,
+                         in->transactional ? NULL : fingerprint_json(msg, hdrs, fp, sizeof(fp)));
         struct tls_cache *c = &tls_cache;
         if (c->last_in == in && c->last_seq == seqv)
             c->acked_inline = 1;
@@ -1794,10 +1905,12 @@ EXPORT int msgaudit_stats(const char *pid, int64_t out[8]) {
 /* A produce() call that raised in the calling thread. If librdkafka refused it before on_send
  * (message too large, queue full) take the next seq of the topic and write a failed row, as the
  * Python ledger does; if on_send stamped it and an inline on_acknowledgement already wrote its
- * failed row, write nothing. Returns the seq, or -1. */
-EXPORT int64_t msgaudit_failed_call(const char *pid, const char *topic, int32_t partition, const char *error) {
+ * failed row, write nothing. `fingerprint`: the message's content fingerprint (NULL: unknown).
+ * Returns the seq, or -1. */
+EXPORT int64_t msgaudit_failed_call(const char *pid, const char *topic, int32_t partition, const char *error,
+                                    const char *fingerprint) {
     struct instance *in = find(pid);
-    char err[128];
+    char err[128], fp[1100];
     if (!in || !topic || !error || json_escape(error, err, sizeof(err)) < 0)
         return -1;
     struct tls_cache *c = &tls_cache;
@@ -1809,6 +1922,13 @@ EXPORT int64_t msgaudit_failed_call(const char *pid, const char *topic, int32_t 
     if (seq < 0)
         return -1;
     __atomic_add_fetch(&in->failed, 1, __ATOMIC_RELAXED);
-    write_failed_row(in, seq, topic, partition, "failed", err, now_ms());
+    int fp_ok = fingerprint && !in->transactional && json_escape(fingerprint, fp + 1, sizeof(fp) - 2) >= 0;
+    if (fp_ok) {
+        size_t n = strlen(fp + 1);
+        fp[0] = '"';
+        fp[n + 1] = '"';
+        fp[n + 2] = '\0';
+    }
+    write_failed_row(in, seq, topic, partition, "failed", err, now_ms(), fp_ok ? fp : NULL);
     return seq;
 }

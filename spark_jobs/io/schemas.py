@@ -41,6 +41,7 @@ PRODUCER_LEDGER = _s(
     ("txn_id", StringType(), True),
     ("produce_ts", TimestampType(), False),
     ("ack_ts", TimestampType(), True),
+    ("fingerprint", StringType(), True),  # a failed send's content fingerprint, where the client records it
 )
 
 # One row per producer start (AuditedProducer, both paths): its delivery settings (docs/design.md §4.2).

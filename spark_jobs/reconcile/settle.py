@@ -26,7 +26,9 @@ into chunks, one Spark task each:
    the bounds alone, and a map pass over each chunk's narrow rows (no shuffle) finds its gaps, its
    flagged originals and the rows an earlier chunk's flagged ones may find before them
    (`neighbours.log_order_part`), which the driver joins (`neighbours.log_order_across`). Content
-   duplicates are one pass over the originals whose fingerprint's first hash repeats, by hash;
+   duplicates are one pass over the originals whose fingerprint's first hash repeats, by hash. A
+   `failed_send` row whose send's fingerprint is known carries its hashes; the latest original of
+   each such fingerprint is collected, and a resend at or after the failed send takes the row back;
 4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
    latency), and assembles each topic's report (`kernel.result`).
 
@@ -63,7 +65,7 @@ from audit.core.config import TopicConfig
 from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
-from audit.rules.columns import row_maker, values
+from audit.rules.columns import bools, row_maker, values
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
@@ -163,7 +165,14 @@ def _anomaly_rows(topic: str, anomalies: Sequence[dict[str, Any]]) -> dict[str, 
 def out_rows(topic: str, s: kernel.Settled) -> pa.Table:
     """What a task hands on of one topic's settled rows, as OUT rows."""
     f = s.facts
-    parts = [_table(_anomaly_rows(topic, f.anomalies))]
+    anomalies = _table(_anomaly_rows(topic, f.anomalies))
+    if f.resendable:  # a failed send a resend may take back carries its fingerprint and produce time
+        at = {id(row): i for i, (row, _, _) in enumerate(f.resendable)}
+        which = pa.array([at.get(id(a)) for a in f.anomalies], pa.int64())
+        held = kernel.resendable(f)
+        for c in ("fp1", "fp2", "pt"):
+            anomalies = anomalies.set_column(anomalies.schema.get_field_index(c), c, pc.take(held[c], which))
+    parts = [anomalies]
     # a (stage, partition) the rules touched without counting anything still has its report row
     counts = [(stage, p, name, n) for (stage, p), cnt in f.counts.items() for name, n in (cnt or {"expected": 0}).items()]
     parts.append(_table({"topic": [topic] * len(counts), "kind": [COUNT] * len(counts),
@@ -257,7 +266,30 @@ def _with_neighbours(out: pa.Table, ws: datetime, as_of: datetime) -> pa.Table:
     """The OUT rows of a whole batch (one chunk) with its narrow rows replaced by what the checks
     that need neighbours find over them."""
     is_narrow = pc.equal(out["kind"], NARROW)
-    return pa.concat_tables([out.filter(pc.invert(is_narrow)), neighbour_rows(out.filter(is_narrow), ws, as_of)])
+    narrow = out.filter(is_narrow)
+    latest = {t: neighbours.latest_by_content(narrow.filter(pc.equal(narrow["topic"], t)))
+              for t in pc.unique(narrow["topic"]).to_pylist()}
+    return pa.concat_tables([_without_resent(out.filter(pc.invert(is_narrow)), latest),
+                             neighbour_rows(narrow, ws, as_of)])
+
+
+def _resendable(rows: pa.Table) -> np.ndarray:
+    """Which OUT rows are `failed_send` rows a resend may take back (they carry a fingerprint)."""
+    return bools(pc.and_(pc.and_(pc.equal(rows["kind"], ANOMALY), pc.equal(rows["anomaly"], "failed_send")),
+                         pc.is_valid(rows["fp1"])))
+
+
+def _without_resent(rows: pa.Table, latest: dict[str, pa.Table]) -> pa.Table:
+    """OUT rows without the `failed_send` rows whose send was resent (`neighbours.resent`; `latest`:
+    each topic's `neighbours.latest_by_content`)."""
+    can = _resendable(rows)
+    if not can.any():
+        return rows
+    keep = np.ones(rows.num_rows, dtype=bool)
+    for topic, t_latest in latest.items():
+        at = np.flatnonzero(can & bools(pc.equal(rows["topic"], topic)))
+        keep[at[neighbours.resent(rows.take(pa.array(at)), t_latest)]] = False
+    return rows.filter(pa.array(keep))
 
 
 # ---------------------------------------------------------------------------- in Spark tasks
@@ -557,6 +589,15 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                              [rest, latencies, by_chunk, content])
         with described(spark, f"{label}: checks that need neighbours, gathered"):
             gathered = gathered_df.select(*OUT.names).toArrow().cast(_OUT_ARROW)
+        can = gathered.filter(pa.array(_resendable(gathered)))
+        if can.num_rows:  # the latest original of each failed send's fingerprint
+            wanted = local_frame(spark, zip(*(can[c].to_pylist() for c in ("topic", "fp1", "fp2")), strict=True),
+                                 "topic string, fp1 bigint, fp2 bigint").distinct()
+            with described(spark, f"{label}: resends"):
+                got = (held.join(F.broadcast(wanted), ["topic", "fp1", "fp2"], "left_semi")
+                       .groupBy("topic", "fp1", "fp2").agg(F.max("pt").alias("pt")).toArrow())
+            gathered = _without_resent(gathered, {t: got.filter(pc.equal(got["topic"], t)).select(["fp1", "fp2", "pt"])
+                                                  .cast(neighbours.LATEST) for t in pc.unique(can["topic"]).to_pylist()})
     finally:
         settled.unpersist()
     return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
