@@ -41,18 +41,16 @@ def iceberg_connector(topic: str, table: str, warehouse: Path, control_topic: st
 def test_iceberg_connector_rows_carry_the_logs_coordinates(
         spark: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from confluent_kafka import Consumer
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from audit import cli
     from audit.clients.producer import AuditedProducer
-    from audit.runtime.local_connect import create_topics
     from audit.runtime.local_kafka import free_port
     from spark_jobs.io.sinks_read import read_iceberg
 
     monkeypatch.chdir(tmp_path)
     topic = new_topic(kafka_bootstrap, partitions=2, prefix="ice")
-    control = f"{topic}-control"
-    create_topics(kafka_bootstrap, [control])
+    control = f"{topic}-control"  # `connect submit` creates it (the connector does not)
     with AuditedProducer({"bootstrap.servers": kafka_bootstrap, "log_level": 0}, producer_name="ice",
                          ledger_dir=tmp_path / "ledger") as p:
         for i in range(6):
@@ -60,14 +58,14 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates(
         assert p.flush(30) == 0
     # the ground truth: what the log holds, read back with a plain consumer
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-truth", "log_level": 0,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 1)])
     log: list[tuple[Any, ...]] = []
     deadline = time.monotonic() + 30
     while len(log) < 6 and time.monotonic() < deadline:
         m = consumer.poll(0.5)
         if m is not None and m.error() is None:
-            v = json.loads(m.value())
+            v = json.loads(m.value() or b"{}")
             log.append((m.topic(), m.partition(), m.offset(), m.timestamp()[1], v["id"], v["item"]))
     consumer.close()
     assert len(log) == 6 and len({r[1] for r in log}) == 2  # both partitions hold records

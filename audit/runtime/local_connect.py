@@ -13,6 +13,7 @@ REST API, submits connectors and waits for their tasks, and stops it; its log go
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -189,10 +190,8 @@ class LocalConnect:
                 text = resp.read().decode()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")
-            try:
+            with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("message", detail)
-            except ValueError:
-                pass
             raise BrokerError(f"Connect {method} {path}: HTTP {e.code}: {detail}") from None
         return json.loads(text) if text.strip() else None
 
@@ -247,13 +246,21 @@ def create_topics(bootstrap: str, names: list[str], partitions: int = 1) -> None
                 raise BrokerError(f"cannot create topic {name!r} on {bootstrap}: {e.args[0].str()}") from e
 
 
+ICEBERG_SINK = "org.apache.iceberg.connect.IcebergSinkConnector"
+
+
+def iceberg_control_topic(config: Mapping[str, Any]) -> str | None:
+    """The control topic of an Iceberg sink connector's config (default `control-iceberg`), else None."""
+    if config.get("connector.class") not in (ICEBERG_SINK, "IcebergSinkConnector"):
+        return None
+    return str(config.get("iceberg.control.topic", "control-iceberg"))
+
+
 def cli_connect(args: argparse.Namespace, cfg: Any) -> int:
     data_dir = Path(args.dir) if args.dir else Path(cfg.home) / "connect"
     state: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(OSError, ValueError):
         state = json.loads((data_dir / "connect.json").read_text())
-    except (OSError, ValueError):
-        pass
     bootstrap = args.bootstrap or state.get("bootstrap") or cfg.kafka.get("bootstrap.servers")
     port = args.port or int(state.get("port", DEFAULT_PORT))
     if args.action == "start" and not bootstrap:
@@ -280,6 +287,9 @@ def cli_connect(args: argparse.Namespace, cfg: Any) -> int:
             raise ConfigError(f"connect submit: {args.file} must hold {{\"name\": ..., \"config\": {{...}}}}")
         if not worker.running():
             raise BrokerError(f"connect submit: no worker is running in {data_dir}; run `msgaudit connect start`")
+        control = iceberg_control_topic(spec["config"])
+        if control:  # Iceberg's sink does not create its control topic
+            create_topics(worker.bootstrap, [control])
         worker.submit(spec["name"], spec["config"])
         status = worker.wait_running(spec["name"])
         print(f"connect: connector {spec['name']} running, {len(status['tasks'])} task(s)")
