@@ -142,3 +142,34 @@ def test_connect_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         cli.main(["connect", "--help"])
     assert "msgaudit connect start --bootstrap 127.0.0.1:9092" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_iceberg_reader_matches_columns_by_field_id_through_a_pyiceberg_catalog(spark: Any, tmp_path: Path) -> None:
+    """A catalog sink (`catalog:`, here pyiceberg's SQL catalog on SQLite): an empty table reads as no
+    rows with the table's columns; after a rename and an added column, older files still read under
+    the new name and the added column reads null in them."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from spark_jobs.io.sinks_read import read_iceberg
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    catalog = load_catalog("lab", **props)  # the SQL catalog keeps its tables under the catalog's name
+    props["name"] = "lab"
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.orders", Schema(NestedField(1, "offset", LongType(), required=False),
+                                                    NestedField(2, "item", StringType(), required=False)))
+    sink = SinkConfig(name="ice", format="iceberg", table="db.orders", catalog=props)
+    empty = read_iceberg(spark, sink)
+    assert (empty.columns, empty.count()) == (["offset", "item"], 0)
+    table.append(pa.table({"offset": pa.array([0, 1], pa.int64()), "item": ["a", "b"]}))
+    with table.update_schema() as update:
+        update.rename_column("item", "sku")
+        update.add_column("qty", LongType())
+    table = catalog.load_table("db.orders")
+    table.append(pa.table({"offset": pa.array([2], pa.int64()), "sku": ["c"], "qty": pa.array([5], pa.int64())}))
+    rows = read_iceberg(spark, sink).orderBy("offset").collect()
+    assert [tuple(r) for r in rows] == [(0, "a", None), (1, "b", None), (2, "c", 5)]

@@ -89,7 +89,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def iceberg_table(sink: SinkConfig) -> Any:
-    """The sink's pyiceberg table: from its catalog (`sinks[].catalog`, pyiceberg properties), or
+    """The sink's pyiceberg table: from its catalog (`sinks[].catalog`, pyiceberg properties and the
+    catalog's `name`, default `default`), or
     the Hadoop catalog layout under `sinks[].warehouse` (`<warehouse>/<namespace>/<name>`, newest
     metadata named by `metadata/version-hint.text`). One line naming the sink and the key to fix
     when the catalog cannot be reached or the table is not there."""
@@ -101,7 +102,8 @@ def iceberg_table(sink: SinkConfig) -> Any:
         from pyiceberg.catalog import load_catalog
 
         try:
-            catalog = load_catalog(sink.name, **sink.catalog)
+            props = dict(sink.catalog)
+            catalog = load_catalog(props.pop("name", "default"), **props)
         except Exception as e:
             raise InputError(f"sink {sink.name!r}: cannot reach its Iceberg catalog: {_first_line(e)} "
                              "(check sinks[].catalog)") from None
