@@ -238,6 +238,8 @@ def create_topics(bootstrap: str, names: list[str], partitions: int = 1) -> None
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     missing = sorted(set(names) - set(admin.list_topics(timeout=10).topics))
+    if not missing:
+        return
     for name, fut in admin.create_topics([NewTopic(n, partitions, 1) for n in missing]).items():
         try:
             fut.result(timeout=30)
