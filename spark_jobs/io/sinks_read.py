@@ -89,11 +89,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def iceberg_table(sink: SinkConfig) -> Any:
-    """The sink's pyiceberg table: from its catalog (`sinks[].catalog`, pyiceberg properties and the
-    catalog's `name`, default `default`), or
-    the Hadoop catalog layout under `sinks[].warehouse` (`<warehouse>/<namespace>/<name>`, newest
-    metadata named by `metadata/version-hint.text`). One line naming the sink and the key to fix
-    when the catalog cannot be reached or the table is not there."""
+    """The sink's pyiceberg table: from its catalog (`sinks[].catalog`: pyiceberg properties and the
+    catalog's `name`, default `default`), or from the Hadoop catalog layout under
+    `sinks[].warehouse` (`<warehouse>/<namespace>/<name>`, the metadata that
+    `metadata/version-hint.text` names). One line naming the sink and the key to fix when the
+    catalog cannot be reached or the table is not there."""
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     assert sink.table
@@ -153,9 +153,9 @@ def read_iceberg(spark: SparkSession, sink: SinkConfig) -> DataFrame:
         raise InputError(f"sink {sink.name!r}: cannot plan a scan of Iceberg table {sink.table!r}: "
                          f"{_first_line(e)} (check sinks[].warehouse or sinks[].catalog)") from None
     if any(t.delete_files for t in tasks):
-        raise InputError(f"sink {sink.name!r}: Iceberg table {sink.table!r} has delete files (an upsert or "
-                         "merge-on-read table); msgaudit reads append-only Iceberg sinks (connector without "
-                         "iceberg.tables.upsert-mode-enabled)")
+        raise InputError(f"sink {sink.name!r}: Iceberg table {sink.table!r} has delete files (rows deleted or "
+                         "upserted in place); msgaudit reads append-only Iceberg sinks: write it without "
+                         "row-level deletes, or audit an append-only copy")
     by_format: dict[str, list[str]] = {}
     for t in tasks:
         by_format.setdefault(str(t.file.file_format.name).lower(), []).append(t.file.file_path)
