@@ -22,6 +22,9 @@ EXAMPLES: dict[str, str] = {
     "setup": "msgaudit setup            # fetch the Delta, Kafka-connector and broker jars once; build the librdkafka plugin",
     "kafka": "msgaudit kafka start --port 9092 && msgaudit kafka status\n"
              "  msgaudit kafka start --secure   # SASL_SSL + ACLs; the admin's settings in <home>/kafka/secure/admin.yaml",
+    "connect": "msgaudit connect start --bootstrap 127.0.0.1:9092 && msgaudit connect submit iceberg-orders.json\n"
+               "  msgaudit connect status   # the worker and its connectors' states\n"
+               "  msgaudit connect stop",
     "cluster": "msgaudit cluster start --workers 2 && msgaudit cluster submit ingest --config msgaudit.yaml\n"
                "  msgaudit cluster submit capture --start 2026-11-21T10:00Z --end 2026-11-21T11:00Z --print\n"
                "  msgaudit cluster submit follow --alert-log alerts.jsonl   # the schedule, on the cluster\n"
@@ -89,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "made secure stays secure)")
     k.add_argument("--data-dir", default=None, help="broker data folder (default <home>/kafka: the config's `home`, "
                    "./.msgaudit without a config)")
+    cn = add("connect", "Run a local Kafka Connect worker (distributed mode, its config/offset/status topics on the "
+             "cluster) from the cached jars, with Iceberg's sink connector and KafkaMetadataTransform on its class "
+             "path; `submit FILE` creates or updates the connector of a JSON file {\"name\": ..., \"config\": {...}} "
+             "and waits until its tasks run. The worker's log goes to <dir>/connect.log.")
+    cn.add_argument("action", choices=["start", "stop", "status", "submit"])
+    cn.add_argument("file", nargs="?", metavar="FILE", help="submit: the connector's JSON file")
+    cn.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="start: the Kafka cluster (default: the config's kafka.bootstrap.servers)")
+    cn.add_argument("--port", type=int, default=None, help="REST port on 127.0.0.1 (default 8083)")
+    cn.add_argument("--dir", default=None, help="worker folder: properties, state, log (default <home>/connect)")
     cl = add("cluster", "Run a local Spark standalone cluster (a master and workers, each its own JVM, bound to "
              "127.0.0.1) and submit pipeline steps to it with spark-submit (jars from the cache, this code "
              "as --py-files, the step's output on the terminal, Spark's logs in the cluster folder).")
@@ -211,6 +224,12 @@ def _kafka(args: argparse.Namespace, cfg: Any) -> int:
     from audit.runtime.local_kafka import cli_kafka
 
     return cli_kafka(args, cfg)
+
+
+def _connect(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.runtime.local_connect import cli_connect
+
+    return cli_connect(args, cfg)
 
 
 def _cluster(args: argparse.Namespace, cfg: Any) -> int:
@@ -365,7 +384,7 @@ def _demo(args: argparse.Namespace, cfg: Any) -> int:
 
 # command -> function(args, config) -> exit code
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
-    "setup": _setup, "kafka": _kafka, "cluster": _cluster, "ingest": _step, "capture": _step, "reconcile": _step,
+    "setup": _setup, "kafka": _kafka, "connect": _connect, "cluster": _cluster, "ingest": _step, "capture": _step, "reconcile": _step,
     "backfill": _backfill, "follow": _follow, "sla": _step, "dashboard": _dashboard, "demo": _demo,
     "trace": _trace, "doctor": _doctor, "ship": _ship,
 }

@@ -68,7 +68,7 @@ def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pyt
         ("topics: {orders: {window: 7m}}\n", "must divide a day evenly"),
         ("topics: {orders: {sla: {max_lots: 0}}}\n", "topics.orders.sla: unknown key 'max_lots'"),
         ("topics: {orders: {sla: {max_lost: {threshold: 0, severity: fatal}}}}\n", "severity: expected 'error' or 'warn'"),
-        ("topics: {orders: {sinks: [{name: s, format: csv}]}}\n", "sinks[0].format: expected 'delta' or 'sql'"),
+        ("topics: {orders: {sinks: [{name: s, format: csv}]}}\n", "sinks[0].format: expected 'delta', 'sql' or 'iceberg'"),
         ("topics: {orders: {sinks: [{name: s, format: delta}]}}\n", "a delta sink needs 'location'"),
         ("topics: {orders: {groups: [g], sinks: [{name: s, format: delta, location: x, group: h}]}}\n",
          "fed by group 'h', which is not in groups"),

@@ -80,6 +80,7 @@ def test_wheel_installs_into_a_clean_venv_and_sets_up_without_a_checkout(tmp_pat
         f"spark-deps: {len(list((home / 'spark-deps').glob('*.jar')))} jars in {home / 'spark-deps'}",
         f"kafka-broker: {len(list((home / 'kafka-broker').glob('*.jar')))} jars in {home / 'kafka-broker'}",
         f"kafka-mirror: {len(list((home / 'kafka-mirror').glob('*.jar')))} jars in {home / 'kafka-mirror'}",
+        f"kafka-connect: {len(list((home / 'kafka-connect').glob('*.jar')))} jars in {home / 'kafka-connect'}",
         # the C plugin's source and the Java interceptor's ship in the wheel; both are built under the home
         f"libmsgaudit: librdkafka plugin in {home.parent / 'plugin' / 'libmsgaudit.so'}",
         f"interceptors: Java interceptor jar in {home / 'interceptors' / 'msgaudit-interceptors.jar'}"]

@@ -65,8 +65,10 @@ class SlaRule:
 
 @dataclass(frozen=True)
 class SinkConfig:
-    """A user's sink table, read in place. `format` is 'delta' (location = path) or 'sql'
-    (url = SQLAlchemy/JDBC-able database URL, table = table name)."""
+    """A user's sink table, read in place. `format` is 'delta' (location = path), 'sql'
+    (url = SQLAlchemy/JDBC-able database URL, table = table name) or 'iceberg' (table =
+    `namespace.name`; warehouse = a Hadoop (filesystem) catalog's root, or `catalog` = pyiceberg
+    catalog properties, e.g. {type: rest, uri: ...})."""
 
     name: str
     format: str
@@ -75,6 +77,8 @@ class SinkConfig:
     url: str | None = None
     table: str | None = None
     columns: Mapping[str, str] = field(default_factory=dict)
+    warehouse: str | None = None
+    catalog: Mapping[str, str] = field(default_factory=dict)
 
     def column(self, logical: str) -> str:
         """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts,
@@ -309,13 +313,13 @@ def _parse_sla(raw: Any, where: str) -> tuple[SlaRule, ...]:
 
 def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     data = _mapping(raw, where)
-    _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns"), where)
+    _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns", "warehouse", "catalog"), where)
     for req in ("name", "format"):
         if req not in data:
             raise ConfigError(f"{where}: missing key {req!r}")
     fmt = data["format"]
-    if fmt not in ("delta", "sql"):
-        raise ConfigError(f"{where}.format: expected 'delta' or 'sql', got {fmt!r}")
+    if fmt not in ("delta", "sql", "iceberg"):
+        raise ConfigError(f"{where}.format: expected 'delta', 'sql' or 'iceberg', got {fmt!r}")
     if fmt == "delta" and not data.get("location"):
         raise ConfigError(f"{where}: a delta sink needs 'location'")
     if fmt == "sql" and not (data.get("url") and data.get("table")):
@@ -325,6 +329,19 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
     location = data.get("location")
     if fmt == "delta" and location:
         location = storage_location(location, base, f"{where}.location")
+    catalog = {str(k): str(v) for k, v in _mapping(data.get("catalog"), f"{where}.catalog").items()}
+    warehouse = data.get("warehouse")
+    if fmt == "iceberg":
+        table = data.get("table")
+        if not isinstance(table, str) or "." not in table.strip("."):
+            raise ConfigError(f"{where}.table: an iceberg sink needs its table as 'namespace.name', got {table!r}")
+        if not warehouse and not catalog:
+            raise ConfigError(f"{where}: an iceberg sink needs 'warehouse' (the root of a Hadoop catalog) "
+                              "or 'catalog' (pyiceberg catalog properties)")
+        if warehouse:
+            warehouse = storage_location(warehouse, base, f"{where}.warehouse")
+    elif "warehouse" in data or "catalog" in data:
+        raise ConfigError(f"{where}: 'warehouse' and 'catalog' are keys of an iceberg sink, not of a {fmt} one")
     return SinkConfig(
         name=str(data["name"]),
         format=fmt,
@@ -333,6 +350,8 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
         url=_resolve_sqlite(data.get("url"), base),
         table=data.get("table"),
         columns={k: str(v) for k, v in columns.items()},
+        warehouse=warehouse,
+        catalog=catalog,
     )
 
 

@@ -2,8 +2,9 @@
 
 Two manifests (Maven poms, shipped inside the package as `audit/runtime/jvm/<manifest>/pom.xml`)
 name what is needed: `spark-deps` (Delta, Spark's Kafka source, JDBC drivers, the S3A connector)
-`kafka-broker` (the Kafka broker and its runtime dependencies) and `kafka-mirror` (MirrorMaker 2:
-connect-mirror and its Connect runtime, for the lab's cross-cluster scenarios). One `msgaudit setup` copies
+`kafka-broker` (the Kafka broker and its runtime dependencies), `kafka-mirror` (MirrorMaker 2:
+connect-mirror and its Connect runtime, for the lab's cross-cluster scenarios) and `kafka-connect`
+(a Kafka Connect worker with Iceberg's sink connector, `msgaudit connect`). One `msgaudit setup` copies
 them into `<jars home>/<manifest>/`; a stamp file holding the pom's hash makes every later run
 skip Maven entirely, so nothing at run time touches the network.
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from audit.core.config import msgaudit_home as msgaudit_home
 from audit.core.errors import SetupError
 
-MANIFESTS = ("spark-deps", "kafka-broker", "kafka-mirror")
+MANIFESTS = ("spark-deps", "kafka-broker", "kafka-mirror", "kafka-connect")
 _STAMP = ".manifest-sha256"
 
 

@@ -1,5 +1,10 @@
-"""Read a user's sink table in place (Delta path, or SQL through Spark's JDBC source) as the audit's
-normalised sink rows: (topic, partition, offset, pid, seq, sink_ts, produce_ts).
+"""Read a user's sink table in place (Delta path, SQL through Spark's JDBC source, or an Iceberg
+table) as the audit's normalised sink rows: (topic, partition, offset, pid, seq, sink_ts, produce_ts).
+
+Iceberg: the driver plans the scan with pyiceberg (metadata only: the table's current snapshot,
+its manifests) and Spark's own Parquet/ORC readers read the data files on the executors, columns
+matched by Iceberg field id. Iceberg's Spark runtime (built up to Spark 4.1) does not load on
+Spark 4.2 (docs/internals.md).
 
 Only this module knows how sinks are stored. It never writes to a sink and never guesses a
 column: a sink without one of the audit columns is an InputError naming the column and the
@@ -9,12 +14,14 @@ and no `columns.produce_ts` maps it.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
-from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig
+from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig, join_location
 from audit.core.errors import ConfigError, InputError
 from spark_jobs.io.session import local_frame
 
@@ -71,7 +78,100 @@ def _load(spark: SparkSession, sink: SinkConfig) -> DataFrame:
         except Exception as e:  # the JDBC source raises JVM errors: name the sink and the cause
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"sink {sink.name!r}: cannot read table {sink.table!r} over JDBC: {first}") from None
+    if sink.format == "iceberg":
+        return read_iceberg(spark, sink)
     raise ConfigError(f"sink {sink.name!r}: unknown format {sink.format!r}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def iceberg_table(sink: SinkConfig) -> Any:
+    """The sink's pyiceberg table: from its catalog (`sinks[].catalog`: pyiceberg properties and the
+    catalog's `name`, default `default`), or from the Hadoop catalog layout under
+    `sinks[].warehouse` (`<warehouse>/<namespace>/<name>`, the metadata that
+    `metadata/version-hint.text` names). One line naming the sink and the key to fix when the
+    catalog cannot be reached or the table is not there."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    assert sink.table
+    namespace, _, name = sink.table.rpartition(".")
+    if sink.catalog:
+        from pyiceberg.catalog import load_catalog
+
+        try:
+            props = dict(sink.catalog)
+            catalog = load_catalog(props.pop("name", "default"), **props)
+        except Exception as e:
+            raise InputError(f"sink {sink.name!r}: cannot reach its Iceberg catalog: {_first_line(e)} "
+                             "(check sinks[].catalog)") from None
+        try:
+            return catalog.load_table((*namespace.split("."), name))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            raise InputError(f"sink {sink.name!r}: its Iceberg catalog has no table {sink.table!r} "
+                             "(has the connector committed yet? check sinks[].table)") from None
+        except Exception as e:
+            raise InputError(f"sink {sink.name!r}: cannot load Iceberg table {sink.table!r} from its catalog: "
+                             f"{_first_line(e)} (check sinks[].catalog)") from None
+    from pyiceberg.table import StaticTable
+
+    assert sink.warehouse
+    location = join_location(sink.warehouse, *namespace.split("."), name)
+    try:
+        return StaticTable.from_metadata(location)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(f"sink {sink.name!r}: no Iceberg table {sink.table!r} at {location} (has the connector "
+                         "committed yet? check sinks[].warehouse and sinks[].table)") from None
+    except Exception as e:
+        raise InputError(f"sink {sink.name!r}: cannot read Iceberg table {sink.table!r} at {location}: "
+                         f"{_first_line(e)} (check sinks[].warehouse)") from None
+
+
+def iceberg_spark_schema(table: Any) -> StructType:
+    """The table's current schema as a Spark schema whose top-level fields carry their Iceberg
+    field id (`parquet.field.id`), so Spark's Parquet reader matches columns by id: a renamed
+    column still reads from older files, a column added later reads null there."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    fields = []
+    for f, a in zip(table.schema().fields, schema_to_pyarrow(table.schema()), strict=True):
+        fields.append(StructField(f.name, from_arrow_type(a.type), nullable=not f.required,
+                                  metadata={"parquet.field.id": f.field_id}))
+    return StructType(fields)
+
+
+def read_iceberg(spark: SparkSession, sink: SinkConfig) -> DataFrame:
+    """The rows of the sink's Iceberg table (current snapshot), every column as stored."""
+    table = iceberg_table(sink)
+    schema = iceberg_spark_schema(table)
+    try:
+        tasks = list(table.scan().plan_files())
+    except Exception as e:
+        raise InputError(f"sink {sink.name!r}: cannot plan a scan of Iceberg table {sink.table!r}: "
+                         f"{_first_line(e)} (check sinks[].warehouse or sinks[].catalog)") from None
+    if any(t.delete_files for t in tasks):
+        raise InputError(f"sink {sink.name!r}: Iceberg table {sink.table!r} has delete files (rows deleted or "
+                         "upserted in place); msgaudit reads append-only Iceberg sinks: write it without "
+                         "row-level deletes, or audit an append-only copy")
+    by_format: dict[str, list[str]] = {}
+    for t in tasks:
+        by_format.setdefault(str(t.file.file_format.name).lower(), []).append(t.file.file_path)
+    if not by_format:
+        return local_frame(spark, [], schema)
+    spark.conf.set("spark.sql.parquet.fieldId.read.enabled", "true")
+    frames = []
+    for fmt, paths in sorted(by_format.items()):
+        if fmt not in ("parquet", "orc"):
+            raise InputError(f"sink {sink.name!r}: Iceberg table {sink.table!r} has {fmt} data files; msgaudit reads "
+                             "Parquet and ORC (set the connector's write-props write.format.default=parquet)")
+        frames.append(spark.read.schema(schema).format(fmt).load(paths))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return df
 
 
 def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:

@@ -1,0 +1,175 @@
+"""A real Kafka Connect worker (audit.runtime.local_connect, `msgaudit connect`) running Iceberg's sink
+connector with KafkaMetadataTransform into a Hadoop-catalog table, read back through the iceberg sink
+reader (spark_jobs.io.sinks_read); and the iceberg sink's config and error lines (docs/design.md §8)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.core import config as config_mod
+from audit.core.config import SinkConfig
+from audit.core.errors import ConfigError, InputError
+from tests.conftest import new_topic
+
+
+def iceberg_connector(topic: str, table: str, warehouse: Path, control_topic: str) -> dict[str, str]:
+    """Iceberg's sink connector into a Hadoop-catalog table, each row stamped with its Kafka
+    coordinates by KafkaMetadataTransform (flat `_kafka_metadata_*` columns)."""
+    return {
+        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+        "tasks.max": "1",
+        "topics": topic,
+        "iceberg.tables": table,
+        "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.catalog.type": "hadoop",
+        "iceberg.catalog.warehouse": str(warehouse),
+        "iceberg.control.topic": control_topic,
+        "iceberg.control.commit.interval-ms": "1000",
+        "consumer.override.auto.offset.reset": "earliest",
+        "transforms": "kafka",
+        "transforms.kafka.type": "org.apache.iceberg.connect.transforms.KafkaMetadataTransform",
+    }
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_iceberg_connector_rows_carry_the_logs_coordinates(
+        spark: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from audit import cli
+    from audit.clients.producer import AuditedProducer
+    from audit.runtime.local_kafka import free_port
+    from spark_jobs.io.sinks_read import read_iceberg
+
+    monkeypatch.chdir(tmp_path)
+    topic = new_topic(kafka_bootstrap, partitions=2, prefix="ice")
+    control = f"{topic}-control"  # `connect submit` creates it (the connector does not)
+    with AuditedProducer({"bootstrap.servers": kafka_bootstrap, "log_level": 0}, producer_name="ice",
+                         ledger_dir=tmp_path / "ledger") as p:
+        for i in range(6):
+            p.produce(topic, json.dumps({"id": i, "item": f"sku-{i}"}).encode(), key=f"k{i}".encode(), partition=i % 2)
+        assert p.flush(30) == 0
+    # the ground truth: what the log holds, read back with a plain consumer
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-truth", "log_level": 0,
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 1)])
+    log: list[tuple[Any, ...]] = []
+    deadline = time.monotonic() + 30
+    while len(log) < 6 and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is not None and m.error() is None:
+            v = json.loads(m.value() or b"{}")
+            log.append((m.topic(), m.partition(), m.offset(), m.timestamp()[1], v["id"], v["item"]))
+    consumer.close()
+    assert len(log) == 6 and len({r[1] for r in log}) == 2  # both partitions hold records
+
+    worker_dir, warehouse, port = tmp_path / "connect", tmp_path / "warehouse", free_port()
+    spec = tmp_path / "iceberg-orders.json"
+    spec.write_text(json.dumps({"name": f"{topic}-sink",
+                                "config": iceberg_connector(topic, "audit.orders", warehouse, control)}))
+    args = ["--dir", str(worker_dir), "--port", str(port)]
+    try:
+        assert cli.main(["connect", "start", "--bootstrap", kafka_bootstrap, *args]) == 0
+        assert capsys.readouterr().out.startswith(f"connect: worker ready at http://127.0.0.1:{port} on {kafka_bootstrap}")
+        assert cli.main(["connect", "submit", str(spec), *args]) == 0
+        assert capsys.readouterr().out == f"connect: connector {topic}-sink running, 1 task(s)\n"
+        assert cli.main(["connect", "status", *args]) == 0
+        assert capsys.readouterr().out == f"connect: running at http://127.0.0.1:{port}; connectors: {topic}-sink RUNNING\n"
+
+        sink = SinkConfig(name="orders_iceberg", format="iceberg", warehouse=str(warehouse), table="audit.orders")
+        rows: list[tuple[Any, ...]] = []
+        deadline = time.monotonic() + 60
+        while len(rows) < 6 and time.monotonic() < deadline:  # the connector commits every second
+            try:
+                rows = [tuple(r) for r in read_iceberg(spark, sink).select(
+                    "_kafka_metadata_topic", "_kafka_metadata_partition", "_kafka_metadata_offset",
+                    "_kafka_metadata_timestamp", "id", "item").collect()]
+            except InputError:  # the table is not committed yet
+                time.sleep(1)
+        assert sorted(rows) == sorted(log)
+    finally:
+        assert cli.main(["connect", "stop", *args]) == 0
+    assert capsys.readouterr().out == "connect: stopped\n"
+    assert cli.main(["connect", "status", *args]) == 1
+
+
+@pytest.mark.unit
+def test_iceberg_sink_config_keys_and_their_errors(tmp_path: Path) -> None:
+    def sink(**raw: Any) -> SinkConfig:
+        cfg = config_mod.from_dict({"topics": {"orders": {"sinks": [{"name": "ice", "format": "iceberg", **raw}]}}},
+                                   base=tmp_path)
+        return cfg.topic("orders").sinks[0]
+
+    s = sink(warehouse="wh", table="db.orders")
+    assert (s.warehouse, s.table, dict(s.catalog)) == (str(tmp_path / "wh"), "db.orders", {})
+    s = sink(catalog={"type": "rest", "uri": "http://127.0.0.1:8181"}, table="db.orders")
+    assert (s.warehouse, dict(s.catalog)) == (None, {"type": "rest", "uri": "http://127.0.0.1:8181"})
+    with pytest.raises(ConfigError, match=r"sinks\[0\]\.table: an iceberg sink needs its table as 'namespace.name'"):
+        sink(warehouse="wh", table="orders")
+    with pytest.raises(ConfigError, match=r"sinks\[0\]: an iceberg sink needs 'warehouse'"):
+        sink(table="db.orders")
+    with pytest.raises(ConfigError, match="'warehouse' and 'catalog' are keys of an iceberg sink, not of a delta one"):
+        config_mod.from_dict({"topics": {"orders": {"sinks": [
+            {"name": "d", "format": "delta", "location": "x", "warehouse": "wh"}]}}}, base=tmp_path)
+
+
+@pytest.mark.unit
+def test_a_missing_iceberg_table_or_unreachable_catalog_is_one_line_naming_the_sink_and_key(tmp_path: Path) -> None:
+    from spark_jobs.io.sinks_read import iceberg_table
+
+    missing = SinkConfig(name="ice", format="iceberg", warehouse=str(tmp_path), table="db.orders")
+    with pytest.raises(InputError) as e:
+        iceberg_table(missing)
+    assert str(e.value) == (f"sink 'ice': no Iceberg table 'db.orders' at {tmp_path}/db/orders (has the connector "
+                            "committed yet? check sinks[].warehouse and sinks[].table)")
+    unreachable = SinkConfig(name="ice", format="iceberg", table="db.orders",
+                             catalog={"type": "rest", "uri": "http://127.0.0.1:1"})
+    with pytest.raises(InputError, match=r"^sink 'ice': cannot reach its Iceberg catalog: .*\(check sinks\[\]\.catalog\)$"):
+        iceberg_table(unreachable)
+
+
+@pytest.mark.unit
+def test_connect_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    from audit import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["connect", "--help"])
+    assert "msgaudit connect start --bootstrap 127.0.0.1:9092" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_iceberg_reader_matches_columns_by_field_id_through_a_pyiceberg_catalog(spark: Any, tmp_path: Path) -> None:
+    """A catalog sink (`catalog:`, here pyiceberg's SQL catalog on SQLite): an empty table reads as no
+    rows with the table's columns; after a rename and an added column, older files still read under
+    the new name and the added column reads null in them."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from spark_jobs.io.sinks_read import read_iceberg
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    catalog = load_catalog("lab", **props)  # the SQL catalog keeps its tables under the catalog's name
+    props["name"] = "lab"
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.orders", Schema(NestedField(1, "offset", LongType(), required=False),
+                                                    NestedField(2, "item", StringType(), required=False)))
+    sink = SinkConfig(name="ice", format="iceberg", table="db.orders", catalog=props)
+    empty = read_iceberg(spark, sink)
+    assert (empty.columns, empty.count()) == (["offset", "item"], 0)
+    table.append(pa.table({"offset": pa.array([0, 1], pa.int64()), "item": ["a", "b"]}))
+    with table.update_schema() as update:
+        update.rename_column("item", "sku")
+        update.add_column("qty", LongType())
+    table = catalog.load_table("db.orders")
+    table.append(pa.table({"offset": pa.array([2], pa.int64()), "sku": ["c"], "qty": pa.array([5], pa.int64())}))
+    rows = read_iceberg(spark, sink).orderBy("offset").collect()
+    assert [tuple(r) for r in rows] == [(0, "a", None), (1, "b", None), (2, "c", 5)]
