@@ -91,6 +91,12 @@ class SinkConfig:
     # the topic whose `sinks` list holds this sink: the rows' topic when `columns` maps none
     topic: str | None = None
 
+    @property
+    def has_sink_time(self) -> bool:
+        """Whether its rows carry a write time: the audit columns do; a coordinates or packed_id sink
+        only when `columns.sink_ts` maps one (without it the sink latency is null, §7)."""
+        return self.identity == "audit" or "sink_ts" in self.columns
+
     def column(self, logical: str) -> str:
         """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts,
         produce_ts)."""
