@@ -42,9 +42,10 @@ def _log(bootstrap: str, topic: str, n: int) -> dict[tuple[int, int], tuple[str,
             m = c.poll(0.5)
             if m is None or m.error():
                 continue
-            packed = dict(m.headers() or [])["audit.id"].decode()
-            pid, seq, _ = packed.rsplit("/", 2)
-            out[(m.partition(), m.offset())] = (pid, int(seq))
+            packed = dict(m.headers() or [])["audit.id"]
+            assert isinstance(packed, bytes)
+            pid, seq, _ = packed.decode().rsplit("/", 2)
+            out[(int(m.partition() or 0), int(m.offset() or 0))] = (pid, int(seq))
     finally:
         c.close()
     return out
@@ -73,8 +74,8 @@ def test_a_streaming_job_rerun_without_its_checkpoint_is_audited_by_its_coordina
     from pyspark.sql import functions as F
 
     from spark_jobs.capture import capture
-    from spark_jobs.io.lake import read_table
     from spark_jobs.ingest import ingest
+    from spark_jobs.io.lake import read_table
     from spark_jobs.reconcile import reconcile_range
     from tests.conftest import new_topic
     from tests.test_consumer import produce_audited

@@ -57,7 +57,9 @@ def test_identity_forms_parse_with_their_mappings() -> None:
                            r"and offset mapped"),
     (_sink(partition="p", offset="o", pid="x"), r"sinks\[0\].columns: unknown key 'pid' for identity coordinates "
                                                 r"\(allowed: topic, partition, offset, sink_ts, record_ts\)$"),
-    (_sink("packed_id", offset="o"), r"sinks\[0\].columns: missing key 'id' \(identity packed_id needs id"),
+    (_sink("packed_id", offset="o"), r"sinks\[0\].columns: missing key 'id' \(identity packed_id needs id and "
+                                     r"sink_ts"),
+    (_sink("packed_id", id="i"), r"sinks\[0\].columns: missing key 'sink_ts' \(identity packed_id"),
     (_sink(partition="p", offset="a..b"), r"sinks\[0\].columns.offset: expected a column name, a nested field "
                                           r"\(a.b\) or a field of a JSON or variant column \(c:f\), got 'a..b'$"),
     (_sink("audit", id="x"), r"sinks\[0\].columns: unknown key 'id' for identity audit"),
@@ -92,12 +94,13 @@ _SINK_ROWS = [(TOPIC, 0, 0, at(10)), (TOPIC, 0, 1, at(11)), (TOPIC, 0, 1, at(11)
               (TOPIC, 0, 3, at(12)),  # no row at the marker's offset 2: never expected
               (TOPIC, 0, 9, at(20)),  # an offset the log never held
               (TOPIC, 0, 5, at(15)),  # the unaudited record
-              (TOPIC, 0, None, at(30))]  # null coordinates
+              (TOPIC, 0, None, at(30)),  # null coordinates
+              (TOPIC, 0, 8, None)]  # never held, and no time to place it by
 # p/3 @4 has no row: missing_in_sink
 
 
 def _sink_frame(spark: Any, rows: list[tuple[Any, ...]] = _SINK_ROWS) -> Any:
-    return spark.createDataFrame([(t, p, o, ts.replace(tzinfo=None)) for t, p, o, ts in rows],
+    return spark.createDataFrame([(t, p, o, ts and ts.replace(tzinfo=None)) for t, p, o, ts in rows],
                                  "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP")
 
 
@@ -122,7 +125,8 @@ def test_coordinates_resolve_through_the_log_to_the_audit_rows(spark: Any) -> No
         (TOPIC, 0, 5, None, None, None, _naive(at(15) + timedelta(milliseconds=2))),
         # never held: no message, placed by the Kafka timestamp the row recorded
         (TOPIC, 0, 9, None, None, _naive(at(20)), _naive(at(20))),
-        # null coordinates: names nothing (the rules count it as quarantined)
+        # null coordinates, or never held with no time: names nothing (the rules count it as quarantined)
+        (TOPIC, None, None, None, None, None, None),
         (TOPIC, None, None, None, None, None, _naive(at(30))),
     ]
 
@@ -131,7 +135,7 @@ def test_coordinates_resolve_through_the_log_to_the_audit_rows(spark: Any) -> No
 def test_coordinate_rows_give_every_sink_code_in_spark_and_in_the_oracle(spark: Any) -> None:
     """Reconciled in Spark tasks and by the oracle from the same resolved rows: one duplicate, the
     position the log never held unexpected, the missing message missing, the marker never expected,
-    the null-coordinate row quarantined, and no sink latency (no sink time is mapped)."""
+    the rows naming nothing placeable quarantined, and no sink latency (no sink time is mapped)."""
     from spark_jobs.io.sinks_read import identity_rows, resolve_coordinates
     from spark_jobs.reconcile import classify_window
     from tests.reconcile_cases import window_inputs
@@ -152,7 +156,7 @@ def test_coordinate_rows_give_every_sink_code_in_spark_and_in_the_oracle(spark: 
     sink_report = [r for r in norm_rows(c.report) if r["stage"] == S]
     assert [(r["partition"], r["expected"], r["delivered"], r["lost"], r["duplicated"], r["latency_p99_ms"])
             for r in sink_report] == [(0, 5, 4, 1, 1, None)]
-    assert c.quarantined == 1
+    assert c.quarantined == 2
     # the oracle, from the same rows
     h.sinks["s1"] = [SinkRow(r["partition"], r["offset"], r["pid"], r["seq"],
                              None if r["sink_ts"] is None else r["sink_ts"].replace(tzinfo=UTC), TOPIC,
@@ -161,7 +165,7 @@ def test_coordinate_rows_give_every_sink_code_in_spark_and_in_the_oracle(spark: 
     oracle = reconcile_window(tc, T0, AS_OF_FINAL, h.inputs())
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert norm_rows(c.report) == norm_rows(oracle.report)
-    assert oracle.quarantined_ledger_rows == 1
+    assert oracle.quarantined_ledger_rows == 2
 
 
 @pytest.mark.spark

@@ -39,7 +39,8 @@ IDENTITIES = ("audit", "coordinates", "packed_id")
 IDENTITY_KEYS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "audit": (SINK_AUDIT_COLUMNS, ()),
     "coordinates": (("topic", "partition", "offset", "sink_ts", "record_ts"), ("partition", "offset")),
-    "packed_id": (("id", "topic", "partition", "offset", "sink_ts"), ("id",)),
+    # a packed id's row whose message the log never held is placed in a window by its sink time alone
+    "packed_id": (("id", "topic", "partition", "offset", "sink_ts"), ("id", "sink_ts")),
 }
 # a mapped source: a column, a nested struct field (`a.b`), or a field of a JSON text / variant column (`c:f`)
 _SOURCE_RE = re.compile(r"^[^:.\s]+(\.[^:.\s]+)*(:[^:\s]+)?$")

@@ -211,17 +211,21 @@ def resolve_coordinates(rows: DataFrame, log: DataFrame) -> DataFrame:
     for a record without valid audit headers, which the rules then match by its offset) and its
     produce time. A position the log never held (a phantom, a transaction marker, a compacted
     offset) keeps pid and seq null and names a record no stage expects: `unexpected_in_sink`; it is
-    placed in a window by its sink time, else by the Kafka timestamp the row recorded (`record_ts`)."""
+    placed in a window by its sink time, else by the Kafka timestamp the row recorded (`record_ts`);
+    with neither it names nothing placeable and is quarantined like a row without coordinates."""
     held = (log.select("topic", "partition", "offset",
                        F.when(F.col("header_error").isNull(), F.col("pid")).alias("_pid"),
                        F.when(F.col("header_error").isNull(), F.col("seq")).alias("_seq"),
                        F.coalesce("produce_ts", "kafka_ts").alias("_pt"), F.lit(True).alias("_held"))
             .dropDuplicates(["topic", "partition", "offset"]))
     joined = rows.join(held, ["topic", "partition", "offset"], "left")
+    never_held = F.col("_held").isNull() & F.col("offset").isNotNull()
+    # with no time at all such a row could be placed in no window: it is quarantined instead
+    placeable = ~never_held | F.coalesce("sink_ts", "record_ts").isNotNull()
     return joined.select(
-        "topic", "partition", "offset", F.col("_pid").alias("pid"), F.col("_seq").alias("seq"),
-        F.when(F.col("_held").isNull() & F.col("offset").isNotNull(),
-               F.coalesce("sink_ts", "record_ts")).otherwise(F.col("sink_ts")).alias("sink_ts"),
+        "topic", F.when(placeable, F.col("partition")).alias("partition"),
+        F.when(placeable, F.col("offset")).alias("offset"), F.col("_pid").alias("pid"), F.col("_seq").alias("seq"),
+        F.when(never_held, F.coalesce("sink_ts", "record_ts")).otherwise(F.col("sink_ts")).alias("sink_ts"),
         F.coalesce("_pt", "record_ts").alias("produce_ts"))
 
 
