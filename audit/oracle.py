@@ -110,6 +110,9 @@ when the sink has no group; report partition: the original copy's)
   partition), every row but the first (detail "copy k of n", offset = that row's audit offset).
 - expected and no sink row: `pending` within grace, else `missing_in_sink`.
 - produce-to-sink latency = earliest sink_ts - produce time.
+- a sink row without pid/seq and without partition/offset names no unit (a coordinates sink's
+  row with null coordinates): counted in `quarantined_ledger_rows` in the window of its sink_ts,
+  or in every window that reads it when it has none; never a unit.
 
 Report rows: one per (stage, partition) for every partition of the topic in
 partition_watermarks and every partition a unit or anomaly of that stage has in the window.
@@ -617,6 +620,12 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
         unit(_key(c.pid, c.seq, c.partition, c.offset)).consumed.append((c, id(c) in reorder))
     for name, srows in sink_rows.items():
         for s in srows:
+            if (s.pid is None or s.seq is None) and (s.partition is None or s.offset is None):
+                # names no message and no record (null coordinates, docs/design.md §4.2): counted in
+                # the window of its sink time, or in every window that reads it when it has none
+                if s.sink_ts is None or ws <= s.sink_ts < we:
+                    quarantined += 1
+                continue
             unit(_key(s.pid, s.seq, s.partition, s.offset)).sinks[name].append(s)
     failover = _failover(tc, inputs, rr, target_rows, units)
     for c in target_rows:

@@ -68,6 +68,8 @@ RULES: dict[str, SlaRuleSpec] = {spec.name: spec for spec in SLA_RULE_SPECS}
 DUPLICATE_RATIO, COMPLETENESS = "duplicate_ratio", "completeness"
 DERIVED_COLUMNS = (DUPLICATE_RATIO, COMPLETENESS)
 
+# the rules that judge a latency: not evaluable on a sink whose rows carry no sink time
+LATENCY_RULES = {s.name for s in SLA_RULE_SPECS if s.observed_column.startswith("latency_")}
 _KEY = "sla_key"
 _WINDOW_US = "window_start_us"
 
@@ -83,6 +85,9 @@ class SlaOutcome:
     # The producer sessions whose recorded settings explain failed checks at the log stage
     # (`ReportStore.failure_producer_lines`).
     producer_lines: list[str] = field(default_factory=list)
+    # (topic, stage, rule) checks that cannot be judged: a latency rule on a sink whose rows carry no
+    # sink time (docs/design.md §7); no sla_results row, never a pass
+    not_evaluable: set[tuple[str, str, str]] = field(default_factory=set)
 
     def failed(self, severity: str, topic: str | None = None) -> int:
         """How many rows of this severity failed (of one topic, or of all)."""
@@ -283,10 +288,13 @@ def check_sla(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
             for topic in _progress(selected):
                 outcome.report_rows += len(collected[topic.name])
                 by_window: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+                timeless = {f"sink:{s.name}" for s in topic.sinks if not s.has_sink_time}
                 for row in collected[topic.name]:
                     kind = row["stage"].split(":", 1)[0]
                     for rule in topic.sla:
-                        if kind in RULES[rule.rule].stage_kinds:
+                        if rule.rule in LATENCY_RULES and row["stage"] in timeless:
+                            outcome.not_evaluable.add((topic.name, row["stage"], rule.rule))
+                        elif kind in RULES[rule.rule].stage_kinds:
                             by_window[EPOCH + timedelta(microseconds=row[_WINDOW_US])].append(
                                 _result_row(rule, row, failing[rule.rule], checked_at))
                 # Every window of the range is replaced, so a rerun also clears results of rows that vanished.
@@ -325,9 +333,12 @@ def _fmt(value: float | None) -> str:
 
 def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
     """A readable summary: one line per (topic, stage, rule), then every failing check (capped)."""
+    unjudged = [f"  NOT EVALUABLE  {topic}  {stage}  {rule}: the sink's rows carry no sink time (map "
+                f"sinks[].columns.sink_ts to the time the writer stored the row)"
+                for topic, stage, rule in sorted(outcome.not_evaluable)]
     if not outcome.rows:
-        return (f"SLA {outcome.start.isoformat()} .. {outcome.end.isoformat()}: nothing to check "
-                f"({outcome.report_rows} report rows in range)")
+        return "\n".join([f"SLA {outcome.start.isoformat()} .. {outcome.end.isoformat()}: nothing to check "
+                          f"({outcome.report_rows} report rows in range)", *unjudged])
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in outcome.rows:
         groups[(r["topic"], r["stage"], r["rule"])].append(r)
@@ -350,6 +361,8 @@ def format_table(outcome: SlaOutcome, max_failures: int = 50) -> str:
            f"{outcome.report_rows} report rows, {outcome.failed_errors} failed (error), "
            f"{outcome.failed_warnings} failed (warn)", ""]
     out += ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+    if unjudged:
+        out += ["", "Not evaluable:", *unjudged]
     failures = [r for r in outcome.rows if not r["passed"]]
     if failures:
         out += ["", "Failed checks:"]

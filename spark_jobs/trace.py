@@ -145,7 +145,8 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
     for name, key in TRACE_TABLES:
         df = frames[name]
         rows[key] = {} if df is None else select(df, id_df, pos_df)
-    sink_rows = {(t, s.name): select(read_sink(spark, s, t), id_df, pos_df) for t in topics for s in sinks[t]}
+    sink_rows = {(t, s.name): select(read_sink(spark, s, t, frames["log_records"]), id_df, pos_df)
+                 for t in topics for s in sinks[t] if s.identity != "coordinates" or frames["log_records"] is not None}
     # the settings each producer session recorded at start (a table of pids, not of messages)
     settings: dict[str, list[dict[str, Any]]] = defaultdict(list)
     pids = sorted({pid for _, _, pid, _ in r.ids})

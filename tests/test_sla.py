@@ -314,3 +314,23 @@ def test_topics_with_the_same_rules_share_a_validation(tmp_path: Path) -> None:
         "e": {"sla": {"max_lost": 0, "max_reordered": 1}}})
     groups = same_sla(cfg.topic(t) for t in "abcde")
     assert [[t.name for t in g] for g in groups] == [["a", "b", "e"], ["c"], ["d"]]
+
+
+@pytest.mark.spark
+def test_a_latency_rule_on_a_sink_without_a_sink_time_is_not_evaluable(spark: Any, tmp_path: Path) -> None:
+    """A coordinates sink with no `columns.sink_ts` has no sink latency: its p99 rule is reported not
+    evaluable (no sla_results row, never a pass); its other rules and a timed sink's are judged."""
+    sinks = [{"name": "coords", "format": "delta", "location": "sinks/c", "identity": "coordinates",
+              "columns": {"partition": "partition", "offset": "offset"}},
+             {"name": "timed", "format": "delta", "location": "sinks/t", "identity": "coordinates",
+              "columns": {"partition": "partition", "offset": "offset", "sink_ts": "written_at"}}]
+    cfg = make_cfg(tmp_path, {"orders": {"sinks": sinks, "sla": {"max_lost": 0, "max_p99_latency_ms": 1000}}})
+    write_report(spark, cfg, [report(W0, "orders", 0, "sink:coords", 5, 5, p99=None),
+                              report(W0, "orders", 0, "sink:timed", 5, 5, p99=None)])
+    outcome = check_sla(spark, cfg, W0, W1, checked_at=CHECKED)
+    assert [(r["stage"], r["rule"], r["passed"]) for r in outcome.rows] == [
+        ("sink:coords", "max_lost", True), ("sink:timed", "max_lost", True),
+        ("sink:timed", "max_p99_latency_ms", True)]
+    assert outcome.not_evaluable == {("orders", "sink:coords", "max_p99_latency_ms")}
+    assert ("  NOT EVALUABLE  orders  sink:coords  max_p99_latency_ms: the sink's rows carry no sink time (map "
+            "sinks[].columns.sink_ts to the time the writer stored the row)") in format_table(outcome).splitlines()

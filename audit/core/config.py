@@ -31,6 +31,19 @@ AUDIT_COLUMNS = ("topic", "partition", "offset", "pid", "seq", "sink_ts")
 # audit columns a sink may lack (read as null): the message's produce time (docs/design.md §4.2)
 OPTIONAL_AUDIT_COLUMNS = ("produce_ts",)
 SINK_AUDIT_COLUMNS = AUDIT_COLUMNS + OPTIONAL_AUDIT_COLUMNS  # every logical column a sink may map
+# How a sink's rows name their message (docs/design.md §4.2 "Sinks that record Kafka coordinates"):
+# `audit`, the audit columns above; `coordinates`, the record's (topic, partition, offset), resolved
+# through the captured log; `packed_id`, one column holding the packed `audit.id` header value.
+IDENTITIES = ("audit", "coordinates", "packed_id")
+# identity -> (the keys `columns` may map, the keys it must map)
+IDENTITY_KEYS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "audit": (SINK_AUDIT_COLUMNS, ()),
+    "coordinates": (("topic", "partition", "offset", "sink_ts", "record_ts"), ("partition", "offset")),
+    # a packed id's row whose message the log never held is placed in a window by its sink time alone
+    "packed_id": (("id", "topic", "partition", "offset", "sink_ts"), ("id", "sink_ts")),
+}
+# a mapped source: a column, a nested struct field (`a.b`), or a field of a JSON text / variant column (`c:f`)
+_SOURCE_RE = re.compile(r"^[^:.\s]+(\.[^:.\s]+)*(:[^:\s]+)?$")
 
 
 def msgaudit_home() -> Path:
@@ -79,6 +92,15 @@ class SinkConfig:
     columns: Mapping[str, str] = field(default_factory=dict)
     warehouse: str | None = None
     catalog: Mapping[str, str] = field(default_factory=dict)
+    identity: str = "audit"  # IDENTITIES
+    # the topic whose `sinks` list holds this sink: the rows' topic when `columns` maps none
+    topic: str | None = None
+
+    @property
+    def has_sink_time(self) -> bool:
+        """Whether its rows carry a write time: the audit columns do; a coordinates or packed_id sink
+        only when `columns.sink_ts` maps one (without it the sink latency is null, §7)."""
+        return self.identity == "audit" or "sink_ts" in self.columns
 
     def column(self, logical: str) -> str:
         """Physical column name for a logical audit column (topic, partition, offset, pid, seq, sink_ts,
@@ -311,9 +333,10 @@ def _parse_sla(raw: Any, where: str) -> tuple[SlaRule, ...]:
     return tuple(rules)
 
 
-def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
+def _parse_sink(raw: Any, where: str, base: Path, topic: str | None = None) -> SinkConfig:
     data = _mapping(raw, where)
-    _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns", "warehouse", "catalog"), where)
+    _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns", "identity", "warehouse",
+                       "catalog"), where)
     for req in ("name", "format"):
         if req not in data:
             raise ConfigError(f"{where}: missing key {req!r}")
@@ -324,8 +347,24 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
         raise ConfigError(f"{where}: a delta sink needs 'location'")
     if fmt == "sql" and not (data.get("url") and data.get("table")):
         raise ConfigError(f"{where}: a sql sink needs 'url' and 'table'")
+    identity = data.get("identity", "audit")
+    if identity not in IDENTITIES:
+        raise ConfigError(f"{where}.identity: expected one of {', '.join(IDENTITIES)} (how the sink's rows name "
+                          f"their message), got {identity!r}")
     columns = _mapping(data.get("columns"), f"{where}.columns")
-    _check_keys(columns, SINK_AUDIT_COLUMNS, f"{where}.columns")
+    allowed, required = IDENTITY_KEYS[identity]
+    for key in columns:
+        if key not in allowed:
+            raise ConfigError(f"{where}.columns: unknown key {key!r} for identity {identity} "
+                              f"(allowed: {', '.join(allowed)})")
+    for key in required:
+        if key not in columns:
+            raise ConfigError(f"{where}.columns: missing key {key!r} (identity {identity} needs "
+                              f"{' and '.join(required)} mapped to the table's column or field)")
+    for key, value in columns.items():
+        if identity != "audit" and (not isinstance(value, str) or not _SOURCE_RE.match(value)):
+            raise ConfigError(f"{where}.columns.{key}: expected a column name, a nested field (a.b) or a field of "
+                              f"a JSON or variant column (c:f), got {value!r}")
     location = data.get("location")
     if fmt == "delta" and location:
         location = storage_location(location, base, f"{where}.location")
@@ -352,6 +391,8 @@ def _parse_sink(raw: Any, where: str, base: Path) -> SinkConfig:
         columns={k: str(v) for k, v in columns.items()},
         warehouse=warehouse,
         catalog=catalog,
+        identity=identity,
+        topic=topic,
     )
 
 
@@ -383,7 +424,7 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     sinks_raw = data.get("sinks") or []
     if not isinstance(sinks_raw, list):
         raise ConfigError(f"{where}.sinks: expected a list")
-    sinks = tuple(_parse_sink(s, f"{where}.sinks[{i}]", base) for i, s in enumerate(sinks_raw))
+    sinks = tuple(_parse_sink(s, f"{where}.sinks[{i}]", base, name) for i, s in enumerate(sinks_raw))
     names = [s.name for s in sinks]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}.sinks: sink names must be unique, got {names}")

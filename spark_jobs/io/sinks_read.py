@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import DataType, StringType, StructField, StructType, VariantType
 
 from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig, join_location
 from audit.core.errors import ConfigError, InputError
@@ -199,11 +199,133 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     return df.select(*cols)
 
 
-def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None) -> DataFrame:
+def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None, log: DataFrame | None = None) -> DataFrame:
     """The sink's rows of `topic` (None: of every topic), normalised. Filters push down to Delta
-    and JDBC."""
-    df = normalise(_load(spark, sink), sink)
+    and JDBC. A sink whose rows name their message by Kafka coordinates is resolved through `log`
+    (`log_records`; required for `identity: coordinates`)."""
+    raw = _load(spark, sink)
+    if sink.identity == "audit":
+        df = normalise(raw, sink)
+    else:
+        rows = identity_rows(raw, sink)
+        if sink.identity == "coordinates":
+            if log is None:
+                raise InputError(f"sink {sink.name!r}: identity coordinates needs the captured log (log_records)")
+            rows = resolve_coordinates(rows, log)
+        df = rows.select(*SINK_AUDIT_COLUMNS)
     return df if topic is None else df.where(F.col("topic") == topic)
+
+
+# -- sinks whose rows name their message otherwise (docs/design.md §4.2, §8 `identity`) ---------
+
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+_TIMES = ("timestamp", "timestamp_ntz", "bigint", "string", "date")  # bigint: epoch milliseconds
+
+
+def _field(df: DataFrame, sink: SinkConfig, key: str) -> tuple[Column, str]:
+    """The column, nested field (`a.b`) or JSON / variant field (`c:f`) `columns.<key>` maps, and
+    its Spark type ('string' for a JSON or variant field, whose values are typed when read)."""
+    spec = sink.columns[key]
+    path, _, json_path = spec.partition(":")
+    schema: DataType = df.schema
+    names: list[str] = []
+    for part in path.split("."):
+        fields = {f.name.lower(): f for f in schema.fields} if isinstance(schema, StructType) else {}
+        found = fields.get(part.lower())
+        if found is None:
+            where = "" if not names else f" in {'.'.join(names)!r}"
+            raise InputError(f"sink {sink.name!r} has no column or field {part!r}{where} (for {key}): map "
+                             f"sinks[].columns.{key} to one the table has")
+        names.append(found.name)
+        schema = found.dataType
+    col = F.col(".".join(f"`{n}`" for n in names))
+    if not json_path:
+        return col, schema.simpleString()
+    json = "$." + json_path
+    if isinstance(schema, StringType):
+        return F.get_json_object(col, json), "string"
+    if isinstance(schema, VariantType):
+        return F.try_variant_get(col, json, "string"), "string"
+    raise InputError(f"sink {sink.name!r}: {'.'.join(names)!r} is {schema.simpleString()}, not a JSON string or a "
+                     f"variant (for {key}): map sinks[].columns.{key} to a column or field of one")
+
+
+def _typed(df: DataFrame, sink: SinkConfig, key: str, kind: str) -> Column:
+    """`columns.<key>` read as `kind` ('string', 'int', 'bigint' or 'timestamp'); a value that is
+    not one (a JSON field holding text) is null."""
+    if key not in sink.columns:
+        return F.lit(None).cast(kind)
+    col, typ = _field(df, sink, key)
+    ok = {"string": ("string",), "int": (*_INTEGRAL, "string"), "bigint": (*_INTEGRAL, "string"),
+          "timestamp": _TIMES}[kind]
+    if typ not in ok and not (typ.startswith("decimal(") and typ.endswith(",0)") and kind != "string"):
+        raise InputError(f"sink {sink.name!r}: sinks[].columns.{key} ({sink.columns[key]!r}) is {typ}, expected "
+                         f"{' or '.join(ok)}: map it to the {key} the writer records")
+    if kind != "timestamp":
+        return col.try_cast(kind) if typ == "string" else col.cast(kind)
+    if typ == "bigint" or typ == "string":  # epoch milliseconds, or a timestamp's text
+        text = col.cast("string")
+        return F.when(text.rlike("^[0-9]+$"), F.timestamp_millis(text.cast("bigint"))).otherwise(F.try_to_timestamp(text))
+    return col.cast("timestamp")
+
+
+_PACKED = r"^(.+)/([0-9]+)/([0-9]+)$"  # audit.id = <pid>/<seq>/<ts>, split at its last two '/' (§3.1)
+
+
+def identity_rows(df: DataFrame, sink: SinkConfig) -> DataFrame:
+    """A coordinates or packed_id sink's rows as (topic, partition, offset, pid, seq, sink_ts,
+    produce_ts, record_ts): what each row names, before the log resolves coordinates. A row whose
+    topic is not mapped has the topic whose `sinks` holds the sink. A row that names no message
+    (a null topic, partition or offset; for packed_id, no valid id and no partition and offset)
+    keeps only its sink time: the rules count it as quarantined (docs/design.md §4.2)."""
+    topic = _typed(df, sink, "topic", "string") if "topic" in sink.columns else F.lit(sink.topic).cast("string")
+    partition, offset = _typed(df, sink, "partition", "int"), _typed(df, sink, "offset", "bigint")
+    pid = seq = produce_ts = None
+    if sink.identity == "packed_id":
+        packed, typ = _field(df, sink, "id")
+        if typ != "string":
+            raise InputError(f"sink {sink.name!r}: sinks[].columns.id ({sink.columns['id']!r}) is {typ}, expected "
+                             "string (the audit.id header's text, <pid>/<seq>/<ts>)")
+        valid = packed.rlike(_PACKED)
+        pid = F.when(valid, F.regexp_extract(packed, _PACKED, 1))
+        seq = F.when(valid, F.regexp_extract(packed, _PACKED, 2).try_cast("bigint"))
+        produce_ts = F.when(valid, F.timestamp_millis(F.regexp_extract(packed, _PACKED, 3).try_cast("bigint")))
+    # a packed id names its message without a position; coordinates need all three
+    placed = partition.isNotNull() & offset.isNotNull()
+    named = topic.isNotNull() & (placed if sink.identity == "coordinates" else F.lit(True))
+    return df.select(
+        F.when(named, topic).otherwise(F.lit(sink.topic)).alias("topic"),
+        F.when(named & placed, partition).alias("partition"),
+        F.when(named & placed, offset).alias("offset"),
+        F.when(named, pid if pid is not None else F.lit(None)).cast("string").alias("pid"),
+        F.when(named, seq if seq is not None else F.lit(None)).cast("bigint").alias("seq"),
+        _typed(df, sink, "sink_ts", "timestamp").alias("sink_ts"),
+        (produce_ts if produce_ts is not None else F.lit(None).cast("timestamp")).alias("produce_ts"),
+        _typed(df, sink, "record_ts", "timestamp").alias("record_ts"))
+
+
+def resolve_coordinates(rows: DataFrame, log: DataFrame) -> DataFrame:
+    """Coordinate rows (`identity_rows`) as the audit columns would name them, by a join with the
+    captured log on (topic, partition, offset): the record there gives the message (pid, seq; null
+    for a record without valid audit headers, which the rules then match by its offset) and its
+    produce time. A position the log never held (a phantom, a transaction marker, a compacted
+    offset) keeps pid and seq null and names a record no stage expects: `unexpected_in_sink`; it is
+    placed in a window by its sink time, else by the Kafka timestamp the row recorded (`record_ts`);
+    with neither it names nothing placeable and is quarantined like a row without coordinates."""
+    held = (log.select("topic", "partition", "offset",
+                       F.when(F.col("header_error").isNull(), F.col("pid")).alias("_pid"),
+                       F.when(F.col("header_error").isNull(), F.col("seq")).alias("_seq"),
+                       F.coalesce("produce_ts", "kafka_ts").alias("_pt"), F.lit(True).alias("_held"))
+            .dropDuplicates(["topic", "partition", "offset"]))
+    joined = rows.join(held, ["topic", "partition", "offset"], "left")
+    never_held = F.col("_held").isNull() & F.col("offset").isNotNull()
+    # with no time at all such a row could be placed in no window: it is quarantined instead
+    placeable = ~never_held | F.coalesce("sink_ts", "record_ts").isNotNull()
+    return joined.select(
+        "topic", F.when(placeable, F.col("partition")).alias("partition"),
+        F.when(placeable, F.col("offset")).alias("offset"), F.col("_pid").alias("pid"), F.col("_seq").alias("seq"),
+        F.when(never_held, F.coalesce("sink_ts", "record_ts")).otherwise(F.col("sink_ts")).alias("sink_ts"),
+        F.coalesce("_pt", "record_ts").alias("produce_ts"))
 
 
 # -- the consumption evidence of exactly_once_sink consumers (docs/design.md §4.2) --------------

@@ -223,7 +223,7 @@ def summary_line(r: WindowResult) -> str:
     for row in r.report:
         counts[row["stage"]] = counts.get(row["stage"], 0) + row["expected"]
     status = r.report[0]["status"] if r.report else "empty"
-    extra = f", quarantined {r.quarantined_ledger_rows} malformed ledger rows" if r.quarantined_ledger_rows else ""
+    extra = f", quarantined {r.quarantined_ledger_rows} malformed ledger rows or sink rows naming no message" if r.quarantined_ledger_rows else ""
     empty = " (empty window: no messages)" if r.empty else ""
     line = (f"{r.topic} {r.window_start.isoformat()} [{status}] anomalies={r.anomaly_count} "
             f"expected={json.dumps(counts)}{extra}{empty}")

@@ -139,6 +139,11 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     def small(name: str) -> DataFrame:
         return table(name)[0].where(topic)
 
+    def sink_log(s: Any) -> DataFrame | None:
+        """The whole captured log, for a sink whose rows name records by their coordinates (a sink
+        row's record may lie in any hour)."""
+        return table("log_records")[0] if s.identity == "coordinates" else None
+
     ledger = pruned("producer_ledger", m_lo, m_hi)
     log = pruned("log_records", m_lo, m_hi)
     watermarks = small("partition_watermarks")
@@ -165,7 +170,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         for s in tc0.sinks:
             key = f"sink:{_sink_identity(s)!r}"
             if key not in cache:
-                cache[key] = (read_sink(spark, s, None), True)
+                cache[key] = (read_sink(spark, s, None, sink_log(s)), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
         return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks,
                             mirror_group_offsets=mirror_groups)
@@ -178,7 +183,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     for ident, named in users.items():
         key = f"sink:{ident!r}"
         if key not in cache:
-            cache[key] = (read_sink(spark, named[0][1], None), True)
+            cache[key] = (read_sink(spark, named[0][1], None, sink_log(named[0][1])), True)
         by_topic: dict[str, list[str]] = {}
         for t, s in named:
             by_topic.setdefault(t, []).append(s.name)
@@ -224,8 +229,10 @@ def pinned(inputs: WindowInputs, planned: DataFrame | None = None) -> WindowInpu
 
 
 def _sink_identity(s: Any) -> tuple[Any, ...]:
-    """What makes two sink configs read the same rows: the table and its column mapping."""
-    return (s.format, s.location, s.url, s.table, tuple(sorted((s.columns or {}).items())))
+    """What makes two sink configs read the same rows: the table, its column mapping and how its
+    rows name their message (with the topic they get when no column names it)."""
+    named = (s.identity, s.topic) if s.identity != "audit" and "topic" not in s.columns else (s.identity,)
+    return (s.format, s.location, s.url, s.table, tuple(sorted((s.columns or {}).items())), *named)
 
 
 def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
@@ -245,10 +252,14 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
     for name in names:
         if name not in cache:
             cache[name] = read_input_table(spark, cfg, name)
+
+    def sink_log(s: Any) -> DataFrame | None:
+        return cache["log_records"][0] if s.identity == "coordinates" else None
+
     for s in tc.sinks:
         key = f"sink:{_sink_identity(s)!r}"
         if key not in cache:
-            cache[key] = (read_sink(spark, s, None), True)
+            cache[key] = (read_sink(spark, s, None, sink_log(s)), True)
 
 
 # Inputs that are not all plain local Parquet (a JDBC sink, an object store) and whose files hold at
