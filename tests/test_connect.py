@@ -38,9 +38,11 @@ def iceberg_connector(topic: str, table: str, warehouse: Path, control_topic: st
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_iceberg_connector_rows_carry_the_logs_coordinates(
-        spark: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
+        spark: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_config: Any,
         capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import UTC, datetime, timedelta
+
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from audit import cli
@@ -51,8 +53,9 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates(
     monkeypatch.chdir(tmp_path)
     topic = new_topic(kafka_bootstrap, partitions=2, prefix="ice")
     control = f"{topic}-control"  # `connect submit` creates it (the connector does not)
+    t0 = datetime.now(UTC)
     with AuditedProducer({"bootstrap.servers": kafka_bootstrap, "log_level": 0}, producer_name="ice",
-                         ledger_dir=tmp_path / "ledger") as p:
+                         ledger_dir=tmp_path / "ledger" / "producer") as p:
         for i in range(6):
             p.produce(topic, json.dumps({"id": i, "item": f"sku-{i}"}).encode(), key=f"k{i}".encode(), partition=i % 2)
         assert p.flush(30) == 0
@@ -98,6 +101,28 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates(
         assert cli.main(["connect", "stop", *args]) == 0
     assert capsys.readouterr().out == "connect: stopped\n"
     assert cli.main(["connect", "status", *args]) == 1
+
+    # the audit of that table by its rows' coordinates (design §4.2 `identity: coordinates`): every
+    # message of the log is in it once, so the sink stage expects and has all six, with no anomaly
+    from spark_jobs.capture import capture
+    from spark_jobs.ingest import ingest
+    from spark_jobs.io.lake import read_table
+    from spark_jobs.reconcile import reconcile_range
+
+    cfg = make_config(tmp_path, topics={topic: {"window": "1h", "grace": "1m", "sinks": [
+        {"name": "orders_iceberg", "format": "iceberg", "warehouse": str(warehouse), "table": "audit.orders",
+         "identity": "coordinates", "columns": {"topic": "_kafka_metadata_topic",
+                                                "partition": "_kafka_metadata_partition",
+                                                "offset": "_kafka_metadata_offset"}}]}})
+    start = t0.replace(minute=0, second=0, microsecond=0)
+    end = datetime.now(UTC) + timedelta(minutes=1)
+    ingest(spark, cfg)
+    capture(spark, cfg, start, end)
+    results = reconcile_range(spark, cfg, start, end, end + timedelta(hours=2))
+    sink_rows = [r for res in results for r in res.report if r["stage"] == "sink:orders_iceberg" and r["expected"]]
+    assert sorted((r["partition"], r["expected"], r["delivered"], r["lost"], r["duplicated"]) for r in sink_rows) == [
+        (0, 3, 3, 0, 0), (1, 3, 3, 0, 0)]
+    assert read_table(spark, cfg, "audit_anomalies").where(f"topic = '{topic}'").count() == 0
 
 
 @pytest.mark.unit
