@@ -111,15 +111,17 @@ def test_a_table_missing_a_contract_column_is_one_line_naming_table_column_and_w
 
 
 @pytest.mark.spark
-def test_consumed_records_without_the_optional_cluster_column_read_as_the_audited_clusters_rows(
-        spark: Any, make_config: Callable[..., Config], tmp_path: Path) -> None:
-    """A consumption table of an older version (no `cluster`, docs/design.md §4.2) is read with it
-    null: every row is the audited cluster's, and the report is the oracle's."""
+@pytest.mark.parametrize("drop", [("consumed_records", "cluster"), ("producer_ledger", "fingerprint")])
+def test_a_table_without_an_optional_column_reads_it_as_null(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path, drop: tuple[str, str]) -> None:
+    """A table of an older version (a consumption table without `cluster`, a producer ledger without
+    `fingerprint`: docs/design.md §4.2) is read with it null: every consumption row is the audited
+    cluster's, no failed send is known to be resent, and the report is the oracle's."""
     from spark_jobs.reconcile import reconcile_range
 
     cfg = _config(make_config, tmp_path)
     h = _history()
-    _write_foreign_lake(spark, cfg, h, drop=("consumed_records", "cluster"))
+    _write_foreign_lake(spark, cfg, h, drop=drop)
     write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
     [result] = reconcile_range(spark, cfg, T0, at(60), AS_OF_FINAL)
     oracle = oracle_reconcile(cfg.topic(TOPIC), T0, AS_OF_FINAL, h.inputs())

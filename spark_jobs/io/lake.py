@@ -404,7 +404,8 @@ def _read_lease(spark: SparkSession, where: str) -> dict[str, Any] | None:
 # Columns of the contract a table written by an older version (or another writer) may lack: they are
 # nullable and read as null (docs/design.md §4.2, partition_watermarks).
 OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {"partition_watermarks": ("captured_from", "captured_to"),
-                                                "consumed_records": ("error", "cluster", "produce_ts"), "log_records": ("key",)}
+                                                "consumed_records": ("error", "cluster", "produce_ts"), "log_records": ("key",),
+                                                "producer_ledger": ("fingerprint",)}
 _UNPRUNED_WARNED: set[str] = set()
 
 
