@@ -400,8 +400,7 @@ class AuditedConsumer:
             root = Path(ledger_dir) if ledger_dir is not None else (
                 Path(cfg.ledger_dir) if cfg is not None else Path(".msgaudit") / "ledger")
             self._ledger_root = root
-            ledger = LedgerWriter(root / "consumer", _safe_prefix(f"{self.group}-{self.name}"),
-                                  max_bytes=16 << 20, max_age_s=60.0, observer=observer)
+            ledger = consumption_ledger(root, self.group, self.name, observer)
         else:
             self._ledger_root = Path(ledger.directory).parent
         self.ledger = ledger
@@ -884,17 +883,7 @@ class AuditedConsumer:
 
     def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, error: str | None,
                      consume_seq: int) -> dict[str, Any]:
-        row = {
-            "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
-            "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-            "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
-            "consume_ts": ts, "error": error,
-        }
-        if self.cluster is not None:  # optional: a row without it is from the audited cluster
-            row["cluster"] = self.cluster
-        if (produced := _produce_ms(rec)) is not None:  # optional: the message's produce time (audit.ts)
-            row["produce_ts"] = produced
-        return row
+        return consumption_row(self.group, self.instance, consume_seq, rec, outcome, ts, error, self.cluster)
 
     def _count(self, outcome: str) -> None:
         if outcome == "processed":

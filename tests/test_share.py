@@ -1,0 +1,105 @@
+"""Share groups (KIP-932): the `share:<group>` stage's rules (docs/design.md §5.9) in the oracle
+and the kernel, its config, and an audited share group on the real broker end to end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from audit.core import config as config_mod
+from audit.core.errors import ConfigError
+from tests.reconcile_cases import (
+    AS_OF_FINAL,
+    T0,
+    Q,
+    arrow_tables,
+    at,
+    brief,
+    build_share_cases,
+    classify_in_chunks,
+    report_row,
+    share_topic_config,
+    sorted_anomalies,
+)
+
+
+def _expected(exp: dict[str, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+    return sorted((row for rows in exp.values() for row in rows),
+                  key=lambda t: tuple("" if v is None else str(v) for v in t))
+
+
+@pytest.mark.unit
+def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_and_quarantine() -> None:
+    from audit.oracle import reconcile_window
+
+    h, exp = build_share_cases()
+    r = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == _expected(exp)
+    assert r.quarantined_ledger_rows == 1  # the share row with the unknown outcome `renewed`
+    details = {(a["anomaly"], a["partition"], a["detail"]) for a in r.anomalies if a["stage"] == Q}
+    assert details == {
+        ("redelivered", 1, "delivery 2 of 2 to m2"),
+        ("redelivered", 2, "delivery 2 of 2 to m2"),
+        ("processed_twice", 2, "accept 2 of 2, by m1"),
+        ("rejected", 3, "rejected by m1 at delivery 1"),
+        ("redelivered", 4, "delivery 2 of 3 to m1"),
+        ("redelivered", 4, "delivery 3 of 3 to m1"),
+        ("archived_unprocessed", 4, "delivery limit 3 reached without an accept"),
+        ("overdue", 5, "not accepted, past grace, delivery limit not reached"),
+        ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
+    }
+    share = {row["partition"]: row for row in r.report if row["stage"] == Q}
+    lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
+    assert share[0] == report_row(Q, 0, expected=1, delivered=1, redelivered=0, overdue=0, **lat)
+    assert share[1] == report_row(Q, 1, expected=1, delivered=1, redelivered=1, overdue=0, **lat)
+    assert share[2] == report_row(Q, 2, expected=1, delivered=1, duplicated=1, redelivered=1, overdue=0, **lat)
+    assert share[3] == report_row(Q, 3, expected=1, redelivered=0, overdue=0)
+    assert share[4] == report_row(Q, 4, expected=1, lost=1, redelivered=2, overdue=0)
+    assert share[5] == report_row(Q, 5, expected=1, redelivered=0, overdue=1)
+    assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
+    # the consumer group beside it is judged on its own rows only
+    assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
+
+
+@pytest.mark.unit
+def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archives_at_once() -> None:
+    from audit.oracle import reconcile_window
+
+    h, _ = build_share_cases()
+    r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
+    got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
+    assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
+                   ("pending", 6)}
+
+
+@pytest.mark.unit
+def test_share_stage_in_the_kernel_equals_the_oracle_whole_and_in_chunks() -> None:
+    from audit.oracle import reconcile_window
+    from audit.rules import kernel
+
+    h, _ = build_share_cases()
+    tc = share_topic_config()
+    for as_of in (AS_OF_FINAL, at(12)):
+        want = reconcile_window(tc, T0, as_of, h.inputs())
+        tables = arrow_tables(h.inputs())
+        for got in (kernel.classify(tc, T0, as_of, tables), classify_in_chunks([tc], T0, as_of, tables, 3)[tc.name]):
+            assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+            assert got.report == want.report
+            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 1
+
+
+@pytest.mark.unit
+def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line() -> None:
+    cfg = config_mod.from_dict({"topics": {"orders": {"groups": ["loader"], "share_groups": [
+        "workers", {"name": "slow", "delivery_count_limit": 3}]}}})
+    tc = cfg.topic("orders")
+    assert [(g.name, g.delivery_count_limit) for g in tc.share_groups] == [("workers", 5), ("slow", 3)]
+    assert tc.consuming_groups == ("loader", "workers", "slow")
+    with pytest.raises(ConfigError) as e:
+        config_mod.from_dict({"topics": {"orders": {"groups": ["loader"], "share_groups": ["loader"]}}})
+    assert str(e.value) == ("<dict>: topics.orders.share_groups[0]: group 'loader' is in both groups and share_groups; "
+                            "a group is a consumer group or a share group, list it once")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"delivery_count_limit: expected a whole number >= 1, got 0"):
+        config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
