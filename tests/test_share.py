@@ -103,3 +103,93 @@ def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line(
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"delivery_count_limit: expected a whole number >= 1, got 0"):
         config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
+
+
+def _earliest(bootstrap: str, group: str) -> None:
+    """Share group `group` starts at the log start (a share group's default is the latest offset)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource(ConfigResource.Type.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(timeout=30)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_two_share_members_release_and_reject_and_the_audit_reports_exactly_that(
+        kafka_bootstrap: str, spark: Any, tmp_path: Any, make_config: Any) -> None:
+    """Six audited records on one partition; member A of share group q accepts four and releases
+    offsets 1 and 4; member B gets those two again (delivery 2), accepts 1 and rejects 4. The
+    ledger holds one row per delivery and per acknowledgement the broker took, and ingest + capture
+    + reconcile report exactly: offsets 1 and 4 redelivered to B, offset 4 rejected by B."""
+    import time
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from audit import AuditedProducer
+    from audit.clients.share_consumer import AuditedShareConsumer
+    from audit.serving.report_store import ReportStore
+    from spark_jobs.pipeline.steps import StepRange, run_step
+    from tests.conftest import new_topic
+    from tests.test_consumer_interceptor import rows_of
+
+    topic = new_topic(kafka_bootstrap, partitions=1)
+    group = f"q-{uuid.uuid4().hex[:8]}"
+    cfg = make_config(tmp_path, topics={topic: {"window": "1d", "grace": "1m", "share_groups": [group]}})
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    _earliest(kafka_bootstrap, group)
+    with AuditedProducer.from_config(cfg, producer_name="share-e2e") as producer:
+        for i in range(6):
+            producer.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+        assert producer.flush(30) == 0
+
+    seen: list[tuple[str, int, int, str]] = []  # ground truth: (member, offset, delivery count, acknowledgement)
+    with AuditedShareConsumer.from_config(cfg, topics=[topic], group=group, name="a") as a:
+        deadline = time.monotonic() + 30
+        while len({o for _, o, _, _ in seen}) < 6 and time.monotonic() < deadline:
+            for rec in a.poll(1.0):
+                ack = "released" if rec.offset in (1, 4) else "accepted"
+                a.acknowledge(rec, ack)
+                seen.append(("a", rec.offset, rec.attempt, ack))
+            a.commit()
+    b = AuditedShareConsumer.from_config(cfg, topics=[topic], group=group, name="b")
+
+    def handle(rec: Any) -> str:
+        ack = "reject" if rec.offset == 4 else "accept"
+        seen.append(("b", rec.offset, rec.attempt, ack))
+        return ack
+
+    with b:
+        b.run(handle, max_messages=2, idle_timeout_s=30)
+    assert sorted(seen) == [("a", 0, 1, "accepted"), ("a", 1, 1, "released"), ("a", 2, 1, "accepted"),
+                            ("a", 3, 1, "accepted"), ("a", 4, 1, "released"), ("a", 5, 1, "accepted"),
+                            ("b", 1, 2, "accept"), ("b", 4, 2, "reject")]
+
+    rows = [r for r in rows_of(cfg.ledger_dir / "consumer") if r["group"] == group]
+    assert sorted((r["consumer"].split(":")[0], r["offset"], r["outcome"], r["attempt"], r["error"]) for r in rows) == sorted(
+        [("a", o, "acquired", 1, None) for o in range(6)]
+        + [("a", o, "released" if o in (1, 4) else "accepted", 1, None) for o in range(6)]
+        + [("b", 1, "acquired", 2, None), ("b", 4, "acquired", 2, None),
+           ("b", 1, "accepted", 2, None), ("b", 4, "rejected", 2, None)])
+
+    as_of = datetime.now(UTC) + timedelta(minutes=2)
+    end = start + timedelta(days=1)
+    run_step(spark, cfg, "ingest", StepRange())
+    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
+    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
+    store = ReportStore(cfg.report_store)
+    try:
+        anomalies = store.read("audit_anomalies", topic=topic)
+        report = store.read("audit_partition_report", topic=topic)
+    finally:
+        store.close()
+    stage = f"share:{group}"
+    assert sorted((x["stage"], x["anomaly"], x["partition"], x["offset"], x["detail"]) for x in anomalies) == [
+        (stage, "redelivered", 0, 1, f"delivery 2 of 2 to {b.instance}"),
+        (stage, "redelivered", 0, 4, f"delivery 2 of 2 to {b.instance}"),
+        (stage, "rejected", 0, 4, f"rejected by {b.instance} at delivery 2")]
+    share = [r for r in report if r["stage"] == stage]
+    assert [(r["partition"], r["expected"], r["delivered"], r["redelivered"], r["lost"], r["duplicated"],
+             r["pending"], r["overdue"]) for r in share] == [(0, 6, 5, 2, 0, 0, 0, 0)]
