@@ -194,7 +194,7 @@ class AuditedShareConsumer:
                     log.warning("share consumer %s: handler failed on %s[%s]@%s (released): %s: %s", self.instance,
                                 rec.topic, rec.partition, rec.offset, type(e).__name__, e)
                     answer = "release"
-                outcome = _BY_ANSWER.get(answer, ACCEPTED) if isinstance(answer, str) or answer is None else ACCEPTED
+                outcome = _BY_ANSWER.get(answer, ACCEPTED) if isinstance(answer, str) else ACCEPTED
                 self.acknowledge(rec, outcome)
                 handled += 1
             self.commit()

@@ -375,7 +375,7 @@ def _parse_share_groups(raw: Any, groups: list[str], where: str) -> tuple[ShareG
     """`share_groups: [name, {name: ..., delivery_count_limit: n}, ...]`."""
     if not isinstance(raw, list):
         raise ConfigError(f"{where}: expected a list of share group names or {{name, delivery_count_limit}}")
-    out = []
+    out: list[ShareGroupConfig] = []
     for i, item in enumerate(raw):
         w = f"{where}[{i}]"
         data = {"name": item} if isinstance(item, str) else _mapping(item, w)

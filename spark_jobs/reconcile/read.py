@@ -242,9 +242,7 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
     names = ["producer_ledger", "log_records", "partition_watermarks"]
     if tc.consuming_groups:
         names.append("consumed_records")
-    if tc.groups:
-        names.append("group_offsets")
-    elif table_exists(spark, cfg, "group_offsets"):
+    if tc.groups or table_exists(spark, cfg, "group_offsets"):  # share groups commit no offsets
         names.append("group_offsets")
     for name in names:
         if name not in cache:
