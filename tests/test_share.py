@@ -105,6 +105,25 @@ def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line(
         config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
 
 
+@pytest.mark.spark
+def test_ingest_lands_share_rows_and_quarantines_an_unknown_acknowledgement_with_one_reason(spark: Any) -> None:
+    import json
+
+    from spark_jobs.ingest import SOURCES, parse_lines
+
+    def row(outcome: str, error: str | None = None) -> str:
+        return json.dumps({"group": "q", "consumer": "m:1", "consume_seq": 0, "topic": "orders", "partition": 0,
+                           "offset": 7, "pid": "svc:0123456789ab", "seq": 7, "outcome": outcome, "attempt": 2,
+                           "consume_ts": 1_795_000_000_000, "error": error})
+
+    lines = [row("acquired"), row("accepted"), row("released", "INVALID_RECORD_STATE"), row("rejected"),
+             row("renewed")]
+    consumer = next(src for src in SOURCES if src.table == "consumed_records")
+    df = spark.createDataFrame([(x, "f") for x in lines], "line string, source_file string")
+    got = [(r["line"], r["reason"]) for r in df.transform(parse_lines(consumer)).select("line", "reason").collect()]
+    assert got == [*((x, None) for x in lines[:4]), (lines[4], "bad outcome: renewed")]
+
+
 def _earliest(bootstrap: str, group: str) -> None:
     """Share group `group` starts at the log start (a share group's default is the latest offset)."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource

@@ -171,7 +171,8 @@ class AuditedShareConsumer:
 
     def commit(self, timeout: float = 30.0) -> None:
         """Send the acknowledgements and wait for the broker's answers; make the rows durable."""
-        self.consumer.commit_sync(timeout)
+        if self._awaiting:
+            self.consumer.commit_sync(timeout)
         self.ledger.flush()
 
     def run(self, handler: Callable[[ConsumedRecord], Any], *, max_messages: int | None = None,
