@@ -114,6 +114,24 @@ when the sink has no group; report partition: the original copy's)
   row with null coordinates): counted in `quarantined_ledger_rows` in the window of its sink_ts,
   or in every window that reads it when it has none; never a unit.
 
+Stage `share:<g>` (a share group, KIP-932; unit: each distinct log record of the window, like a
+group; report partition: its own). g's rows are `acquired` (a delivery; `attempt` = the broker's
+delivery count) and `accepted` / `released` / `rejected` (an acknowledgement; `error` null when the
+broker took it), in the order of a group's outcomes. A row of g with any other outcome is not used
+and counted as quarantined (with the ledger's).
+- expected = committed records; delivered = committed records with an `accepted` the broker took.
+  Uncommitted records are not expected (nothing is reported for them at this stage).
+- `redelivered`: one row per acquisition after the first ("delivery k of n to <consumer>"): normal
+  queue behaviour, in no total; the SLA rule max_redelivery_ratio bounds it.
+- `processed_twice`: when delivered, one row per `accepted` row after the first, taken or refused
+  (a member whose lock expired still processed the record): "accept k of n, by <consumer>".
+- Not delivered: `rejected` if a `rejected` the broker took (its consumer and delivery count in the
+  detail); else `archived_unprocessed` if an acquisition's delivery count reached the group's
+  `delivery_count_limit` and either g's last row of the record is a `released` the broker took or
+  as_of >= produce time + grace (its lock has long expired); else `pending` within grace; else
+  `overdue`. (`missed` needs the share-partition start offset, which capture does not record yet.)
+- produce-to-consume latency = the first acquisition's consume_ts (else the first row's) - produce time.
+
 Report rows: one per (stage, partition) for every partition of the topic in
 partition_watermarks and every partition a unit or anomaly of that stage has in the window.
 lost/duplicated/reordered/pending follow docs/design.md §5; the stage's own code columns hold row counts
@@ -131,13 +149,15 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from audit.core.config import TopicConfig
+from audit.core.config import ShareGroupConfig, TopicConfig
 from audit.core.failover import Failover, failover_instant, failover_pairs
 from audit.core.percentiles import latency_columns
 from audit.core.report import assemble_report, code_counts
 from audit.core.vocabulary import (
     ABORTED,
+    ACCEPTED,
     ACKED,
+    ACQUIRED,
     COMMITTED,
     CONSUME_FAILED,
     DEAD_LETTERED,
@@ -147,9 +167,13 @@ from audit.core.vocabulary import (
     LOG,
     MAX_GAP_ROWS,
     PROCESSING_OUTCOMES,
+    REJECTED,
+    RELEASED,
+    SHARE_OUTCOMES,
     detail,
     group_stage,
     mirror_stage,
+    share_stage,
     sink_stage,
     stage_kind,
 )
@@ -566,8 +590,14 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
             prev = log_seen.get(k)
             if prev is None or r.captured_at < prev.captured_at:
                 log_seen[k] = r
-    consumed = [c for c in inputs.consumed if c.topic == topic and c.group in tc.groups
+    consumed = [c for c in inputs.consumed if c.topic == topic and c.group in tc.consuming_groups
                 and rr.event_lo <= c.consume_ts < rr.event_hi]
+    # a share group's row with an outcome no share member writes is not used: counted (§5.9)
+    shares = {g.name for g in tc.share_groups}
+    bad_share = [c for c in consumed if c.group in shares and c.outcome not in SHARE_OUTCOMES]
+    quarantined += len(bad_share)
+    if bad_share:
+        consumed = [c for c in consumed if not (c.group in shares and c.outcome not in SHARE_OUTCOMES)]
     # rows consumed from a mirror's target copy count only for a group declared to fail over to it
     # (mirrors[].failover_groups); their partition/offset are the target's, so they are matched to
     # the source record by the message's identity below, and take no part in the order check.
@@ -771,6 +801,23 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 else:
                     emit(stage, "overdue", r.partition, rpid, rseq, r.offset)
 
+    # --- stage share:<g>
+    for sg in tc.share_groups:
+        stage = share_stage(sg.name)
+        for u in window_units:
+            pt = u.produce_time
+            assert pt is not None
+            pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (None, None)
+            for r in sorted(u.log, key=lambda r: (r.partition, r.offset)):
+                if not r.committed:
+                    continue
+                rpid = pid if pid is not None else r.pid
+                rseq = seq if seq is not None else r.seq
+                share_facts(emit, stage, sg, r.partition, r.offset, rpid, rseq, pt, as_of, grace,
+                            [c for c, _ in u.consumed if c.group == sg.name
+                             and (c.partition, c.offset) == (r.partition, r.offset)],
+                            counts[(stage, r.partition)], latencies[(stage, r.partition)])
+
     # --- stage sink:<s>
     for sink in tc.sinks:
         stage = sink_stage(sink.name)
@@ -865,6 +912,33 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
 
     return Facts(anomalies, counts, latencies, {w.partition for w in watermarks}, quarantined, dict(ignored), narrow,
                  resendable)
+
+
+def share_facts(emit: Callable[..., None], stage: str, sg: ShareGroupConfig, partition: int, offset: int,
+                pid: str | None, seq: int | None, pt: datetime, as_of: datetime, grace: timedelta,
+                rows: Sequence[ConsumedRow], cnt: dict[str, int], latency: list[float]) -> None:
+    """The share stage's rules (module docstring) for one committed record: `rows` are share group
+    `sg`'s rows of it; counts it in `cnt`, its latency in `latency`, its anomaly rows through `emit`."""
+    rows = sorted(rows, key=_consume_order)
+    acquired = [c for c in rows if c.outcome == ACQUIRED]
+    accepts = [c for c in rows if c.outcome == ACCEPTED]
+    cnt["expected"] += 1
+    for k, c in enumerate(acquired[1:], start=2):
+        emit(stage, "redelivered", partition, pid, seq, offset, k=k, n=len(acquired), consumer=c.consumer)
+    if any(c.error is None for c in accepts):
+        cnt["delivered"] += 1
+        latency.append(_ms((acquired or rows)[0].consume_ts, pt))
+        for k, c in enumerate(accepts[1:], start=2):
+            emit(stage, "processed_twice", partition, pid, seq, offset, k=k, n=len(accepts), consumer=c.consumer)
+    elif rejected := [c for c in rows if c.outcome == REJECTED and c.error is None]:
+        emit(stage, "rejected", partition, pid, seq, offset, consumer=rejected[0].consumer, attempt=rejected[0].attempt)
+    elif any(c.attempt >= sg.delivery_count_limit for c in acquired) and (
+            (rows[-1].outcome == RELEASED and rows[-1].error is None) or as_of >= pt + grace):
+        emit(stage, "archived_unprocessed", partition, pid, seq, offset, limit=sg.delivery_count_limit)
+    elif as_of < pt + grace:
+        emit(stage, "pending", partition, pid, seq, offset)
+    else:
+        emit(stage, "overdue", partition, pid, seq, offset)
 
 
 def anomaly_emitter(anomalies: list[dict[str, Any]], topic: str, window_start: datetime,

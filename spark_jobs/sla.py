@@ -19,6 +19,7 @@ Rules, the observed value they judge and the stages they apply to:
 | max_p99_latency_ms | latency_p99_ms | observed <= t; null (nothing delivered) passes | log, group, sink |
 | min_completeness | (delivered + dead_lettered) / expected | observed >= t; null (expected 0) passes | log, group, sink |
 | max_failed_sends | failed_send (failed sends with no copy in the log) | observed <= t | log |
+| max_redelivery_ratio | redelivered / max(expected, 1) | observed <= t | group, share |
 
 Latency at every stage is measured from produce time, so a p99 bound holds for each hop.
 The duplicate ratio's denominator is at least 1 so that copies of nothing still fail a 0 bound.
@@ -65,8 +66,8 @@ ALL_STAGE_KINDS = STAGE_KINDS
 # The rules (audit.core.vocabulary.SLA_RULE_SPECS), by name.
 RULES: dict[str, SlaRuleSpec] = {spec.name: spec for spec in SLA_RULE_SPECS}
 # Observed columns `with_sla_observations` adds to the report's own.
-DUPLICATE_RATIO, COMPLETENESS = "duplicate_ratio", "completeness"
-DERIVED_COLUMNS = (DUPLICATE_RATIO, COMPLETENESS)
+DUPLICATE_RATIO, COMPLETENESS, REDELIVERY_RATIO = "duplicate_ratio", "completeness", "redelivery_ratio"
+DERIVED_COLUMNS = (DUPLICATE_RATIO, COMPLETENESS, REDELIVERY_RATIO)
 
 # the rules that judge a latency: not evaluable on a sink whose rows carry no sink time
 LATENCY_RULES = {s.name for s in SLA_RULE_SPECS if s.observed_column.startswith("latency_")}
@@ -114,6 +115,8 @@ def with_sla_observations(report: DataFrame) -> DataFrame:
         report
         .withColumn("stage_kind", F.split(F.col("stage"), ":").getItem(0))
         .withColumn(DUPLICATE_RATIO, F.col("duplicated").cast("double") / F.greatest(expected, F.lit(1)))
+        .withColumn(REDELIVERY_RATIO, F.coalesce(F.col("redelivered"), F.lit(0)).cast("double")
+                    / F.greatest(expected, F.lit(1)))
         .withColumn(COMPLETENESS, F.when(
             expected > 0,
             (F.col("delivered") + F.coalesce(F.col("dead_lettered"), F.lit(0))).cast("double") / expected))

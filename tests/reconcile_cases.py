@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from audit.core.config import MirrorConfig, SinkConfig, TopicConfig
+from audit.core.config import MirrorConfig, ShareGroupConfig, SinkConfig, TopicConfig
 from audit.oracle import (
     ConsumedRow,
     GroupOffset,
@@ -548,6 +548,81 @@ def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.mirrored("mok", 0, 6, 0, at(5))
     h.mirrored("stranger", 0, 6, 1, at(5))
     exp["mirror_copy_without_source"] = []
+    return h, exp
+
+
+SHARE_GROUP = "q1"
+Q = f"share:{SHARE_GROUP}"
+
+
+def share_topic_config(grace: timedelta = timedelta(minutes=15), limit: int = 3) -> TopicConfig:
+    """Topic t read by consumer group g1 and share group q1 (delivery limit `limit`), no sink."""
+    return TopicConfig(name=TOPIC, window=timedelta(hours=1), grace=grace, groups=(GROUP,),
+                       share_groups=(ShareGroupConfig(SHARE_GROUP, limit),))
+
+
+def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
+    """One case per partition of share group q1 (limit 3), judged as of AS_OF_FINAL; group g1
+    processed every record once (no group anomaly)."""
+    h = History()
+    exp: dict[str, list[tuple[Any, ...]]] = {}
+
+    def msg(pid: str, p: int, o: int, t: datetime) -> None:
+        h.produce(pid, 0, p, o, t)
+        h.record(pid, 0, p, o, t)
+        h.consume(pid, 0, p, o, t + timedelta(seconds=1))
+
+    def share(pid: str, p: int, o: int, t: datetime, outcome: str, member: str = "m1", count: int = 1,
+              error: str | None = None) -> None:
+        h.consume(pid, 0, p, o, t, outcome, group=SHARE_GROUP, consumer=member, attempt=count, error=error)
+
+    for p in range(8):
+        h.captured(p, 0, 100, at(70))
+    # p0: delivered once, accepted
+    msg("sclean", 0, 0, at(1))
+    share("sclean", 0, 0, at(1.1), "acquired")
+    share("sclean", 0, 0, at(1.2), "accepted")
+    exp["share_clean"] = []
+    # p1: released by m1, delivered again to m2 and accepted
+    msg("srel", 1, 0, at(2))
+    share("srel", 1, 0, at(2.1), "acquired")
+    share("srel", 1, 0, at(2.2), "released")
+    share("srel", 1, 0, at(2.3), "acquired", "m2", 2)
+    share("srel", 1, 0, at(2.4), "accepted", "m2", 2)
+    exp["share_redelivered"] = [(Q, "redelivered", 1, "srel", 0, 0)]
+    # p2: m1 was slower than the lock: its accept was refused, m2 got it again and accepted
+    msg("stwice", 2, 0, at(3))
+    share("stwice", 2, 0, at(3.1), "acquired")
+    share("stwice", 2, 0, at(3.6), "acquired", "m2", 2)
+    share("stwice", 2, 0, at(3.7), "accepted", "m2", 2)
+    share("stwice", 2, 0, at(3.8), "accepted", "m1", 1, error="INVALID_RECORD_STATE")
+    exp["share_processed_twice"] = [(Q, "redelivered", 2, "stwice", 0, 0), (Q, "processed_twice", 2, "stwice", 0, 0)]
+    # p3: a poison record, rejected
+    msg("srej", 3, 0, at(4))
+    share("srej", 3, 0, at(4.1), "acquired")
+    share("srej", 3, 0, at(4.2), "rejected")
+    exp["share_rejected"] = [(Q, "rejected", 3, "srej", 0, 0)]
+    # p4: released at every delivery until the limit (3): archived
+    msg("sarc", 4, 0, at(5))
+    for k in (1, 2, 3):
+        share("sarc", 4, 0, at(5 + k / 10), "acquired", count=k)
+        share("sarc", 4, 0, at(5.05 + k / 10), "released", count=k)
+    exp["share_archived"] = [(Q, "redelivered", 4, "sarc", 0, 0), (Q, "redelivered", 4, "sarc", 0, 0),
+                             (Q, "archived_unprocessed", 4, "sarc", 0, 0)]
+    # p5: never handed to a member, past grace: overdue; a share row of an unknown outcome (not used)
+    msg("snone", 5, 0, at(6))
+    share("snone", 5, 0, at(6.1), "renewed")
+    exp["share_overdue"] = [(Q, "overdue", 5, "snone", 0, 0)]
+    # p6: acquired, the accept refused (lock expired), not delivered again yet: overdue
+    msg("sref", 6, 0, at(7))
+    share("sref", 6, 0, at(7.1), "acquired")
+    share("sref", 6, 0, at(7.9), "accepted", error="INVALID_RECORD_STATE")
+    exp["share_refused_only"] = [(Q, "overdue", 6, "sref", 0, 0)]
+    # p7: an aborted record a member acquired: not expected at the share stage
+    h.produce("sab", 0, 7, 0, at(8), status="aborted")
+    h.record("sab", 0, 7, 0, at(8), committed=False)
+    share("sab", 7, 0, at(8.1), "acquired")
+    exp["share_aborted"] = [("log", "aborted", 7, "sab", 0, 0)]
     return h, exp
 
 

@@ -55,10 +55,11 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
     from audit.core.vocabulary import ANOMALY_CODES
-    from tests.reconcile_cases import build_mirror_cases
+    from tests.reconcile_cases import build_mirror_cases, build_share_cases
 
     mirror_cases = build_mirror_cases()[1]  # tests/test_mirror.py
-    assert set(ANOMALY_CODES) - set(CASES) - set(mirror_cases) == {"pending"}  # pending: see the grace tests below
+    share_codes = {row[1] for rows in build_share_cases()[1].values() for row in rows}  # tests/test_share.py
+    assert set(ANOMALY_CODES) - set(CASES) - set(mirror_cases) - share_codes == {"pending"}  # pending: see the grace tests below
 
 
 def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result: OracleResult) -> None:

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from audit.core.config import ShareGroupConfig
 from audit.oracle import (
     ConsumedRow,
     GroupOffset,
@@ -35,6 +36,9 @@ from audit.oracle import (
 from tests.reconcile_cases import T0, norm_rows, sorted_anomalies, spark_classify, topic_config
 
 TC = topic_config(groups=("g1",), sinks=(("s1", "g1"), ("s2", None)))
+# the same topic with share group q1 (delivery limit 3) declared: the histories' q1 rows are judged
+# (without it they are another topic's group's rows, never read)
+TC_SHARE = replace(TC, share_groups=(ShareGroupConfig("q1", 3),))
 BATCH = 6
 SPARK_EXAMPLES, UNIT_EXAMPLES = 6, 300
 SOAK_SPARK_EXAMPLES, SOAK_UNIT_EXAMPLES = 300, 20_000
@@ -129,6 +133,7 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             delay = draw(st.sampled_from([2, 30, 1200, 5400]))
             consumed.append(ConsumedRow("g1", draw(st.sampled_from(["c1", "c2"])), cseq, r["p"], r["off"],
                                         cpid, cseq_v, outcome, _at(r["t"] + delay), produce_ts=carried()))
+        cseq = _share_rows(draw, consumed, cseq, r, cpid, cseq_v)
         if draw(st.integers(0, 5)) == 0:  # read on a cluster no mirror of the topic is named: ignored, counted
             cseq += 1
             consumed.append(ConsumedRow("g1", "c4", cseq, r["p"], 100 + r["off"], cpid, cseq_v,
@@ -159,6 +164,32 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
                                        _at(draw(st.integers(3600, 4500)))))
     as_of = _at(draw(st.sampled_from([2400, 3840, 3900, 4500, 4800, 20000])))
     return Inputs(ledger, log, consumed, offsets, watermarks, sinks), as_of
+
+
+SHARE_ACKS = ["accepted", "accepted", "released", "rejected", None]  # None: no acknowledgement (lock expiry)
+
+
+def _share_rows(draw: st.DrawFn, consumed: list[ConsumedRow], cseq: int, r: dict[str, Any], pid: str | None,
+                seq: int | None) -> int:
+    """Share group q1's deliveries of record `r` (0-3: acquisition, then an acknowledgement the
+    broker took or refused, or none), now and then a row of an outcome no member writes."""
+    t = r["t"]
+    for k in range(1, draw(st.integers(0, 3)) + 1):
+        member = draw(st.sampled_from(["m1", "m2"]))
+        t += draw(st.sampled_from([1, 20, 1000, 5000]))
+        cseq += 1
+        consumed.append(ConsumedRow("q1", member, cseq, r["p"], r["off"], pid, seq, "acquired", _at(t), k))
+        ack = draw(st.sampled_from(SHARE_ACKS))
+        if ack is not None:
+            t += draw(st.sampled_from([1, 40]))
+            cseq += 1
+            refused = draw(st.integers(0, 4)) == 0
+            consumed.append(ConsumedRow("q1", member, cseq, r["p"], r["off"], pid, seq, ack, _at(t), k,
+                                        error="INVALID_RECORD_STATE" if refused else None))
+    if draw(st.integers(0, 9)) == 0:
+        cseq += 1
+        consumed.append(ConsumedRow("q1", "m3", cseq, r["p"], r["off"], pid, seq, "renewed", _at(t + 3)))
+    return cseq
 
 
 def _merge(parts: list[tuple[Inputs, datetime]]) -> tuple[Inputs, datetime]:
@@ -205,11 +236,11 @@ def _swap_ack(lr: LedgerRow, a: dict[str, Any], b: dict[str, Any]) -> LedgerRow:
           or _examples(SPARK_EXAMPLES, SOAK_SPARK_EXAMPLES), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
-@given(batches())
-def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, datetime]) -> None:
+@given(batches(), st.sampled_from([TC, TC_SHARE]))
+def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, datetime], tc: Any) -> None:
     inputs, as_of = history
-    oracle = reconcile_window(TC, T0, as_of, inputs)
-    report, anomalies, quarantined, ignored = spark_classify(spark, TC, T0, as_of, inputs)
+    oracle = reconcile_window(tc, T0, as_of, inputs)
+    report, anomalies, quarantined, ignored = spark_classify(spark, tc, T0, as_of, inputs)
     assert anomalies == sorted_anomalies(oracle.anomalies)
     assert report == norm_rows(oracle.report)
     assert quarantined == oracle.quarantined_ledger_rows
@@ -222,7 +253,7 @@ def test_spark_equals_the_oracle_row_for_row(spark: Any, history: tuple[Inputs, 
 def test_generated_histories_exercise_the_rules(history: tuple[Inputs, datetime]) -> None:
     """The oracle never crashes on generated input, and its counts add up."""
     inputs, as_of = history
-    r = reconcile_window(TC, T0, as_of, inputs)
+    r = reconcile_window(TC_SHARE, T0, as_of, inputs)
     for row in r.report:
         assert 0 <= row["delivered"] <= row["expected"]
         assert row["lost"] + row["pending"] <= row["expected"] or row["stage"] != "log"
@@ -248,14 +279,15 @@ def test_the_kernel_equals_the_oracle_row_for_row_whole_and_in_chunks(history: t
     from tests.reconcile_cases import arrow_tables, classify_in_chunks
 
     inputs, as_of = history
-    want = reconcile_window(TC, T0, as_of, inputs)
-    whole = kernel.classify(TC, T0, as_of, arrow_tables(inputs))
-    chunked = classify_in_chunks([TC], T0, as_of, arrow_tables(inputs), n)[TC.name]
-    for got in (whole, chunked):
-        assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
-        assert norm_rows(got.report) == norm_rows(want.report)
-        assert got.quarantined_ledger_rows == want.quarantined_ledger_rows
-        assert got.ignored_mirror_rows == want.ignored_mirror_rows
+    for tc in (TC, TC_SHARE):  # without a share group (the columnar path) and with one
+        want = reconcile_window(tc, T0, as_of, inputs)
+        whole = kernel.classify(tc, T0, as_of, arrow_tables(inputs))
+        chunked = classify_in_chunks([tc], T0, as_of, arrow_tables(inputs), n)[tc.name]
+        for got in (whole, chunked):
+            assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+            assert norm_rows(got.report) == norm_rows(want.report)
+            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows
+            assert got.ignored_mirror_rows == want.ignored_mirror_rows
 
 
 @pytest.mark.unit

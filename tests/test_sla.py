@@ -235,12 +235,15 @@ def test_table_summarises_and_lists_failures(checked: Checked) -> None:
 def test_observations_transform(spark: Any) -> None:
     from spark_jobs.io.schemas import AUDIT_PARTITION_REPORT
 
-    rows = [report(W0, "orders", 0, "group:g", 4, 2, duplicated=3, dead_lettered=1),
-            report(W0, "orders", 0, "sink:s", 0, 0, duplicated=2)]
+    rows = [report(W0, "orders", 0, "group:g", 4, 2, duplicated=3, dead_lettered=1, redelivered=1),
+            report(W0, "orders", 0, "sink:s", 0, 0, duplicated=2),
+            report(W0, "orders", 0, "share:q", 4, 3, redelivered=2)]
     got = (spark.createDataFrame(rows, schema=AUDIT_PARTITION_REPORT).transform(with_sla_observations)
-           .select("stage_kind", "duplicate_ratio", "completeness", "sla_key").collect())
+           .select("stage_kind", "duplicate_ratio", "completeness", "redelivery_ratio", "sla_key").collect())
     key = "1795255200000000|orders|0|"
-    assert [tuple(r) for r in got] == [("group", 0.75, 0.75, key + "group:g"), ("sink", 2.0, None, key + "sink:s")]
+    assert [tuple(r) for r in got] == [("group", 0.75, 0.75, 0.25, key + "group:g"),
+                                       ("sink", 2.0, None, 0.0, key + "sink:s"),
+                                       ("share", 0.0, 0.75, 0.5, key + "share:q")]
 
 
 def write_yaml(root: Path, topics: dict[str, Any]) -> Path:

@@ -19,7 +19,9 @@ from tests.reconcile_cases import (
     at,
     build_cases,
     build_mirror_cases,
+    build_share_cases,
     mirror_topic_config,
+    share_topic_config,
     topic_config,
 )
 
@@ -46,11 +48,21 @@ def _oracle_emitted_keys() -> set[tuple[str, str]]:
             stage, code = node.args[0], node.args[1]
             assert isinstance(code, ast.Constant), ast.unparse(node)
             kind = {"LOG": "log"}.get(ast.unparse(stage))
+            if kind is None and _enclosing_function(tree, node) == "share_facts":
+                kind = "share"
             if kind is None:  # `stage` inside the group or sink loop
                 loop = _enclosing_loop(tree, node)
                 kind = "group" if "group" in loop else "mirror" if "mirror" in loop else "sink"
             keys.add((kind, str(code.value)))
     return keys
+
+
+def _enclosing_function(tree: ast.AST, call: ast.Call) -> str | None:
+    """The name of the top-level function the call is in."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.col_offset == 0 and any(n is call for n in ast.walk(fn)):
+            return fn.name
+    return None
 
 
 def _enclosing_loop(tree: ast.AST, call: ast.Call) -> str:
@@ -76,9 +88,12 @@ def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None
     tc = topic_config()
     rows: list[dict[str, Any]] = []
     mirrored, _ = build_mirror_cases()
+    shared, _ = build_share_cases()
     for as_of in (AS_OF_FINAL, at(30)):
         rows += reconcile_window(tc, T0, as_of, history.inputs()).anomalies
         rows += reconcile_window(mirror_topic_config(), T0, as_of, mirrored.inputs()).anomalies
+        rows += reconcile_window(share_topic_config(), T0, at(12) if as_of != AS_OF_FINAL else as_of,
+                                 shared.inputs()).anomalies
     seen = set()
     for a in rows:
         key = (v.stage_kind(a["stage"]), a["anomaly"])
@@ -115,7 +130,7 @@ def test_report_columns_are_the_base_columns_and_the_vocabularys_code_columns() 
     from audit.serving.report_store import anomalies, partition_report
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
-    expected = v.REPORT_BASE_COLUMNS + tuple(a.report_column for a in v.ANOMALIES if a.report_column)
+    expected = v.REPORT_BASE_COLUMNS + tuple(dict.fromkeys(a.report_column for a in v.ANOMALIES if a.report_column))
     assert tuple(c.name for c in partition_report.columns) == expected
     assert tuple(f.name for f in AUDIT_PARTITION_REPORT.fields) == expected
     assert tuple(c.name for c in anomalies.columns) == v.ANOMALY_COLUMNS

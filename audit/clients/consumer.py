@@ -247,6 +247,29 @@ def _produce_time(rec: ConsumedRecord) -> datetime | None:
     return None if ms is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
+def consumption_row(group: str, instance: str, consume_seq: int, rec: ConsumedRecord, outcome: str, ts: int,
+                    error: str | None, cluster: str | None = None) -> dict[str, Any]:
+    """One consumption ledger row (docs/design.md §4.2 `consumed_records`) of `rec`: `ts` epoch ms,
+    `rec.attempt` its attempt (a share group's delivery count)."""
+    row = {
+        "group": group, "consumer": instance, "consume_seq": consume_seq,
+        "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
+        "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
+        "consume_ts": ts, "error": error,
+    }
+    if cluster is not None:  # optional: a row without it is from the audited cluster
+        row["cluster"] = cluster
+    if (produced := _produce_ms(rec)) is not None:  # optional: the message's produce time (audit.ts)
+        row["produce_ts"] = produced
+    return row
+
+
+def consumption_ledger(root: Path, group: str, name: str, observer: Any = None) -> LedgerWriter:
+    """The consumption ledger writer of one consumer instance, under `<root>/consumer`."""
+    return LedgerWriter(root / "consumer", _safe_prefix(f"{group}-{name}"), max_bytes=16 << 20, max_age_s=60.0,
+                        observer=observer)
+
+
 class AuditedConsumer:
     """A consumer group member with explicit semantics, retries/DLQ and a consumption ledger.
 
@@ -400,8 +423,7 @@ class AuditedConsumer:
             root = Path(ledger_dir) if ledger_dir is not None else (
                 Path(cfg.ledger_dir) if cfg is not None else Path(".msgaudit") / "ledger")
             self._ledger_root = root
-            ledger = LedgerWriter(root / "consumer", _safe_prefix(f"{self.group}-{self.name}"),
-                                  max_bytes=16 << 20, max_age_s=60.0, observer=observer)
+            ledger = consumption_ledger(root, self.group, self.name, observer)
         else:
             self._ledger_root = Path(ledger.directory).parent
         self.ledger = ledger
@@ -884,17 +906,7 @@ class AuditedConsumer:
 
     def _ledger_dict(self, rec: ConsumedRecord, outcome: str, ts: int, error: str | None,
                      consume_seq: int) -> dict[str, Any]:
-        row = {
-            "group": self.group, "consumer": self.instance, "consume_seq": consume_seq,
-            "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-            "pid": rec.audit.pid, "seq": rec.audit.seq, "outcome": outcome, "attempt": rec.attempt,
-            "consume_ts": ts, "error": error,
-        }
-        if self.cluster is not None:  # optional: a row without it is from the audited cluster
-            row["cluster"] = self.cluster
-        if (produced := _produce_ms(rec)) is not None:  # optional: the message's produce time (audit.ts)
-            row["produce_ts"] = produced
-        return row
+        return consumption_row(self.group, self.instance, consume_seq, rec, outcome, ts, error, self.cluster)
 
     def _count(self, outcome: str) -> None:
         if outcome == "processed":

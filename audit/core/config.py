@@ -123,6 +123,15 @@ class MirrorConfig:
 
 
 @dataclass(frozen=True)
+class ShareGroupConfig:
+    """A share group (KIP-932) reading the topic: `delivery_count_limit` is the broker's
+    `group.share.delivery.count.limit` for it (default 5), at which an unaccepted record is archived."""
+
+    name: str
+    delivery_count_limit: int = 5
+
+
+@dataclass(frozen=True)
 class TopicConfig:
     name: str
     window: timedelta = timedelta(hours=1)
@@ -132,10 +141,17 @@ class TopicConfig:
     groups: tuple[str, ...] = ()
     sinks: tuple[SinkConfig, ...] = ()
     mirrors: tuple[MirrorConfig, ...] = ()
+    share_groups: tuple[ShareGroupConfig, ...] = ()
 
     @property
     def lookback_or_window(self) -> timedelta:
         return self.lookback if self.lookback is not None else self.window
+
+    @property
+    def consuming_groups(self) -> tuple[str, ...]:
+        """Every group whose consumption rows the topic's windows read: its consumer groups, then
+        its share groups."""
+        return self.groups + tuple(g.name for g in self.share_groups)
 
 
 # The parallel collector: at 10M messages a window, G1 drivers ran out of a 4 GB heap that still had
@@ -415,12 +431,36 @@ def _parse_mirror(topic: str, raw: Any, where: str) -> MirrorConfig:
                         source_alias=alias, failover_groups=tuple(failover))
 
 
+def _parse_share_groups(raw: Any, groups: list[str], where: str) -> tuple[ShareGroupConfig, ...]:
+    """`share_groups: [name, {name: ..., delivery_count_limit: n}, ...]`."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: expected a list of share group names or {{name, delivery_count_limit}}")
+    out: list[ShareGroupConfig] = []
+    for i, item in enumerate(raw):
+        w = f"{where}[{i}]"
+        data = {"name": item} if isinstance(item, str) else _mapping(item, w)
+        _check_keys(data, ("name", "delivery_count_limit"), w)
+        g, limit = data.get("name"), data.get("delivery_count_limit", 5)
+        if not isinstance(g, str) or not g:
+            raise ConfigError(f"{w}.name: expected a share group name, got {g!r}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConfigError(f"{w}.delivery_count_limit: expected a whole number >= 1, got {limit!r}")
+        if g in groups:
+            raise ConfigError(f"{w}: group {g!r} is in both groups and share_groups; a group is a consumer "
+                              "group or a share group, list it once")
+        if any(o.name == g for o in out):
+            raise ConfigError(f"{w}: share group {g!r} is listed twice")
+        out.append(ShareGroupConfig(g, limit))
+    return tuple(out)
+
+
 def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
     data = _mapping(raw, where)
-    _check_keys(data, ("window", "grace", "lookback", "sla", "groups", "sinks", "mirrors"), where)
+    _check_keys(data, ("window", "grace", "lookback", "sla", "groups", "sinks", "mirrors", "share_groups"), where)
     groups = data.get("groups") or []
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise ConfigError(f"{where}.groups: expected a list of group names")
+    share_groups = _parse_share_groups(data.get("share_groups") or [], groups, f"{where}.share_groups")
     sinks_raw = data.get("sinks") or []
     if not isinstance(sinks_raw, list):
         raise ConfigError(f"{where}.sinks: expected a list")
@@ -453,6 +493,7 @@ def _parse_topic(name: str, raw: Any, where: str, base: Path) -> TopicConfig:
         groups=tuple(groups),
         sinks=sinks,
         mirrors=mirrors,
+        share_groups=share_groups,
     )
     if topic.window <= timedelta(0) or timedelta(days=1) % topic.window:
         raise ConfigError(f"{where}.window: must divide a day evenly (e.g. 5m, 15m, 1h), got {data.get('window')!r}")

@@ -31,8 +31,9 @@ from audit.core.windows import is_final, run_id_for
 
 
 def stages_of(tc: TopicConfig) -> list[str]:
-    """The topic's stages in report order: log, each group, each sink, each mirror."""
-    return stage_names(tc.groups, [s.name for s in tc.sinks], [m.name for m in tc.mirrors])
+    """The topic's stages in report order: log, each group, each sink, each mirror, each share group."""
+    return stage_names(tc.groups, [s.name for s in tc.sinks], [m.name for m in tc.mirrors],
+                       [g.name for g in tc.share_groups])
 
 
 def code_counts(anomalies: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, int]]:
@@ -75,8 +76,8 @@ def assemble_report(tc: TopicConfig, ws: datetime, as_of: datetime, known_partit
                 PENDING: pending, **{k: c.get(k, v) for k, v in no_latency.items()},
                 "status": status, "run_id": run_id, "computed_at": as_of,
             }
-            for a in ANOMALIES:
-                if a.report_column is not None:
+            for a in ANOMALIES:  # a column two stage kinds share holds the row's own kind's count
+                if a.report_column is not None and (a.stage_kind == kind or a.report_column not in row):
                     row[a.report_column] = cc.get(a.name, 0) if a.stage_kind == kind else None
             rows.append(row)
     return rows

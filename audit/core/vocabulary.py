@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 # ---------------------------------------------------------------------------- stages
-LOG, GROUP, SINK, MIRROR = "log", "group", "sink", "mirror"
-STAGE_KINDS: tuple[str, ...] = (LOG, GROUP, SINK, MIRROR)
+LOG, GROUP, SINK, MIRROR, SHARE = "log", "group", "sink", "mirror", "share"
+STAGE_KINDS: tuple[str, ...] = (LOG, GROUP, SINK, MIRROR, SHARE)
 
 
 def stage_kind(stage: str) -> str:
-    """'log' | 'group:<g>' | 'sink:<s>' | 'mirror:<m>' -> 'log' | 'group' | 'sink' | 'mirror'."""
+    """'log' | 'group:<g>' | 'sink:<s>' | 'mirror:<m>' | 'share:<g>' -> 'log' | 'group' | ... | 'share'."""
     return stage.split(":", 1)[0]
 
 
@@ -39,11 +39,15 @@ def mirror_stage(mirror: str) -> str:
     return f"{MIRROR}:{mirror}"
 
 
+def share_stage(group: str) -> str:
+    return f"{SHARE}:{group}"
+
+
 def stage_names(groups: tuple[str, ...] | list[str], sinks: tuple[str, ...] | list[str],
-                mirrors: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """A topic's stages in report order: log, then each group, then each sink, then each mirror."""
+                mirrors: tuple[str, ...] | list[str] = (), shares: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """A topic's stages in report order: log, then each group, each sink, each mirror, each share group."""
     return [LOG, *(group_stage(g) for g in groups), *(sink_stage(s) for s in sinks),
-            *(mirror_stage(m) for m in mirrors)]
+            *(mirror_stage(m) for m in mirrors), *(share_stage(g) for g in shares)]
 
 
 # ---------------------------------------------------------------------------- anomaly codes
@@ -94,6 +98,10 @@ def _code(name: str, kind: str, detail: str, counts_in: tuple[str, ...] = (), co
 
 
 # Order matters: it is the order of the report columns (the SQL DDL in sql/ is generated from it).
+# A code of a later stage kind with the name of an earlier one's column (the share stage's
+# `redelivered`, `overdue`) counts in that column on its own stage's rows: no new column.
+
+
 ANOMALIES: tuple[AnomalyCode, ...] = (
     # stage log
     _code("lost_acked", LOG, "acked, capture covered the offset, not in the log", (LOST,)),
@@ -136,6 +144,13 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
           (REORDERED,)),
     _code("pending", MIRROR, "not in {mirror_topic} yet, within grace or not yet captured there", (PENDING,),
           column=False),
+    # stage share:<g> (a share group, KIP-932; docs/design.md §5.9)
+    _code("redelivered", SHARE, "delivery {k} of {n} to {consumer}"),
+    _code("processed_twice", SHARE, "accept {k} of {n}, by {consumer}", (DUPLICATED,), column=False),
+    _code("rejected", SHARE, "rejected by {consumer} at delivery {attempt}", column=False),
+    _code("archived_unprocessed", SHARE, "delivery limit {limit} reached without an accept", (LOST,), column=False),
+    _code("pending", SHARE, "not accepted yet, within grace", (PENDING,), column=False),
+    _code("overdue", SHARE, "not accepted, past grace, delivery limit not reached"),
 )
 
 _BY_KEY: dict[tuple[str, str], AnomalyCode] = {(a.stage_kind, a.name): a for a in ANOMALIES}
@@ -160,7 +175,8 @@ ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
 ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in ANOMALIES))
 
 # Report columns named after codes (`pending` already is a base column of the report).
-REPORT_CODE_COLUMNS: tuple[str, ...] = tuple(a.report_column for a in ANOMALIES if a.report_column is not None)
+REPORT_CODE_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(a.report_column for a in ANOMALIES
+                                                           if a.report_column is not None))
 
 
 def codes_counting_in(kind: str, total: str) -> tuple[str, ...]:
@@ -292,6 +308,31 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
     (MIRROR, "pending"): Explanation(
         "MirrorMaker 2 has not copied the record yet, or no capture of the target has run since (within grace)",
         "none yet; if it turns lost, check MM2's status and replication lag"),
+    (SHARE, "redelivered"): Explanation(
+        "the share group handed the record out again: a member released it, or its acquisition lock "
+        "(group.share.record.lock.duration.ms) expired before the member acknowledged it: normal queue behaviour",
+        "acknowledge within the lock duration; bound redeliveries with the SLA rule max_redelivery_ratio"),
+    (SHARE, "processed_twice"): Explanation(
+        "two deliveries of the record were both accepted by the application: a member was slower than the "
+        "acquisition lock, the broker gave the record to another member, and both processed it",
+        "raise group.share.record.lock.duration.ms above the slowest processing, or make processing "
+        "idempotent (deduplicate by pid:seq)"),
+    (SHARE, "rejected"): Explanation(
+        "a member acknowledged the record REJECT: the application gave up on it (a poison record); "
+        "accounted for, not lost",
+        "fix what the handler could not process and produce the record again; alert on rejections"),
+    (SHARE, "archived_unprocessed"): Explanation(
+        "the record's delivery count reached the group's limit (group.share.delivery.count.limit, default 5) "
+        "without an accept: every delivery was released or its lock expired, and the broker archived it",
+        "find why each delivery failed (the handler's errors, a member slower than the lock); a dead-letter "
+        "topic (share.version=2) keeps such records"),
+    (SHARE, "pending"): Explanation(
+        "the share group has not accepted the record yet (within grace)",
+        "none yet; if it turns overdue, check the group's members"),
+    (SHARE, "overdue"): Explanation(
+        "no member accepted, rejected or exhausted the record within grace: the group has no running member, "
+        "or lags behind",
+        "check that the share group's members run (kafka-share-groups.sh --describe), and add members"),
 }
 
 
@@ -305,7 +346,7 @@ def explanation(kind: str, name: str) -> Explanation:
 SLA_RULE_TOTALS: dict[str, str] = {"max_lost": LOST, "max_duplicate_ratio": DUPLICATED,
                                    "max_reordered": REORDERED, "min_completeness": LOST}
 # The rules that judge one code's column instead of a total.
-SLA_RULE_CODES: dict[str, str] = {"max_failed_sends": "failed_send"}
+SLA_RULE_CODES: dict[str, str] = {"max_failed_sends": "failed_send", "max_redelivery_ratio": "redelivered"}
 
 
 def rule_explanations(rule: str, kind: str) -> tuple[tuple[str, Explanation], ...]:
@@ -346,7 +387,13 @@ PROCESSED, CONSUME_FAILED, DEAD_LETTERED = "processed", "failed", "dead_lettered
 # the row's partition; pid/seq null. Not a record's outcome: the group stage reads it as g's
 # committed offset, never matches it to the record at that offset.
 HANDED, COMMITTED = "handed", "committed"
-CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED, HANDED, COMMITTED)
+# Written by a share group's members (AuditedShareConsumer, docs/design.md §4.2, §5.9): `acquired` --
+# a delivery (`attempt` = the broker's delivery count); `accepted` / `released` / `rejected` -- the
+# member's acknowledgement of it, with `error` null when the broker took it, else its refusal.
+ACQUIRED, ACCEPTED, RELEASED, REJECTED = "acquired", "accepted", "released", "rejected"
+SHARE_ACKS: tuple[str, ...] = (ACCEPTED, RELEASED, REJECTED)
+SHARE_OUTCOMES: tuple[str, ...] = (ACQUIRED, *SHARE_ACKS)
+CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED, HANDED, COMMITTED, *SHARE_OUTCOMES)
 # Evidence that a group processed a record (a group audited by the interceptor only vouches for
 # the handover: its `delivered` reads "handed to the application").
 PROCESSING_OUTCOMES: tuple[str, ...] = (PROCESSED, HANDED)
@@ -377,6 +424,8 @@ SLA_RULE_SPECS: tuple[SlaRuleSpec, ...] = (
                 "(delivered + dead_lettered) / expected; null (expected 0) passes"),
     SlaRuleSpec("max_failed_sends", "failed_send", "max", (LOG,),
                 "sends the producer was told failed that have no copy in the log (report column `failed_send`)"),
+    SlaRuleSpec("max_redelivery_ratio", "redelivery_ratio", "max", (GROUP, SHARE),
+                "redelivered / max(expected, 1)"),
 )
 SLA_RULES: tuple[str, ...] = tuple(r.name for r in SLA_RULE_SPECS)
 

@@ -10,7 +10,9 @@ stage, its ack, consume and sink latencies, and its narrow row for the checks th
 its rows --, every row without a message identity, the consumer interceptor's `committed` rows
 and the rows read on a mirror go to `oracle.window_facts`, which classifies them exactly as it
 classifies a whole window. A mirrored topic's messages all go to the oracle (its failover and
-mirror rules read the whole window: such a window is settled as one chunk).
+mirror rules read the whole window: such a window is settled as one chunk). A topic a share group
+reads has no ordinary message (each record has an acquisition and an acknowledgement row): its
+messages all go to the oracle too, chunk by chunk (the share stage's rules read one record's rows).
 
 A chunk holds every row of its messages (the caller splits a window by message), the consumer
 interceptor's `committed` rows of the window, and, in `consumed`'s `_flag` column when the window
@@ -98,7 +100,7 @@ class Settled:
 
 
 def _group_names(tc: TopicConfig) -> pa.Array:
-    return pa.array(sorted(set(tc.groups)), pa.string())
+    return pa.array(sorted(set(tc.consuming_groups)), pa.string())
 
 
 def is_processing(rows: Any) -> Any:
@@ -155,7 +157,7 @@ def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
     log_time = pc.coalesce(*(pc.cast(t.log[c], pa.timestamp("us", "UTC"), safe=False)
                              for c in ("produce_ts", "kafka_ts", "captured_at")))
     log = where(t.log, pc.and_(is_topic(t.log), between(log_time, rr.message_lo, rr.message_hi)))
-    if tc.groups and t.consumed is not None and t.consumed.num_rows:
+    if tc.consuming_groups and t.consumed is not None and t.consumed.num_rows:
         con = where(t.consumed, consumed_seen(t.consumed, tc, ws))
     else:
         con = empty(oracle.ConsumedRow)
@@ -237,7 +239,8 @@ def _oracle_rows(table: pa.Table | None, cls: type, topic: str) -> list[Any]:
 
 
 def _all_by_oracle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, v: _Visible) -> Settled:
-    """A mirrored topic: every rule by the oracle, over the visible rows."""
+    """A mirrored topic, or one a share group reads: every rule by the oracle, over the visible rows
+    (a share group's record has two rows or more, so none of its messages is ordinary)."""
     reordered: set[int] | None = None
     consumed = _oracle_rows(v.consumed, oracle.ConsumedRow, tc.name)
     if "_flag" in v.consumed.column_names and v.consumed.num_rows:
@@ -258,7 +261,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     """The facts of `tc`'s messages in `t` (a window, or one chunk of it: see the module's docstring)."""
     topic = tc.name
     v = _visible(tc, ws, t)
-    if tc.mirrors:
+    if tc.mirrors or tc.share_groups:
         return _all_by_oracle(tc, ws, as_of, t, v)
     ws_us, we_us = micros(ws), micros(ws + tc.window)
     led, log, con, sinks = v.ledger, v.log, v.consumed, v.sinks

@@ -31,6 +31,8 @@ from audit.runtime import jars
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
+# Features every new cluster is formatted with: share groups (KIP-932, "Queues for Kafka").
+FEATURES = ["--feature", "share.version=1"]
 
 def log4j2_file_config(file_name: str, levels: dict[str, str]) -> str:
     """A log4j2 XML configuration that writes every INFO line to one file (`file_name` may name a
@@ -269,6 +271,7 @@ class LocalKafka:
             "transaction.state.log.num.partitions": "4",
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             "log.retention.check.interval.ms": "1000",
@@ -445,7 +448,7 @@ class LocalKafka:
             scram = ["--add-scram", f"{SCRAM}=[name={SUPER_USER},password={self._credentials()['admin']}]"] \
                 if self.secure else []
             fmt = subprocess.run([*jvm, STORAGE_TOOL, "format", f"--cluster-id={cluster_id}", "-c", str(props),
-                                  "--ignore-formatted", *scram], capture_output=True, text=True)
+                                  "--ignore-formatted", *FEATURES, *scram], capture_output=True, text=True)
             if fmt.returncode != 0:
                 err = fmt.stderr.strip()[-400:]
                 if self.secure:

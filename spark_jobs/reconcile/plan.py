@@ -41,7 +41,7 @@ class Shape:
 
     @property
     def max_groups(self) -> int:
-        return max((len(t.groups) for t in self.topics), default=0)
+        return max((len(t.consuming_groups) for t in self.topics), default=0)
 
     @property
     def mirrored(self) -> list[str]:

@@ -84,7 +84,8 @@ def visible(inputs: WindowInputs, shape: Shape, ws: datetime) -> WindowInputs:
     log = inputs.log.where(topic & between(natural, rr.message_lo, rr.message_hi))
     consumed = None
     if inputs.consumed is not None and shape.max_groups:
-        own = [(F.col("topic") == tc.name) & F.col("group").isin(list(tc.groups)) for tc in shape.topics if tc.groups]
+        own = [(F.col("topic") == tc.name) & F.col("group").isin(list(tc.consuming_groups))
+               for tc in shape.topics if tc.consuming_groups]
         consumed = inputs.consumed.where(reduce(lambda a, b: a | b, own)
                                          & between(F.col("consume_ts"), rr.event_lo, rr.event_hi))
     window = F.col("sink_ts").isNull() | between(F.col("sink_ts"), rr.event_lo, rr.event_hi)
@@ -150,6 +151,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     consumed = group_offsets = None
     if shape.max_groups:
         consumed = pruned("consumed_records", e_lo, e_hi)
+    if any(tc.groups for tc in shape.topics):  # share groups commit no offsets
         group_offsets = small("group_offsets")
     else:
         if "?group_offsets" not in cache:
@@ -245,9 +247,9 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
 
     cache = {} if tables is None else tables
     names = ["producer_ledger", "log_records", "partition_watermarks"]
-    if tc.groups:
-        names += ["consumed_records", "group_offsets"]
-    elif table_exists(spark, cfg, "group_offsets"):
+    if tc.consuming_groups:
+        names.append("consumed_records")
+    if tc.groups or table_exists(spark, cfg, "group_offsets"):  # share groups commit no offsets
         names.append("group_offsets")
     for name in names:
         if name not in cache:

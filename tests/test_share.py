@@ -1,0 +1,214 @@
+"""Share groups (KIP-932): the `share:<group>` stage's rules (docs/design.md §5.9) in the oracle
+and the kernel, its config, and an audited share group on the real broker end to end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from audit.core import config as config_mod
+from audit.core.errors import ConfigError
+from tests.reconcile_cases import (
+    AS_OF_FINAL,
+    T0,
+    Q,
+    arrow_tables,
+    at,
+    brief,
+    build_share_cases,
+    classify_in_chunks,
+    report_row,
+    share_topic_config,
+    sorted_anomalies,
+)
+
+
+def _expected(exp: dict[str, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+    return sorted((row for rows in exp.values() for row in rows),
+                  key=lambda t: tuple("" if v is None else str(v) for v in t))
+
+
+@pytest.mark.unit
+def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_and_quarantine() -> None:
+    from audit.oracle import reconcile_window
+
+    h, exp = build_share_cases()
+    r = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == _expected(exp)
+    assert r.quarantined_ledger_rows == 1  # the share row with the unknown outcome `renewed`
+    details = {(a["anomaly"], a["partition"], a["detail"]) for a in r.anomalies if a["stage"] == Q}
+    assert details == {
+        ("redelivered", 1, "delivery 2 of 2 to m2"),
+        ("redelivered", 2, "delivery 2 of 2 to m2"),
+        ("processed_twice", 2, "accept 2 of 2, by m1"),
+        ("rejected", 3, "rejected by m1 at delivery 1"),
+        ("redelivered", 4, "delivery 2 of 3 to m1"),
+        ("redelivered", 4, "delivery 3 of 3 to m1"),
+        ("archived_unprocessed", 4, "delivery limit 3 reached without an accept"),
+        ("overdue", 5, "not accepted, past grace, delivery limit not reached"),
+        ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
+    }
+    share = {row["partition"]: row for row in r.report if row["stage"] == Q}
+    lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
+    assert share[0] == report_row(Q, 0, expected=1, delivered=1, redelivered=0, overdue=0, **lat)
+    assert share[1] == report_row(Q, 1, expected=1, delivered=1, redelivered=1, overdue=0, **lat)
+    assert share[2] == report_row(Q, 2, expected=1, delivered=1, duplicated=1, redelivered=1, overdue=0, **lat)
+    assert share[3] == report_row(Q, 3, expected=1, redelivered=0, overdue=0)
+    assert share[4] == report_row(Q, 4, expected=1, lost=1, redelivered=2, overdue=0)
+    assert share[5] == report_row(Q, 5, expected=1, redelivered=0, overdue=1)
+    assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
+    # the consumer group beside it is judged on its own rows only
+    assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
+
+
+@pytest.mark.unit
+def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archives_at_once() -> None:
+    from audit.oracle import reconcile_window
+
+    h, _ = build_share_cases()
+    r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
+    got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
+    assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
+                   ("pending", 6)}
+
+
+@pytest.mark.unit
+def test_share_stage_in_the_kernel_equals_the_oracle_whole_and_in_chunks() -> None:
+    from audit.oracle import reconcile_window
+    from audit.rules import kernel
+
+    h, _ = build_share_cases()
+    tc = share_topic_config()
+    for as_of in (AS_OF_FINAL, at(12)):
+        want = reconcile_window(tc, T0, as_of, h.inputs())
+        tables = arrow_tables(h.inputs())
+        for got in (kernel.classify(tc, T0, as_of, tables), classify_in_chunks([tc], T0, as_of, tables, 3)[tc.name]):
+            assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+            assert got.report == want.report
+            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 1
+
+
+@pytest.mark.unit
+def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line() -> None:
+    cfg = config_mod.from_dict({"topics": {"orders": {"groups": ["loader"], "share_groups": [
+        "workers", {"name": "slow", "delivery_count_limit": 3}]}}})
+    tc = cfg.topic("orders")
+    assert [(g.name, g.delivery_count_limit) for g in tc.share_groups] == [("workers", 5), ("slow", 3)]
+    assert tc.consuming_groups == ("loader", "workers", "slow")
+    with pytest.raises(ConfigError) as e:
+        config_mod.from_dict({"topics": {"orders": {"groups": ["loader"], "share_groups": ["loader"]}}})
+    assert str(e.value) == ("<dict>: topics.orders.share_groups[0]: group 'loader' is in both groups and share_groups; "
+                            "a group is a consumer group or a share group, list it once")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"delivery_count_limit: expected a whole number >= 1, got 0"):
+        config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
+
+
+@pytest.mark.spark
+def test_ingest_lands_share_rows_and_quarantines_an_unknown_acknowledgement_with_one_reason(spark: Any) -> None:
+    import json
+
+    from spark_jobs.ingest import SOURCES, parse_lines
+
+    def row(outcome: str, error: str | None = None) -> str:
+        return json.dumps({"group": "q", "consumer": "m:1", "consume_seq": 0, "topic": "orders", "partition": 0,
+                           "offset": 7, "pid": "svc:0123456789ab", "seq": 7, "outcome": outcome, "attempt": 2,
+                           "consume_ts": 1_795_000_000_000, "error": error})
+
+    lines = [row("acquired"), row("accepted"), row("released", "INVALID_RECORD_STATE"), row("rejected"),
+             row("renewed")]
+    consumer = next(src for src in SOURCES if src.table == "consumed_records")
+    df = spark.createDataFrame([(x, "f") for x in lines], "line string, source_file string")
+    got = [(r["line"], r["reason"]) for r in df.transform(parse_lines(consumer)).select("line", "reason").collect()]
+    assert got == [*((x, None) for x in lines[:4]), (lines[4], "bad outcome: renewed")]
+
+
+def _earliest(bootstrap: str, group: str) -> None:
+    """Share group `group` starts at the log start (a share group's default is the latest offset)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource(ConfigResource.Type.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(timeout=30)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_two_share_members_release_and_reject_and_the_audit_reports_exactly_that(
+        kafka_bootstrap: str, spark: Any, tmp_path: Any, make_config: Any) -> None:
+    """Six audited records on one partition; member A of share group q accepts four and releases
+    offsets 1 and 4; member B gets those two again (delivery 2), accepts 1 and rejects 4. The
+    ledger holds one row per delivery and per acknowledgement the broker took, and ingest + capture
+    + reconcile report exactly: offsets 1 and 4 redelivered to B, offset 4 rejected by B."""
+    import time
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from audit import AuditedProducer
+    from audit.clients.share_consumer import AuditedShareConsumer
+    from audit.serving.report_store import ReportStore
+    from spark_jobs.pipeline.steps import StepRange, run_step
+    from tests.conftest import new_topic
+    from tests.test_consumer_interceptor import rows_of
+
+    topic = new_topic(kafka_bootstrap, partitions=1)
+    group = f"q-{uuid.uuid4().hex[:8]}"
+    cfg = make_config(tmp_path, topics={topic: {"window": "1d", "grace": "1m", "share_groups": [group]}})
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    _earliest(kafka_bootstrap, group)
+    with AuditedProducer.from_config(cfg, producer_name="share-e2e") as producer:
+        for i in range(6):
+            producer.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+        assert producer.flush(30) == 0
+
+    seen: list[tuple[str, int, int, str]] = []  # ground truth: (member, offset, delivery count, acknowledgement)
+    with AuditedShareConsumer.from_config(cfg, topics=[topic], group=group, name="a") as a:
+        deadline = time.monotonic() + 30
+        while len({o for _, o, _, _ in seen}) < 6 and time.monotonic() < deadline:
+            for rec in a.poll(1.0):
+                ack = "released" if rec.offset in (1, 4) else "accepted"
+                a.acknowledge(rec, ack)
+                seen.append(("a", rec.offset, rec.attempt, ack))
+            a.commit()
+    b = AuditedShareConsumer.from_config(cfg, topics=[topic], group=group, name="b")
+
+    def handle(rec: Any) -> str:
+        ack = "reject" if rec.offset == 4 else "accept"
+        seen.append(("b", rec.offset, rec.attempt, ack))
+        return ack
+
+    with b:
+        b.run(handle, max_messages=2, idle_timeout_s=30)
+    assert sorted(seen) == [("a", 0, 1, "accepted"), ("a", 1, 1, "released"), ("a", 2, 1, "accepted"),
+                            ("a", 3, 1, "accepted"), ("a", 4, 1, "released"), ("a", 5, 1, "accepted"),
+                            ("b", 1, 2, "accept"), ("b", 4, 2, "reject")]
+
+    rows = [r for r in rows_of(cfg.ledger_dir / "consumer") if r["group"] == group]
+    assert sorted((r["consumer"].split(":")[0], r["offset"], r["outcome"], r["attempt"], r["error"]) for r in rows) == sorted(
+        [("a", o, "acquired", 1, None) for o in range(6)]
+        + [("a", o, "released" if o in (1, 4) else "accepted", 1, None) for o in range(6)]
+        + [("b", 1, "acquired", 2, None), ("b", 4, "acquired", 2, None),
+           ("b", 1, "accepted", 2, None), ("b", 4, "rejected", 2, None)])
+
+    as_of = datetime.now(UTC) + timedelta(minutes=2)
+    end = start + timedelta(days=1)
+    run_step(spark, cfg, "ingest", StepRange())
+    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
+    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
+    store = ReportStore(cfg.report_store)
+    try:
+        anomalies = store.read("audit_anomalies", topic=topic)
+        report = store.read("audit_partition_report", topic=topic)
+    finally:
+        store.close()
+    stage = f"share:{group}"
+    assert sorted((x["stage"], x["anomaly"], x["partition"], x["offset"], x["detail"]) for x in anomalies) == [
+        (stage, "redelivered", 0, 1, f"delivery 2 of 2 to {b.instance}"),
+        (stage, "redelivered", 0, 4, f"delivery 2 of 2 to {b.instance}"),
+        (stage, "rejected", 0, 4, f"rejected by {b.instance} at delivery 2")]
+    share = [r for r in report if r["stage"] == stage]
+    assert [(r["partition"], r["expected"], r["delivered"], r["redelivered"], r["lost"], r["duplicated"],
+             r["pending"], r["overdue"]) for r in share] == [(0, 6, 5, 2, 0, 0, 0, 0)]
