@@ -91,8 +91,12 @@ class History:
                                          attempt, error=error, produce_ts=produce_ts))
 
     def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
-             t: datetime | None, name: str = SINK, produce_ts: datetime | None = None) -> None:
-        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t, produce_ts=produce_ts))
+             t: datetime | None, name: str = SINK, produce_ts: datetime | None = None,
+             dead_letter: bool = False) -> None:
+        """A sink row, or (`dead_letter`) a record of the sink connector's dead-letter topic naming
+        the source record at (partition, offset), resolved through the log as a coordinates sink's row."""
+        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t, produce_ts=produce_ts,
+                                                       dead_letter=dead_letter))
 
     def clean(self, pid: str, seq: int, partition: int, offset: int, t: datetime, carried: bool = True) -> None:
         """A message that went through every tier exactly once; its consumption and sink rows
@@ -144,6 +148,7 @@ def frame(spark: Any, table: str, rows: Iterable[Mapping[str, Any]]) -> Any:
 
 def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
     from pyspark.sql.types import (
+        BooleanType,
         IntegerType,
         LongType,
         StringType,
@@ -155,9 +160,9 @@ def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
     schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
                          StructField("offset", LongType()), StructField("pid", StringType()),
                          StructField("seq", LongType()), StructField("sink_ts", TimestampType()),
-                         StructField("produce_ts", TimestampType())])
-    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts, r.produce_ts)
-                                  for r in rows], schema)
+                         StructField("produce_ts", TimestampType()), StructField("dead_letter", BooleanType())])
+    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts, r.produce_ts,
+                                   r.dead_letter) for r in rows], schema)
 
 
 def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
@@ -266,7 +271,7 @@ G, S = f"group:{GROUP}", f"sink:{SINK}"
 def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h = History()
     exp: dict[str, list[tuple[Any, ...]]] = {}
-    for p in range(22):
+    for p in range(23):
         h.captured(p, 0, 100, at(70), group_committed=100)
 
     # p0: three clean messages
@@ -412,6 +417,17 @@ def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.sink(None, None, 20, 1, at(5.2))
     exp["unaudited"].append(("log", "unaudited", 20, "eosbad", None, 1))
     exp["sink_evidence"] = []  # no missed: g1 counts both as delivered (test_oracle checks the report)
+
+    # p22: a Kafka Connect sink could not convert offset 0 and sent it to its dead-letter topic
+    # (errors.tolerance=all): accounted for, not missing; offset 1 was dead-lettered on a first
+    # attempt and written on a retry: its sink row delivers it
+    h.produce("dlq", 0, 22, 0, at(5))
+    h.record("dlq", 0, 22, 0, at(5))
+    h.consume("dlq", 0, 22, 0, at(5.1))
+    h.sink("dlq", 0, 22, 0, at(5.2), dead_letter=True)
+    h.clean("dlq", 1, 22, 1, at(6))
+    h.sink("dlq", 1, 22, 1, at(6), dead_letter=True)
+    exp["dead_lettered"].append((S, "dead_lettered", 22, "dlq", 0, 0))
 
     # p21: the handler failed twice (attempt 1 on c1, attempt 2 on c2 after a rebalance) and the retry
     # copy never reached a final outcome; g1 committed past it (100), yet it is not `missed`; the

@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 29
+    assert len(final_result.anomalies) == 30
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -85,8 +85,13 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert rows[(S, 20)] == report_row(S, 20)
     # only failed outcomes, past grace: not lost (not `missed`), not delivered
     assert rows[(G, 21)] == report_row(G, 21, expected=1, retry_overdue=1)
-    # one row per stage for each of the 22 captured partitions, plus the seq_gap row
-    assert len(final_result.report) == 3 * 22 + 1
+    # a message in the connector's dead-letter topic: accounted for at the sink (not delivered, not
+    # lost); its sibling dead-lettered on a first attempt and then written is delivered
+    assert rows[(S, 22)] == report_row(S, 22, expected=2, delivered=1, dead_lettered=1, latency_p50_ms=2000.0,
+                                       latency_p95_ms=2000.0, latency_p99_ms=2000.0, latency_max_ms=2000.0)
+    assert rows[(G, 22)]["dead_lettered"] == 0
+    # one row per stage for each of the 23 captured partitions, plus the seq_gap row
+    assert len(final_result.report) == 3 * 23 + 1
 
 
 def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult) -> None:
@@ -323,3 +328,31 @@ def test_the_checks_that_need_neighbours_on_narrow_rows() -> None:
              c("g", 1, 2, 1), c("g", 1, 1, 1, consumer="c2"), c("h", 0, 3, 5), c("h", 0, 5, 6)]
     assert [(x.group, x.partition, x.offset) for x in reordered_in_consumption(procs)] == [
         ("g", 0, 3), ("g", 0, 4), ("g", 1, 1)]
+
+
+def test_a_connect_sinks_dead_letter_records_account_for_their_messages() -> None:
+    """A sink fed by the committed log (a Kafka Connect sink audited by coordinates): of three
+    messages, one was written, one went to the connector's dead-letter topic (`dead_lettered` at
+    the sink stage, counted as neither delivered nor lost), one was dropped without a trace
+    (errors.tolerance=all and no DLQ: `missing_in_sink`). A DLQ record naming a position the log
+    never held is one quarantined row, never `unexpected_in_sink`; before grace the dead-lettered
+    message is already accounted for (not pending)."""
+    h = History()
+    h.captured(0, 0, 100, at(70))
+    for i in range(3):
+        h.produce("k", i, 0, i, at(5 + i))
+        h.record("k", i, 0, i, at(5 + i))
+    h.sink("k", 0, 0, 0, at(6))
+    h.sink("k", 1, 0, 1, at(7), dead_letter=True)
+    h.sink(None, None, 0, 42, at(8), dead_letter=True)  # the log never held offset 42
+    tc = topic_config(groups=(), sinks=((SINK, None),))
+    r = reconcile_window(tc, T0, AS_OF_FINAL, h.inputs())
+    assert brief(a for a in r.anomalies if a["stage"] == S) == [(S, "dead_lettered", 0, "k", 1, 1),
+                                                                (S, "missing_in_sink", 0, "k", 2, 2)]
+    row = next(x for x in r.report if x["stage"] == S and x["partition"] == 0)
+    assert (row["expected"], row["delivered"], row["lost"], row["pending"], row["dead_lettered"],
+            row["missing_in_sink"], row["unexpected_in_sink"]) == (3, 1, 1, 0, 1, 1, 0)
+    assert r.quarantined_ledger_rows == 1
+    early = reconcile_window(tc, T0, at(9), h.inputs())
+    assert brief(a for a in early.anomalies if a["stage"] == S) == [(S, "dead_lettered", 0, "k", 1, 1),
+                                                                    (S, "pending", 0, "k", 2, 2)]

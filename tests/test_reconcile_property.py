@@ -141,8 +141,14 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
                 sinks[name].append(SinkRow(r["p"], r["off"], cpid, cseq_v,
                                            None if draw(st.integers(0, 9)) == 0 else _at(r["t"] + delay),
                                            produce_ts=carried()))
+            if draw(st.integers(0, 4)) == 0:  # the connector's dead-letter topic names this record
+                sinks[name].append(SinkRow(r["p"], r["off"], cpid, cseq_v, _at(r["t"] + draw(st.sampled_from([3, 1500]))),
+                                           dead_letter=True))
     if draw(st.booleans()):
         sinks["s1"].append(SinkRow(1, 99, "ghost-pid", 0, _at(draw(st.integers(0, 3599)))))
+    if draw(st.integers(0, 3)) == 0:  # a dead-letter record naming a position the log never held
+        sinks[draw(st.sampled_from(["s1", "s2"]))].append(
+            SinkRow(0, 97, None, None, _at(draw(st.integers(0, 3599))), dead_letter=True))
     watermarks = []
     offsets = []
     for p in (0, 1):

@@ -75,8 +75,8 @@ def assemble_report(tc: TopicConfig, ws: datetime, as_of: datetime, known_partit
                 PENDING: pending, **{k: c.get(k, v) for k, v in no_latency.items()},
                 "status": status, "run_id": run_id, "computed_at": as_of,
             }
-            for a in ANOMALIES:
-                if a.report_column is not None:
+            for a in ANOMALIES:  # a column two stage kinds share (dead_lettered) holds its own kind's count
+                if a.report_column is not None and (a.stage_kind == kind or a.report_column not in row):
                     row[a.report_column] = cc.get(a.name, 0) if a.stage_kind == kind else None
             rows.append(row)
     return rows
