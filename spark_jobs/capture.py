@@ -912,7 +912,7 @@ _ERR = "__connect.errors."
 
 def _header(name: str) -> Column:
     """The text of the record's first header `name` (null when it has none)."""
-    return F.expr(f"element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
+    return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
 
 
 def dead_letter_rows(kafka_rows: DataFrame, captured_at: datetime) -> DataFrame:
