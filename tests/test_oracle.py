@@ -50,7 +50,7 @@ def test_no_anomaly_beyond_the_injected_ones(final_result: OracleResult) -> None
     injected = sorted({t for rows in CASES.values() for t in rows},
                       key=lambda t: tuple("" if v is None else str(v) for v in t))
     assert brief(final_result.anomalies) == injected
-    assert len(final_result.anomalies) == 30
+    assert len(final_result.anomalies) == 29
 
 
 def test_every_code_of_every_stage_is_covered_by_a_case() -> None:
@@ -85,13 +85,8 @@ def test_report_rows_of_clean_lost_duplicate_and_missing_partitions(final_result
     assert rows[(S, 20)] == report_row(S, 20)
     # only failed outcomes, past grace: not lost (not `missed`), not delivered
     assert rows[(G, 21)] == report_row(G, 21, expected=1, retry_overdue=1)
-    # a message in the connector's dead-letter topic: accounted for at the sink (not delivered, not
-    # lost); its sibling dead-lettered on a first attempt and then written is delivered
-    assert rows[(S, 22)] == report_row(S, 22, expected=2, delivered=1, dead_lettered=1, latency_p50_ms=2000.0,
-                                       latency_p95_ms=2000.0, latency_p99_ms=2000.0, latency_max_ms=2000.0)
-    assert rows[(G, 22)]["dead_lettered"] == 0
-    # one row per stage for each of the 23 captured partitions, plus the seq_gap row
-    assert len(final_result.report) == 3 * 23 + 1
+    # one row per stage for each of the 22 captured partitions, plus the seq_gap row
+    assert len(final_result.report) == 3 * 22 + 1
 
 
 def test_detail_and_identity_columns_of_anomaly_rows(final_result: OracleResult) -> None:
@@ -356,3 +351,18 @@ def test_a_connect_sinks_dead_letter_records_account_for_their_messages() -> Non
     early = reconcile_window(tc, T0, at(9), h.inputs())
     assert brief(a for a in early.anomalies if a["stage"] == S) == [(S, "dead_lettered", 0, "k", 1, 1),
                                                                     (S, "pending", 0, "k", 2, 2)]
+
+
+def test_the_dead_letter_hand_case_gives_its_exact_rows() -> None:
+    """tests/reconcile_cases.py `build_dead_letter_case`: a sink fed by g1 with a dead-letter topic."""
+    from tests.reconcile_cases import build_dead_letter_case
+
+    h, expected = build_dead_letter_case()
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == expected
+    rows = {(x["stage"], x["partition"]): x for x in r.report}
+    # accounted for at the sink (not delivered, not lost); the sibling written on a retry is delivered
+    assert rows[(S, 0)] == report_row(S, 0, expected=2, delivered=1, dead_lettered=1, latency_p50_ms=2000.0,
+                                      latency_p95_ms=2000.0, latency_p99_ms=2000.0, latency_max_ms=2000.0)
+    assert rows[(G, 0)]["dead_lettered"] == 0 and rows[(G, 0)]["delivered"] == 2
+    assert r.quarantined_ledger_rows == 1

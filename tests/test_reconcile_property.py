@@ -275,6 +275,7 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
         TOPIC,
         arrow_tables,
         build_cases,
+        build_dead_letter_case,
         build_mirror_cases,
         classify_in_chunks,
         mirror_topic_config,
@@ -283,7 +284,9 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
     history, _ = build_cases()
     inputs = history.inputs()
     mirrored, _ = build_mirror_cases()
-    for tc, ins in ((topic_config(), inputs), (mirror_topic_config(), mirrored.inputs())):
+    dead_letters, _ = build_dead_letter_case()
+    for tc, ins in ((topic_config(), inputs), (mirror_topic_config(), mirrored.inputs()),
+                    (topic_config(), dead_letters.inputs())):
         for as_of in (T0 + timedelta(minutes=61), AS_OF_FINAL):
             want = reconcile_window(tc, T0, as_of, ins)
             assert want.anomalies

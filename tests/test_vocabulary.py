@@ -18,6 +18,7 @@ from tests.reconcile_cases import (
     T0,
     at,
     build_cases,
+    build_dead_letter_case,
     build_mirror_cases,
     mirror_topic_config,
     topic_config,
@@ -76,9 +77,11 @@ def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None
     tc = topic_config()
     rows: list[dict[str, Any]] = []
     mirrored, _ = build_mirror_cases()
+    dead_letters, _ = build_dead_letter_case()
     for as_of in (AS_OF_FINAL, at(30)):
         rows += reconcile_window(tc, T0, as_of, history.inputs()).anomalies
         rows += reconcile_window(mirror_topic_config(), T0, as_of, mirrored.inputs()).anomalies
+        rows += reconcile_window(tc, T0, as_of, dead_letters.inputs()).anomalies
     seen = set()
     for a in rows:
         key = (v.stage_kind(a["stage"]), a["anomaly"])
