@@ -113,6 +113,12 @@ when the sink has no group; report partition: the original copy's)
 - a sink row without pid/seq and without partition/offset names no unit (a coordinates sink's
   row with null coordinates): counted in `quarantined_ledger_rows` in the window of its sink_ts,
   or in every window that reads it when it has none; never a unit.
+- dead-letter rows (`dead_letter`: a record of the sink's dead-letter topic naming the unit's
+  source record) are not sink rows: an expected unit with no sink row and a dead-letter row is
+  `dead_lettered` (accounted for; pending/missing never apply). A dead-letter row of a unit with
+  no committed copy visible (a position the log never held) is counted in
+  `quarantined_ledger_rows`, never `unexpected_in_sink`. A group's "in a sink it feeds" fallback
+  takes sink rows only.
 
 Stage `share:<g>` (a share group, KIP-932; unit: each distinct log record of the window, like a
 group; report partition: its own). g's rows are `acquired` (a delivery; `attempt` = the broker's
@@ -269,6 +275,9 @@ class SinkRow:
     sink_ts: datetime | None
     topic: str = "t"
     produce_ts: datetime | None = None  # the optional audit_produce_ts column: carried, never used by a rule
+    # a record of the sink connector's dead-letter topic naming this position (its
+    # __connect.errors.* headers, sinks[].dead_letter_topic), not a row of the sink table
+    dead_letter: bool = False
 
 
 @dataclass(frozen=True)
@@ -780,7 +789,7 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                         emit(stage, "reordered_in_consumption", r.partition, rpid, rseq, r.offset)
                 elif any(c.outcome == DEAD_LETTERED for c, _ in outs):
                     emit(stage, "dead_lettered", r.partition, rpid, rseq, r.offset)
-                elif any(u.sinks.get(name) for name in fed_sinks):
+                elif any(not row.dead_letter for name in fed_sinks for row in u.sinks.get(name, ())):
                     cnt["delivered"] += 1  # in a sink g feeds: processed, consumption row never flushed
                 elif as_of < pt + grace:
                     emit(stage, "pending", r.partition, rpid, rseq, r.offset)
@@ -824,9 +833,11 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
         for u in window_units:
             pt = u.produce_time
             assert pt is not None
-            srows = u.sinks.get(sink.name, [])
+            srows = [r for r in u.sinks.get(sink.name, []) if not r.dead_letter]
+            dead = len(u.sinks.get(sink.name, [])) - len(srows)  # its dead-letter rows
             sorig = u.original
             if sorig is None:
+                quarantined += dead  # a dead-letter record naming a position the log never held
                 for row in srows:
                     emit(stage, "unexpected_in_sink", row.partition if row.partition is not None else -1,
                          row.pid, row.seq, row.offset)
@@ -853,7 +864,9 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 for i, row in enumerate(ordered[1:], start=2):
                     emit(stage, "duplicate_in_sink", p, pid, seq, row.offset, k=i, n=n)
             elif expected:
-                if as_of < pt + grace:
+                if dead:
+                    emit(stage, "dead_lettered", p, pid, seq, sorig.offset)
+                elif as_of < pt + grace:
                     emit(stage, "pending", p, pid, seq, sorig.offset)
                 else:
                     emit(stage, "missing_in_sink", p, pid, seq, sorig.offset)

@@ -56,6 +56,7 @@ from audit.core.errors import BrokerError, ConfigError, InputError
 from audit.core.kafka_conf import access_line, authentication_line, denied_line
 from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
+    DEAD_LETTER_RECORDS,
     GROUP_OFFSETS,
     LOG_RECORDS,
     MIRROR_GROUP_OFFSETS,
@@ -145,12 +146,30 @@ class MirrorCapture:
 
 
 @dataclass(frozen=True)
+class DeadLetterCapture:
+    """A sink connector's dead-letter topic, as captured into `dead_letter_records`."""
+
+    topic: str  # the DLQ topic
+    sinks: tuple[str, ...]  # the sinks that name it
+    records: int  # records it holds
+    unplaced: int  # records without the __connect.errors.topic/partition/offset headers
+
+    def line(self) -> str:
+        text = f"dead-letter topic {self.topic} (sink {', '.join(self.sinks)}): {self.records} records"
+        if self.unplaced:
+            text += (f", {self.unplaced} without __connect.errors.topic/partition/offset headers (counted as "
+                     "quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector)")
+        return text
+
+
+@dataclass(frozen=True)
 class CaptureResult:
     captured_at: datetime
     start: datetime
     end: datetime
     topics: Mapping[str, TopicCapture] = field(default_factory=dict)
     mirrors: tuple[MirrorCapture, ...] = ()  # in the configuration's order
+    dead_letters: tuple[DeadLetterCapture, ...] = ()  # the sinks' dead-letter topics
 
     def summary(self) -> str:
         """What `msgaudit capture` prints: the range, a total over the topics when there are several,
@@ -171,6 +190,7 @@ class CaptureResult:
                 f"{t.deferred} deferred (open transaction)"
             )
             lines.extend(f"    {m.line()}" for m in copies.get(t.topic, ()))
+        lines.extend(f"  {d.line()}" for d in self.dead_letters)
         return "\n".join(lines)
 
 
@@ -878,7 +898,85 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
             mirrors.extend(capture_mirrors(spark, cfg, copies, start, end, captured_at, snapshots))
             bar.update(len(batch))
     snapshots.write(spark, cfg)
-    return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results, mirrors=tuple(mirrors))
+    dead = capture_dead_letters(spark, cfg, names, captured_at, admin)
+    return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results, mirrors=tuple(mirrors),
+                         dead_letters=dead)
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka Connect's dead-letter queues (docs/design.md §4.2, sinks[].dead_letter_topic)
+
+DEAD_LETTER_TABLE = "dead_letter_records"
+_ERR = "__connect.errors."
+
+
+def _header(name: str) -> Column:
+    """The text of the record's first header `name` (null when it has none)."""
+    return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value").cast("string")
+
+
+def dead_letter_rows(kafka_rows: DataFrame, captured_at: datetime) -> DataFrame:
+    """A DLQ topic's records (Spark's Kafka source, with headers) as `dead_letter_records` rows: the
+    source record its __connect.errors.topic / partition / offset headers name (Connect writes them
+    as text; a value that is not a number reads null, and the row names no record) and its error."""
+    exc, msg = _header(_ERR + "exception.class.name"), _header(_ERR + "exception.message")
+    return kafka_rows.select(
+        F.col("topic").alias("dlq_topic"), F.col("partition").alias("dlq_partition"),
+        F.col("offset").alias("dlq_offset"), _header(_ERR + "topic").alias("topic"),
+        _header(_ERR + "partition").try_cast("int").alias("partition"),
+        _header(_ERR + "offset").try_cast("bigint").alias("offset"),
+        F.when(exc.isNotNull(), F.concat_ws(": ", exc, msg)).alias("error"),
+        F.col("timestamp").alias("kafka_ts"), F.lit(captured_at).alias("captured_at"))
+
+
+def capture_dead_letters(spark: SparkSession, cfg: Config, names: Sequence[str], captured_at: datetime,
+                         admin: Any = None) -> tuple[DeadLetterCapture, ...]:
+    """Read each dead-letter topic the selected topics' sinks name, whole, and MERGE its records into
+    `dead_letter_records` on (dlq_topic, dlq_partition, dlq_offset) (a rerun adds nothing; a record
+    the DLQ's retention deleted since stays). Only the position each record names is kept, not the
+    record: a DLQ record carries its source's key, value and audit headers, and capturing it like a
+    log would make it look like another copy of the message; reconcile needs only which source
+    record it stands for. A DLQ is small (it holds failures) and has no windows: it is read from its
+    log start to its end each time. A DLQ topic not created yet (no failure so far) holds nothing."""
+    from delta.tables import DeltaTable
+
+    from spark_jobs.io.lake import table_path
+
+    dlqs: dict[str, list[str]] = {}
+    for n in names:
+        for s in cfg.topic(n).sinks:
+            if s.dead_letter_topic:
+                dlqs.setdefault(s.dead_letter_topic, []).append(s.name)
+    if not dlqs:
+        return ()
+    admin = admin or _admin(cfg)
+    existing = set(admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics)
+    path = table_path(cfg, DEAD_LETTER_TABLE)
+    (DeltaTable.createIfNotExists(spark).location(path).addColumns(DEAD_LETTER_RECORDS)
+     .partitionedBy("dlq_topic").execute())
+    out = []
+    for dlq, sinks in dlqs.items():
+        if dlq not in existing:
+            out.append(DeadLetterCapture(dlq, tuple(sinks), 0, 0))
+            continue
+        with _read_access(cfg, [dlq]):
+            rows = dead_letter_rows(
+                spark.read.format("kafka").options(**java_kafka_options(cfg.kafka)).option("subscribe", dlq)
+                .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+                .option("includeHeaders", "true").option("groupIdPrefix", "msgaudit-capture").load(),
+                captured_at).persist()
+        try:
+            counts = rows.agg(F.count(F.lit(1)), F.count_if(F.col("topic").isNull() | F.col("partition").isNull()
+                                                           | F.col("offset").isNull())).first()
+            records, unplaced = (int(counts[0]), int(counts[1])) if counts is not None else (0, 0)
+            if records:
+                key = " AND ".join(f"t.{c} = s.{c}" for c in ("dlq_topic", "dlq_partition", "dlq_offset"))
+                (DeltaTable.forPath(spark, path).alias("t").merge(rows.alias("s"), f"t.dlq_topic = '{dlq}' AND {key}")
+                 .whenNotMatchedInsertAll().execute())
+        finally:
+            rows.unpersist()
+        out.append(DeadLetterCapture(dlq, tuple(sinks), records, unplaced))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -145,7 +145,11 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
     for name, key in TRACE_TABLES:
         df = frames[name]
         rows[key] = {} if df is None else select(df, id_df, pos_df)
-    sink_rows = {(t, s.name): select(read_sink(spark, s, t, frames["log_records"]), id_df, pos_df)
+    # a sink's dead-letter records (dead_letter true) show beside its rows once capture has read them
+    dlq = read_table(spark, cfg, "dead_letter_records") if table_exists(spark, cfg, "dead_letter_records") else None
+    sink_rows = {(t, s.name): select(read_sink(spark, s if dlq is not None and frames["log_records"] is not None
+                                               else replace(s, dead_letter_topic=None), t, frames["log_records"], dlq),
+                                     id_df, pos_df)
                  for t in topics for s in sinks[t] if s.identity != "coordinates" or frames["log_records"] is not None}
     # the settings each producer session recorded at start (a table of pids, not of messages)
     settings: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -91,8 +91,12 @@ class History:
                                          attempt, error=error, produce_ts=produce_ts))
 
     def sink(self, pid: str | None, seq: int | None, partition: int | None, offset: int | None,
-             t: datetime | None, name: str = SINK, produce_ts: datetime | None = None) -> None:
-        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t, produce_ts=produce_ts))
+             t: datetime | None, name: str = SINK, produce_ts: datetime | None = None,
+             dead_letter: bool = False) -> None:
+        """A sink row, or (`dead_letter`) a record of the sink connector's dead-letter topic naming
+        the source record at (partition, offset), resolved through the log as a coordinates sink's row."""
+        self.sinks.setdefault(name, []).append(SinkRow(partition, offset, pid, seq, t, produce_ts=produce_ts,
+                                                       dead_letter=dead_letter))
 
     def clean(self, pid: str, seq: int, partition: int, offset: int, t: datetime, carried: bool = True) -> None:
         """A message that went through every tier exactly once; its consumption and sink rows
@@ -144,6 +148,7 @@ def frame(spark: Any, table: str, rows: Iterable[Mapping[str, Any]]) -> Any:
 
 def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
     from pyspark.sql.types import (
+        BooleanType,
         IntegerType,
         LongType,
         StringType,
@@ -155,9 +160,9 @@ def sink_frame(spark: Any, rows: Iterable[SinkRow], topic: str = TOPIC) -> Any:
     schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
                          StructField("offset", LongType()), StructField("pid", StringType()),
                          StructField("seq", LongType()), StructField("sink_ts", TimestampType()),
-                         StructField("produce_ts", TimestampType())])
-    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts, r.produce_ts)
-                                  for r in rows], schema)
+                         StructField("produce_ts", TimestampType()), StructField("dead_letter", BooleanType())])
+    return spark.createDataFrame([(r.topic, r.partition, r.offset, r.pid, r.seq, r.sink_ts, r.produce_ts,
+                                   r.dead_letter) for r in rows], schema)
 
 
 def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
@@ -262,6 +267,23 @@ def spark_classify(spark: Any, tc: TopicConfig, ws: datetime, as_of: datetime, i
 AS_OF_FINAL = at(90)
 G, S = f"group:{GROUP}", f"sink:{SINK}"
 
+
+def build_dead_letter_case() -> tuple[History, list[tuple[Any, ...]]]:
+    """A Kafka Connect sink fed by g1 with a dead-letter topic (docs/design.md §5.4): offset 0 the
+    connector could not convert went to the DLQ (`dead_lettered`, not missing); offset 1 was
+    dead-lettered on a first attempt and written on a retry (delivered); a DLQ record naming offset
+    42, which the log never held, is one quarantined row. Kept apart from `build_cases`: tests
+    write those cases' sink rows into real sink tables, and a DLQ record is no row of one."""
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    h.produce("dlq", 0, 0, 0, at(5))
+    h.record("dlq", 0, 0, 0, at(5))
+    h.consume("dlq", 0, 0, 0, at(5.1))
+    h.sink("dlq", 0, 0, 0, at(5.2), dead_letter=True)
+    h.clean("dlq", 1, 0, 1, at(6))
+    h.sink("dlq", 1, 0, 1, at(6), dead_letter=True)
+    h.sink(None, None, 0, 42, at(7), dead_letter=True)
+    return h, [(f"sink:{SINK}", "dead_lettered", 0, "dlq", 0, 0)]
 
 def build_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h = History()

@@ -41,6 +41,10 @@ def iceberg_connector(topic: str, table: str, warehouse: Path, control_topic: st
 def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
         spark: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_config: Any,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """A real Connect worker runs two Iceberg sink connectors, audited together by their rows'
+    coordinates: one writes every record of its topic; the other (errors.tolerance=all, a
+    dead-letter topic with context headers) cannot convert one record, which goes to its DLQ, and
+    the audit with the sink's `dead_letter_topic` reports exactly that message `dead_lettered`."""
     from datetime import UTC, datetime, timedelta
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -53,11 +57,16 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
     monkeypatch.chdir(tmp_path)
     topic = new_topic(kafka_bootstrap, partitions=2, prefix="ice")
     control = f"{topic}-control"  # `connect submit` creates it (the connector does not)
+    bad_topic = new_topic(kafka_bootstrap, partitions=1, prefix="icedlq")
+    dlq = f"{bad_topic}-dlq"
     t0 = datetime.now(UTC)
     with AuditedProducer({"bootstrap.servers": kafka_bootstrap, "log_level": 0}, producer_name="ice",
                          ledger_dir=tmp_path / "ledger" / "producer") as p:
         for i in range(6):
             p.produce(topic, json.dumps({"id": i, "item": f"sku-{i}"}).encode(), key=f"k{i}".encode(), partition=i % 2)
+        for i in range(5):  # offset 2 is not JSON: the connector's converter cannot read it
+            value = b"not json {" if i == 2 else json.dumps({"id": i, "item": f"sku-{i}"}).encode()
+            p.produce(bad_topic, value, key=f"k{i}".encode(), partition=0)
         assert p.flush(30) == 0
     # the ground truth: what the log holds, read back with a plain consumer
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-truth", "log_level": 0,
@@ -77,6 +86,12 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
     spec = tmp_path / "iceberg-orders.json"
     spec.write_text(json.dumps({"name": f"{topic}-sink",
                                 "config": iceberg_connector(topic, "audit.orders", warehouse, control)}))
+    dlq_spec = tmp_path / "iceberg-dlq.json"
+    dlq_spec.write_text(json.dumps({"name": f"{bad_topic}-sink", "config": {
+        **iceberg_connector(bad_topic, "audit.orders_dlq", warehouse, f"{bad_topic}-control"),
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": dlq,
+        "errors.deadletterqueue.topic.replication.factor": "1",
+        "errors.deadletterqueue.context.headers.enable": "true"}}))
     args = ["--dir", str(worker_dir), "--port", str(port)]
     try:
         assert cli.main(["connect", "start", "--bootstrap", kafka_bootstrap, *args]) == 0
@@ -85,6 +100,8 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
         assert capsys.readouterr().out == f"connect: connector {topic}-sink running, 1 task(s)\n"
         assert cli.main(["connect", "status", *args]) == 0
         assert capsys.readouterr().out == f"connect: running at http://127.0.0.1:{port}; connectors: {topic}-sink RUNNING\n"
+        assert cli.main(["connect", "submit", str(dlq_spec), *args]) == 0
+        assert capsys.readouterr().out == f"connect: connector {bad_topic}-sink running, 1 task(s)\n"
 
         sink = SinkConfig(name="orders_iceberg", format="iceberg", warehouse=str(warehouse), table="audit.orders")
         rows: list[tuple[Any, ...]] = []
@@ -97,32 +114,67 @@ def test_iceberg_connector_rows_carry_the_logs_coordinates_and_audit_by_them(
             except InputError:  # the table is not committed yet
                 time.sleep(1)
         assert sorted(rows) == sorted(log)
+        dlq_sink = SinkConfig(name="orders_dlq", format="iceberg", warehouse=str(warehouse), table="audit.orders_dlq")
+        written: list[int] = []
+        while len(written) < 4 and time.monotonic() < deadline:
+            try:
+                written = sorted(r[0] for r in read_iceberg(spark, dlq_sink).select("_kafka_metadata_offset").collect())
+            except InputError:
+                time.sleep(1)
+        assert written == [0, 1, 3, 4]
     finally:
         assert cli.main(["connect", "stop", *args]) == 0
     assert capsys.readouterr().out == "connect: stopped\n"
     assert cli.main(["connect", "status", *args]) == 1
+    # the DLQ holds the bad record, naming its source by the context headers
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{dlq}-truth", "log_level": 0,
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(dlq, 0, OFFSET_BEGINNING)])
+    m, deadline = None, time.monotonic() + 20
+    while m is None and time.monotonic() < deadline:
+        got = consumer.poll(0.5)
+        m = got if got is not None and got.error() is None else None
+    consumer.close()
+    assert m is not None and m.value() == b"not json {"
+    raw = m.headers() or []
+    named = dict(raw.items() if isinstance(raw, dict) else raw)
+    assert (named["__connect.errors.topic"], named["__connect.errors.partition"],
+            named["__connect.errors.offset"]) == (bad_topic.encode(), b"0", b"2")
 
-    # the audit of that table by its rows' coordinates (design §4.2 `identity: coordinates`): every
-    # message of the log is in it once, so the sink stage expects and has all six, with no anomaly
+    # the audit of the tables by their rows' coordinates (design §4.2 `identity: coordinates`): every
+    # message of the first log is in its table once, so the sink stage expects and has all six, with
+    # no anomaly; of the second, four are delivered and the one in the DLQ is dead_lettered
     from spark_jobs.capture import capture
     from spark_jobs.ingest import ingest
     from spark_jobs.io.lake import read_table
     from spark_jobs.reconcile import reconcile_range
 
-    cfg = make_config(tmp_path, topics={topic: {"window": "1h", "grace": "1m", "sinks": [
-        {"name": "orders_iceberg", "format": "iceberg", "warehouse": str(warehouse), "table": "audit.orders",
-         "identity": "coordinates", "columns": {"topic": "_kafka_metadata_topic",
-                                                "partition": "_kafka_metadata_partition",
-                                                "offset": "_kafka_metadata_offset"}}]}})
+    coordinates = {"topic": "_kafka_metadata_topic", "partition": "_kafka_metadata_partition",
+                   "offset": "_kafka_metadata_offset"}
+    cfg = make_config(tmp_path, topics={
+        topic: {"window": "1h", "grace": "1m", "sinks": [
+            {"name": "orders_iceberg", "format": "iceberg", "warehouse": str(warehouse), "table": "audit.orders",
+             "identity": "coordinates", "columns": coordinates}]},
+        bad_topic: {"window": "1h", "grace": "1m", "sinks": [
+            {"name": "orders_dlq", "format": "iceberg", "warehouse": str(warehouse), "table": "audit.orders_dlq",
+             "identity": "coordinates", "columns": coordinates, "dead_letter_topic": dlq}]}})
     start = t0.replace(minute=0, second=0, microsecond=0)
     end = datetime.now(UTC) + timedelta(minutes=1)
     ingest(spark, cfg)
-    capture(spark, cfg, start, end)
+    captured = capture(spark, cfg, start, end)
+    assert [d.line() for d in captured.dead_letters] == [f"dead-letter topic {dlq} (sink orders_dlq): 1 records"]
     results = reconcile_range(spark, cfg, start, end, end + timedelta(hours=2))
     sink_rows = [r for res in results for r in res.report if r["stage"] == "sink:orders_iceberg" and r["expected"]]
     assert sorted((r["partition"], r["expected"], r["delivered"], r["lost"], r["duplicated"]) for r in sink_rows) == [
         (0, 3, 3, 0, 0), (1, 3, 3, 0, 0)]
-    assert read_table(spark, cfg, "audit_anomalies").where(f"topic = '{topic}'").count() == 0
+    anomalies = read_table(spark, cfg, "audit_anomalies")
+    assert anomalies.where(f"topic = '{topic}'").count() == 0
+    dlq_rows = [r for res in results for r in res.report if r["stage"] == "sink:orders_dlq" and r["expected"]]
+    assert [(r["partition"], r["expected"], r["delivered"], r["lost"], r["dead_lettered"], r["missing_in_sink"])
+            for r in dlq_rows] == [(0, 5, 4, 0, 1, 0)]
+    assert [tuple(r) for r in anomalies.where(f"topic = '{bad_topic}'").select(
+        "stage", "anomaly", "partition", "offset").collect()] == [("sink:orders_dlq", "dead_lettered", 0, 2)]
+
 
 
 @pytest.mark.unit

@@ -324,3 +324,46 @@ def test_the_checks_that_need_neighbours_on_narrow_rows() -> None:
              c("g", 1, 2, 1), c("g", 1, 1, 1, consumer="c2"), c("h", 0, 3, 5), c("h", 0, 5, 6)]
     assert [(x.group, x.partition, x.offset) for x in reordered_in_consumption(procs)] == [
         ("g", 0, 3), ("g", 0, 4), ("g", 1, 1)]
+
+
+def test_a_connect_sinks_dead_letter_records_account_for_their_messages() -> None:
+    """A sink fed by the committed log (a Kafka Connect sink audited by coordinates): of three
+    messages, one was written, one went to the connector's dead-letter topic (`dead_lettered` at
+    the sink stage, counted as neither delivered nor lost), one was dropped without a trace
+    (errors.tolerance=all and no DLQ: `missing_in_sink`). A DLQ record naming a position the log
+    never held is one quarantined row, never `unexpected_in_sink`; before grace the dead-lettered
+    message is already accounted for (not pending)."""
+    h = History()
+    h.captured(0, 0, 100, at(70))
+    for i in range(3):
+        h.produce("k", i, 0, i, at(5 + i))
+        h.record("k", i, 0, i, at(5 + i))
+    h.sink("k", 0, 0, 0, at(6))
+    h.sink("k", 1, 0, 1, at(7), dead_letter=True)
+    h.sink(None, None, 0, 42, at(8), dead_letter=True)  # the log never held offset 42
+    tc = topic_config(groups=(), sinks=((SINK, None),))
+    r = reconcile_window(tc, T0, AS_OF_FINAL, h.inputs())
+    assert brief(a for a in r.anomalies if a["stage"] == S) == [(S, "dead_lettered", 0, "k", 1, 1),
+                                                                (S, "missing_in_sink", 0, "k", 2, 2)]
+    row = next(x for x in r.report if x["stage"] == S and x["partition"] == 0)
+    assert (row["expected"], row["delivered"], row["lost"], row["pending"], row["dead_lettered"],
+            row["missing_in_sink"], row["unexpected_in_sink"]) == (3, 1, 1, 0, 1, 1, 0)
+    assert r.quarantined_ledger_rows == 1
+    early = reconcile_window(tc, T0, at(9), h.inputs())
+    assert brief(a for a in early.anomalies if a["stage"] == S) == [(S, "dead_lettered", 0, "k", 1, 1),
+                                                                    (S, "pending", 0, "k", 2, 2)]
+
+
+def test_the_dead_letter_hand_case_gives_its_exact_rows() -> None:
+    """tests/reconcile_cases.py `build_dead_letter_case`: a sink fed by g1 with a dead-letter topic."""
+    from tests.reconcile_cases import build_dead_letter_case
+
+    h, expected = build_dead_letter_case()
+    r = reconcile_window(topic_config(), T0, AS_OF_FINAL, h.inputs())
+    assert brief(r.anomalies) == expected
+    rows = {(x["stage"], x["partition"]): x for x in r.report}
+    # accounted for at the sink (not delivered, not lost); the sibling written on a retry is delivered
+    assert rows[(S, 0)] == report_row(S, 0, expected=2, delivered=1, dead_lettered=1, latency_p50_ms=2000.0,
+                                      latency_p95_ms=2000.0, latency_p99_ms=2000.0, latency_max_ms=2000.0)
+    assert rows[(G, 0)]["dead_lettered"] == 0 and rows[(G, 0)]["delivered"] == 2
+    assert r.quarantined_ledger_rows == 1

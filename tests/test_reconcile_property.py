@@ -146,8 +146,14 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
                 sinks[name].append(SinkRow(r["p"], r["off"], cpid, cseq_v,
                                            None if draw(st.integers(0, 9)) == 0 else _at(r["t"] + delay),
                                            produce_ts=carried()))
+            if draw(st.integers(0, 4)) == 0:  # the connector's dead-letter topic names this record
+                sinks[name].append(SinkRow(r["p"], r["off"], cpid, cseq_v, _at(r["t"] + draw(st.sampled_from([3, 1500]))),
+                                           dead_letter=True))
     if draw(st.booleans()):
         sinks["s1"].append(SinkRow(1, 99, "ghost-pid", 0, _at(draw(st.integers(0, 3599)))))
+    if draw(st.integers(0, 3)) == 0:  # a dead-letter record naming a position the log never held
+        sinks[draw(st.sampled_from(["s1", "s2"]))].append(
+            SinkRow(0, 97, None, None, _at(draw(st.integers(0, 3599))), dead_letter=True))
     watermarks = []
     offsets = []
     for p in (0, 1):
@@ -301,6 +307,7 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
         TOPIC,
         arrow_tables,
         build_cases,
+        build_dead_letter_case,
         build_mirror_cases,
         classify_in_chunks,
         mirror_topic_config,
@@ -309,7 +316,9 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
     history, _ = build_cases()
     inputs = history.inputs()
     mirrored, _ = build_mirror_cases()
-    for tc, ins in ((topic_config(), inputs), (mirror_topic_config(), mirrored.inputs())):
+    dead_letters, _ = build_dead_letter_case()
+    for tc, ins in ((topic_config(), inputs), (mirror_topic_config(), mirrored.inputs()),
+                    (topic_config(), dead_letters.inputs())):
         for as_of in (T0 + timedelta(minutes=61), AS_OF_FINAL):
             want = reconcile_window(tc, T0, as_of, ins)
             assert want.anomalies

@@ -212,3 +212,79 @@ def test_a_mapping_to_a_missing_field_or_a_wrong_type_is_one_line(spark: Any, co
     with pytest.raises(InputError, match=error) as e:
         identity_rows(df, sink)
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------- Kafka Connect's dead-letter queue
+@pytest.mark.unit
+def test_a_dead_letter_topic_is_a_sink_key_and_a_bad_one_is_one_line() -> None:
+    assert _parse({**_sink(partition="p", offset="o"), "dead_letter_topic": "dlq-s1"}).dead_letter_topic == "dlq-s1"
+    assert _parse(_sink(partition="p", offset="o")).dead_letter_topic is None
+    with pytest.raises(ConfigError, match=r"^m.yaml: topics.orders.sinks\[0\].dead_letter_topic: expected the "
+                                          r"connector's errors.deadletterqueue.topic.name, got ''$"):
+        _parse({**_sink(partition="p", offset="o"), "dead_letter_topic": ""})
+
+
+def _dlq_frame(spark: Any) -> Any:
+    """Records of a DLQ topic as Spark's Kafka source reads them (headers as key/binary pairs)."""
+    def ctx(offset: str) -> list[tuple[str, bytes]]:
+        return [("__connect.errors.topic", TOPIC.encode()), ("__connect.errors.partition", b"0"),
+                ("__connect.errors.offset", offset.encode()),
+                ("__connect.errors.exception.class.name", b"org.apache.kafka.connect.errors.DataException"),
+                ("__connect.errors.exception.message", b"Converting byte[] to Kafka Connect data failed")]
+    rows = [("dlq", 0, 0, _naive(at(14)), ctx("4")),  # p/3 @4: the connector could not convert it
+            ("dlq", 0, 1, _naive(at(21)), ctx("7")),  # a position the log never held
+            ("dlq", 0, 2, _naive(at(22)), [("other", b"x")])]  # no context headers: names nothing
+    return spark.createDataFrame(rows, "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+                                       "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+
+
+@pytest.mark.spark
+def test_dead_letter_records_name_their_source_and_the_sink_stage_reports_it_dead_lettered(spark: Any) -> None:
+    """Capture's rows of a DLQ topic (the position its context headers name, the error), read with
+    the sink's rows: the message the connector dead-lettered is `dead_lettered`, not missing; the
+    DLQ records naming a position the log never held, or nothing, are quarantined; Spark tasks and
+    the oracle give the same rows."""
+    from dataclasses import replace
+
+    from pyspark.sql import functions as F
+
+    from spark_jobs.capture import dead_letter_rows as captured_rows
+    from spark_jobs.io.sinks_read import dead_letter_rows, identity_rows, resolve_coordinates
+    from spark_jobs.reconcile import classify_window
+    from tests.reconcile_cases import window_inputs
+
+    cap = datetime(2026, 11, 21, 12, tzinfo=UTC)
+    dl = captured_rows(_dlq_frame(spark), cap)
+    err = "org.apache.kafka.connect.errors.DataException: Converting byte[] to Kafka Connect data failed"
+    assert [tuple(r) for r in dl.orderBy("dlq_offset").collect()] == [
+        ("dlq", 0, 0, TOPIC, 0, 4, err, _naive(at(14)), _naive(cap)),
+        ("dlq", 0, 1, TOPIC, 0, 7, err, _naive(at(21)), _naive(cap)),
+        ("dlq", 0, 2, None, None, None, None, _naive(at(22)), _naive(cap))]
+
+    sink = replace(_coordinates_sink(), dead_letter_topic="dlq")
+    tc = TopicConfig(name=TOPIC, sinks=(sink,))
+    h = _history()
+    inputs = window_inputs(spark, h.inputs(), tc)
+    written = [*_SINK_ROWS[:4], (TOPIC, 0, 5, at(15))]  # every message but p/3, p/1 twice
+    rows = resolve_coordinates(identity_rows(_sink_frame(spark, written), sink), inputs.log)
+    both = rows.withColumn("dead_letter", F.lit(False)).unionByName(dead_letter_rows(dl, sink, inputs.log))
+    inputs.sinks = {"s1": both}
+    c = classify_window(spark, inputs, tc, T0, AS_OF_FINAL, engine="spark", chunks=3)
+    anomalies = sorted_anomalies(r.asDict() for r in c.anomalies.collect())
+    assert [a for a in brief(anomalies) if a[0] == S] == [
+        (S, "dead_lettered", 0, "p", 3, 4),
+        (S, "duplicate_in_sink", 0, "p", 1, 1),
+    ]
+    sink_report = [r for r in norm_rows(c.report) if r["stage"] == S]
+    assert [(r["partition"], r["expected"], r["delivered"], r["lost"], r["dead_lettered"], r["missing_in_sink"])
+            for r in sink_report] == [(0, 5, 4, 0, 1, 0)]
+    assert c.quarantined == 2
+    h.sinks["s1"] = [SinkRow(r["partition"], r["offset"], r["pid"], r["seq"],
+                             None if r["sink_ts"] is None else r["sink_ts"].replace(tzinfo=UTC), TOPIC,
+                             None if r["produce_ts"] is None else r["produce_ts"].replace(tzinfo=UTC),
+                             dead_letter=r["dead_letter"])
+                     for r in (x.asDict() for x in both.collect())]
+    oracle = reconcile_window(tc, T0, AS_OF_FINAL, h.inputs())
+    assert anomalies == sorted_anomalies(oracle.anomalies)
+    assert norm_rows(c.report) == norm_rows(oracle.report)
+    assert oracle.quarantined_ledger_rows == 2

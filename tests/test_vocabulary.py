@@ -18,6 +18,7 @@ from tests.reconcile_cases import (
     T0,
     at,
     build_cases,
+    build_dead_letter_case,
     build_mirror_cases,
     build_share_cases,
     mirror_topic_config,
@@ -89,11 +90,13 @@ def test_oracle_anomaly_rows_use_the_vocabulary_codes_and_detail_texts() -> None
     rows: list[dict[str, Any]] = []
     mirrored, _ = build_mirror_cases()
     shared, _ = build_share_cases()
+    dead_letters, _ = build_dead_letter_case()
     for as_of in (AS_OF_FINAL, at(30)):
         rows += reconcile_window(tc, T0, as_of, history.inputs()).anomalies
         rows += reconcile_window(mirror_topic_config(), T0, as_of, mirrored.inputs()).anomalies
         rows += reconcile_window(share_topic_config(), T0, at(12) if as_of != AS_OF_FINAL else as_of,
                                  shared.inputs()).anomalies
+        rows += reconcile_window(tc, T0, as_of, dead_letters.inputs()).anomalies
     seen = set()
     for a in rows:
         key = (v.stage_kind(a["stage"]), a["anomaly"])
@@ -130,6 +133,7 @@ def test_report_columns_are_the_base_columns_and_the_vocabularys_code_columns() 
     from audit.serving.report_store import anomalies, partition_report
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
+    # one column per code name (dead_lettered: group and sink share it)
     expected = v.REPORT_BASE_COLUMNS + tuple(dict.fromkeys(a.report_column for a in v.ANOMALIES if a.report_column))
     assert tuple(c.name for c in partition_report.columns) == expected
     assert tuple(f.name for f in AUDIT_PARTITION_REPORT.fields) == expected

@@ -95,6 +95,9 @@ class SinkConfig:
     identity: str = "audit"  # IDENTITIES
     # the topic whose `sinks` list holds this sink: the rows' topic when `columns` maps none
     topic: str | None = None
+    # the sink connector's dead-letter topic (Kafka Connect's errors.deadletterqueue.topic.name):
+    # its records name their source record by the __connect.errors.* headers (docs/design.md §4.2)
+    dead_letter_topic: str | None = None
 
     @property
     def has_sink_time(self) -> bool:
@@ -352,7 +355,11 @@ def _parse_sla(raw: Any, where: str) -> tuple[SlaRule, ...]:
 def _parse_sink(raw: Any, where: str, base: Path, topic: str | None = None) -> SinkConfig:
     data = _mapping(raw, where)
     _check_keys(data, ("name", "format", "location", "url", "table", "group", "columns", "identity", "warehouse",
-                       "catalog"), where)
+                       "catalog", "dead_letter_topic"), where)
+    dlq = data.get("dead_letter_topic")
+    if dlq is not None and (not isinstance(dlq, str) or not dlq.strip()):
+        raise ConfigError(f"{where}.dead_letter_topic: expected the connector's errors.deadletterqueue.topic.name, "
+                          f"got {dlq!r}")
     for req in ("name", "format"):
         if req not in data:
             raise ConfigError(f"{where}: missing key {req!r}")
@@ -409,6 +416,7 @@ def _parse_sink(raw: Any, where: str, base: Path, topic: str | None = None) -> S
         catalog=catalog,
         identity=identity,
         topic=topic,
+        dead_letter_topic=dlq,
     )
 
 

@@ -62,7 +62,7 @@ MAX_GAP_ROWS = 1000
 
 @dataclass(frozen=True)
 class AnomalyCode:
-    """One anomaly code at one stage kind (`pending` exists at two: group and sink).
+    """One anomaly code at one stage kind (`pending` and `dead_lettered` exist at two: group and sink).
 
     `detail` is a `str.format` template; `variants` are other templates of the same code (by
     variant name); `detail_from` names an input value that, when not null, is the detail instead
@@ -135,6 +135,7 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("missing_in_sink", SINK, "processed by the group, not in the sink", (LOST,)),
     _code("duplicate_in_sink", SINK, "copy {k} of {n}", (DUPLICATED,)),
     _code("unexpected_in_sink", SINK, "no committed log record"),
+    _code("dead_lettered", SINK, "in the connector's dead-letter topic, not in the sink"),
     _code("pending", SINK, "not in the sink yet, within grace", (PENDING,), column=False),
     # stage mirror:<m>
     _code("lost_in_mirror", MIRROR, "committed in the source log, not in {mirror_topic} after grace", (LOST,)),
@@ -175,6 +176,8 @@ ANOMALY_CODES_BY_STAGE: dict[str, tuple[str, ...]] = {
 ANOMALY_CODES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in ANOMALIES))
 
 # Report columns named after codes (`pending` already is a base column of the report).
+# one column per code name: a name two stage kinds share (`dead_lettered`) is one column, each
+# stage's row holding its own count
 REPORT_CODE_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(a.report_column for a in ANOMALIES
                                                            if a.report_column is not None))
 
@@ -280,7 +283,15 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
     (SINK, "missing_in_sink"): Explanation(
         "the group processed the record but its sink write was lost: offsets committed before the write "
         "was durable, or an unflushed asynchronous write",
-        "commit offsets only after the sink write is durable (or in the same transaction)"),
+        "commit offsets only after the sink write is durable (or in the same transaction); for a Kafka "
+        "Connect sink, look for a dead-letter topic (errors.deadletterqueue.topic.name: name it in "
+        "sinks[].dead_letter_topic) or errors.tolerance=all without one, which drops the records it "
+        "cannot convert or write"),
+    (SINK, "dead_lettered"): Explanation(
+        "the sink connector could not convert or write the record and sent it to its dead-letter topic "
+        "(errors.tolerance=all with errors.deadletterqueue.topic.name)",
+        "read the error in the DLQ record's __connect.errors.* headers, fix the record or the "
+        "connector's converter, and replay it; alert on a growing DLQ"),
     (SINK, "duplicate_in_sink"): Explanation(
         "the sink appends, so a redelivered record was written again",
         "write idempotently: upsert/merge by (topic, partition, offset) or pid:seq instead of append"),

@@ -4,7 +4,7 @@ A message is *ordinary* when, in the rows at hand, it has exactly one ledger row
 partition and offset), exactly one valid log record (committed, at that partition and offset), for
 each group of the topic exactly one consumption row (a processing, at that partition and offset,
 read on the audited cluster, not flagged by the order of consumption) and no other, and exactly one
-row in each sink. Every rule of §5 gives such a message nothing but: expected and delivered at every
+row in each sink (not a dead-letter row). Every rule of §5 gives such a message nothing but: expected and delivered at every
 stage, its ack, consume and sink latencies, and its narrow row for the checks that need neighbours.
 `settle` computes those facts for all ordinary messages at once; every other message -- with all
 its rows --, every row without a message identity, the consumer interceptor's `committed` rows
@@ -325,9 +325,12 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
             ok = np.zeros(len(cand), dtype=bool)
             si = np.empty(0, np.int64)
         else:
-            uS, rowS = _single(kS[sc.name], np.ones(sinks[sc.name].num_rows, dtype=bool))
+            st = sinks[sc.name]
+            uS, rowS = _single(kS[sc.name], np.ones(st.num_rows, dtype=bool))
             si = _lookup(uS, rowS, cand)
             ok = si >= 0
+            if "dead_letter" in st.column_names and st.num_rows:  # a dead-letter row is not a sink row
+                ok &= ~bools(pc.fill_null(st["dead_letter"], False))[np.where(ok, si, 0)]
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: a[ok] for k, a in at.items()}
         if sc.name in sinks:

@@ -342,6 +342,7 @@ PRODUCED_BY = {
     "mirror_records": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_watermarks": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_group_offsets": "`msgaudit capture` (mirrors with `failover_groups`)",
+    "dead_letter_records": "`msgaudit capture` (sinks with `dead_letter_topic`)",
     "audit_partition_report": "`msgaudit reconcile`",
     "audit_anomalies": "`msgaudit reconcile`",
 }

@@ -122,6 +122,21 @@ MIRROR_WATERMARKS = StructType([StructField("mirror", StringType(), False), *PAR
 # the failover groups' committed offsets on a mirror's target cluster (§5.5): topic = the source topic
 MIRROR_GROUP_OFFSETS = StructType([StructField("mirror", StringType(), False), *GROUP_OFFSETS.fields])
 
+# A sink connector's dead-letter topic (sinks[].dead_letter_topic, docs/design.md §4.2): per DLQ
+# record, the source record its __connect.errors.topic / partition / offset headers name (null when
+# the connector does not set them) and its error (exception class: message).
+DEAD_LETTER_RECORDS = _s(
+    ("dlq_topic", StringType(), False),
+    ("dlq_partition", IntegerType(), False),
+    ("dlq_offset", LongType(), False),
+    ("topic", StringType(), True),
+    ("partition", IntegerType(), True),
+    ("offset", LongType(), True),
+    ("error", StringType(), True),
+    ("kafka_ts", TimestampType(), True),
+    ("captured_at", TimestampType(), False),
+)
+
 AUDIT_PARTITION_REPORT = _s(
     ("window_start", TimestampType(), False),
     ("window_end", TimestampType(), False),
@@ -190,6 +205,7 @@ TABLES: dict[str, StructType] = {
     "mirror_records": MIRROR_RECORDS,
     "mirror_watermarks": MIRROR_WATERMARKS,
     "mirror_group_offsets": MIRROR_GROUP_OFFSETS,
+    "dead_letter_records": DEAD_LETTER_RECORDS,
     "audit_partition_report": AUDIT_PARTITION_REPORT,
     "audit_anomalies": AUDIT_ANOMALIES,
 }

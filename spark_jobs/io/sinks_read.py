@@ -199,10 +199,13 @@ def normalise(df: DataFrame, sink: SinkConfig) -> DataFrame:
     return df.select(*cols)
 
 
-def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None, log: DataFrame | None = None) -> DataFrame:
-    """The sink's rows of `topic` (None: of every topic), normalised. Filters push down to Delta
-    and JDBC. A sink whose rows name their message by Kafka coordinates is resolved through `log`
-    (`log_records`; required for `identity: coordinates`)."""
+def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None, log: DataFrame | None = None,
+              dead_letters: DataFrame | None = None) -> DataFrame:
+    """The sink's rows of `topic` (None: of every topic), normalised, with `dead_letter` false. Filters
+    push down to Delta and JDBC. A sink whose rows name their message by Kafka coordinates is
+    resolved through `log` (`log_records`; required for `identity: coordinates`). A sink with a
+    `dead_letter_topic` also gets that topic's records from `dead_letters` (`dead_letter_records`,
+    required then) as rows with `dead_letter` true (`dead_letter_rows`)."""
     raw = _load(spark, sink)
     if sink.identity == "audit":
         df = normalise(raw, sink)
@@ -213,7 +216,31 @@ def read_sink(spark: SparkSession, sink: SinkConfig, topic: str | None, log: Dat
                 raise InputError(f"sink {sink.name!r}: identity coordinates needs the captured log (log_records)")
             rows = resolve_coordinates(rows, log)
         df = rows.select(*SINK_AUDIT_COLUMNS)
+    df = df.withColumn("dead_letter", F.lit(False))
+    if sink.dead_letter_topic:
+        if log is None or dead_letters is None:
+            raise InputError(f"sink {sink.name!r}: sinks[].dead_letter_topic needs the captured log and its "
+                             "dead-letter records (run `msgaudit capture` first)")
+        df = df.unionByName(dead_letter_rows(dead_letters, sink, log))
     return df if topic is None else df.where(F.col("topic") == topic)
+
+
+def dead_letter_rows(dead_letters: DataFrame, sink: SinkConfig, log: DataFrame) -> DataFrame:
+    """The records of the sink's dead-letter topic (`dead_letter_records`) as sink rows with
+    `dead_letter` true: the source record each names, resolved through the log like a coordinates
+    row, placed by the DLQ record's Kafka timestamp (when the connector dead-lettered it). A record
+    naming a position the log never held keeps pid and seq null (the rules count it as
+    quarantined); one without the __connect.errors.* headers names nothing and is quarantined too,
+    under the sink's topic."""
+    named = F.col("topic").isNotNull() & F.col("partition").isNotNull() & F.col("offset").isNotNull()
+    rows = dead_letters.where(F.col("dlq_topic") == F.lit(sink.dead_letter_topic)).select(
+        F.coalesce(F.col("topic"), F.lit(sink.topic)).cast("string").alias("topic"),
+        F.when(named, F.col("partition")).cast("int").alias("partition"),
+        F.when(named, F.col("offset")).cast("bigint").alias("offset"),
+        F.lit(None).cast("string").alias("pid"), F.lit(None).cast("bigint").alias("seq"),
+        F.col("kafka_ts").cast("timestamp").alias("sink_ts"), F.lit(None).cast("timestamp").alias("produce_ts"),
+        F.col("kafka_ts").cast("timestamp").alias("record_ts"))
+    return resolve_coordinates(rows, log).select(*SINK_AUDIT_COLUMNS).withColumn("dead_letter", F.lit(True))
 
 
 # -- sinks whose rows name their message otherwise (docs/design.md §4.2, §8 `identity`) ---------

@@ -60,6 +60,7 @@ def sink_rows(inputs: WindowInputs) -> DataFrame | None:
     # the optional produce time (docs/design.md §4.2): null for a sink that lacks it
     parts = [p if "produce_ts" in p.columns else p.withColumn("produce_ts", F.lit(None).cast("timestamp"))
              for p in parts]
+    parts = [p if "dead_letter" in p.columns else p.withColumn("dead_letter", F.lit(False)) for p in parts]
     if not parts:
         return None
     out = parts[0]
@@ -143,7 +144,11 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     def sink_log(s: Any) -> DataFrame | None:
         """The whole captured log, for a sink whose rows name records by their coordinates (a sink
         row's record may lie in any hour)."""
-        return table("log_records")[0] if s.identity == "coordinates" else None
+        return table("log_records")[0] if s.identity == "coordinates" or s.dead_letter_topic else None
+
+    def sink_dlq(s: Any) -> DataFrame | None:
+        """The captured dead-letter records, for a sink that names its connector's DLQ topic."""
+        return table("dead_letter_records")[0] if s.dead_letter_topic else None
 
     ledger = pruned("producer_ledger", m_lo, m_hi)
     log = pruned("log_records", m_lo, m_hi)
@@ -172,7 +177,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         for s in tc0.sinks:
             key = f"sink:{_sink_identity(s)!r}"
             if key not in cache:
-                cache[key] = (read_sink(spark, s, None, sink_log(s)), True)
+                cache[key] = (read_sink(spark, s, None, sink_log(s), sink_dlq(s)), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
         return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks,
                             mirror_group_offsets=mirror_groups)
@@ -185,7 +190,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     for ident, named in users.items():
         key = f"sink:{ident!r}"
         if key not in cache:
-            cache[key] = (read_sink(spark, named[0][1], None, sink_log(named[0][1])), True)
+            cache[key] = (read_sink(spark, named[0][1], None, sink_log(named[0][1]), sink_dlq(named[0][1])), True)
         by_topic: dict[str, list[str]] = {}
         for t, s in named:
             by_topic.setdefault(t, []).append(s.name)
@@ -234,7 +239,8 @@ def _sink_identity(s: Any) -> tuple[Any, ...]:
     """What makes two sink configs read the same rows: the table, its column mapping and how its
     rows name their message (with the topic they get when no column names it)."""
     named = (s.identity, s.topic) if s.identity != "audit" and "topic" not in s.columns else (s.identity,)
-    return (s.format, s.location, s.url, s.table, tuple(sorted((s.columns or {}).items())), *named)
+    return (s.format, s.location, s.url, s.table, tuple(sorted((s.columns or {}).items())), *named,
+            *((s.dead_letter_topic, s.topic) if s.dead_letter_topic else ()))
 
 
 def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
@@ -256,12 +262,15 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
             cache[name] = read_input_table(spark, cfg, name)
 
     def sink_log(s: Any) -> DataFrame | None:
-        return cache["log_records"][0] if s.identity == "coordinates" else None
+        return cache["log_records"][0] if s.identity == "coordinates" or s.dead_letter_topic else None
 
+    if any(s.dead_letter_topic for s in tc.sinks) and "dead_letter_records" not in cache:
+        cache["dead_letter_records"] = read_input_table(spark, cfg, "dead_letter_records")
     for s in tc.sinks:
         key = f"sink:{_sink_identity(s)!r}"
         if key not in cache:
-            cache[key] = (read_sink(spark, s, None, sink_log(s)), True)
+            cache[key] = (read_sink(spark, s, None, sink_log(s),
+                                    cache["dead_letter_records"][0] if s.dead_letter_topic else None), True)
 
 
 # Inputs that are not all plain local Parquet (a JDBC sink, an object store) and whose files hold at
