@@ -68,7 +68,7 @@ def expected_ledger(spark: Any, rows: list[dict[str, Any]]) -> Any:
     schema = StructType([*PRODUCER_LEDGER.fields, StructField(PART_HOUR, StringType(), False)])
     data = []
     for r in rows:
-        data.append(tuple(ms_to_dt(r[f.name]) if f.name.endswith("_ts") else r[f.name] for f in PRODUCER_LEDGER.fields)
+        data.append(tuple(ms_to_dt(r[f.name]) if f.name.endswith("_ts") else r.get(f.name) for f in PRODUCER_LEDGER.fields)
                     + (datetime.fromtimestamp(r["produce_ts"] / 1000, tz=UTC).strftime("%Y-%m-%dT%H"),))
     return spark.createDataFrame(data, schema)
 
