@@ -298,8 +298,8 @@ def test_the_kernel_equals_the_oracle_row_for_row_whole_and_in_chunks(history: t
 
 @pytest.mark.unit
 def test_the_kernel_on_the_hand_written_cases() -> None:
-    """Every hand-written case of tests/reconcile_cases.py (one per code, mirrors and failovers
-    included), before and after grace, whole and in chunks: the kernel gives the oracle's rows."""
+    """Every hand-written case of tests/reconcile_cases.py (one per code, mirrors, failovers and
+    share groups included), before and after grace, whole and in chunks: the kernel gives the oracle's rows."""
     from audit.rules import kernel
     from tests.reconcile_cases import (
         AS_OF_FINAL,
@@ -309,16 +309,19 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
         build_cases,
         build_dead_letter_case,
         build_mirror_cases,
+        build_share_cases,
         classify_in_chunks,
         mirror_topic_config,
+        share_topic_config,
     )
 
     history, _ = build_cases()
     inputs = history.inputs()
     mirrored, _ = build_mirror_cases()
     dead_letters, _ = build_dead_letter_case()
+    shared, _ = build_share_cases()
     for tc, ins in ((topic_config(), inputs), (mirror_topic_config(), mirrored.inputs()),
-                    (topic_config(), dead_letters.inputs())):
+                    (topic_config(), dead_letters.inputs()), (share_topic_config(), shared.inputs())):
         for as_of in (T0 + timedelta(minutes=61), AS_OF_FINAL):
             want = reconcile_window(tc, T0, as_of, ins)
             assert want.anomalies

@@ -4,15 +4,16 @@ A message is *ordinary* when, in the rows at hand, it has exactly one ledger row
 partition and offset), exactly one valid log record (committed, at that partition and offset), for
 each group of the topic exactly one consumption row (a processing, at that partition and offset,
 read on the audited cluster, not flagged by the order of consumption) and no other, and exactly one
-row in each sink (not a dead-letter row). Every rule of §5 gives such a message nothing but: expected and delivered at every
-stage, its ack, consume and sink latencies, and its narrow row for the checks that need neighbours.
+row in each sink (not a dead-letter row); for each share group exactly two rows, an acquisition and
+an accept the broker took, at that position, on the audited cluster. Every rule of §5 gives such a
+message nothing but: expected and delivered at every stage, its ack, consume and sink latencies,
+and its narrow row for the checks that need neighbours.
 `settle` computes those facts for all ordinary messages at once; every other message -- with all
 its rows --, every row without a message identity, the consumer interceptor's `committed` rows
 and the rows read on a mirror go to `oracle.window_facts`, which classifies them exactly as it
 classifies a whole window. A mirrored topic's messages all go to the oracle (its failover and
-mirror rules read the whole window: such a window is settled as one chunk). A topic a share group
-reads has no ordinary message (each record has an acquisition and an acknowledgement row): its
-messages all go to the oracle too, chunk by chunk (the share stage's rules read one record's rows).
+mirror rules read the whole window: such a window is settled as one chunk), and so do the messages
+of a topic whose sink counts only what a share group consumed.
 
 A chunk holds every row of its messages (the caller splits a window by message), the consumer
 interceptor's `committed` rows of the window, and, in `consumed`'s `_flag` column when the window
@@ -38,12 +39,15 @@ from audit import oracle
 from audit.core.config import TopicConfig
 from audit.core.report import assemble_report, code_counts
 from audit.core.vocabulary import (
+    ACCEPTED,
     ACKED,
+    ACQUIRED,
     COMMITTED,
     LEDGER_STATUSES,
     LOG,
     PROCESSING_OUTCOMES,
     group_stage,
+    share_stage,
     sink_stage,
 )
 from audit.core.windows import read_ranges
@@ -239,8 +243,8 @@ def _oracle_rows(table: pa.Table | None, cls: type, topic: str) -> list[Any]:
 
 
 def _all_by_oracle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, v: _Visible) -> Settled:
-    """A mirrored topic, or one a share group reads: every rule by the oracle, over the visible rows
-    (a share group's record has two rows or more, so none of its messages is ordinary)."""
+    """A mirrored topic, or one with a sink fed by a share group: every rule by the oracle, over the
+    visible rows."""
     reordered: set[int] | None = None
     consumed = _oracle_rows(v.consumed, oracle.ConsumedRow, tc.name)
     if "_flag" in v.consumed.column_names and v.consumed.num_rows:
@@ -261,7 +265,8 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     """The facts of `tc`'s messages in `t` (a window, or one chunk of it: see the module's docstring)."""
     topic = tc.name
     v = _visible(tc, ws, t)
-    if tc.mirrors or tc.share_groups:
+    shares = {sg.name for sg in tc.share_groups}
+    if tc.mirrors or any(s.group in shares for s in tc.sinks):
         return _all_by_oracle(tc, ws, as_of, t, v)
     ws_us, we_us = micros(ws), micros(ws + tc.window)
     led, log, con, sinks = v.ledger, v.log, v.consumed, v.sinks
@@ -319,6 +324,25 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: a[ok] for k, a in at.items()}
         at[g] = gi[ok]
+    # --- each share group: one acquisition and one accept the broker took, at the record's
+    # position, on the audited cluster, and no other row of the group
+    for sg in tc.share_groups:
+        ok = np.zeros(len(cand), dtype=bool)
+        ai = xi = np.full(len(cand), -2, dtype=np.int64)
+        if con.num_rows:
+            of_g = bools(pc.equal(con["group"], sg.name))
+            uA, rowA = _single(kC, of_g & on_source & bools(pc.equal(con["outcome"], ACQUIRED)))
+            uX, rowX = _single(kC, of_g & on_source & bools(pc.and_(pc.equal(con["outcome"], ACCEPTED),
+                                                                      pc.is_null(con["error"]))))
+            ks, n = np.unique(kC[of_g & (kC >= 0)], return_counts=True)
+            ai, xi = _lookup(uA, rowA, cand), _lookup(uX, rowX, cand)
+            a_ok, x_ok = np.where(ai >= 0, ai, 0), np.where(xi >= 0, xi, 0)
+            ok = ((ai >= 0) & (xi >= 0) & (_lookup(ks, n, cand) == 2)
+                  & (c_part[a_ok] == r_part[ri]) & (c_off[a_ok] == r_off[ri])
+                  & (c_part[x_ok] == r_part[ri]) & (c_off[x_ok] == r_off[ri]))
+        cand, li, ri = cand[ok], li[ok], ri[ok]
+        at = {k: a[ok] for k, a in at.items()}
+        at["share:" + sg.name], at["share-ack:" + sg.name] = ai[ok], xi[ok]
     # --- each sink: one row
     for sc in tc.sinks:
         if sc.name not in sinks:
@@ -353,7 +377,8 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
                for name, st in sinks.items()})
     reordered: set[int] = set()
     if con.num_rows:
-        mask = other(con.num_rows, *(at[g] for g in tc.groups))
+        mask = other(con.num_rows, *(at[g] for g in tc.groups),
+                     *(at[f"{kind}:{g}"] for g in shares for kind in ("share", "share-ack")))
         facts_rows.consumed = oracle_rows(con, oracle.ConsumedRow, mask, topic)
         for row, f in zip(facts_rows.consumed, flagged[mask], strict=True):
             if f:
@@ -381,6 +406,9 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     for g in tc.groups:
         consumed_at = c_ts[at[g][win]]
         count(group_stage(g), part[win], (consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool))
+    for g in sorted(shares):
+        consumed_at = c_ts[at["share:" + g][win]]
+        count(share_stage(g), part[win], (consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool))
     for sc in tc.sinks:
         if sc.name not in sinks:  # no row in this sink: no message is ordinary
             continue
