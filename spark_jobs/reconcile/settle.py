@@ -26,9 +26,11 @@ into chunks, one Spark task each:
    the bounds alone, and a map pass over each chunk's narrow rows (no shuffle) finds its gaps, its
    flagged originals and the rows an earlier chunk's flagged ones may find before them
    (`neighbours.log_order_part`), which the driver joins (`neighbours.log_order_across`). Content
-   duplicates are one pass over the originals whose fingerprint's first hash repeats, by hash. A
-   `failed_send` row whose send's fingerprint is known carries its hashes; the latest original of
-   each such fingerprint is collected, and a resend at or after the failed send takes the row back;
+   duplicates are one pass over the originals with a fingerprint, each task a bucket of its first
+   hash. The narrow rows travel packed as Arrow IPC, a few blobs per chunk and bucket: Spark moves
+   and keeps bytes, not a row per message. A `failed_send` row whose send's fingerprint is known
+   carries its hashes; the content pass hands back the latest original of each such fingerprint,
+   and a resend at or after the failed send takes the row back;
 4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
    latency), and assembles each topic's report (`kernel.result`).
 
@@ -51,6 +53,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    BinaryType,
     BooleanType,
     DoubleType,
     LongType,
@@ -65,7 +68,7 @@ from audit.core.config import TopicConfig
 from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
-from audit.rules.columns import bools, row_maker, values
+from audit.rules.columns import bools, ints, row_maker, values
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
@@ -92,21 +95,28 @@ OUT = StructType([StructField(n, t, True) for n, t in (
     ("anomaly", StringType()), ("pid", StringType()), ("seq", LongType()), ("offset", LongType()),
     ("detail", StringType()), ("value", DoubleType()), ("n", LongType()), ("present", BooleanType()),
     ("pt", LongType()), ("win", BooleanType()), ("fp1", LongType()), ("fp2", LongType()), ("lo", LongType()),
-    ("hi", LongType()))])
+    ("hi", LongType()), ("blob", BinaryType()))])
 _OUT_ARROW = pa.schema([
     ("topic", pa.string()), ("kind", pa.string()), ("stage", pa.string()), ("partition", pa.int64()),
     ("anomaly", pa.string()), ("pid", pa.string()), ("seq", pa.int64()), ("offset", pa.int64()),
     ("detail", pa.string()), ("value", pa.float64()), ("n", pa.int64()), ("present", pa.bool_()),
     ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()), ("fp2", pa.int64()), ("lo", pa.int64()),
-    ("hi", pa.int64())])
+    ("hi", pa.int64()), ("blob", pa.binary())])
 # OUT's kinds: an anomaly row, a count per (stage, partition) (`anomaly`: expected / delivered /
 # pending), a latency and how many have it, quarantined ledger rows, rows read on a mirror their
 # group does not fail over to (`stage`: the group, `anomaly`: the cluster), a narrow row (`n`: its
 # chunk); in several chunks also a chunk's bounds (`neighbours.BOUNDS`: `n` the chunk, `lo`, `hi`,
 # `win`), and its part of the log order: a flagged original (`hi`: its chunk's highest seq before
-# it) or a row at an offset an earlier chunk passed (`neighbours.log_order_part`)
+# it) or a row at an offset an earlier chunk passed (`neighbours.log_order_part`); and, packed as
+# Arrow IPC in `blob` (Spark moves bytes, not cells), a chunk's narrow rows for its part of the log
+# order and gaps (`n`: the chunk) and its originals with a fingerprint for the content pass (`n`:
+# their bucket of fingerprint hashes); the content pass hands back the latest produce time of each
+# fingerprint a failed send carries (`fp1`, `fp2`, `pt`)
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
-BOUND, FLAGGED, STAIR = "B", "F", "S"
+BOUND, FLAGGED, STAIR, CHUNK_ROWS, BY_CONTENT, LATEST = "B", "F", "S", "M", "H", "R"
+_BLOB_ROWS = 65536  # narrow rows per blob: a chunk's come in several
+_CHUNK_COLUMNS = ("topic", "pid", "seq", "present", "partition", "offset", "win")
+_CONTENT_COLUMNS = ("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
 
 
 def tiers(vis: WindowInputs) -> DataFrame:
@@ -520,6 +530,8 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         spark_rows = spark_rows.withColumn("_key", F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("_chunk") + 1))
         rows = spark_rows.unionByName(markers, allowMissingColumns=True)
 
+    b = max(n, 1)  # the content pass's tasks: each a bucket of fingerprint hashes
+
     def settle(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         got = _whole(batches)
         if got is None:
@@ -541,8 +553,11 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             return
         is_narrow = pc.equal(out["kind"], NARROW)
         narrow = out.filter(is_narrow)
-        narrow = narrow.set_column(narrow.schema.get_field_index("n"), "n", pa.array(np.full(narrow.num_rows, k, np.int64)))
-        yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), narrow, _bounds(narrow, k)]).to_batches()
+        held = narrow.filter(pc.and_(pc.greater_equal(narrow["partition"], 0), pc.is_valid(narrow["fp1"])))
+        bucket = np.mod(ints(held["fp1"]), b)
+        yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _bounds(narrow, k),
+                                     _blobs(narrow.select(list(_CHUNK_COLUMNS)), CHUNK_ROWS, np.full(narrow.num_rows, k)),
+                                     _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]).to_batches()
 
     settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT)
     if len(keys) == 1:  # one task settled the batch whole, the checks that need neighbours too
@@ -552,52 +567,49 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     try:
         with described(spark, f"{label}: settled in {len(keys)} tasks"):
             settled.count()
-        narrow = settled.where(F.col("kind") == NARROW)
-
-        def check(which: str) -> Any:
-            def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                got = _whole(batches)
-                if got is not None:
-                    yield from neighbour_rows(got, ws, as_of, which).to_batches()
-            return run
-
-        b = max(n, 1)
-        # the log order and the gaps: each chunk's own, in its partition of `settled` (no shuffle), and
-        # what crosses the cuts, from every chunk's bounds (collected: a few rows per pid and chunk)
-        with described(spark, f"{label}: bounds"):
-            every = settled.where(F.col("kind") == BOUND).select(*OUT.names).toArrow().cast(_OUT_ARROW)
-        near = {t: neighbours.around(_bounds_of(every, t)) for t in pc.unique(every["topic"]).to_pylist()}
-        across = _out_anomalies({t: neighbours.gaps_across(_bounds_of(every, t)) for t in near}, ws, as_of, "gaps")
+        # the rows the driver needs before the checks that need neighbours: every chunk's bounds, the
+        # anomaly rows (a failed send a resend may take back among them), the counts and latencies
+        latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
+                     .agg(F.sum("n").alias("n")))
+        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED, BOUND))
+        columns = [c for c in OUT.names if c != "blob"]
+        with described(spark, f"{label}: gathered"):
+            gathered = rest.unionByName(latencies, allowMissingColumns=True).select(*columns).toArrow()
+        gathered = _full(gathered.cast(pa.schema([_OUT_ARROW.field(c) for c in columns])))
+        # the log order and the gaps: each chunk's own, from its narrow rows (no shuffle), and what
+        # crosses the cuts, from every chunk's bounds (a few rows per pid and chunk)
+        near = {t: neighbours.around(_bounds_of(gathered, t)) for t in pc.unique(
+            gathered.filter(pc.equal(gathered["kind"], BOUND))["topic"]).to_pylist()}
+        across = _out_anomalies({t: neighbours.gaps_across(_bounds_of(gathered, t)) for t in near}, ws, as_of, "gaps")
+        can = gathered.filter(pa.array(_resendable(gathered)))
+        wanted = can.select(["topic", "fp1", "fp2"])
 
         def part(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             got = _whole(batches)
             if got is not None:
-                yield from _chunk_part(got, near, ws, as_of).to_batches()
+                for k in pc.unique(got["n"]).to_pylist():
+                    one = _unblobbed(got.filter(pc.equal(got["n"], k)))
+                    yield from _chunk_part(one, k, near, ws, as_of).to_batches()
 
-        by_chunk = (narrow.select("topic", "pid", "seq", "present", "partition", "offset", "win", "n")
-                    .mapInArrow(part, OUT))
-        # content duplicates: only the originals whose fingerprint's first hash another one holds
-        held = narrow.where("partition >= 0 AND fp1 IS NOT NULL")
-        repeated = held.groupBy("topic", "fp1").count().where("count > 1").select("topic", "fp1")
-        content = (held.join(repeated, ["topic", "fp1"], "left_semi")
-                   .select("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
-                   .repartition(b, "topic", "fp1").mapInArrow(check("content"), OUT))
-        latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
-                     .agg(F.sum("n").alias("n")))
-        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED))
-        gathered_df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True),
-                             [rest, latencies, by_chunk, content])
-        with described(spark, f"{label}: checks that need neighbours, gathered"):
-            gathered = gathered_df.select(*OUT.names).toArrow().cast(_OUT_ARROW)
-        can = gathered.filter(pa.array(_resendable(gathered)))
-        if can.num_rows:  # the latest original of each failed send's fingerprint
-            wanted = local_frame(spark, zip(*(can[c].to_pylist() for c in ("topic", "fp1", "fp2")), strict=True),
-                                 "topic string, fp1 bigint, fp2 bigint").distinct()
-            with described(spark, f"{label}: resends"):
-                got = (held.join(F.broadcast(wanted), ["topic", "fp1", "fp2"], "left_semi")
-                       .groupBy("topic", "fp1", "fp2").agg(F.max("pt").alias("pt")).toArrow())
-            gathered = _without_resent(gathered, {t: got.filter(pc.equal(got["topic"], t)).select(["fp1", "fp2", "pt"])
-                                                  .cast(neighbours.LATEST) for t in pc.unique(can["topic"]).to_pylist()})
+        def content(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            got = _whole(batches)
+            if got is not None:
+                held = _unblobbed(got)
+                yield from neighbour_rows(held, ws, as_of, "content").to_batches()
+                yield from _latest(held, wanted).to_batches()
+
+        blobs = settled.select("kind", "n", "blob")
+        by_chunk = blobs.where(F.col("kind") == CHUNK_ROWS).mapInArrow(part, OUT)
+        by_content = blobs.where(F.col("kind") == BY_CONTENT).repartition(b, "n").mapInArrow(content, OUT)
+        with described(spark, f"{label}: checks that need neighbours"):
+            found = _full(by_chunk.unionByName(by_content).select(*columns).toArrow()
+                          .cast(pa.schema([_OUT_ARROW.field(c) for c in columns])))
+        if can.num_rows:  # a failed send resent at or after it is taken back
+            latest = found.filter(pc.equal(found["kind"], LATEST))
+            gathered = _without_resent(gathered, {
+                t: neighbours.latest_by_content(latest.filter(pc.equal(latest["topic"], t)).select(["fp1", "fp2", "pt"]))
+                for t in pc.unique(can["topic"]).to_pylist()})
+        gathered = pa.concat_tables([gathered, found])
     finally:
         settled.unpersist()
     return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
@@ -633,11 +645,51 @@ def _out_anomalies(found: dict[str, list[Any]], ws: datetime, as_of: datetime, w
     return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
 
 
-def _chunk_part(narrow: pa.Table, near: dict[str, pa.Table], ws: datetime, as_of: datetime) -> pa.Table:
-    """One chunk's part of the log order and gaps (a task over its partition of the settled rows): the
-    gaps within it as anomaly rows, its flagged originals and the rows an earlier chunk may find
-    before them (`neighbours.log_order_part`) as FLAGGED and STAIR rows."""
-    k = int(narrow["n"][0].as_py())
+def _blobs(rows: pa.Table, kind: str, n: np.ndarray) -> pa.Table:
+    """`rows` packed as Arrow IPC streams in OUT rows of `kind`, one per value of `n` (one for each
+    row of `rows`) and up to `_BLOB_ROWS` rows."""
+    import pyarrow.ipc as ipc
+
+    blobs, ns = [], []
+    for value in np.unique(n).tolist():
+        some = rows.filter(pa.array(n == value))
+        for at in range(0, some.num_rows, _BLOB_ROWS):
+            sink = pa.BufferOutputStream()
+            with ipc.new_stream(sink, some.schema) as w:
+                w.write_table(some.slice(at, _BLOB_ROWS))
+            blobs.append(sink.getvalue())
+            ns.append(value)
+    return _full(pa.table({"kind": pa.array([kind] * len(blobs), pa.string()), "n": pa.array(ns, pa.int64()),
+                           "blob": pa.array([memoryview(b) for b in blobs], pa.binary())}))
+
+
+def _unblobbed(rows: pa.Table) -> pa.Table:
+    """The rows packed in the `blob`s of OUT rows (`_blobs`), as one table."""
+    import pyarrow.ipc as ipc
+
+    return pa.concat_tables([ipc.open_stream(pa.py_buffer(b)).read_all() for b in rows["blob"].to_pylist()])
+
+
+def _latest(held: pa.Table, wanted: pa.Table) -> pa.Table:
+    """The latest produce time of each fingerprint of `wanted` (topic, fp1, fp2) among `held`
+    (originals with a fingerprint, of every topic), as LATEST rows."""
+    if not wanted.num_rows or not held.num_rows:
+        return _OUT_ARROW.empty_table()
+    parts = []
+    for topic in pc.unique(wanted["topic"]).to_pylist():
+        want = wanted.filter(pc.equal(wanted["topic"], topic))
+        rows = held.filter(pc.and_(pc.equal(held["topic"], topic), pc.is_in(held["fp1"], value_set=want["fp1"])))
+        t = neighbours.latest_by_content(rows.select(["fp1", "fp2", "pt"]))
+        parts.append(_full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
+                                     "kind": pa.array([LATEST] * t.num_rows, pa.string()),
+                                     **{c: t[c] for c in ("fp1", "fp2", "pt")}})))
+    return pa.concat_tables(parts)
+
+
+def _chunk_part(narrow: pa.Table, k: int, near: dict[str, pa.Table], ws: datetime, as_of: datetime) -> pa.Table:
+    """Chunk k's part of the log order and gaps (a task over its narrow rows): the gaps within it as
+    anomaly rows, its flagged originals and the rows an earlier chunk may find before them
+    (`neighbours.log_order_part`) as FLAGGED and STAIR rows."""
     parts = []
     for topic in pc.unique(narrow["topic"]).to_pylist():
         rows = narrow.filter(pc.equal(narrow["topic"], topic))
