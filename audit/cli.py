@@ -46,7 +46,8 @@ EXAMPLES: dict[str, str] = {
     "demo": "msgaudit demo --out dashboard   # broker + faults + reconcile + SLA + dashboard, on embedded defaults\n"
             "  msgaudit demo --scenario mirror_kill   # MirrorMaker 2 between two local clusters (stage mirror:dr)\n"
             "  msgaudit demo --scenario mirror_target_retention   # the mirror's retention shorter than MM2's outage\n"
-            "  msgaudit demo --scenario mirror_failover   # a group fails over to the MM2 copy (group stage)",
+            "  msgaudit demo --scenario mirror_failover   # a group fails over to the MM2 copy (group stage)\n"
+            "  msgaudit demo --scenario connect   # Kafka Connect (Iceberg sink) and Structured Streaming sinks",
 }
 
 

@@ -10,7 +10,8 @@ summary and, for each scenario, whether the audit found exactly what the scenari
 writes the dashboard folder (see `msgaudit dashboard`).
 
 `--scenario list` lists the scenarios; `--scenario NAME` runs one (`lost_acked` starts a local
-3-node cluster instead); `--scenario all` runs every single-broker scenario.
+3-node cluster instead); `--scenario all` runs every single-broker scenario; `--scenario connect`
+the Kafka Connect and Structured Streaming ones (audit.lab.connect).
 Exit code: 0 when the audit matched the ground truth of every scenario, 1 otherwise.
 """
 
@@ -29,7 +30,7 @@ from audit.core.config import Config
 from audit.core.errors import InputError
 from audit.lab.env import Lab, LocalCluster, ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
-from audit.lab.scenarios import CLUSTER_SCENARIOS, PROXY_SCENARIOS, SCENARIOS
+from audit.lab.scenarios import CLUSTER_SCENARIOS, CONNECT_SCENARIOS, PROXY_SCENARIOS, SCENARIOS
 
 MIXED = ("lost_response", "lost_response_idempotent", "reorder", "producer_restart", "at_most_once",
          "at_least_once", "aborted", "poison", "unaudited")
@@ -42,16 +43,19 @@ def _selection(name: str) -> list[str]:
         return list(MIXED)
     if name == "all":
         return list(PROXY_SCENARIOS)
+    if name == "connect":
+        return list(CONNECT_SCENARIOS)
     if name in SCENARIOS:
         return [name]
-    raise InputError(f"--scenario: unknown scenario {name!r}; choose mixed, all, list or one of: "
+    raise InputError(f"--scenario: unknown scenario {name!r}; choose mixed, all, connect, list or one of: "
                      f"{', '.join(SCENARIOS)}")
 
 
 def list_scenarios() -> str:
     width = max(len(n) for n in SCENARIOS)
     lines = ["scenarios (msgaudit demo --scenario NAME):", f"  {'mixed':<{width}}  {', '.join(MIXED)} (default)",
-             f"  {'all':<{width}}  every scenario on one broker behind the proxy (the mirror ones add a second cluster)"]
+             f"  {'all':<{width}}  every scenario on one broker behind the proxy (the mirror ones add a second cluster)",
+             f"  {'connect':<{width}}  {', '.join(CONNECT_SCENARIOS)} (a Kafka Connect worker and Spark)"]
     lines += [f"  {n:<{width}}  {desc}" for n, (_, desc) in SCENARIOS.items()]
     return "\n".join(lines)
 

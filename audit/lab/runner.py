@@ -85,7 +85,8 @@ def run_scenarios(names: Sequence[str], lab: Lab, cfg: Config, work: Path, spark
     work.mkdir(parents=True, exist_ok=True)
     cfg = with_bootstrap(cfg, lab.bootstrap)
     t_start = _now()
-    ctx = Context(lab, cfg, work, window=window, grace=grace, say=say, sink_url=sink_url)
+    ctx = Context(lab, cfg, work, window=window, grace=grace, say=say, sink_url=sink_url,
+                  spark=spark_factory)
 
     def capture_now(topic: str) -> None:
         from spark_jobs.pipeline.steps import StepRange, run_step

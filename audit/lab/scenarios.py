@@ -79,6 +79,8 @@ class Context:
     # Ledger topics some workers ship to (their spools live outside ledger_dir): the audit lands
     # each of them besides the ledger files.
     ledger_topics: list[str] = field(default_factory=list)
+    # the audit's Spark session, for scenarios that run a Spark job (audit.lab.connect)
+    spark: Callable[[], Any] | None = None
 
     def audit_topic(self, name: str, groups: tuple[str, ...] = (), sinks: tuple[SinkConfig, ...] = (),
                     mirrors: tuple[MirrorConfig, ...] = ()) -> None:
@@ -1290,9 +1292,16 @@ SCENARIOS.update({
                                          "offset: records processed twice or skipped"),
 })
 
+from audit.lab.connect import CONNECT  # noqa: E402 - it needs nothing of this module at import time
+
+SCENARIOS.update(CONNECT)
+
 # Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
 # MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).
+# The Connect and Structured Streaming ones (audit.lab.connect) run on any one broker, with a Connect
+# worker and Spark.
 MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention", "mirror_target_retention", "mirror_failover")
 CLUSTER_SCENARIOS = ("lost_acked",)
-PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n not in CLUSTER_SCENARIOS)
+CONNECT_SCENARIOS = tuple(CONNECT)
+PROXY_SCENARIOS = tuple(n for n in SCENARIOS if n not in CLUSTER_SCENARIOS and n not in CONNECT_SCENARIOS)
 

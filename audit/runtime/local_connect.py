@@ -95,6 +95,20 @@ class LocalConnect:
     def _state_file(self) -> Path:
         return self.data_dir / "connect.json"
 
+    @staticmethod
+    def state_in(data_dir: Path | str) -> dict[str, Any]:
+        """What the worker started in `data_dir` recorded (pid, port, bootstrap); {} if none."""
+        with contextlib.suppress(OSError, ValueError):
+            return dict(json.loads((Path(data_dir) / "connect.json").read_text()))
+        return {}
+
+    @classmethod
+    def attach(cls, data_dir: Path | str) -> LocalConnect | None:
+        """The worker running from `data_dir` (e.g. started by `msgaudit connect start --dir`), else None."""
+        state = cls.state_in(data_dir)
+        worker = cls(data_dir, str(state.get("bootstrap", "")), port=int(state.get("port", DEFAULT_PORT)))
+        return worker if worker.running() else None
+
     @property
     def pid(self) -> int | None:
         try:
@@ -251,6 +265,29 @@ def create_topics(bootstrap: str, names: list[str], partitions: int = 1) -> None
 ICEBERG_SINK = "org.apache.iceberg.connect.IcebergSinkConnector"
 
 
+def iceberg_sink_config(topic: str, table: str, warehouse: Path | str, control_topic: str,
+                        **extra: str) -> dict[str, str]:
+    """Iceberg's sink connector writing `topic` into `table` (`namespace.name`) of a Hadoop
+    (filesystem) catalog at `warehouse`, committing every second, each row stamped with its Kafka
+    coordinates by KafkaMetadataTransform (flat `_kafka_metadata_*` columns). `extra`: more
+    connector properties, keys with dots (e.g. errors.tolerance)."""
+    return {
+        "connector.class": ICEBERG_SINK,
+        "tasks.max": "1",
+        "topics": topic,
+        "iceberg.tables": table,
+        "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.catalog.type": "hadoop",
+        "iceberg.catalog.warehouse": str(warehouse),
+        "iceberg.control.topic": control_topic,
+        "iceberg.control.commit.interval-ms": "1000",
+        "consumer.override.auto.offset.reset": "earliest",
+        "transforms": "kafka",
+        "transforms.kafka.type": "org.apache.iceberg.connect.transforms.KafkaMetadataTransform",
+        **extra,
+    }
+
+
 def iceberg_control_topic(config: Mapping[str, Any]) -> str | None:
     """The control topic of an Iceberg sink connector's config (default `control-iceberg`), else None."""
     if config.get("connector.class") not in (ICEBERG_SINK, "IcebergSinkConnector"):
@@ -260,9 +297,7 @@ def iceberg_control_topic(config: Mapping[str, Any]) -> str | None:
 
 def cli_connect(args: argparse.Namespace, cfg: Any) -> int:
     data_dir = Path(args.dir) if args.dir else Path(cfg.home) / "connect"
-    state: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        state = json.loads((data_dir / "connect.json").read_text())
+    state = LocalConnect.state_in(data_dir)
     bootstrap = args.bootstrap or state.get("bootstrap") or cfg.kafka.get("bootstrap.servers")
     port = args.port or int(state.get("port", DEFAULT_PORT))
     if args.action == "start" and not bootstrap:
