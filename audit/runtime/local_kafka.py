@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.core.errors import BrokerError, SetupError
+from audit.core.kafka_conf import jaas
 from audit.runtime import jars
 
 KAFKA_MAIN = "kafka.Kafka"
@@ -163,15 +164,6 @@ def _pid_alive(pid: int) -> bool:
 SECURE_DIR = "secure"  # in the data folder: credentials.json and broker.pem (0600), ca.pem
 SCRAM = "SCRAM-SHA-512"
 SUPER_USER = "admin"
-
-
-def jaas(user: str, password: str) -> str:
-    """The `sasl.jaas.config` value of a SCRAM login (quotes and backslashes escaped)."""
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"')
-
-    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{esc(user)}" ' \
-           f'password="{esc(password)}";'
 
 
 def make_certificates(folder: Path) -> None:
