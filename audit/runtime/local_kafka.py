@@ -317,7 +317,8 @@ class LocalKafka:
 
     def grant(self, user: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
         """Allow `user` `operation` (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, CREATE, ...) on
-        `resource_type` (TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID) `name` from any host."""
+        `resource_type` (TOPIC, GROUP, TRANSACTIONAL_ID, BROKER: the cluster, named `kafka-cluster`) `name`
+        from any host."""
         from confluent_kafka.admin import (
             AclBinding,
             AclOperation,
