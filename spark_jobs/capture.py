@@ -52,8 +52,8 @@ from pyspark.sql import functions as F
 
 from audit.core import headers as H
 from audit.core.config import Config, MirrorConfig, TopicConfig
-from audit.core.errors import BrokerError, ConfigError, InputError
-from audit.core.kafka_conf import access_line, authentication_line, denied_line
+from audit.core.errors import BrokerError, InputError
+from audit.core.kafka_conf import access_line, authentication_line, denied_line, java_client_settings
 from audit.core.windows import to_millis, windows
 from spark_jobs.io.schemas import (
     DEAD_LETTER_RECORDS,
@@ -225,90 +225,10 @@ def offsets_json(ranges: Mapping[str, Iterable[PartitionRange]], which: str) -> 
     return json.dumps({topic: {str(r.partition): getattr(r, which) for r in rs} for topic, rs in ranges.items()})
 
 
-_JAAS = {
-    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
-}
-_SAME_NAME = ("bootstrap.servers", "client.id", "sasl.kerberos.service.name", "ssl.key.password")
-
-
 def java_kafka_options(kafka: Mapping[str, str]) -> dict[str, str]:
-    """cfg.kafka (librdkafka names) -> Spark Kafka source options (`kafka.` + Java client names).
-
-    Mapped: bootstrap.servers, client.id, sasl.kerberos.service.name, ssl.key.password (same
-    names); security.protocol (upper-cased); sasl.mechanism(s) -> sasl.mechanism;
-    sasl.username + sasl.password -> sasl.jaas.config (PLAIN, SCRAM-SHA-256/512);
-    ssl.ca.location -> PEM truststore file; ssl.ca.pem -> ssl.truststore.certificates;
-    ssl.certificate.pem + ssl.key.pem -> PEM keystore (inline); ssl.certificate.location and
-    ssl.key.location naming one combined PEM file -> PEM keystore file;
-    ssl.endpoint.identification.algorithm (none -> empty, as Java spells it).
-    Any other sasl.* / ssl.* setting raises ConfigError (a security setting is never dropped);
-    the rest are librdkafka tuning that means nothing to the Java client and is not passed on.
-    """
-    out: dict[str, str] = {}
-    rest = dict(kafka)
-
-    def take(key: str) -> str | None:
-        return rest.pop(key, None)
-
-    for key in _SAME_NAME:
-        value = take(key)
-        if value is not None:
-            out[f"kafka.{key}"] = value
-    if "kafka.bootstrap.servers" not in out:
-        raise ConfigError("kafka: bootstrap.servers is required")
-    protocol = take("security.protocol")
-    if protocol is not None:
-        out["kafka.security.protocol"] = protocol.upper()
-    mechanism = take("sasl.mechanism") or take("sasl.mechanisms")
-    rest.pop("sasl.mechanisms", None)
-    if mechanism is not None:
-        out["kafka.sasl.mechanism"] = mechanism.upper()
-    user, password = take("sasl.username"), take("sasl.password")
-    if user is not None or password is not None:
-        module = _JAAS.get((mechanism or "").upper())
-        if module is None or user is None or password is None:
-            raise ConfigError(
-                "kafka: sasl.username/sasl.password map to Spark's Kafka client only with "
-                f"sasl.mechanism PLAIN or SCRAM-SHA-256/512 and both set (got mechanism {mechanism!r})"
-            )
-        esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
-        out["kafka.sasl.jaas.config"] = f'{module} required username="{esc(user)}" password="{esc(password)}";'
-    ca_location, ca_pem = take("ssl.ca.location"), take("ssl.ca.pem")
-    if ca_location is not None:
-        out["kafka.ssl.truststore.type"] = "PEM"
-        out["kafka.ssl.truststore.location"] = ca_location
-    if ca_pem is not None:
-        out["kafka.ssl.truststore.type"] = "PEM"
-        out["kafka.ssl.truststore.certificates"] = ca_pem
-    cert_pem, key_pem = take("ssl.certificate.pem"), take("ssl.key.pem")
-    if cert_pem is not None or key_pem is not None:
-        if cert_pem is None or key_pem is None:
-            raise ConfigError("kafka: ssl.certificate.pem and ssl.key.pem must be set together")
-        out["kafka.ssl.keystore.type"] = "PEM"
-        out["kafka.ssl.keystore.certificate.chain"] = cert_pem
-        out["kafka.ssl.keystore.key"] = key_pem
-    cert_loc, key_loc = take("ssl.certificate.location"), take("ssl.key.location")
-    if cert_loc is not None or key_loc is not None:
-        if cert_loc != key_loc:
-            raise ConfigError(
-                "kafka: Spark's Kafka client reads the client key and certificate from one PEM file; "
-                "point ssl.certificate.location and ssl.key.location at the same combined file, "
-                "or use ssl.certificate.pem / ssl.key.pem"
-            )
-        out["kafka.ssl.keystore.type"] = "PEM"
-        out["kafka.ssl.keystore.location"] = str(cert_loc)
-    algorithm = take("ssl.endpoint.identification.algorithm")
-    if algorithm is not None:
-        out["kafka.ssl.endpoint.identification.algorithm"] = "" if algorithm.lower() == "none" else algorithm
-    unmapped = sorted(k for k in rest if k.startswith(("sasl.", "ssl.")))
-    if unmapped:
-        raise ConfigError(
-            f"kafka: {', '.join(unmapped)} cannot be passed to Spark's Kafka source (Java client); "
-            "see spark_jobs.capture.java_kafka_options for the settings that map"
-        )
-    return out
+    """cfg.kafka (librdkafka names) -> Spark Kafka source options (`kafka.` + the Java client's names,
+    as audit.core.kafka_conf.java_client_settings maps them)."""
+    return {f"kafka.{k}": v for k, v in java_client_settings(kafka, "Spark's Kafka source").items()}
 
 
 # --------------------------------------------------------------------------------------------

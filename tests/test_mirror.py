@@ -142,3 +142,38 @@ def test_mirror_stage_in_spark_equals_the_oracle_before_and_after_grace(spark: A
     early = reconcile_window(tc, T0, at(19), h.inputs())
     assert [(a["anomaly"], a["partition"], a["seq"]) for a in early.anomalies if a["stage"] == M
             and a["partition"] == 1] == [("pending", 1, 1)]
+
+
+@pytest.mark.unit
+def test_mm2_takes_each_clusters_security_from_msgaudits_config_and_keeps_secrets_out_of_its_properties(
+        tmp_path: Path) -> None:
+    from audit.core.config import from_dict
+    from audit.core.errors import ConfigError
+
+    ca = str(tmp_path / "ca.pem")
+    source = {"bootstrap.servers": "a:9093", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
+              "sasl.username": "mm", "sasl.password": 'p"w', "ssl.ca.location": ca, "linger.ms": "5"}
+    cfg = from_dict({"kafka": source, "topics": {"orders": {"mirrors": [
+        {"name": "dr", "kafka": {"bootstrap.servers": "b:9092"}, "source_alias": "dc1"},
+        {"name": "eu", "kafka": {"bootstrap.servers": "eu:9092"}, "topic": "orders-copy"}]}}}, base=tmp_path)
+    mm2 = LocalMirrorMaker.for_mirror(tmp_path / "mm2", cfg, "orders", "dr")
+    props = mm2.properties()
+    ref = f"${{file:{mm2.secrets_file}:dc1.sasl.jaas.config}}"
+    assert {k: v for k, v in props.items() if k.startswith(("dc1.", "dr.", "config.providers"))
+            and not k.endswith(("plugin.discovery", "offset.flush.interval.ms"))} == {
+        "dc1.bootstrap.servers": "a:9093", "dr.bootstrap.servers": "b:9092",
+        "dc1.security.protocol": "SASL_SSL", "dc1.sasl.mechanism": "SCRAM-SHA-512", "dc1.sasl.jaas.config": ref,
+        "dc1.ssl.truststore.type": "PEM", "dc1.ssl.truststore.location": ca,
+        "config.providers": "file",
+        "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider"}
+    assert (props["clusters"], props["dc1->dr.enabled"], props["dc1->dr.topics"]) == ("dc1, dr", "true", "orders")
+    assert not any('p"w' in v for v in props.values())
+    assert mm2._security()[1] == {"dc1.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule '
+                                                          'required username="mm" password="p\\"w";'}
+    plain = LocalMirrorMaker(tmp_path / "plain", "a:9092", "b:9092", ["orders"])
+    assert not any(k.startswith("config.providers") for k in plain.properties()) and plain._security() == ({}, {})
+    with pytest.raises(ConfigError, match=r"mirrors\[eu\]\.topic is 'orders-copy'; MM2's default replication "
+                                          r"policy names the copy 'source.orders'"):
+        LocalMirrorMaker.for_mirror(tmp_path / "mm2", cfg, "orders", "eu")
+    with pytest.raises(ConfigError, match="topic 'orders' has no mirror 'nope'"):
+        LocalMirrorMaker.for_mirror(tmp_path / "mm2", cfg, "orders", "nope")

@@ -1,8 +1,10 @@
 """A secured cluster, end to end (docs/design.md §8, "Secured clusters"): the local broker started with
 SASL_SSL only (SCRAM-SHA-512, its own CA) and ACLs enforced, and msgaudit's components run against it
 with config alone -- AuditedProducer and a plain producer on the librdkafka plugin, each shipping its ledger to the
-ledger topic, AuditedConsumer, `msgaudit doctor`, capture through Spark's Kafka source. A user without the needed
-ACL gets one line naming the missing permission; no password appears in any log, error or output.
+ledger topic, AuditedConsumer, `msgaudit doctor`, capture through Spark's Kafka source, the ingest of the ledger
+topic, the Java producer and consumer interceptors shipping theirs, and MirrorMaker 2 (secured to secured, on the
+one broker) audited by capture. A user without the needed ACL gets one line naming the missing permission; no
+password appears in any log, error or output.
 
 One broker for the module (about 30 s to start on a loaded machine); each user's ACLs are granted once.
 """
@@ -25,7 +27,7 @@ from audit.core.config import Config
 from audit.core.errors import BrokerError
 from audit.runtime.local_kafka import LocalKafka
 
-TOPIC, LEDGER, GROUP = "orders", "msgaudit.ledger", "orders-loader"
+TOPIC, LEDGER, GROUP, JAVA_GROUP = "orders", "msgaudit.ledger", "orders-loader", "java-reader"
 GRANT = re.compile(r"^user (\w+) may not ([A-Z_]+) (topic|group) (\S+): grant it with kafka-acls --bootstrap-server "
                    r"\S+ --command-config <admin client properties> --add --allow-principal User:(\w+) "
                    r"--operation (\w+) --(topic|group) (\S+)$")
@@ -44,12 +46,17 @@ class Secured:
         for operation, resource, resource_name in grants:
             self.kafka.grant(name, operation, resource, resource_name)
 
-    def config(self, tmp: Path, user: str, password: str | None = None, ledger: bool = False) -> Config:
-        """A msgaudit.yaml written to `tmp` for `user` (its settings only in the file), loaded."""
+    def config(self, tmp: Path, user: str, password: str | None = None, ledger: bool = False,
+               mirror: str | None = None) -> Config:
+        """A msgaudit.yaml written to `tmp` for `user` (its settings only in the file), loaded;
+        `mirror`: the topic has a mirror of that name on this same cluster (source alias `src`)."""
         kafka = self.kafka.client_config(user, self.passwords[user] if password is None else password)
+        topic: dict[str, Any] = {"window": "1h", "groups": [GROUP]}
+        if mirror:
+            topic["mirrors"] = [{"name": mirror, "kafka": kafka, "source_alias": "src"}]
         data: dict[str, Any] = {"home": str(tmp / ".msgaudit"), "lake": str(tmp / "lake"),
                                 "ledger_dir": str(tmp / "ledger"), "report_store": f"sqlite:///{tmp / 'report.db'}",
-                                "kafka": kafka, "topics": {TOPIC: {"window": "1h", "groups": [GROUP]}}}
+                                "kafka": kafka, "topics": {TOPIC: topic}}
         if ledger:
             data["ledger"] = {"topic": LEDGER}
         tmp.mkdir(parents=True, exist_ok=True)
@@ -115,9 +122,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         del admin
         s = Secured(kafka, tmp_path_factory.mktemp("secured-home"))
         s.user("alice", [("WRITE", "TOPIC", TOPIC), ("READ", "TOPIC", TOPIC), ("DESCRIBE", "TOPIC", TOPIC),
-                         ("READ", "GROUP", GROUP), ("WRITE", "TOPIC", LEDGER)])
+                         ("READ", "GROUP", GROUP), ("READ", "GROUP", JAVA_GROUP), ("WRITE", "TOPIC", LEDGER)])
         s.user("auditor", [("DESCRIBE", "TOPIC", TOPIC), ("DESCRIBE_CONFIGS", "TOPIC", TOPIC),
-                           ("READ", "TOPIC", TOPIC), ("DESCRIBE", "GROUP", GROUP)])
+                           ("READ", "TOPIC", TOPIC), ("DESCRIBE", "GROUP", GROUP),
+                           ("READ", "TOPIC", LEDGER), ("DESCRIBE", "TOPIC", LEDGER)])
+        # MirrorMaker 2 reads the source, creates and writes the copy and its own internal topics and groups
+        s.user("mirror", [("ALL", "TOPIC", "*"), ("ALL", "GROUP", "*"), ("ALL", "BROKER", "kafka-cluster")])
         s.user("bob", [("READ", "GROUP", GROUP), ("DESCRIBE", "TOPIC", TOPIC)])  # no READ on the topic
         yield s
     finally:
@@ -149,6 +159,7 @@ def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_
     from audit import AuditedConsumer, AuditedProducer
     from audit.cli import main
     from spark_jobs import capture as C
+    from spark_jobs.ingest_topic import land_topic
 
     app = secured.config(tmp_path / "app", "alice", ledger=True)
     t0 = datetime.now(UTC).replace(second=0, microsecond=0)
@@ -193,6 +204,18 @@ def test_producer_plugin_ledger_topic_consumer_doctor_and_capture_run_by_config_
     # capture through Spark's Kafka source (SASL_SSL settings translated) as the auditor.
     got = C.capture(spark, auditor, t0, t0 + timedelta(minutes=2)).topics[TOPIC]
     assert (got.partitions, got.records, got.written, got.header_errors, got.groups) == (1, 20, 20, 0, 1)
+
+    # the ingest of the ledger topic (Spark's Kafka source, SASL_SSL) as the auditor: every row the
+    # clients wrote to their spools lands once -- the 20 producer rows and the consumer's rows.
+    spooled = {kind: sum(len(f.read_text().splitlines()) for f in (tmp_path / "app" / "ledger" / kind).glob("*.jsonl*"))
+               for kind in ("producer", "consumer")}
+    assert spooled["producer"] == 20 and spooled["consumer"] > 0
+    landed = land_topic(spark, secured.config(tmp_path / "ingest", "auditor", ledger=True))
+    assert {t: (r.landed, r.quarantined) for t, r in landed.tables.items()} == {
+        "producer_ledger": (20, 0), "consumed_records": (spooled["consumer"], 0), "producer_settings": (0, 0)}
+    assert (landed.replayed, landed.bad_keys) == (0, 0)
+    rows = spark.read.format("delta").load(str(tmp_path / "ingest" / "lake" / "producer_ledger"))
+    assert sorted(r["pid"].split(":")[0] for r in rows.select("pid").distinct().collect()) == ["nightly-load", "orders-svc"]
     _no_password_anywhere(secured, [out, capsys.readouterr().err], tmp_path)
 
 
@@ -249,7 +272,7 @@ def _no_password_anywhere(secured: Secured, outputs: list[str], tmp: Path, extra
     """No password in the outputs, nor in any file of `tmp` (configs aside) or the broker's folder
     (its logs; the settings and credential files aside)."""
     passwords = [*secured.passwords.values(), secured.kafka.client_config()["sasl.password"], *(extra or [])]
-    secret_files = {"msgaudit.yaml", "credentials.json", "admin.yaml", "server.properties"}
+    secret_files = {"msgaudit.yaml", "credentials.json", "admin.yaml", "server.properties", "mm2-secrets.properties"}
     files = [p for root in (tmp, secured.kafka.data_dir) for p in root.rglob("*")
              if p.is_file() and p.name not in secret_files]
     assert len([p for p in files if p.name == "server.log"]) == 1
@@ -267,11 +290,9 @@ def test_java_producer_interceptor_ships_its_ledger_over_sasl_ssl(
     security settings) marks every segment shipped."""
     from audit.clients.ledger import sealed_segments
     from audit.clients.ledger_ship import is_shipped
-    from spark_jobs.capture import java_kafka_options
     from tests.test_native_ledger_topic import PRODUCER_INTERCEPTOR, rows_of, run, spool_records
 
-    conf = secured.kafka.client_config("alice", secured.passwords["alice"])
-    java = [f"{k.removeprefix('kafka.')}={v}" for k, v in java_kafka_options(conf).items()]
+    java = _java_settings(secured, "alice")
     spool = tmp_path / "ledger" / "producer"
     spool.mkdir(parents=True)
     p = run(java_producer, TOPIC, "5", *java, PRODUCER_INTERCEPTOR, f"msgaudit.ledger.dir={spool}",
@@ -282,3 +303,88 @@ def test_java_producer_interceptor_ships_its_ledger_over_sasl_ssl(
     assert segments and all(is_shipped(s) for s in segments)
     assert rows_of(spool_records(spool, "producer")) == 5
     _no_password_anywhere(secured, [p.stdout, p.stderr], tmp_path)
+
+
+def _java_settings(secured: Secured, user: str) -> list[str]:
+    """`key=value` Java client settings of `user`, mapped from the librdkafka ones as capture does."""
+    from audit.core.kafka_conf import java_client_settings
+
+    conf = secured.kafka.client_config(user, secured.passwords[user])
+    return [f"{k}={v}" for k, v in java_client_settings(conf).items()]
+
+
+def _produce(secured: Secured, n: int) -> int:
+    """`n` more records in the topic (as the admin); the number of records it holds now."""
+    from confluent_kafka import Producer
+
+    from audit.runtime.local_mirror import topic_size
+
+    producer = Producer(secured.kafka.client_config())
+    for i in range(n):
+        producer.produce(TOPIC, key=b"x-%d" % i, value=b"{}")
+    assert producer.flush(30) == 0
+    return topic_size(secured.kafka.client_config(), TOPIC)
+
+
+@pytest.mark.kafka
+@pytest.mark.e2e
+def test_java_consumer_interceptor_ships_its_ledger_over_sasl_ssl(
+        secured: Secured, java_consumer: list[str], tmp_path: Path) -> None:
+    """An unchanged JVM group member with the consumer interceptor, its SASL_SSL settings mapped from
+    the librdkafka ones: handed every record of the topic, and its ledger shipper (a copy of the
+    client's security settings) marks every segment shipped."""
+    from audit.clients.ledger import sealed_segments
+    from audit.clients.ledger_ship import is_shipped
+    from tests.test_consumer_interceptor import CONSUMER_INTERCEPTOR, got, rows_of
+    from tests.test_native_ledger_topic import run
+
+    held = _produce(secured, 3)
+    spool = tmp_path / "ledger" / "consumer"
+    spool.mkdir(parents=True)
+    c = run(java_consumer, TOPIC, "-1", *_java_settings(secured, "alice"), f"group.id={JAVA_GROUP}",
+            CONSUMER_INTERCEPTOR, f"msgaudit.ledger.dir={spool}", "msgaudit.consumer.name=java-reader",
+            f"msgaudit.ledger.topic={LEDGER}")
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert got(c.stdout) == [(0, o) for o in range(held)] and "msgaudit:" not in c.stderr
+    segments = sealed_segments(spool)
+    assert segments and all(is_shipped(s) for s in segments)
+    rows = rows_of(spool)
+    assert sorted(r["offset"] for r in rows if r["outcome"] == "handed") == list(range(held))
+    _no_password_anywhere(secured, [c.stdout, c.stderr], tmp_path)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.e2e
+def test_mirrormaker2_between_secured_clusters_by_config_alone_audited_by_capture(
+        secured: Secured, spark: Any, tmp_path: Path) -> None:
+    """MM2 started from msgaudit's config alone (`kafka:` the source, `mirrors[].kafka` the target;
+    here both the one secured broker, the copy `src.orders`): its SASL_SSL settings translated, the
+    JAAS line only in a 0600 secrets file, copies every record, and capture audits the copy with
+    exact counts. No password in MM2's logs, its properties file or the broker's topics (MM2's
+    connector configs live in one)."""
+    from audit.runtime.local_mirror import LocalMirrorMaker
+    from spark_jobs import capture as C
+
+    held = _produce(secured, 4)
+    cfg = secured.config(tmp_path / "dr", "mirror", mirror="dr")
+    mm2 = LocalMirrorMaker.for_mirror(tmp_path / "mm2", cfg, TOPIC, "dr")
+    props = mm2.properties()
+    assert {k: props[k] for k in ("src.security.protocol", "src.sasl.mechanism", "dr.ssl.truststore.type",
+                                  "dr.ssl.truststore.location", "config.providers")} == {
+        "src.security.protocol": "SASL_SSL", "src.sasl.mechanism": "SCRAM-SHA-512", "dr.ssl.truststore.type": "PEM",
+        "dr.ssl.truststore.location": secured.kafka.client_config()["ssl.ca.location"], "config.providers": "file"}
+    assert props["src.sasl.jaas.config"] == f"${{file:{mm2.secrets_file}:src.sasl.jaas.config}}"
+    t0 = datetime.now(UTC).replace(second=0, microsecond=0)
+    with mm2:
+        assert mm2.wait_records(TOPIC, held, timeout=120) == held
+    assert not mm2.running()
+    assert {p.name: p.stat().st_mode & 0o077 for p in (tmp_path / "mm2").glob("mm2*.properties")} == {
+        "mm2.properties": 0, "mm2-secrets.properties": 0}
+
+    result = C.capture(spark, cfg, t0, t0 + timedelta(minutes=2))
+    (copy,) = result.mirrors
+    assert (copy.mirror, copy.target_topic) == ("dr", "src.orders")
+    source = result.topics[TOPIC]  # the admin's records carry no audit headers: header errors in both
+    assert (source.records, copy.captured.records, copy.captured.header_errors) == (held, held, source.header_errors)
+    _no_password_anywhere(secured, [mm2.log_tail(10_000)], tmp_path)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from audit.core.errors import ConfigError
+
 # The environment variable `--verbose` sets (the same name as audit.runtime.quiet.ENV_VERBOSE).
 ENV_VERBOSE = "MSGAUDIT_VERBOSE"
 QUIET_LOG_LEVEL = 4  # syslog "warning"
@@ -69,3 +71,101 @@ def access_line(conf: Mapping[str, Any], error_name: str, ops: Mapping[str, str]
     if kind is None:
         return None
     return denied_line(conf, ops.get(kind, "the needed operation"), kind, names.get(kind, ""))
+
+
+SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_JAAS = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": SCRAM_MODULE,
+    "SCRAM-SHA-512": SCRAM_MODULE,
+}
+
+
+def jaas(user: str, password: str, module: str = SCRAM_MODULE) -> str:
+    """The Java client's `sasl.jaas.config` line of a login (quotes and backslashes escaped)."""
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"')
+
+    return f'{module} required username="{esc(user)}" password="{esc(password)}";'
+
+
+_SAME_NAME = ("bootstrap.servers", "client.id", "sasl.kerberos.service.name", "ssl.key.password")
+
+
+def java_client_settings(kafka: Mapping[str, str], client: str = "the Java client") -> dict[str, str]:
+    """librdkafka settings (cfg.kafka, ledger.kafka, mirrors[].kafka) -> the Java client's settings, for
+    Spark's Kafka source (capture, the ledger-topic ingest) and MirrorMaker 2. `client` names the
+    reader in errors.
+
+    Mapped: bootstrap.servers, client.id, sasl.kerberos.service.name, ssl.key.password (same
+    names); security.protocol (upper-cased); sasl.mechanism(s) -> sasl.mechanism;
+    sasl.username + sasl.password -> sasl.jaas.config (PLAIN, SCRAM-SHA-256/512);
+    ssl.ca.location -> PEM truststore file; ssl.ca.pem -> ssl.truststore.certificates;
+    ssl.certificate.pem + ssl.key.pem -> PEM keystore (inline); ssl.certificate.location and
+    ssl.key.location naming one combined PEM file -> PEM keystore file;
+    ssl.endpoint.identification.algorithm (none -> empty, as Java spells it).
+    Any other sasl.* / ssl.* setting raises ConfigError (a security setting is never dropped);
+    the rest are librdkafka tuning that means nothing to the Java client and is not passed on.
+    """
+    out: dict[str, str] = {}
+    rest = dict(kafka)
+
+    def take(key: str) -> str | None:
+        return rest.pop(key, None)
+
+    for key in _SAME_NAME:
+        value = take(key)
+        if value is not None:
+            out[key] = value
+    if "bootstrap.servers" not in out:
+        raise ConfigError("kafka: bootstrap.servers is required")
+    protocol = take("security.protocol")
+    if protocol is not None:
+        out["security.protocol"] = protocol.upper()
+    mechanism = take("sasl.mechanism") or take("sasl.mechanisms")
+    rest.pop("sasl.mechanisms", None)
+    if mechanism is not None:
+        out["sasl.mechanism"] = mechanism.upper()
+    user, password = take("sasl.username"), take("sasl.password")
+    if user is not None or password is not None:
+        module = _JAAS.get((mechanism or "").upper())
+        if module is None or user is None or password is None:
+            raise ConfigError(
+                f"kafka: sasl.username/sasl.password map to {client} only with "
+                f"sasl.mechanism PLAIN or SCRAM-SHA-256/512 and both set (got mechanism {mechanism!r})"
+            )
+        out["sasl.jaas.config"] = jaas(user, password, module)
+    ca_location, ca_pem = take("ssl.ca.location"), take("ssl.ca.pem")
+    if ca_location is not None:
+        out["ssl.truststore.type"] = "PEM"
+        out["ssl.truststore.location"] = ca_location
+    if ca_pem is not None:
+        out["ssl.truststore.type"] = "PEM"
+        out["ssl.truststore.certificates"] = ca_pem
+    cert_pem, key_pem = take("ssl.certificate.pem"), take("ssl.key.pem")
+    if cert_pem is not None or key_pem is not None:
+        if cert_pem is None or key_pem is None:
+            raise ConfigError("kafka: ssl.certificate.pem and ssl.key.pem must be set together")
+        out["ssl.keystore.type"] = "PEM"
+        out["ssl.keystore.certificate.chain"] = cert_pem
+        out["ssl.keystore.key"] = key_pem
+    cert_loc, key_loc = take("ssl.certificate.location"), take("ssl.key.location")
+    if cert_loc is not None or key_loc is not None:
+        if cert_loc != key_loc:
+            raise ConfigError(
+                f"kafka: {client} reads the client key and certificate from one PEM file; "
+                "point ssl.certificate.location and ssl.key.location at the same combined file, "
+                "or use ssl.certificate.pem / ssl.key.pem"
+            )
+        out["ssl.keystore.type"] = "PEM"
+        out["ssl.keystore.location"] = str(cert_loc)
+    algorithm = take("ssl.endpoint.identification.algorithm")
+    if algorithm is not None:
+        out["ssl.endpoint.identification.algorithm"] = "" if algorithm.lower() == "none" else algorithm
+    unmapped = sorted(k for k in rest if k.startswith(("sasl.", "ssl.")))
+    if unmapped:
+        raise ConfigError(
+            f"kafka: {', '.join(unmapped)} cannot be passed to {client}; "
+            "see audit.core.kafka_conf.java_client_settings for the settings that map"
+        )
+    return out

@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +24,14 @@ from typing import Any
 
 from audit.core.errors import BrokerError, ConfigError
 from audit.runtime import jars
-from audit.runtime.local_kafka import _java, _pid_alive, _wait_dead, log4j2_file_config, port_in_use
+from audit.runtime.jvm_service import (
+    JvmService,
+    log4j2_file_config,
+    port_in_use,
+    properties_text,
+    wait_until,
+    write_private,
+)
 
 CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 MANIFEST = "kafka-connect"
@@ -39,28 +43,27 @@ _LOG4J2 = log4j2_file_config("${sys:connect.log.file}", {"org.apache.kafka.clien
                                                         "org.reflections": "ERROR"})
 
 
-class LocalConnect:
+class LocalConnect(JvmService):
     """One distributed Connect worker (group `group_id`) on `bootstrap`, REST on 127.0.0.1:`port`.
 
     `extra` adds or overrides any worker property."""
 
+    what = "the Connect worker"
+    state_name = "connect.json"
+    log_name = "connect.log"
+
     def __init__(self, data_dir: Path | str, bootstrap: str, port: int = DEFAULT_PORT,
                  group_id: str = "msgaudit-connect", extra: Mapping[str, str] | None = None) -> None:
-        self.data_dir = Path(data_dir)
+        super().__init__(data_dir)
         self.bootstrap = bootstrap
         self.port = port
         self.group_id = group_id
         self.extra = dict(extra or {})
-        self._proc: subprocess.Popen[bytes] | None = None
 
     # -- configuration ---------------------------------------------------------------
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_file(self) -> Path:
-        return self.data_dir / "connect.log"
 
     def properties(self) -> dict[str, str]:
         g = self.group_id
@@ -92,14 +95,11 @@ class LocalConnect:
         return props
 
     # -- lifecycle -------------------------------------------------------------------
-    def _state_file(self) -> Path:
-        return self.data_dir / "connect.json"
-
-    @staticmethod
-    def state_in(data_dir: Path | str) -> dict[str, Any]:
+    @classmethod
+    def state_in(cls, data_dir: Path | str) -> dict[str, Any]:
         """What the worker started in `data_dir` recorded (pid, port, bootstrap); {} if none."""
         with contextlib.suppress(OSError, ValueError):
-            return dict(json.loads((Path(data_dir) / "connect.json").read_text()))
+            return dict(json.loads((Path(data_dir) / cls.state_name).read_text()))
         return {}
 
     @classmethod
@@ -109,17 +109,6 @@ class LocalConnect:
         worker = cls(data_dir, str(state.get("bootstrap", "")), port=int(state.get("port", DEFAULT_PORT)))
         return worker if worker.running() else None
 
-    @property
-    def pid(self) -> int | None:
-        try:
-            pid = int(json.loads(self._state_file().read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return None
-        return pid if _pid_alive(pid) else None
-
-    def running(self) -> bool:
-        return self.pid is not None
-
     def start(self, timeout: float = 120.0) -> LocalConnect:
         """Start the worker and wait until its REST API answers and it has joined its group."""
         if self.running():
@@ -127,21 +116,11 @@ class LocalConnect:
             return self
         if port_in_use(self.port):
             raise BrokerError(f"port {self.port} on 127.0.0.1 is already in use; stop what uses it or pass --port")
-        java = _java()
         classpath = str(jars.jar_dir(MANIFEST) / "*")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        props = self.data_dir / "connect-distributed.properties"
-        props.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
-        log4j = self.data_dir / "log4j2.xml"
-        log4j.write_text(_LOG4J2)
-        out = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        self._proc = subprocess.Popen(
-            [java, "-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-             f"-Dlog4j2.configurationFile={log4j}", f"-Dconnect.log.file={self.log_file}", "-cp", classpath,
-             CONNECT_MAIN, str(props)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self._state_file().write_text(json.dumps({"pid": self._proc.pid, "port": self.port,
-                                                  "bootstrap": self.bootstrap}))
+        props = write_private(self.data_dir / "connect-distributed.properties", properties_text(self.properties()))
+        self.launch(classpath, CONNECT_MAIN, [str(props)], _LOG4J2, "connect.log.file", heap="512m",
+                    state={"port": self.port, "bootstrap": self.bootstrap})
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -150,47 +129,18 @@ class LocalConnect:
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.pid is None:
-                raise BrokerError(f"the Connect worker exited during start-up; see {self.log_file}:\n{self.log_tail()}")
+        def answers() -> bool:
             try:
                 self.request("GET", "/connectors")  # answers once the worker has joined its group
-                return
+                return True
             except (BrokerError, OSError):
-                time.sleep(0.5)
-        raise BrokerError(f"the Connect worker did not answer on {self.url} within {timeout:.0f}s; see {self.log_file}")
+                return False
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (the worker stops its tasks and leaves its group), SIGKILL if it hangs."""
-        pid = self.pid
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            if not _wait_dead(pid, timeout):
-                os.kill(pid, signal.SIGKILL)
-                _wait_dead(pid, 5)
-        if self._state_file().exists():
-            self._state_file().unlink()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Kill the worker (SIGKILL by default: no clean stop of its tasks)."""
-        pid = self.pid
-        if pid is not None:
-            os.kill(pid, sig)
-            if not _wait_dead(pid, 30):
-                raise BrokerError(f"the Connect worker (pid {pid}) did not exit after signal {sig}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        if not wait_until(answers, timeout, self.check_alive):
+            raise BrokerError(f"the Connect worker did not answer on {self.url} within {timeout:.0f}s; see {self.log_file}")
 
     def __enter__(self) -> LocalConnect:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- REST ------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None) -> Any:

@@ -26,24 +26,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.core.errors import BrokerError, SetupError
+from audit.core.errors import BrokerError
+from audit.core.kafka_conf import jaas
 from audit.runtime import jars
+from audit.runtime.jvm_service import (
+    java,
+    log4j2_file_config,
+    pid_alive,
+    port_in_use,
+    properties_text,
+    terminate,
+    wait_dead,
+    wait_until,
+    write_private,
+)
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 # Features every new cluster is formatted with: share groups (KIP-932, "Queues for Kafka").
 FEATURES = ["--feature", "share.version=1"]
-
-def log4j2_file_config(file_name: str, levels: dict[str, str]) -> str:
-    """A log4j2 XML configuration that writes every INFO line to one file (`file_name` may name a
-    system property, e.g. `${sys:kafka.logs.dir}/server.log`), with `levels` per logger name: a
-    JVM started from here never writes its log to the user's terminal."""
-    loggers = "".join(f'    <Logger name="{name}" level="{level}"/>\n' for name, level in levels.items())
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n<Configuration status="WARN">\n  <Appenders>\n'
-            f'    <File name="file" fileName="{file_name}"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>\n'
-            '  </Appenders>\n  <Loggers>\n    <Root level="INFO"><AppenderRef ref="file"/></Root>\n'
-            f"{loggers}  </Loggers>\n</Configuration>\n")
-
 
 _LOG4J2 = log4j2_file_config("${sys:kafka.logs.dir}/server.log",
                              {"org.apache.kafka": "INFO", "kafka": "INFO", "state.change.logger": "WARN"})
@@ -59,22 +60,6 @@ class NodeSpec:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None:
-        home = os.environ.get("JAVA_HOME")
-        if home and (Path(home) / "bin" / "java").exists():
-            return str(Path(home) / "bin" / "java")
-        raise SetupError("Java is not installed or not on PATH; install a JDK 17+ (apt-get install openjdk-17-jre-headless)")
-    return java
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.3)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _ephemeral_low() -> int:
@@ -145,33 +130,9 @@ def new_cluster_id() -> str:
             return cid
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 SECURE_DIR = "secure"  # in the data folder: credentials.json and broker.pem (0600), ca.pem
 SCRAM = "SCRAM-SHA-512"
 SUPER_USER = "admin"
-
-
-def jaas(user: str, password: str) -> str:
-    """The `sasl.jaas.config` value of a SCRAM login (quotes and backslashes escaped)."""
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"')
-
-    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{esc(user)}" ' \
-           f'password="{esc(password)}";'
 
 
 def make_certificates(folder: Path) -> None:
@@ -356,7 +317,8 @@ class LocalKafka:
 
     def grant(self, user: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
         """Allow `user` `operation` (READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, CREATE, ...) on
-        `resource_type` (TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID) `name` from any host."""
+        `resource_type` (TOPIC, GROUP, TRANSACTIONAL_ID, BROKER: the cluster, named `kafka-cluster`) `name`
+        from any host."""
         from confluent_kafka.admin import (
             AclBinding,
             AclOperation,
@@ -384,7 +346,7 @@ class LocalKafka:
         return {int(k): int(v) for k, v in state.get("pids", {}).items()}
 
     def running_nodes(self) -> list[int]:
-        return [nid for nid, pid in self._pids().items() if _pid_alive(pid)]
+        return [nid for nid, pid in self._pids().items() if pid_alive(pid)]
 
     def start(self, timeout: float = 60.0) -> LocalKafka:
         """Start every node (formatting storage on first use) and wait until clients are served."""
@@ -404,7 +366,7 @@ class LocalKafka:
         return any((n.data_dir / "logs" / "meta.properties").exists() for n in self.nodes)
 
     def _start(self, timeout: float) -> LocalKafka:
-        java = _java()
+        java_bin = java()
         classpath = str(jars.jar_dir("kafka-broker") / "*")
         if self.running_nodes():
             if self.is_ready():
@@ -418,7 +380,7 @@ class LocalKafka:
         cluster_id = self._cluster_id()
         pids: dict[str, int] = {}
         for node in self.nodes:
-            pids[str(node.node_id)] = self._start_node(java, classpath, node, cluster_id).pid
+            pids[str(node.node_id)] = self._start_node(java_bin, classpath, node, cluster_id).pid
         self._state_file().write_text(json.dumps({"cluster_id": cluster_id, "pids": pids,
                                                   "bootstrap": self.bootstrap_servers}))
         try:
@@ -436,13 +398,12 @@ class LocalKafka:
         f.write_text(cid)
         return cid
 
-    def _start_node(self, java: str, classpath: str, node: NodeSpec, cluster_id: str) -> subprocess.Popen[bytes]:
+    def _start_node(self, java_bin: str, classpath: str, node: NodeSpec, cluster_id: str) -> subprocess.Popen[bytes]:
         node.data_dir.mkdir(parents=True, exist_ok=True)
-        props = node.data_dir / "server.properties"
-        props.write_text("".join(f"{k}={v}\n" for k, v in self._properties(node).items()))
+        props = write_private(node.data_dir / "server.properties", properties_text(self._properties(node)))
         log4j = node.data_dir / "log4j2.xml"
         log4j.write_text(_LOG4J2)
-        jvm = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        jvm = [java_bin, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={node.data_dir}", "-cp", classpath]
         if not (node.data_dir / "logs" / "meta.properties").exists():
             scram = ["--add-scram", f"{SCRAM}=[name={SUPER_USER},password={self._credentials()['admin']}]"] \
@@ -473,19 +434,17 @@ class LocalKafka:
         return len(md.brokers) == len(self.running_nodes()) > 0
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = [nid for nid, pid in self._pids().items() if not _pid_alive(pid)]
-            if dead:
-                if any(_bind_failed(n.data_dir) for n in self.nodes if n.node_id in dead):
-                    taken = ", ".join(str(p) for n in self.nodes for p in (n.port, n.controller_port))
-                    raise PortTaken(f"Kafka node(s) {dead} could not bind their ports ({taken}): another "
-                                    f"process uses one; see {self.log_hint(dead[0])}")
-                raise BrokerError(f"Kafka node(s) {dead} exited during start-up; see {self.log_hint(dead[0])}")
-            if self.is_ready() and self._coordinator_ready():
-                return
-            time.sleep(0.3)
-        raise BrokerError(f"Kafka did not become ready within {timeout:.0f}s; see {self.log_hint(self.nodes[0].node_id)}")
+        if not wait_until(lambda: self.is_ready() and self._coordinator_ready(), timeout, self._check_alive, 0.3):
+            raise BrokerError(f"Kafka did not become ready within {timeout:.0f}s; see {self.log_hint(self.nodes[0].node_id)}")
+
+    def _check_alive(self) -> None:
+        dead = [nid for nid, pid in self._pids().items() if not pid_alive(pid)]
+        if dead:
+            if any(_bind_failed(n.data_dir) for n in self.nodes if n.node_id in dead):
+                taken = ", ".join(str(p) for n in self.nodes for p in (n.port, n.controller_port))
+                raise PortTaken(f"Kafka node(s) {dead} could not bind their ports ({taken}): another "
+                                f"process uses one; see {self.log_hint(dead[0])}")
+            raise BrokerError(f"Kafka node(s) {dead} exited during start-up; see {self.log_hint(dead[0])}")
 
     def _coordinator_ready(self) -> bool:
         """The group coordinator answers once __consumer_offsets can be created: ask it."""
@@ -531,14 +490,14 @@ class LocalKafka:
     def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> None:
         """Kill one node (the lab's broker faults)."""
         pid = self._pids().get(node_id)
-        if pid and _pid_alive(pid):
+        if pid and pid_alive(pid):
             os.kill(pid, sig)
-            _wait_dead(pid, 30)
+            wait_dead(pid, 30)
 
     def pid_of(self, node_id: int) -> int | None:
         """The OS pid of a running node, or None."""
         pid = self._pids().get(node_id)
-        return pid if pid and _pid_alive(pid) else None
+        return pid if pid and pid_alive(pid) else None
 
     def pause_node(self, node_id: int) -> None:
         """Freeze a node (SIGSTOP): it keeps its sockets but stops fetching, like a stalled follower."""
@@ -556,7 +515,7 @@ class LocalKafka:
     def restart_node(self, node_id: int) -> None:
         node = next(n for n in self.nodes if n.node_id == node_id)
         pids = self._pids()
-        pids[node_id] = self._start_node(_java(), str(jars.jar_dir("kafka-broker") / "*"), node,
+        pids[node_id] = self._start_node(java(), str(jars.jar_dir("kafka-broker") / "*"), node,
                                          self._cluster_id()).pid
         state = json.loads(self._state_file().read_text())
         state["pids"] = {str(k): v for k, v in pids.items()}
@@ -564,13 +523,7 @@ class LocalKafka:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every node (a clean, controlled shutdown), SIGKILL stragglers."""
-        pids = [pid for pid in self._pids().values() if _pid_alive(pid)]
-        for pid in pids:
-            os.kill(pid, signal.SIGTERM)
-        for pid in pids:
-            if not _wait_dead(pid, timeout):
-                os.kill(pid, signal.SIGKILL)
-                _wait_dead(pid, 5)
+        terminate(list(self._pids().values()), timeout)
         if self._state_file().exists():
             self._state_file().unlink()
 
@@ -583,21 +536,6 @@ class LocalKafka:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _wait_dead(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            waited, _ = os.waitpid(pid, os.WNOHANG)
-            if waited == pid:
-                return True
-        except ChildProcessError:
-            pass
-        if not _pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def cli_kafka(args: argparse.Namespace, cfg: Any) -> int:

@@ -4,7 +4,13 @@ clusters (e.g. two `LocalKafka` instances with their own data folder and port).
 
 `LocalMirrorMaker` writes an `mm2.properties` for one replication flow `<source>-><target>` of the
 given topics (the default replication policy names the copy `<source-alias>.<topic>`), starts,
-SIGKILLs, restarts and stops the process, and keeps its log in `<data_dir>/mm2.log`. MM2 keeps its
+SIGKILLs, restarts and stops the process, and keeps its log in `<data_dir>/mm2.log`. A secured
+cluster's settings are msgaudit's own (librdkafka names: `kafka:` for the source, `mirrors[].kafka`
+for the target, `LocalMirrorMaker.for_mirror`), translated to MM2's `<alias>.security.protocol`,
+`<alias>.sasl.*`, `<alias>.ssl.*`; the secret ones (the JAAS line with the password, a key's
+password) are written to `mm2-secrets.properties` (mode 0600) and named in `mm2.properties` (also
+0600) as `${file:...}` references, resolved by Kafka's FileConfigProvider: MM2 keeps its connectors'
+configs in a topic of the target cluster, which so never holds a password. MM2 keeps its
 own state (source offsets, configs, status) in internal topics of the target cluster, so a
 restarted process resumes from the last source offsets it flushed: a SIGKILL between two flushes
 copies the records since the last flush again (MM2 is at-least-once unless its exactly-once
@@ -13,21 +19,21 @@ mode, `exactly_once=True`, is on). This module knows nothing about audit logic.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.core.errors import BrokerError
+from audit.core.config import Config
+from audit.core.errors import BrokerError, ConfigError
+from audit.core.kafka_conf import internal_client_conf, java_client_settings
 from audit.runtime import jars
-from audit.runtime.local_kafka import _java, _pid_alive, _wait_dead, log4j2_file_config
+from audit.runtime.jvm_service import JvmService, log4j2_file_config, properties_text, write_private
 
 MIRROR_MAKER_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
 MANIFEST = "kafka-mirror"
+SECRET_KEYS = ("sasl.jaas.config", "ssl.key.password", "ssl.keystore.key")  # never in mm2.properties
+FILE_PROVIDER = "org.apache.kafka.common.config.provider.FileConfigProvider"
 
 _LOG4J2 = log4j2_file_config("${sys:mm2.log.file}", {"org.apache.kafka.clients": "WARN",
                                                    "org.apache.kafka.common.utils.AppInfoParser": "WARN",
@@ -39,19 +45,25 @@ def mirrored_topic(source_alias: str, topic: str) -> str:
     return f"{source_alias}.{topic}"
 
 
-class LocalMirrorMaker:
+class LocalMirrorMaker(JvmService):
     """One MM2 flow `source_alias -> target_alias` for `topics`, as a local process.
 
     `offset_flush_ms` is how often MM2 commits the source offsets it copied (a SIGKILL re-copies
     what came after the last flush); `groups` are the consumer groups whose committed offsets MM2
-    checkpoints and translates to the target (`sync.group.offsets.enabled`); `extra` adds or
-    overrides any mm2.properties key."""
+    checkpoints and translates to the target (`sync.group.offsets.enabled`); `source_kafka` /
+    `target_kafka` are the clusters' librdkafka settings (security included; their
+    `bootstrap.servers` is the one given); `extra` adds or overrides any mm2.properties key."""
+
+    what = "MirrorMaker 2"
+    state_name = "mm2.json"
+    log_name = "mm2.log"
 
     def __init__(self, data_dir: Path | str, source_bootstrap: str, target_bootstrap: str,
                  topics: Sequence[str], source_alias: str = "source", target_alias: str = "target",
                  groups: Sequence[str] = (), offset_flush_ms: int = 2000, exactly_once: bool = False,
-                 extra: Mapping[str, str] | None = None) -> None:
-        self.data_dir = Path(data_dir)
+                 extra: Mapping[str, str] | None = None, source_kafka: Mapping[str, str] | None = None,
+                 target_kafka: Mapping[str, str] | None = None) -> None:
+        super().__init__(data_dir)
         self.source_bootstrap = source_bootstrap
         self.target_bootstrap = target_bootstrap
         self.topics = tuple(topics)
@@ -61,7 +73,22 @@ class LocalMirrorMaker:
         self.offset_flush_ms = offset_flush_ms
         self.exactly_once = exactly_once
         self.extra = dict(extra or {})
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.source_kafka = {**(source_kafka or {}), "bootstrap.servers": source_bootstrap}
+        self.target_kafka = {**(target_kafka or {}), "bootstrap.servers": target_bootstrap}
+
+    @classmethod
+    def for_mirror(cls, data_dir: Path | str, cfg: Config, topic: str, mirror: str, **kw: Any) -> LocalMirrorMaker:
+        """The MM2 flow that makes mirror `mirror` of `topic` as `cfg` describes it: from the
+        cluster of `kafka:` to that of `mirrors[].kafka`, source alias `mirrors[].source_alias`,
+        target alias the mirror's name. `kw`: the other arguments of the constructor."""
+        m = next((m for m in cfg.topic(topic).mirrors if m.name == mirror), None)
+        if m is None:
+            raise ConfigError(f"{cfg.source}: topic {topic!r} has no mirror {mirror!r}")
+        if m.topic != mirrored_topic(m.source_alias, topic):
+            raise ConfigError(f"{cfg.source}: topics.{topic}.mirrors[{mirror}].topic is {m.topic!r}; MM2's default "
+                              f"replication policy names the copy {mirrored_topic(m.source_alias, topic)!r}")
+        return cls(data_dir, cfg.kafka.get("bootstrap.servers", ""), m.kafka["bootstrap.servers"], [topic],
+                   source_alias=m.source_alias, target_alias=m.name, source_kafka=cfg.kafka, target_kafka=m.kafka, **kw)
 
     # -- configuration ---------------------------------------------------------------
     @property
@@ -72,8 +99,25 @@ class LocalMirrorMaker:
         return mirrored_topic(self.source_alias, topic)
 
     @property
-    def log_file(self) -> Path:
-        return self.data_dir / "mm2.log"
+    def secrets_file(self) -> Path:
+        return self.data_dir / "mm2-secrets.properties"
+
+    def _security(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Each cluster's Java security settings as `<alias>.<key>` (a secret one as a `${file:...}`
+        reference), and the secrets file's `<alias>.<key>` values."""
+        props: dict[str, str] = {}
+        secrets: dict[str, str] = {}
+        for alias, kafka in ((self.source_alias, self.source_kafka), (self.target_alias, self.target_kafka)):
+            settings = java_client_settings(kafka, f"MirrorMaker 2 (cluster {alias})")
+            settings.pop("bootstrap.servers")
+            for key, value in settings.items():
+                if key in SECRET_KEYS:
+                    secrets[f"{alias}.{key}"] = value
+                    value = f"${{file:{self.secrets_file}:{alias}.{key}}}"
+                props[f"{alias}.{key}"] = value
+        if secrets:
+            props.update({"config.providers": "file", "config.providers.file.class": FILE_PROVIDER})
+        return props, secrets
 
     def properties(self) -> dict[str, str]:
         s, t, flow = self.source_alias, self.target_alias, self.flow
@@ -116,71 +160,28 @@ class LocalMirrorMaker:
             props[f"{t}.{key}"] = props[key]
         if self.exactly_once:
             props[f"{t}.exactly.once.source.support"] = "enabled"
+        props.update(self._security()[0])
         props.update(self.extra)
         return props
 
     # -- lifecycle -------------------------------------------------------------------
-    def _state_file(self) -> Path:
-        return self.data_dir / "mm2.json"
-
-    @property
-    def pid(self) -> int | None:
-        try:
-            pid = int(json.loads(self._state_file().read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return None
-        return pid if _pid_alive(pid) else None
-
-    def running(self) -> bool:
-        return self.pid is not None
-
     def start(self) -> LocalMirrorMaker:
-        """Start the MM2 process (returns at once; `wait_topic` waits for the first copy)."""
+        """Start the MM2 process (returns at once; `wait_records` waits for the copies)."""
         if self.running():
             return self
-        java = _java()
         classpath = str(jars.jar_dir(MANIFEST) / "*")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        props = self.data_dir / "mm2.properties"
-        props.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
-        log4j = self.data_dir / "log4j2.xml"
-        log4j.write_text(_LOG4J2)
-        out = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        self._proc = subprocess.Popen(
-            [java, "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-             f"-Dlog4j2.configurationFile={log4j}", f"-Dmm2.log.file={self.log_file}", "-cp", classpath,
-             MIRROR_MAKER_MAIN, str(props), "--clusters", self.target_alias],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self._state_file().write_text(json.dumps({"pid": self._proc.pid}))
+        secrets = self._security()[1]
+        if secrets:
+            write_private(self.secrets_file, properties_text({k: _escaped(v) for k, v in secrets.items()}))
+        props = write_private(self.data_dir / "mm2.properties", properties_text(self.properties()))
+        self.launch(classpath, MIRROR_MAKER_MAIN, [str(props), "--clusters", self.target_alias], _LOG4J2,
+                    "mm2.log.file")
         return self
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Kill the process (SIGKILL by default: no flush of the source offsets it copied)."""
-        pid = self.pid
-        if pid is not None:
-            os.kill(pid, sig)
-            if not _wait_dead(pid, 30):
-                raise BrokerError(f"MirrorMaker 2 (pid {pid}) did not exit after signal {sig}")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (MM2 flushes its offsets and stops its connectors), SIGKILL if it hangs."""
-        pid = self.pid
-        if pid is None:
-            return
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_dead(pid, timeout):
-            os.kill(pid, signal.SIGKILL)
-            _wait_dead(pid, 5)
 
     def restart(self) -> LocalMirrorMaker:
         self.stop()
         return self.start()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
     def wait_records(self, topic: str, count: int, timeout: float = 90.0) -> int:
         """Wait until the copy of `topic` on the target holds at least `count` records (high
@@ -189,9 +190,8 @@ class LocalMirrorMaker:
         held = 0
         target = self.target_topic(topic)
         while time.monotonic() < deadline:
-            if self.pid is None:
-                raise BrokerError(f"MirrorMaker 2 exited; see {self.log_file}:\n{self.log_tail()}")
-            held = topic_size(self.target_bootstrap, target)
+            self.check_alive("the copy")
+            held = topic_size(self.target_kafka, target)
             if held >= count:
                 return held
             time.sleep(0.5)
@@ -201,8 +201,10 @@ class LocalMirrorMaker:
     def __enter__(self) -> LocalMirrorMaker:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+
+def _escaped(value: str) -> str:
+    """A value as a Java .properties file reads it back (backslashes doubled)."""
+    return value.replace("\\", "\\\\")
 
 
 def _regex_literal(name: str) -> str:
@@ -211,11 +213,13 @@ def _regex_literal(name: str) -> str:
     return "".join("\\" + c if c in special else c for c in name)
 
 
-def topic_size(bootstrap: str, topic: str) -> int:
-    """Records a topic holds (high watermark - log start, summed); 0 when it does not exist yet."""
+def topic_size(kafka: Mapping[str, str] | str, topic: str) -> int:
+    """Records a topic holds (high watermark - log start, summed); 0 when it does not exist yet.
+    `kafka`: the cluster's librdkafka settings, or its bootstrap servers."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": "msgaudit-topic-size", "log_level": 0})
+    conf = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
+    consumer: Any = Consumer(internal_client_conf(conf, **{"group.id": "msgaudit-topic-size", "log_level": 0}))
     try:
         md = consumer.list_topics(topic, timeout=5)
         meta = md.topics.get(topic)

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from audit.core.errors import SetupError
-from audit.runtime.local_kafka import _pid_alive, free_port, port_in_use
+from audit.runtime.jvm_service import pid_alive, port_in_use
+from audit.runtime.local_kafka import free_port
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -122,7 +123,7 @@ class LocalSparkCluster:
         except (OSError, ValueError):
             return None
         state = ClusterState(**data)
-        return state if _pid_alive(state.master_pid) else None
+        return state if pid_alive(state.master_pid) else None
 
     def alive_workers(self, state: ClusterState) -> int:
         """Workers the master reports ALIVE (its web UI's JSON), or -1 when it does not answer."""
@@ -226,7 +227,7 @@ class LocalSparkCluster:
             if (moved := self._moved(state)) is not None:
                 state = moved
                 continue
-            dead = [p for p in state.pids() if not _pid_alive(p)]
+            dead = [p for p in state.pids() if not pid_alive(p)]
             if dead or time.monotonic() > deadline:
                 why = "a daemon exited" if dead else f"not ready after {timeout_s:.0f}s"
                 self.stop()
@@ -252,15 +253,15 @@ class LocalSparkCluster:
 
 def _terminate(pids: list[int], timeout_s: float) -> list[int]:
     """TERM the live ones of `pids`, KILL those still alive after `timeout_s`; the ones that were alive."""
-    running = [p for p in pids if _pid_alive(p)]
+    running = [p for p in pids if pid_alive(p)]
     for pid in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while any(_pid_alive(p) for p in running) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in running) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in running:
-        if _pid_alive(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     for pid in running:  # reap our own children (no-op for a cluster started by another process)
