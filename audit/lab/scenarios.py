@@ -1290,6 +1290,11 @@ SCENARIOS.update({
                                          "offset: records processed twice or skipped"),
 })
 
+# The share group scenarios (audit.lab.share) run on the same broker.
+from audit.lab.share import SHARE_SCENARIOS  # noqa: E402 - it uses this module's helpers
+
+SCENARIOS.update(SHARE_SCENARIOS)
+
 # Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
 # MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).
 MIRROR_SCENARIOS = ("mirror_kill", "mirror_retention", "mirror_target_retention", "mirror_failover")
