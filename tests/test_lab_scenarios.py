@@ -51,6 +51,12 @@ DESIGNED: dict[str, dict[str, int]] = {
     # 10 processed on the source; MM2 (offset.lag.max=100: one offset sync, at offset 0) translated
     # the committed 10 to 1 on the target, where the group processed 1..9 again
     "mirror_failover": {"redelivered": 9},
+    # share groups (audit.lab.share): the 10 records the killed member held, handed again
+    "share_kill": {"redelivered": 10},
+    "share_poison": {"rejected": 1},
+    "share_archive": {"redelivered": 2, "archived_unprocessed": 1},  # delivery limit 3
+    "share_slow": {"redelivered": 1, "processed_twice": 1},
+    "share_clean": {},
 }
 
 

@@ -212,3 +212,25 @@ def test_two_share_members_release_and_reject_and_the_audit_reports_exactly_that
     share = [r for r in report if r["stage"] == stage]
     assert [(r["partition"], r["expected"], r["delivered"], r["redelivered"], r["lost"], r["duplicated"],
              r["pending"], r["overdue"]) for r in share] == [(0, 6, 5, 2, 0, 0, 0, 0)]
+
+
+@pytest.mark.unit
+def test_share_lab_truth_from_the_members_own_record() -> None:
+    """The lab's share scenarios expect rows by what the members' handlers saw (audit.lab.share),
+    never by the audit's rules; and they run on the acceptance suite's broker."""
+    from audit.lab.scenarios import PROXY_SCENARIOS
+    from audit.lab.share import SHARE_SCENARIOS, observed
+
+    lines = ["delivered a 0 0 1", "answered a 0 0 accept",  # clean
+             "delivered doomed 0 1 1", "delivered s 0 1 2", "answered s 0 1 accept",  # killed holder
+             "delivered a 0 2 1", "answered a 0 2 reject",  # poison
+             *(f"delivered a 0 3 {n}\nanswered a 0 3 release" for n in (1, 2, 3)),  # released to the limit
+             "delivered slow 0 4 1", "delivered quick 0 4 2", "answered quick 0 4 accept", "answered slow 0 4 accept",
+             "delivered a 0 5 1", "answered a 0 5 release", "delivered a 0 5 2"]  # released once, not answered yet
+    seen = observed("\n".join(lines).splitlines())
+    assert {off: seen[(0, off)].expected(3) for off in range(6)} == {
+        0: [], 1: ["redelivered"], 2: ["rejected"], 3: ["redelivered", "redelivered", "archived_unprocessed"],
+        4: ["redelivered", "processed_twice"], 5: ["redelivered"]}
+    with pytest.raises(ValueError, match="unknown truth line 'acked a 0 1 x'"):
+        observed(["acked a 0 1 x"])
+    assert set(SHARE_SCENARIOS) <= set(PROXY_SCENARIOS)

@@ -9,7 +9,8 @@ member runs in explicit acknowledgement mode and writes, to the same ledger as `
 
 - one `acquired` row per delivery: `consumer` = this member's instance id, `attempt` = the broker's
   delivery count of the record (1 when the client does not say), `consume_ts` = when poll() handed
-  it over;
+  it over; poll() flushes them before it returns (a member killed while holding records leaves
+  the evidence of those deliveries);
 - one row per acknowledgement, `accepted`, `released` or `rejected`, written when the broker's
   answer arrives (the acknowledgement commit callback, served by poll(), commit() and close()):
   `error` null when the broker took it, else its error name (`INVALID_RECORD_STATE`: the lock had
@@ -150,6 +151,8 @@ class AuditedShareConsumer:
             rec = self._record(m)
             self._write(rec, ACQUIRED, now, None)
             out.append(rec)
+        if out:  # durable before the application sees them: a member killed now leaves its deliveries
+            self.ledger.flush()
         return out
 
     @staticmethod

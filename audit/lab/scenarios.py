@@ -1295,6 +1295,10 @@ SCENARIOS.update({
 from audit.lab.connect import CONNECT  # noqa: E402 - it needs nothing of this module at import time
 
 SCENARIOS.update(CONNECT)
+# The share group scenarios (audit.lab.share) run on the same broker.
+from audit.lab.share import SHARE_SCENARIOS  # noqa: E402 - it uses this module's helpers
+
+SCENARIOS.update(SHARE_SCENARIOS)
 
 # Scenarios that run on one broker behind the proxy (the demo's "mixed" set runs a selection); the
 # MirrorMaker 2 scenarios run on it too (last: their second cluster lives until the audit is done).

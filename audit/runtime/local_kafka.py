@@ -233,6 +233,8 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": "1",
             "share.coordinator.state.topic.num.partitions": "4",
+            # a share group may set an acquisition lock down to 1 s (the lab's scenarios do; default 15 s)
+            "group.share.min.record.lock.duration.ms": "1000",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             "log.retention.check.interval.ms": "1000",
