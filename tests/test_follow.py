@@ -426,12 +426,13 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _airflow(cfg: Config, url: str, **auth: str) -> Config:
+def _airflow(cfg: Config, url: str, token: str | None = None, username: str | None = None,
+             password: str | None = None) -> Config:
     from dataclasses import replace
 
     from audit.core.config import AirflowConfig
 
-    return replace(cfg, airflow=AirflowConfig(url=url, **auth))
+    return replace(cfg, airflow=AirflowConfig(url=url, token=token, username=username, password=password))
 
 
 def _event(topic: str, ws: datetime, we: datetime, as_of: datetime) -> dict[str, Any]:
