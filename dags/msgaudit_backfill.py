@@ -1,6 +1,6 @@
 """On-demand backfill: `msgaudit_backfill`, triggered by hand with params `start`, `end`, `topics`, `force`.
 
-    plan -> ingest -> backfill
+    plan -> ingest -> backfill -> publish
 
 `plan` lists every UTC-aligned window of each selected topic's size that overlaps [start, end)
 (`spark_jobs.pipeline.plan.plan_windows`), refuses the range if any of them is not final yet (its
@@ -17,6 +17,12 @@ and a new run skips windows an earlier run finished (their rows would be identic
 is set. An SLA breach in any window fails the task once every window has run (exit 3, no retry;
 the alert lists the failed rules of the whole range).
 
+`publish` (a teardown of `backfill`: it runs whatever `backfill` did, and the run's state stays
+`backfill`'s) emits the completeness event of each topic and window the run finished, as the window
+DAG's `publish` does (same asset `msgaudit://<first bootstrap server>/<topic>`, same extra), through
+the asset alias `msgaudit_backfill` (`spark_jobs.pipeline.airflow.publish_backfill`). Windows an
+earlier run finished (skipped here) emit nothing again.
+
 This file only declares: no I/O, no Spark, no config parsing at import time.
 """
 
@@ -26,9 +32,9 @@ from typing import Any
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, AssetAlias, Param, task
 
-from spark_jobs.pipeline.airflow import default_args, submit_target
+from spark_jobs.pipeline.airflow import backfill_alias, default_args, submit_target
 
 
 @task
@@ -37,7 +43,8 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
 
     Returns one {start, end, topics, as_of} per window (what the backfill step will run, for the
     run's record) and pushes `ingest` and `backfill` (argv), `application`, `jars`, `py_files`,
-    `conf` and `env` as XComs of their own."""
+    `conf` and `env` as XComs of their own, and for `publish` the config's path (`config`) and the
+    windows already finished before this run (`done_before`; none with `force`)."""
     from datetime import UTC, datetime
     from pathlib import Path
 
@@ -47,6 +54,7 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
     from audit.core import config as config_mod
     from audit.core.errors import MsgauditError
     from audit.core.windows import parse_instant
+    from spark_jobs.pipeline.airflow import backfill_done
     from spark_jobs.pipeline.plan import backfill_argv, not_final, plan_windows, range_argv
 
     params = params or {}
@@ -70,8 +78,18 @@ def plan(params: dict[str, Any] | None = None, ti: Any = None, dag_run: Any = No
                                                      force=bool(params.get("force"))))
     for key, value in submit_target(cfg).items():
         ti.xcom_push(key=key, value=value)
+    ti.xcom_push(key="config", value=str(path))
+    ti.xcom_push(key="done_before", value=[] if params.get("force") else backfill_done(cfg))
     return [{"start": r.start.isoformat(), "end": r.end.isoformat(), "topics": list(r.topics),
              "as_of": r.as_of.isoformat()} for r in runs]
+
+
+@task
+def publish(alias: str, **context: Any) -> list[dict[str, Any]]:
+    """One completeness event per topic of each window this run finished (docs/design.md §6.5)."""
+    from spark_jobs.pipeline.airflow import publish_backfill
+
+    return publish_backfill(alias, context)
 
 
 with DAG(
@@ -104,4 +122,5 @@ with DAG(
         env_vars=planned["env"],
         name=f"msgaudit-{step}",
     ) for step in ("ingest", "backfill")}
-    steps["ingest"] >> steps["backfill"]
+    alias = backfill_alias()
+    steps["ingest"] >> steps["backfill"] >> publish.override(outlets=[AssetAlias(alias)])(alias).as_teardown()

@@ -80,6 +80,14 @@ def test_full_example_parses_into_typed_objects(tmp_path: Path, monkeypatch: pyt
         ("reconcile: {engine: columnar}\n",
          "reconcile.engine: expected one of auto, driver, spark (auto: the driver for small windows"),
         ("reconcile: {engine: true}\n", "reconcile.engine: expected one of auto, driver, spark"),
+        ("airflow: {host: x}\n", "airflow: unknown key 'host' (allowed: url, token, username, password, timeout)"),
+        ("airflow: {url: airflow:8080}\n", "airflow.url: expected an http:// or https:// URL"),
+        ("airflow: {token: abc}\n", "airflow: token set without url; add airflow.url"),
+        ("airflow: {url: 'http://a:8080', token: t, username: u, password: p}\n",
+         "airflow: set either token or username + password, not both"),
+        ("airflow: {url: 'http://a:8080', username: u}\n", "airflow: username and password go together"),
+        ("airflow: {url: 'http://a:8080', token: ''}\n", "airflow.token: expected a non-empty string"),
+        ("airflow: {url: 'http://a:8080', timeout: soon}\n", "airflow.timeout: expected a duration"),
     ],
 )
 def test_bad_config_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -88,6 +96,18 @@ def test_bad_config_names_file_and_key(tmp_path: Path, text: str, message: str) 
         config.load(path)
     assert message in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_airflow_section_reads_url_and_credentials_and_never_shows_the_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGAUDIT_TEST_AIRFLOW_PASSWORD", "hunter2")
+    cfg = config.load(write(tmp_path, "airflow: {url: 'http://airflow:8080/', username: msgaudit, "
+                                      "password: '${MSGAUDIT_TEST_AIRFLOW_PASSWORD}', timeout: 3s}\n"))
+    a = cfg.airflow
+    assert (a.url, a.token, a.username, a.password, a.timeout) == (
+        "http://airflow:8080", None, "msgaudit", "hunter2", timedelta(seconds=3))
+    assert "hunter2" not in repr(cfg)
+    assert config.load(write(tmp_path, "topics: {}\n")).airflow == config.AirflowConfig()  # off by default
 
 
 def test_missing_explicit_file_is_an_error_but_no_file_means_defaults(tmp_path: Path,

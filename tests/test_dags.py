@@ -142,9 +142,10 @@ def test_window_dag_shape(import_probe: dict[str, Any]) -> None:
 @pytest.mark.airflow
 def test_backfill_dag_shape(import_probe: dict[str, Any]) -> None:
     dag = import_probe["msgaudit_backfill.py"]["dags"]["msgaudit_backfill"]
-    assert dag["tasks"] == {"plan": [], "ingest": ["plan"], "backfill": ["ingest", "plan"]}
+    assert dag["tasks"] == {"plan": [], "ingest": ["plan"], "backfill": ["ingest", "plan"], "publish": ["backfill"]}
     assert dag["params"] == ["end", "force", "start", "topics"]
     assert dag["timetable"] is None
+    assert dag["teardowns"] == ["publish"]  # emits the finished windows' events whatever `backfill` did
 
 
 @pytest.mark.unit
@@ -329,6 +330,73 @@ def test_window_extra_sums_partitions_per_stage_and_judges_complete_and_exactly_
                                    duplicate_in_log=1)], "t", ws, ws + timedelta(hours=1), as_of)
     assert (dup["complete"], dup["exactly_once"]) == (True, False)
     assert all_exactly_once([empty]) and not all_exactly_once([empty, dup]) and not all_exactly_once([])
+
+
+@pytest.mark.unit
+def test_window_events_are_one_asset_and_extra_per_topic_read_from_the_report_store(tmp_path: Path) -> None:
+    """What every emitter sends (the DAGs' `publish`, `msgaudit follow`): one event per topic, in order."""
+    from audit.core import config as config_mod
+    from audit.serving.completeness import window_events
+    from audit.serving.report_store import ReportStore
+
+    cfg = config_mod.from_dict({"report_store": f"sqlite:///{tmp_path / 'r.db'}",
+                                "kafka": {"bootstrap.servers": "K1:9092,k2:9092"}}, base=tmp_path)
+    ws, as_of = datetime(2026, 5, 1, 10, tzinfo=UTC), datetime(2026, 5, 1, 11, 15, tzinfo=UTC)
+    with ReportStore(cfg.report_store) as store:
+        store.replace_window("audit_partition_report", "b", ws, [
+            _stage_row("b", ws, as_of, 0, "log", expected=3, delivered=2, lost=1, lost_acked=1)])
+    events = window_events(cfg, ["b", "a"], ws, ws + timedelta(hours=1), as_of)
+    window = {"window_start": ws.isoformat(), "window_end": (ws + timedelta(hours=1)).isoformat(),
+              "as_of": as_of.isoformat()}
+    assert events == [
+        ("msgaudit://k1:9092/b", {"topic": "b", **window, "complete": False, "exactly_once": False, "stages": {"log": {
+            "expected": 3, "delivered": 2, "lost": 1, "duplicated": 0, "reordered": 0, "pending": 0,
+            "anomalies": {"lost_acked": 1}, "complete": False, "exactly_once": False}}}),
+        ("msgaudit://k1:9092/a", {"topic": "a", **window, "complete": True, "exactly_once": True, "stages": {}})]
+    assert json.loads(json.dumps(events)) == [list(e) for e in events]  # plain JSON, as Airflow stores it
+
+
+@pytest.mark.airflow
+def test_backfill_publish_emits_only_the_windows_the_run_finished(airflow_home: Path, tmp_path: Path) -> None:
+    """`publish_backfill`: a window in the backfill state after the run and not before it emits; one an
+    earlier run finished (in `done_before`) or one the run did not finish (not in the state) does not."""
+    from airflow.sdk import Asset, AssetAlias
+
+    from spark_jobs.pipeline.airflow import backfill_alias, backfill_done, publish_backfill
+    from spark_jobs.pipeline.backfill import STATE_FILE, BackfillState, state_key
+
+    cfg_path = _write_config(tmp_path / "msgaudit.yaml", {
+        "home": str(tmp_path / "home"), "report_store": f"sqlite:///{tmp_path / 'r.db'}",
+        "topics": {"o": {"window": "1m", "grace": "5s"}, "p": {"window": "1m", "grace": "5s"}}})
+    from audit.core import config as config_mod
+
+    cfg = config_mod.load(cfg_path)
+    w = [datetime(2026, 5, 1, 10, m, tzinfo=UTC) for m in range(3)]
+    windows = [{"start": x.isoformat(), "end": (x + WINDOW).isoformat(), "topics": ["o", "p"],
+                "as_of": (x + WINDOW + GRACE).isoformat()} for x in w]
+    state = BackfillState(cfg.home / STATE_FILE)
+    state.mark(state_key("o", w[0], w[0] + WINDOW + GRACE), {})  # an earlier run's
+    before = backfill_done(cfg)
+    for t, x in (("p", w[0]), ("o", w[1]), ("p", w[1])):  # this run's; w[2] did not finish
+        state.mark(state_key(t, x, x + WINDOW + GRACE), {})
+
+    class TI:
+        def xcom_pull(self, task_ids: str, key: str = "return_value") -> Any:
+            return {"return_value": windows, "config": str(cfg_path), "done_before": before}[key]
+
+    class Events:
+        def __init__(self) -> None:
+            self.added: list[tuple[str, dict[str, Any]]] = []
+
+        def add(self, asset: Asset, extra: dict[str, Any]) -> None:
+            self.added.append((asset.uri, extra))
+
+    events = Events()
+    out = publish_backfill(backfill_alias(), {"ti": TI(), "outlet_events": {AssetAlias(backfill_alias()): events}})
+    assert [(uri, e["window_start"]) for uri, e in events.added] == [
+        ("msgaudit://127.0.0.1:9092/p", w[0].isoformat()), ("msgaudit://127.0.0.1:9092/o", w[1].isoformat()),
+        ("msgaudit://127.0.0.1:9092/p", w[1].isoformat())]
+    assert out == [{"asset": uri, "extra": e} for uri, e in events.added]
 
 
 @pytest.mark.unit
@@ -571,7 +639,9 @@ def test_backfill_runs_the_range_in_one_submission_and_lists_its_windows(dagbag:
                 conf={"start": "2026-05-01T10:06:30Z", "end": "2026-05-01T10:08:00Z", "topics": ["orders", "hourly"]},
                 mark_success="ingest|backfill")
     assert r.state == "success"
-    assert r.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "success"}
+    assert r.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "success",
+                        ("publish", -1): "success"}
+    assert r.xcom[("publish", -1, "return_value")] == []  # nothing finished: `backfill` did not run
     plan = {k: v for (task, _, k), v in r.xcom.items() if task == "plan"}
     rng = ["--config", str(cfg), "--start", "2026-05-01T10:06:30+00:00", "--end", "2026-05-01T10:08:00+00:00"]
     w = ["2026-05-01T10:00:00+00:00", "2026-05-01T10:06:00+00:00", "2026-05-01T10:07:00+00:00",
@@ -620,7 +690,8 @@ def test_backfill_refuses_windows_that_are_not_final(dagbag: Any, tmp_path: Path
                 mark_success="ingest|backfill")
     after = datetime.now(UTC)
     assert r.state == "failed"
-    assert r.states == {("plan", -1): "failed", ("ingest", -1): "upstream_failed", ("backfill", -1): "upstream_failed"}
+    assert r.states == {("plan", -1): "failed", ("ingest", -1): "upstream_failed", ("backfill", -1): "upstream_failed",
+                        ("publish", -1): "skipped"}  # nothing planned: no event
 
     def refusal(now: datetime) -> str:  # the first window whose as_of (end + 15m) is after `now`
         ws = floor_window(before - timedelta(hours=3), timedelta(hours=1))
@@ -781,12 +852,18 @@ def submit_entry_point() -> Path:
 
 @pytest.fixture(scope="module")
 def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstrap: str, dagbag: Any,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+        airflow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two scheduled runs (A, B) on one lake + report store, one backfill over A..B on another
     (a scheduled run is one spark-submit, the backfill two: the empty window's zero rows are
-    held by the reconcile tests)."""
+    held by the reconcile tests); then one `msgaudit follow` tick over B posting its event to
+    Airflow's REST API app on this metadata db (its Spark steps no-ops: the scheduled runs wrote the
+    window's rows), and the downstream run it starts."""
+    from dataclasses import replace
+
     from audit.core import config as config_mod
+    from audit.core.config import AirflowConfig
     from audit.serving.completeness import asset_uri
+    from spark_jobs.pipeline.follow import follow
 
     facts, ledger = injected
     root = tmp_path_factory.mktemp("e2e-runs")
@@ -807,12 +884,27 @@ def e2e(submit_entry_point: Path, injected: tuple[Injected, Path], kafka_bootstr
                                 logical_date=w + WINDOW + timedelta(seconds=30)))
             # what the scheduler does with the window's event: a run of the DAG scheduled on the asset
             downstream.append(airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")))
-    events = airflow_env.asset_events(asset)
-    alerts_after_scheduled = alert_log.read_text().splitlines() if alert_log.exists() else []
-    bf = run_dag(dagbag, "msgaudit_backfill", {**variables, "msgaudit_config": str(backfill)},
-                 conf={"start": facts.windows[0].isoformat(), "end": (facts.windows[1] + WINDOW).isoformat()})
+        events = airflow_env.asset_events(asset)
+        alerts_after_scheduled = alert_log.read_text().splitlines() if alert_log.exists() else []
+        bf = run_dag(dagbag, "msgaudit_backfill", {**variables, "msgaudit_config": str(backfill)},
+                     conf={"start": facts.windows[0].isoformat(), "end": (facts.windows[1] + WINDOW).isoformat()})
+        backfill_events = airflow_env.asset_events(asset)[len(events):]
+        # the run the backfill's events start (how many of them it takes depends on when Airflow
+        # queued it: the ones after that go to the next run)
+        downstream.append(airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")))
+        follow_lines: list[str] = []
+        with airflow_env.api_server(airflow_home) as url:
+            cfg = replace(config_mod.load(scheduled), home=root / "follow-home", airflow=AirflowConfig(
+                url=url, username=airflow_env.API_USER, password=airflow_env.API_PASSWORD))
+            followed = follow(None, cfg, since=facts.windows[1], once=True, steps=[], ingest=lambda *_: None,
+                              clock=lambda: facts.windows[1] + WINDOW + GRACE + timedelta(seconds=1),
+                              say=follow_lines.append, warn=follow_lines.append)
+        follow_events = airflow_env.asset_events(asset)[len(events) + len(backfill_events):]
+        downstream.append(airflow_env.run_asset_triggered(fresh_dag(dagbag, "msgaudit_downstream_example")))
     yield {
         "facts": facts, "runs": runs, "backfill": bf, "events": events, "downstream": downstream,
+        "backfill_events": backfill_events, "follow": followed, "follow_events": follow_events,
+        "follow_lines": follow_lines,
         "scheduled_store": config_mod.load(scheduled).report_store,
         "backfill_store": config_mod.load(backfill).report_store,
         "alerts_scheduled": [json.loads(line) for line in alerts_after_scheduled],
@@ -879,7 +971,8 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
     why = (bf.states, [(x["task_id"], x["map_index"], x["error"]) for x in new_alerts])
     # window A breaches its SLA here too: the one backfill submission runs both windows, then fails
     assert bf.state == "failed", why
-    assert bf.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "failed"}, why
+    assert bf.states == {("plan", -1): "success", ("ingest", -1): "success", ("backfill", -1): "failed",
+                         ("publish", -1): "success"}, why
     for table in ("audit_partition_report", "audit_anomalies", "sla_results"):
         scheduled = _rows(e2e["scheduled_store"], table, facts.topic, WALL_CLOCK)
         assert scheduled  # the comparison below must compare something
@@ -898,15 +991,8 @@ def test_backfill_over_two_windows_equals_two_scheduled_runs(e2e: dict[str, Any]
         (facts.windows[0].isoformat(), "max_duplicate_ratio")]
 
 
-@pytest.mark.airflow
-@pytest.mark.e2e
-def test_each_final_window_emits_its_completeness_event_and_starts_the_downstream_dag(e2e: dict[str, Any]) -> None:
-    """Window A (its SLA breached: a duplicate in the log) and window B (clean) each emit one event on
-    the topic's asset with the window's exact counts; each starts a run of the example downstream DAG
-    (made by the scheduler's own code), whose gate stops A's run and lets B's load."""
-    facts: Injected = e2e["facts"]
-    a, b = facts.windows
-
+def _window_extras(facts: Injected) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The completeness events' extras of window A (its SLA breached: a duplicate in the log) and B (clean)."""
     def extra(w: datetime, acked: int, exactly_once: bool, **anomalies: int) -> dict[str, Any]:
         log = {"expected": acked, "delivered": acked, "lost": 0, "duplicated": anomalies.get("duplicate_in_log", 0),
                "reordered": 0, "pending": 0, "anomalies": anomalies, "complete": True, "exactly_once": exactly_once}
@@ -914,14 +1000,56 @@ def test_each_final_window_emits_its_completeness_event_and_starts_the_downstrea
                 "as_of": (w + WINDOW + GRACE).isoformat(), "complete": True, "exactly_once": exactly_once,
                 "stages": {"log": log}}
 
-    extra_a = extra(a, facts.acked_a, False, content_duplicate=2, duplicate_in_log=1, unaudited=3)
-    extra_b = extra(b, facts.acked_b, True)
+    a, b = facts.windows
+    return (extra(a, facts.acked_a, False, content_duplicate=2, duplicate_in_log=1, unaudited=3),
+            extra(b, facts.acked_b, True))
+
+
+@pytest.mark.airflow
+@pytest.mark.e2e
+def test_backfill_and_follow_emit_the_scheduled_runs_events_and_follows_start_the_downstream_dag(
+        e2e: dict[str, Any]) -> None:
+    """The backfill DAG's `publish` emits A's and B's events with the scheduled runs' extras (through
+    its own alias); one `msgaudit follow` tick posts B's to the real Airflow API (which marks it
+    `from_rest_api`). The downstream runs after them consume each event once, in order, and the run
+    that follow's event starts loads: B was complete and exactly once."""
+    facts: Injected = e2e["facts"]
+    b = facts.windows[1]
+    extra_a, extra_b = _window_extras(facts)
+    bf: RunResult = e2e["backfill"]
+    assert e2e["backfill_events"] == [
+        {"dag_id": "msgaudit_backfill", "run_id": bf.run_id, "task_id": "publish", "extra": x}
+        for x in (extra_a, extra_b)]
+    assert [x["extra"] for x in bf.xcom[("publish", -1, "return_value")]] == [extra_a, extra_b]
+    rest_b = {**extra_b, "from_rest_api": True}
+    assert e2e["follow_events"] == [{"dag_id": None, "run_id": None, "task_id": None, "extra": rest_b}]
+    followed = e2e["follow"]
+    assert (followed.done, followed.events_sent, followed.events_failed) == ([(facts.topic, b)], 1, 0)
+    assert [line for line in e2e["follow_lines"] if "airflow" in line] == []
+    after_backfill, after_follow = e2e["downstream"][2:]
+    assert after_backfill["consumed"] + after_follow["consumed"] == [extra_a, extra_b, rest_b]
+    assert after_follow["consumed"][-1] == rest_b
+    assert {k: after_follow[k] for k in ("state", "run_type", "states")} == {
+        "state": "success", "run_type": "asset_triggered", "states": {"exactly_once": "success", "load": "success"}}
+    assert after_follow["returned"]["load"] == [{k: e[k] for k in ("topic", "window_start", "window_end")}
+                                                for e in after_follow["consumed"]]
+
+
+@pytest.mark.airflow
+@pytest.mark.e2e
+def test_each_final_window_emits_its_completeness_event_and_starts_the_downstream_dag(e2e: dict[str, Any]) -> None:
+    """Window A (its SLA breached: a duplicate in the log) and window B (clean) each emit one event on
+    the topic's asset with the window's exact counts; each starts a run of the example downstream DAG
+    (made by the scheduler's own code), whose gate stops A's run and lets B's load."""
+    facts: Injected = e2e["facts"]
+    b = facts.windows[1]
+    extra_a, extra_b = _window_extras(facts)
     run_a, run_b = e2e["runs"]
     assert (run_a.states[("publish", -1)], run_b.states[("publish", -1)]) == ("success", "success")
     assert e2e["events"] == [
         {"dag_id": "msgaudit_window_1m", "run_id": run.run_id, "task_id": "publish", "extra": x}
         for run, x in ((run_a, extra_a), (run_b, extra_b))]
-    assert e2e["downstream"] == [
+    assert e2e["downstream"][:2] == [
         {"state": "success", "run_type": "asset_triggered", "consumed": [extra_a],
          "states": {"exactly_once": "success", "load": "skipped"}, "returned": {}},
         {"state": "success", "run_type": "asset_triggered", "consumed": [extra_b],

@@ -339,3 +339,167 @@ def test_follow_ingests_captures_reconciles_and_checks_real_windows(
     assert {r["status"] for r in report} == {"final"} and {r["stage"] for r in report} == {"log"}
     assert sla and all(r["passed"] for r in sla)
     assert FollowState(cfg.home / "follow-state.json").cursor == ws + timedelta(hours=2)
+
+
+# --------------------------------------------------------------------------------------------
+# unit: completeness events posted to Airflow's REST API (a tiny local HTTP server stands in for it)
+
+
+class FakeAirflow:
+    """Airflow 3's API as follow uses it: `POST /auth/token` (JSON user + password -> a JWT),
+    `GET /api/v2/assets?uri_pattern=` (a substring match, as Airflow's) and `POST /api/v2/assets/events`,
+    both behind the bearer token. Records every event it accepts."""
+
+    def __init__(self, assets: list[str], username: str = "msgaudit", password: str = "s3cret") -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlsplit
+
+        self.assets = {uri: i + 1 for i, uri in enumerate(assets)}
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.logins = 0
+        self.tokens: set[str] = set()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorized(self) -> bool:
+                token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                if token not in fake.tokens:
+                    self._send(401, {"detail": "Not authenticated"})
+                    return False
+                return True
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                if url.path != "/api/v2/assets":
+                    return self._send(404, {"detail": "Not Found"})
+                if self._authorized():
+                    pattern = parse_qs(url.query)["uri_pattern"][0]
+                    found = [{"id": i, "uri": u} for u, i in fake.assets.items() if pattern in u]
+                    self._send(200, {"assets": found, "total_entries": len(found)})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/auth/token":
+                    if body != {"username": username, "password": password}:
+                        return self._send(401, {"detail": "Invalid credentials"})
+                    fake.logins += 1
+                    fake.tokens.add(f"jwt-{fake.logins}")
+                    return self._send(201, {"access_token": f"jwt-{fake.logins}"})
+                if self.path == "/api/v2/assets/events" and self._authorized():
+                    uri = {i: u for u, i in fake.assets.items()}[body["asset_id"]]
+                    fake.events.append((uri, body["extra"]))
+                    self._send(200, {"id": len(fake.events), "asset_id": body["asset_id"]})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_airflow() -> Any:
+    server = FakeAirflow(["msgaudit://127.0.0.1:9092/t", "msgaudit://127.0.0.1:9092/u"])
+    yield server
+    server.close()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _airflow(cfg: Config, url: str, token: str | None = None, username: str | None = None,
+             password: str | None = None) -> Config:
+    from dataclasses import replace
+
+    from audit.core.config import AirflowConfig
+
+    return replace(cfg, airflow=AirflowConfig(url=url, token=token, username=username, password=password))
+
+
+def _event(topic: str, ws: datetime, we: datetime, as_of: datetime) -> dict[str, Any]:
+    return {"topic": topic, "window_start": ws.isoformat(), "window_end": we.isoformat(), "as_of": as_of.isoformat(),
+            "complete": True, "exactly_once": True, "stages": {}}  # no report rows: nothing was produced
+
+
+@pytest.mark.unit
+def test_follow_posts_each_final_windows_event_and_keeps_it_while_airflow_is_unreachable(
+        make_config: Callable[..., Config], tmp_path: Path, fake_airflow: FakeAirflow) -> None:
+    """Airflow down: one line, the event stays in the outbox file (a restart keeps it) and the next
+    tick comes RETRY later; Airflow back: the kept event and the new ones are posted, oldest first,
+    with a JWT got from /auth/token -- and the password appears in no line."""
+    from audit.serving.airflow_events import Outbox
+
+    cfg = _cfg(make_config, tmp_path)
+    down = _airflow(cfg, f"http://127.0.0.1:{_closed_port()}", username="msgaudit", password="s3cret")
+    clock = Clock(at(40))
+    calls = Calls(clock)
+    result, _, warned = _follow(down, clock, calls, since=T0, max_ticks=2)
+    assert (result.events_sent, result.events_failed) == (0, 1)
+    assert clock.slept == [RETRY.total_seconds()]  # u's next window is final at 11:05; the retry comes first
+    assert len(warned) == 2 and all(re.fullmatch(  # one line per tick
+        r"follow: airflow: http://127\.0\.0\.1:\d+ cannot be reached: .*; 1 completeness event\(s\) kept, sent "
+        r"again on the next tick", w) for w in warned), warned
+    assert Outbox(cfg.home / "airflow-events.json").pending == [
+        {"asset": "msgaudit://127.0.0.1:9092/u", "extra": _event("u", T0, at(30), at(35))}]
+
+    clock.now = at(75)  # follow restarted with Airflow up: t's first and u's second window are final
+    up = _airflow(cfg, fake_airflow.url, username="msgaudit", password="s3cret")
+    result, _, warned = _follow(up, clock, calls, max_ticks=1)
+    assert warned == [] and (result.events_sent, result.events_failed) == (3, 0)
+    assert fake_airflow.events == [
+        ("msgaudit://127.0.0.1:9092/u", _event("u", T0, at(30), at(35))),
+        ("msgaudit://127.0.0.1:9092/t", _event("t", T0, at(60), at(75))),
+        ("msgaudit://127.0.0.1:9092/u", _event("u", at(30), at(60), at(65)))]
+    assert fake_airflow.logins == 1
+    assert Outbox(cfg.home / "airflow-events.json").pending == []
+
+
+@pytest.mark.unit
+def test_refused_credentials_keep_the_events_and_an_unknown_asset_drops_its_event(
+        make_config: Callable[..., Config], tmp_path: Path, fake_airflow: FakeAirflow) -> None:
+    from audit.serving.airflow_events import Outbox
+
+    cfg = _cfg(make_config, tmp_path)
+    outbox = Outbox(tmp_path / "events.json")
+    outbox.add([("msgaudit://127.0.0.1:9092/t", {"window_start": "w1"}),
+                ("msgaudit://127.0.0.1:9092/nobody", {"window_start": "w2"}),
+                ("msgaudit://127.0.0.1:9092/u", {"window_start": "w3"})])
+    warned: list[str] = []
+    wrong = outbox.flush(_airflow(cfg, fake_airflow.url, username="msgaudit", password="wrong").airflow,
+                         warned.append)
+    assert (wrong.sent, wrong.failed, wrong.dropped) == (0, 3, 0)
+    assert warned == [f"follow: airflow: {fake_airflow.url} {fake_airflow.url}/auth/token answered 401 for user "
+                      "'msgaudit'; check airflow.username and airflow.password; 3 completeness event(s) kept, "
+                      "sent again on the next tick"]
+    bad_token = outbox.flush(_airflow(cfg, fake_airflow.url, token="expired").airflow, warned.append)
+    assert (bad_token.sent, bad_token.failed) == (0, 3)
+    assert warned[1] == (f"follow: airflow: {fake_airflow.url} answered 401 Unauthorized; check airflow.token, or "
+                         "airflow.username and airflow.password; 3 completeness event(s) kept, sent again on the next "
+                         "tick")
+    fake_airflow.tokens.add("given")
+    ok = outbox.flush(_airflow(cfg, fake_airflow.url, token="given").airflow, warned.append)
+    assert (ok.sent, ok.failed, ok.dropped) == (2, 0, 1)
+    assert warned[2:] == ["follow: airflow: no asset msgaudit://127.0.0.1:9092/nobody in Airflow (no DAG is "
+                          "scheduled on it): the completeness event of window w2 is not sent"]
+    assert fake_airflow.events == [("msgaudit://127.0.0.1:9092/t", {"window_start": "w1"}),
+                                   ("msgaudit://127.0.0.1:9092/u", {"window_start": "w3"})]
+    assert fake_airflow.logins == 0 and Outbox(tmp_path / "events.json").pending == []

@@ -222,6 +222,20 @@ class AlertsConfig:
     timeout: timedelta = timedelta(seconds=10)
 
 
+@dataclass(frozen=True)
+class AirflowConfig:
+    """`airflow:` (docs/design.md §8, §6.5): where `msgaudit follow` posts its completeness events
+    (Airflow 3's REST API, `POST /api/v2/assets/events`). `url`: the API server's base URL; `token`: a
+    JWT sent as is, or `username` + `password`, exchanged for one at `<url>/auth/token`; `timeout`:
+    of each HTTP request. Secrets are never shown (use `${ENV_VAR}` in the file)."""
+
+    url: str | None = None
+    token: str | None = field(default=None, repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    timeout: timedelta = timedelta(seconds=10)
+
+
 def _url(value: Any, where: str) -> str | None:
     if value is None:
         return None
@@ -261,6 +275,26 @@ def _parse_alerts(value: Any, where: str) -> AlertsConfig:
                         timeout=parse_duration(data.get("timeout", "10s"), f"{where}.timeout"))
 
 
+def _parse_airflow(value: Any, where: str) -> AirflowConfig:
+    data = _mapping(value, where)
+    _check_keys(data, ("url", "token", "username", "password", "timeout"), where)
+    for key in ("token", "username", "password"):
+        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key]):
+            raise ConfigError(f"{where}.{key}: expected a non-empty string")
+    url = _url(data.get("url"), f"{where}.url")
+    given = [k for k in ("token", "username", "password") if data.get(k) is not None]
+    if given and url is None:
+        raise ConfigError(f"{where}: {', '.join(given)} set without url; add airflow.url (the API server's "
+                          "base URL, e.g. http://airflow:8080)")
+    if data.get("token") is not None and (data.get("username") is not None or data.get("password") is not None):
+        raise ConfigError(f"{where}: set either token or username + password, not both")
+    if (data.get("username") is None) != (data.get("password") is None):
+        raise ConfigError(f"{where}: username and password go together; set both (or a token instead)")
+    return AirflowConfig(url=url, token=data.get("token"), username=data.get("username"),
+                         password=data.get("password"),
+                         timeout=parse_duration(data.get("timeout", "10s"), f"{where}.timeout"))
+
+
 @dataclass(frozen=True)
 class Config:
     source: str  # the file it came from, or "<defaults>"
@@ -275,6 +309,7 @@ class Config:
     engine: str = "auto"  # `reconcile.engine`: auto | driver | spark (ENGINES)
     metrics: MetricsConfig = MetricsConfig()  # `metrics:`: Prometheus exposition of the report store
     alerts: AlertsConfig = AlertsConfig()  # `alerts:`: where failed SLA rules are routed
+    airflow: AirflowConfig = AirflowConfig()  # `airflow:`: where `follow` posts completeness events
 
     @property
     def ledger_topic(self) -> str | None:
@@ -554,7 +589,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     base = (base or Path.cwd()).resolve()
     data = _interpolate(dict(data), source)
     _check_keys(data, ("home", "lake", "ledger_dir", "ledger", "report_store", "kafka", "spark", "reconcile",
-                       "topics", "metrics", "alerts"), source)
+                       "topics", "metrics", "alerts", "airflow"), source)
     reconcile = _mapping(data.get("reconcile"), f"{source}: reconcile")
     _check_keys(reconcile, ("engine",), f"{source}: reconcile")
     engine = reconcile.get("engine", "auto")
@@ -583,6 +618,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         engine=engine,
         metrics=_parse_metrics(data.get("metrics"), base, f"{source}: metrics"),
         alerts=_parse_alerts(data.get("alerts"), f"{source}: alerts"),
+        airflow=_parse_airflow(data.get("airflow"), f"{source}: airflow"),
     )
 
 

@@ -1,8 +1,9 @@
 """Completeness events: what a final window says to the jobs downstream of its topic (docs/design.md §6.5).
 
-When a window is final, the window DAG emits one Airflow Asset event per topic
-(`spark_jobs.pipeline.airflow.publish_window`), on the topic's asset `asset_uri(cfg, topic)`, with
-`window_extra(...)` as its extra: the window's counts per stage (summed over partitions), its
+When a window is final, the window DAG and the backfill DAG emit one Airflow Asset event per topic
+(`spark_jobs.pipeline.airflow`), and `msgaudit follow` posts one to Airflow's REST API
+(`audit.serving.airflow_events`), on the topic's asset `asset_uri(cfg, topic)`, with
+`window_extra(...)` as its extra -- all built by `window_events`: the window's counts per stage (summed over partitions), its
 anomaly counts by code, and whether each stage -- and the window -- was complete and exactly once.
 A downstream DAG scheduled on the asset gates on `all_exactly_once(extras)`.
 
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit.core.vocabulary import REPORT_CODE_COLUMNS
+
+if TYPE_CHECKING:
+    from audit.core.config import Config
 
 SCHEME = "msgaudit"
 COUNTS = ("expected", "delivered", "lost", "duplicated", "reordered", "pending")
@@ -70,6 +74,14 @@ def window_extras(report_store: str, topics: Sequence[str], window_start: dateti
     with ReportStore(report_store) as store:
         return {t: window_extra(store.read("audit_partition_report", topic=t, start=window_start, end=window_end),
                                 t, window_start, window_end, as_of) for t in topics}
+
+
+def window_events(cfg: Config, topics: Sequence[str], window_start: datetime, window_end: datetime,
+                  as_of: datetime) -> list[tuple[str, dict[str, Any]]]:
+    """The completeness events of one final window: (asset URI, extra) per topic, in `topics`' order.
+    What every emitter sends (the DAGs' `publish` tasks, `msgaudit follow`)."""
+    extras = window_extras(cfg.report_store, topics, window_start, window_end, as_of)
+    return [(asset_uri(cfg.kafka.get("bootstrap.servers", ""), t), extras[t]) for t in topics]
 
 
 def sla_breached(report_store: str, topics: Sequence[str], window_start: datetime, window_end: datetime,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,6 +86,27 @@ def window_alias(label: str) -> str:
     return f"msgaudit_window_{label}"
 
 
+def backfill_alias() -> str:
+    """The asset alias the backfill DAG emits the completeness events of the windows it finishes through."""
+    return "msgaudit_backfill"
+
+
+def _emit(context: Mapping[str, Any], alias: str, cfg: Config, topics: list[str], start: datetime, end: datetime,
+          as_of: datetime) -> list[dict[str, Any]]:
+    """One completeness event per topic of a final window (`completeness.window_events`), on the
+    topic's asset, through the task's asset alias `alias`; returns the events' assets and extras."""
+    from airflow.sdk import Asset, AssetAlias
+
+    from audit.serving import completeness
+
+    events = context["outlet_events"][AssetAlias(alias)]
+    out = []
+    for uri, extra in completeness.window_events(cfg, topics, start, end, as_of):
+        events.add(Asset(uri), extra=extra)
+        out.append({"asset": uri, "extra": extra})
+    return out
+
+
 def publish_window(alias: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The window DAG's `publish` task: one completeness event per topic of the run's window
     (`audit.serving.completeness`), on the topic's asset, through the DAG's asset alias `alias`.
@@ -93,7 +114,6 @@ def publish_window(alias: str, context: Mapping[str, Any]) -> list[dict[str, Any
     It runs once `window` is done: after a success, or after an SLA breach (exit 3: the report is
     final, the breach is in the event's counts). Any other outcome, or a run whose plan was
     skipped, emits nothing (the task is skipped, saying why). Returns the events' assets and extras."""
-    from airflow.sdk import Asset, AssetAlias
     from airflow.sdk.exceptions import AirflowSkipException
 
     from audit.core import config as config_mod
@@ -114,12 +134,44 @@ def publish_window(alias: str, context: Mapping[str, Any]) -> list[dict[str, Any
     if outcome != "success" and not completeness.sla_breached(cfg.report_store, topics, start, end, as_of):
         raise AirflowSkipException(f"window [{start.isoformat()}, {end.isoformat()}) did not finish (task window: "
                                    f"{outcome}): no completeness event; a rerun of the window emits it")
-    events = context["outlet_events"][AssetAlias(alias)]
-    out = []
-    for topic, extra in completeness.window_extras(cfg.report_store, topics, start, end, as_of).items():
-        uri = completeness.asset_uri(cfg.kafka.get("bootstrap.servers", ""), topic)
-        events.add(Asset(uri), extra=extra)
-        out.append({"asset": uri, "extra": extra})
+    return _emit(context, alias, cfg, topics, start, end, as_of)
+
+
+def backfill_done(cfg: Config) -> list[str]:
+    """The (topic, window, as_of) keys the backfill state holds as finished (`<home>/backfill-state.json`):
+    what the backfill DAG's `plan` records before the range runs."""
+    from spark_jobs.pipeline.backfill import STATE_FILE, BackfillState
+
+    return sorted(BackfillState(cfg.home / STATE_FILE).done)
+
+
+def publish_backfill(alias: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The backfill DAG's `publish` task: one completeness event per topic of every window of the range
+    that the run finished -- recorded in the backfill state now and not before the run (`plan`'s
+    `done_before`; empty with `force`, whose windows are all redone) -- on the topic's asset, through
+    `alias`. It runs whatever `backfill` did: after an SLA breach (exit 3) every window ran; after
+    another failure the windows finished before it are final and emit, the others do not (a rerun
+    finishes them and emits theirs). Returns the events' assets and extras, oldest window first."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from audit.core import config as config_mod
+    from audit.core.windows import parse_instant
+    from spark_jobs.pipeline.backfill import STATE_FILE, BackfillState, state_key
+
+    ti = context["ti"]
+    windows = ti.xcom_pull(task_ids="plan")
+    config = ti.xcom_pull(task_ids="plan", key="config")
+    if not windows or not config:
+        raise AirflowSkipException("no window planned in this run: no completeness event")
+    before = set(ti.xcom_pull(task_ids="plan", key="done_before") or [])
+    cfg = config_mod.load(config)
+    state = BackfillState(cfg.home / STATE_FILE)
+    out: list[dict[str, Any]] = []
+    for w in sorted(windows, key=lambda w: (w["start"], w["end"])):
+        start, end, as_of = (parse_instant(w[k], k) for k in ("start", "end", "as_of"))
+        done = [t for t in w["topics"] if (key := state_key(t, start, as_of)) in state and key not in before]
+        if done:
+            out += _emit(context, alias, cfg, done, start, end, as_of)
     return out
 
 

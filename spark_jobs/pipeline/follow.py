@@ -31,6 +31,13 @@ starts a fresh JVM). An error-severity SLA failure is one line on stderr and, wi
 one JSON line (`audit.serving.alerts.Alert`, what the DAGs' failure callback builds) appended to
 that file; `follow` goes on.
 
+With `airflow.url` set (or events still pending from an earlier run), every window done is a
+completeness event per topic (`audit.serving.completeness.window_events`, the DAGs' events), added
+to `<home>/airflow-events.json` at once and posted to Airflow's REST API at the end of the tick
+(`audit.serving.airflow_events.Outbox`). An Airflow that is missing, unreachable or refuses the
+credentials is one line; the events stay pending (`Tick.events_failed`) and are sent again by the
+next tick, which then comes after `RETRY` at most.
+
 This module orchestrates through `steps.run_step` and `backfill.backfill_range`; it classifies
 nothing itself and writes only its state file and the alert log; with `metrics.port` it serves the
 report store's figures at `/metrics` while it runs (`audit/serving/metrics.py`).
@@ -51,6 +58,7 @@ from typing import Any
 from audit.core import config as config_mod
 from audit.core.config import Config
 from audit.core.errors import InputError, MsgauditError, SlaFailed
+from audit.serving.airflow_events import OUTBOX_FILE, Outbox
 from spark_jobs.pipeline.backfill import (
     DEFAULT_STEPS,
     BackfillState,
@@ -88,6 +96,8 @@ class Tick:
     done: list[tuple[str, datetime]] = field(default_factory=list)
     failed: list[tuple[str, datetime, str]] = field(default_factory=list)
     sla_errors: int = 0
+    events_sent: int = 0  # completeness events Airflow accepted in this tick
+    events_failed: int = 0  # completeness events still pending after it (sent again by the next tick)
 
 
 @dataclass
@@ -96,6 +106,8 @@ class FollowResult:
     done: list[tuple[str, datetime]] = field(default_factory=list)
     failed: list[tuple[str, datetime, str]] = field(default_factory=list)  # of the last tick
     sla_errors: int = 0
+    events_sent: int = 0
+    events_failed: int = 0  # of the last tick
 
 
 class FollowState:
@@ -187,10 +199,11 @@ def first_not_final(cfg: Config, now: datetime, topics: Sequence[str] | None = N
 
 def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Sequence[str] | None = None, *,
          steps: Sequence[tuple[str, Step]] = DEFAULT_STEPS, ingest: Ingest | None = None,
-         say: Say = _say, warn: Say = _stderr, alert_log: Path | None = None) -> Tick:
+         say: Say = _say, warn: Say = _stderr, alert_log: Path | None = None, outbox: Outbox | None = None) -> Tick:
     """Runs every window since `cursor` that is final at `now` and not done yet (ingest first, once,
     when there is one), oldest first, the topics sharing a window together; returns the new cursor
-    and when the next window becomes final. A failure of ingest is raised before any window runs."""
+    and when the next window becomes final. A failure of ingest is raised before any window runs.
+    `outbox`: each window done adds its completeness events; the pending ones are posted at the end."""
     runs = plan_windows(cfg, cursor, now + _span(cfg, topics), topics)
     state = BackfillState(cfg.home / BACKFILL_STATE)
     final = [r for r in runs if r.as_of <= now and any(state_key(t, r.start, r.as_of) not in state for t in r.topics)]
@@ -216,6 +229,13 @@ def tick(spark: Any, cfg: Config, cursor: datetime, now: datetime, topics: Seque
         out.sla_errors += errors
         if errors:
             _breach(cfg, run, [t for t, _ in res.done], errors, warn, alert_log)
+        if outbox is not None and res.done:
+            from audit.serving.completeness import window_events
+
+            outbox.add(window_events(cfg, [t for t, _ in res.done], run.start, run.end, run.as_of))
+    if outbox is not None:
+        flushed = outbox.flush(cfg.airflow, warn)
+        out.events_sent, out.events_failed = flushed.sent, flushed.failed
     undone = [r.start for r in runs if r.as_of > now] + [ws for _, ws, _ in out.failed]
     out.cursor = min(undone)
     return out
@@ -293,6 +313,8 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
         raise InputError(f"--since {since.isoformat()} is in the future; follow starts at a past or present "
                          "instant (leave it out to start at the first window not final yet)")
     state = FollowState(cfg.home / STATE_FILE)
+    outbox_path = cfg.home / OUTBOX_FILE
+    outbox = Outbox(outbox_path) if cfg.airflow.url or outbox_path.exists() else None
     cursor = since or state.cursor or first_not_final(cfg, clock(), names)
     say(f"follow: windows from {cursor.isoformat()} of "
         f"{', '.join(names) if names else 'every configured topic'}, each when final (its end + grace)")
@@ -304,8 +326,10 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
                 cfg = watch.current(cfg, say, warn)
             now = clock()
             try:
+                if outbox is None and cfg.airflow.url:  # set in the file since follow started
+                    outbox = Outbox(outbox_path)
                 t = tick(spark, cfg, cursor, now, names, steps=steps, ingest=ingest, say=say, warn=warn,
-                         alert_log=alert_log)
+                         alert_log=alert_log, outbox=outbox)
             except MsgauditError as e:  # ingest's bad input, a busy lake: nothing of the tick ran
                 if once:
                     raise
@@ -326,7 +350,9 @@ def follow(spark: Any, cfg: Config, *, since: datetime | None = None, topics: Se
                 result.done += t.done
                 result.failed = t.failed
                 result.sla_errors += t.sla_errors
-                wake = min(t.next_due, now + RETRY) if t.failed else t.next_due
+                result.events_sent += t.events_sent
+                result.events_failed = t.events_failed
+                wake = min(t.next_due, now + RETRY) if t.failed or t.events_failed else t.next_due
                 if t.done and not once:
                     say(f"follow: next window final at {t.next_due.isoformat()}")
             result.ticks += 1

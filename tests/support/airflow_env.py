@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,48 @@ def asset_events(uri: str) -> list[dict[str, Any]]:
                 .filter(AssetModel.uri == uri).order_by(AssetEvent.timestamp, AssetEvent.id).all())
         return [{"dag_id": e.source_dag_id, "run_id": e.source_run_id, "task_id": e.source_task_id,
                  "extra": dict(e.extra)} for e in rows]
+
+
+API_USER, API_PASSWORD = "msgaudit", "test-password"
+
+
+@contextmanager
+def api_server(home: Path) -> Iterator[str]:
+    """Airflow's own REST API app (`airflow.api_fastapi.app.create_app`, the one `airflow api-server`
+    serves) under uvicorn in a thread of this process, on this metadata db, with the simple auth
+    manager's user `API_USER` / `API_PASSWORD` (an admin); yields its base URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    passwords = home / "api-passwords.json"
+    passwords.write_text(json.dumps({API_USER: API_PASSWORD}), encoding="utf-8")
+    env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{API_USER}:admin",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+           "AIRFLOW__API_AUTH__JWT_SECRET": "a-test-only-secret-" + "x" * 64}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = None
+    thread = None
+    try:
+        from airflow.api_fastapi.app import create_app
+
+        server = uvicorn.Server(uvicorn.Config(create_app(apps="core"), host="127.0.0.1", port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the Airflow API server did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
