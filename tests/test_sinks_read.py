@@ -48,3 +48,26 @@ def test_a_sink_without_the_optional_produce_time_reads_it_as_null(spark: Any, t
     mapped = SinkConfig(name="s", format="sql", url=url, table="s", columns={"produce_ts": "made_at"})
     with pytest.raises(InputError, match="no audit column 'made_at' .for produce_ts.*columns.produce_ts"):
         read_sink(spark, mapped, "orders")
+
+
+@pytest.mark.spark
+def test_a_delta_sinks_rows_are_read_by_the_settling_tasks_themselves(spark: Any, tmp_path: Path) -> None:
+    """A Delta sink of audit columns lies in plain Parquet files that the tasks settling a window's
+    chunks read with pyarrow (its scan pinned to its files, as a window's are, and its `dead_letter`
+    the literal false), not rows Spark hands them."""
+    from spark_jobs.io.lake import pin_scans
+    from spark_jobs.reconcile.read import FALSE_SOURCE, file_table
+    from spark_jobs.reconcile.settle import TIERS, Chunks, read_files
+    from tests.reconcile_cases import History, at, write_delta_sink
+
+    h = History()
+    for i in range(3):
+        h.clean("p", i, 0, i, at(5 + i))
+    write_delta_sink(spark, tmp_path / "s1", h.sinks["s1"])
+    df = pin_scans(read_sink(spark, SinkConfig(name="s1", format="delta", location=str(tmp_path / "s1")), "t"))
+    cols = [c for c in TIERS["sink"][1] if c in df.columns]
+    ft = file_table(df.select(*cols), cols)
+    assert ft is not None and dict(ft.sources)["dead_letter"] == FALSE_SOURCE
+    rows = read_files(ft, Chunks((), ()), 0)
+    assert sorted(rows["seq"].to_pylist()) == [0, 1, 2]
+    assert rows["dead_letter"].to_pylist() == [False] * 3

@@ -312,7 +312,9 @@ def count_rows(df: DataFrame) -> int:
 # ---------------------------------------------------------------------------- files a task reads itself
 _ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
                 "timestamp": pa.timestamp("us", "UTC")}
-_NULL = ""  # a column that is a null literal (an optional column its table lacks)
+NULL_SOURCE = ""  # a column that is a null literal (an optional column its table lacks)
+FALSE_SOURCE = "=false"  # a column that is the literal false (a sink row's `dead_letter`)
+CONSTANTS = (NULL_SOURCE, FALSE_SOURCE)  # the sources that are no file column
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,7 @@ class FileTable:
     """A frame's rows as they lie in plain Parquet files on the local file system, for a Spark task
     to read with pyarrow (`settle.read_files`) instead of having Spark hand them over: the files,
     their hive partition columns (under `root`), the file columns to read (`physical`, each as the
-    frame's type), and each output column's source column (`_NULL`: a null). The frame's filters
+    frame's type), and each output column's source column (`NULL_SOURCE`: a null, `FALSE_SOURCE`: false). The frame's filters
     are not applied: the kernel applies the exact visibility."""
 
     paths: tuple[str, ...]
@@ -375,9 +377,9 @@ def object_store(spark: SparkSession) -> ObjectStore | None:
 
 def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
     """Each output column of `plan` that is a column of `leaf` passed through, perhaps renamed (a
-    sink's mapped audit columns), as {output name: the leaf's column name}, or `_NULL` for a null
-    literal (an optional column the table lacks, `lake.read_input_table`); computed columns are
-    left out. None when a node between them is not a projection or a filter."""
+    sink's mapped audit columns), as {output name: the leaf's column name}, or `NULL_SOURCE` for a null
+    literal (an optional column the table lacks, `lake.read_input_table`), `FALSE_SOURCE` for the literal
+    false; computed columns are left out. None when a node between them is not a projection or a filter."""
     from spark_jobs.io.lake import scala_items
 
     projects = []
@@ -398,7 +400,9 @@ def _sources(plan: Any, leaf: Any) -> dict[str, str] | None:
         if kind == "Alias":
             return source(e.child())
         if kind == "Literal" and e.value() is None:
-            return _NULL
+            return NULL_SOURCE
+        if kind == "Literal" and e.dataType().typeName() == "boolean" and e.value() is False:
+            return FALSE_SOURCE
         return None
 
     for project in reversed(projects):
@@ -428,7 +432,7 @@ def file_table(df: DataFrame, columns: Sequence[str], store: ObjectStore | None 
     if leaf.getClass().getSimpleName() == "LocalRelation":  # no file kept (or rows from Python: Spark's)
         if not leaf.data().isEmpty():
             return None
-        return FileTable((), (), None, pa.schema([]), tuple((c, _NULL) for c in columns), out)
+        return FileTable((), (), None, pa.schema([]), tuple((c, NULL_SOURCE) for c in columns), out)
     if leaf.getClass().getName() != "org.apache.spark.sql.execution.datasources.LogicalRelation":
         return None
     relation = leaf.relation()
@@ -451,7 +455,7 @@ def file_table(df: DataFrame, columns: Sequence[str], store: ObjectStore | None 
     root = path(str(base.get())) if partitions else None
     # each file column read as the table's type; one schema for every file, so a file written before
     # a column was added reads it as null
-    read_as = {sources[c]: _ARROW_TYPES[types[c]] for c in columns if sources[c] != _NULL}
+    read_as = {sources[c]: _ARROW_TYPES[types[c]] for c in columns if sources[c] not in CONSTANTS}
     if any(p in read_as and read_as[p] != pa.string() for p in partitions):
         return None
     physical = pa.schema([*((p, t) for p, t in read_as.items() if p not in partitions),

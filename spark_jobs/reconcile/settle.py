@@ -72,6 +72,8 @@ from audit.rules.columns import bools, ints, row_maker, values
 from spark_jobs.io.session import described, local_frame
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
+    CONSTANTS,
+    NULL_SOURCE,
     FileTable,
     ObjectStore,
     WindowInputs,
@@ -433,7 +435,7 @@ class Chunks:
         import pyarrow.dataset as ds
 
         src = dict(ft.sources)
-        if not self.cuts or src.get("seq", "") == "":
+        if not self.cuts or src.get("seq", NULL_SOURCE) in CONSTANTS:
             return None
         seq = ds.field(src["seq"])
         lo = seq >= self.cuts[k - 1] if k > 0 else None
@@ -461,11 +463,16 @@ def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
     data = ds.dataset(list(ft.paths), schema=ft.physical, format="parquet", partitioning=parts,
                       partition_base_dir=ft.root, filesystem=ft.filesystem())
     got = data.to_table(columns=[f.name for f in ft.physical], filter=chunks.pushdown(ft, k))
-    rows = pa.table([pa.nulls(got.num_rows, f.type) if src == "" else got[src].cast(f.type)
+    rows = pa.table([_constant(src, got.num_rows, f.type) if src in CONSTANTS else got[src].cast(f.type)
                      for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
     if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
         return rows
     return rows.filter(pa.array(chunks.ids(rows) == k))
+
+
+def _constant(source: str, n: int, type_: pa.DataType) -> pa.Array:
+    """A column of `n` nulls, or of `n` falses, for a constant source (`read.CONSTANTS`)."""
+    return pa.nulls(n, type_) if source == NULL_SOURCE else pa.array(np.zeros(n, dtype=bool)).cast(type_)
 
 
 def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
