@@ -593,3 +593,28 @@ def test_a_window_counts_and_reads_only_the_rows_of_a_sinks_range(
     sinks = table.filter(pc.equal(table["_tag"], "sink"))
     want = sorted([(r.pid, r.seq) for r in h.sinks["s1"]] + [("nots", 0)], key=repr)
     assert sorted(zip(sinks["pid"].to_pylist(), sinks["seq"].to_pylist(), strict=True), key=repr) == want
+
+
+@pytest.mark.unit
+def test_chunk_cuts_come_from_the_ledgers_row_group_statistics(tmp_path: Path) -> None:
+    """A ledger written sorted by seq in small row groups is cut into chunks of about as many rows
+    from its footers alone; a file without seq statistics leaves the cut to Spark's quantiles."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_jobs.reconcile.read import FileTable
+    from spark_jobs.reconcile.settle import footer_cuts
+
+    seqs = pa.table({"seq": pa.array(range(10_000), pa.int64())})
+    pq.write_table(seqs, tmp_path / "a.parquet", row_group_size=500)
+    pq.write_table(seqs, tmp_path / "b.parquet", row_group_size=500, write_statistics=False)
+    schema = pa.schema([("seq", pa.int64())])
+
+    def table(*names: str) -> FileTable:
+        return FileTable(tuple(str(tmp_path / n) for n in names), (), None, schema, (("seq", "seq"),), schema)
+
+    cuts = footer_cuts(table("a.parquet"), 4)
+    assert cuts is not None and len(cuts) == 3
+    assert all(abs(c - want) <= 100 for c, want in zip(cuts, (2_500, 5_000, 7_500), strict=True)), cuts
+    assert footer_cuts(table("a.parquet", "b.parquet"), 4) is None
+    assert footer_cuts(None, 4) is None

@@ -475,6 +475,38 @@ def _constant(source: str, n: int, type_: pa.DataType) -> pa.Array:
     return pa.nulls(n, type_) if source == NULL_SOURCE else pa.array(np.zeros(n, dtype=bool)).cast(type_)
 
 
+def footer_cuts(ft: FileTable | None, n: int) -> list[int] | None:
+    """The seqs that cut a window into `n` chunks of about as many ledger rows, from the seq
+    statistics of its files' row groups (ingest writes the ledger sorted by seq in small row groups;
+    each group's rows are taken as spread evenly between its lowest and highest seq): no Spark job.
+    None unless `ft` is local files whose every row group has them (then a quantile job cuts)."""
+    import pyarrow.parquet as pq
+
+    if ft is None or ft.store is not None or not ft.paths or dict(ft.sources).get("seq") in CONSTANTS:
+        return None
+    column = dict(ft.sources)["seq"]
+    points, weights = [], []
+    for path in ft.paths:
+        meta = pq.read_metadata(path)
+        at = next((i for i in range(meta.num_columns) if meta.row_group(0).column(i).path_in_schema == column),
+                  None) if meta.num_row_groups else None
+        for g in range(meta.num_row_groups):
+            stats = None if at is None else meta.row_group(g).column(at).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            rows = meta.row_group(g).num_rows
+            m = max(1, min(rows, 64))
+            points.append(np.linspace(int(stats.min), int(stats.max), m))
+            weights.append(np.full(m, rows / m))
+    if not points:
+        return None
+    xs, ws = np.concatenate(points), np.concatenate(weights)
+    order = np.argsort(xs, kind="stable")
+    xs, below = xs[order], np.cumsum(ws[order])
+    at_rank = np.searchsorted(below, [below[-1] * k / n for k in range(1, n)], side="left")
+    return sorted({int(round(xs[min(i, len(xs) - 1)])) for i in at_rank})
+
+
 def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
     """A key per chunk k that Spark's `repartition(n, key)` sends to partition k (pmod of its Murmur3
     hash, as `hash()` computes it), found among the first integers in one small job."""
@@ -504,7 +536,9 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     if n > 1:
         with described(spark, f"{label}: chunks"):
             ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
-            cuts = sorted({int(c) for c in ledger.approxQuantile("seq", [k / n for k in range(1, n)], 0.001)})
+            found = footer_cuts(file_table(ledger.select("seq"), ["seq"], store), n)
+            cuts = found if found is not None else sorted(
+                {int(c) for c in ledger.approxQuantile("seq", [k / n for k in range(1, n)], 0.001)})
             keys = _chunk_keys(spark, len(cuts) + 1)
     chunks = Chunks(tuple(cuts), tuple(shape.mirrored))
     # each tier's frame: read by the tasks themselves where it is plain local Parquet, else by Spark
