@@ -11,8 +11,9 @@ as `audit.lab.share_worker` processes and returns the ground truth:
   share_poison    a poison record rejected by its member: rejected
   share_archive   a record released at every delivery until the group's limit (3) archives it:
                   redelivered x2, archived_unprocessed
-  share_slow      a member sleeps longer than the lock (2 s) on a record; another member takes it
-                  and accepts it, then the slow one accepts too (refused): redelivered, processed_twice
+  share_slow      a member sleeps longer than the lock (2 s) on a record, accepts it (refused: the
+                  lock had expired) and leaves; another member takes it and accepts it:
+                  redelivered, processed_twice
   share_clean     three members share 30 records on 3 partitions: no anomaly
 
 Where the truth comes from: the members' own record of every record handed to their handler and
@@ -118,13 +119,15 @@ class Members:
         self.done = ctx.work / f"{group}.done"
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, name: str, *, hold: bool = False, idle_s: float = 2.0) -> Path:
+    def start(self, name: str, *, hold: bool = False, once: bool = False, idle_s: float = 2.0) -> Path:
         marker = self.ctx.work / f"{self.group}.{name}.held.json"
         cmd = [sys.executable, "-m", "audit.lab.share_worker", "--bootstrap", self.ctx.lab.bootstrap,
                "--topic", self.topic, "--group", self.group, "--name", name, "--ledger-dir", str(self.ctx.ledger_dir),
                "--truth", str(self.truth_file), "--idle-s", str(idle_s), "--done", str(self.done)]
         if hold:
             cmd += ["--hold", "--marker", str(marker)]
+        if once:
+            cmd.append("--once")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                               os.environ.get("PYTHONPATH", "")])}
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -261,12 +264,13 @@ def share_archive(ctx: Context) -> Truth:
 
 
 def share_slow(ctx: Context) -> Truth:
-    """Member `slow` works on the only record longer than its lock; member `quick`, started once
-    `slow` has it, gets it after the lock expires and accepts it; `slow` accepts it too."""
+    """Member `slow` works on the only record longer than its lock, accepts it and leaves; member
+    `quick`, started once `slow` has it, gets it after the lock expires and accepts it. (`slow` leaves
+    after its one answer so that the redelivery cannot go back to it while `quick` is still joining.)"""
     topic, group, truth = _setup(ctx, "share_slow", lock_ms=LOCK_MS)
     pid, seq_at = _fill(ctx, topic, [{"slow": SLOW_S}], "lab-share-slow")
     members = Members(ctx, topic, group)
-    members.start("slow", idle_s=1.5)
+    members.start("slow", once=True)
     members.wait_for("the slow member's delivery", lambda: any(ln.startswith("delivered slow") for ln in members.lines()))
     members.start("quick", idle_s=1.5)
     members.join()

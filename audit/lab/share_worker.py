@@ -14,6 +14,8 @@ every answer is appended to --truth with an unbuffered O_APPEND write, which sur
 --done FILE: a member that was handed nothing stops once FILE exists (the scenario's records
 are all answered) instead of waiting up to a minute for its first record.
 
+--once: stop after answering one record (so a record it gave up goes to another member).
+
 --hold: after the first poll that hands over records, write --marker (JSON: the records held,
 [partition, offset, delivery count] each) and sleep without acknowledging, until SIGKILLed.
 """
@@ -42,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hold", action="store_true")
     p.add_argument("--marker")
     p.add_argument("--done", help="stop waiting for a first record once this file exists")
+    p.add_argument("--once", action="store_true", help="stop after answering one record")
     args = p.parse_args(argv)
 
     from audit.clients.consumer import ConsumedRecord
@@ -78,12 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return answer
 
     # Idle counts from the first record (joining the group can take a while on a busy machine).
+    limit = 1 if args.once else None
     with consumer:
         first = time.monotonic() + 60
         done = Path(args.done) if args.done else None
         while time.monotonic() < first and not consumer.stats["acquired"] and not (done and done.exists()):
-            consumer.run(handle, idle_timeout_s=0.5)
-        consumer.run(handle, idle_timeout_s=args.idle_s)
+            consumer.run(handle, max_messages=limit, idle_timeout_s=0.5)
+        if not (args.once and consumer.stats["acquired"]):
+            consumer.run(handle, max_messages=limit, idle_timeout_s=args.idle_s)
     os.close(truth)
     print(json.dumps(consumer.stats))
     return 0
