@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from audit.runtime.local_kafka import LocalKafka
+from audit.runtime.jvm_service import properties_text
 from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
 from tests.conftest import new_topic
 
@@ -170,7 +171,11 @@ def test_mm2_takes_each_clusters_security_from_msgaudits_config_and_keeps_secret
     assert not any('p"w' in v for v in props.values())
     assert mm2._security()[1] == {"dc1.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule '
                                                           'required username="mm" password="p\\"w";'}
-    plain = LocalMirrorMaker(tmp_path / "plain", "a:9092", "b:9092", ["orders"])
+    plain = LocalMirrorMaker(tmp_path / "plain", "a:9092", "b:9092", ["orders.x"])
+    # Properties.load reads a backslash as an escape: the file doubles it so the regex stays `orders\.x`
+    assert plain.properties()["source->target.topics"] == "orders\\.x"
+    assert "source->target.topics=orders\\\\.x\n" in properties_text(plain.properties())
+    assert properties_text({"k": "a\nb\\c"}) == "k=a\\nb\\\\c\n"
     assert not any(k.startswith("config.providers") for k in plain.properties()) and plain._security() == ({}, {})
     with pytest.raises(ConfigError, match=r"mirrors\[eu\]\.topic is 'orders-copy'; MM2's default replication "
                                           r"policy names the copy 'source.orders'"):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from audit.core.config import SinkConfig
 from audit.core.errors import BrokerError, InputError
-from audit.core.headers import parse as parse_audit_headers
+from audit.lab.env import Position, read_log
 from audit.lab.truth import Truth
 from audit.runtime.local_connect import LocalConnect, create_topics, iceberg_sink_config
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 # KafkaMetadataTransform's flat columns: the row's Kafka coordinates
 COORDINATES = {"topic": "_kafka_metadata_topic", "partition": "_kafka_metadata_partition",
                "offset": "_kafka_metadata_offset"}
-Position = tuple[int, int]  # (partition, offset)
 
 
 # ------------------------------------------------------------------------------------------
@@ -141,37 +140,6 @@ def settled(read: Callable[[], Counter[Position]], want: int, timeout: float = 9
         if now != rows:
             rows, stable_since = now, time.monotonic()
     return rows
-
-
-def read_log(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[Position, tuple[str | None, int | None]]:
-    """Every record of `topic` a plain read_committed consumer reads up to the end of each
-    partition: (partition, offset) -> the (pid, seq) of its audit headers."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lab-truth-{topic}", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "log_level": 0})
-    out: dict[Position, tuple[str | None, int | None]] = {}
-    try:
-        partitions = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while len(at_end) < len(partitions):
-            if time.monotonic() > deadline:
-                raise BrokerError(f"lab: could not read {topic} to its end within {timeout:.0f}s")
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(int(m.partition() or 0))
-                continue
-            h = parse_audit_headers(cast(list[tuple[str, bytes | None]], list(m.headers() or [])))
-            out[(int(m.partition() or 0), int(m.offset() or 0))] = (h.pid, h.seq)
-    finally:
-        c.close()
-    return out
 
 
 def dead_lettered(bootstrap: str, dlq: str, topic: str, want: int, timeout: float = 60.0) -> set[Position]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from audit.core.errors import BrokerError
+from audit.core.headers import parse as parse_audit_headers
 from audit.lab.proxy import FaultProxy
 from audit.runtime.local_kafka import LocalKafka, PortTaken, free_port_block
 
@@ -54,6 +56,63 @@ class Lab:
             raise BrokerError(f"cannot create topic {name!r} on {self.bootstrap}: {e}") from e
         _wait_for_leaders(admin, name, new.num_partitions)
         return name
+
+
+def alter_configs(bootstrap: str, kind: str, name: str, settings: Mapping[str, Any], timeout: float = 30) -> None:
+    """Set configs (dotted keys) of one resource, `kind` 'topic' or 'group' (a share group's), with
+    incrementalAlterConfigs; a refusal raises BrokerError naming the resource and the settings."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})  # alive until the futures resolve
+    entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in settings.items()]
+    resource = ConfigResource({"topic": ResourceType.TOPIC, "group": ResourceType.GROUP}[kind], name,
+                              incremental_configs=entries)
+    try:
+        for fut in admin.incremental_alter_configs([resource]).values():
+            fut.result(timeout)
+    except Exception as e:
+        raise BrokerError(f"lab: cannot set {kind} {name!r} configs {dict(settings)} on {bootstrap}: {e}") from e
+
+
+Position = tuple[int, int]
+
+
+def read_log(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[Position, tuple[str | None, int | None]]:
+    """Every record of `topic` a plain read_committed consumer reads up to the end of each
+    partition: (partition, offset) -> the (pid, seq) of its audit headers (ground truth: the log
+    as any consumer sees it)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lab-truth-{topic}", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "log_level": 0})
+    out: dict[Position, tuple[str | None, int | None]] = {}
+    try:
+        partitions = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(at_end) < len(partitions):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"lab: could not read {topic} to its end within {timeout:.0f}s")
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(int(m.partition() or 0))
+                continue
+            h = parse_audit_headers(cast(list[tuple[str, bytes | None]], list(m.headers() or [])))
+            out[(int(m.partition() or 0), int(m.offset() or 0))] = (h.pid, h.seq)
+    finally:
+        c.close()
+    return out
 
 
 def _wait_for_leaders(admin: Any, topic: str, partitions: int, timeout: float = 30.0) -> None:

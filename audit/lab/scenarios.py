@@ -47,7 +47,7 @@ from typing import Any, cast
 from audit.core.config import Config, MirrorConfig, SinkConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError, InputError
 from audit.core.headers import parse as parse_audit_headers
-from audit.lab.env import Lab
+from audit.lab.env import Lab, alter_configs, read_log
 from audit.lab.proxy import ProduceExchange
 from audit.lab.truth import Truth
 
@@ -622,7 +622,6 @@ def retention(ctx: Context) -> Truth:
     """A consumer stalls after 5 of 20 records; the topic's retention is then cut to 1s (an operator
     reclaiming disk, or simply a retention shorter than the lag) and Kafka deletes the rest unread."""
     from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     truth = Truth("retention")
     if ctx.capture_now is None:
@@ -635,11 +634,7 @@ def retention(ctx: Context) -> Truth:
     pid, acks = _fill(ctx, topic, n, "lab-retention")
     _worker(ctx, topic, group, "at_least_once", max_messages=consumed)  # then it stalls
     ctx.capture_now(topic)  # the audit's regular capture sees the records while they exist
-    admin = ctx.lab.admin()
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-        ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
-    for fut in admin.incremental_alter_configs([resource]).values():
-        fut.result(30)
+    alter_configs(ctx.lab.bootstrap, "topic", topic, {"retention.ms": 1000})
     probe = Consumer({"bootstrap.servers": ctx.lab.bootstrap, "group.id": f"{topic}-probe", "log_level": 0})
     deadline = time.monotonic() + 90
     start = 0
@@ -753,37 +748,6 @@ def _wait_state(ctx: Context, topic: str, avoid: set[int], ok: Callable[[int | N
     raise BrokerError(f"lost_acked: {what} did not happen within {timeout:.0f}s (leader, isr = {state})")
 
 
-def _read_back(bootstrap: str, topic: str) -> set[tuple[str | None, int | None]]:
-    """(pid, seq) of every record a plain read_committed consumer reads from partition 0."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-readback", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "log_level": 0})
-    c.assign([TopicPartition(topic, 0, 0)])
-    out: set[tuple[str | None, int | None]] = set()
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                continue
-            h = {str(k): v if isinstance(v, bytes) else str(v).encode()
-                 for k, v in cast(list[tuple[str, Any]], m.headers() or []) if v is not None}
-            pid, seq = h.get("audit.pid", b""), h.get("audit.seq")
-            packed = h.get("audit.id")  # the packed form <pid>/<seq>/<ts> (docs/design.md §3.1)
-            if packed is not None and packed.count(b"/") >= 2:
-                pid, seq, _ = packed.rsplit(b"/", 2)
-            out.add((pid.decode() or None, int(seq) if seq else None))
-    finally:
-        c.close()
-    return out
-
-
 def lost_acked(ctx: Context) -> Truth:
     """acks=1; the follower is frozen (SIGSTOP) so it never fetches; the leader acks alone, then is
     killed; unclean leader election makes the stale follower leader; the old leader truncates."""
@@ -837,7 +801,7 @@ def lost_acked(ctx: Context) -> Truth:
         _flush(p)
     finally:
         p.close()
-    present = _read_back(ctx.lab.bootstrap, topic)
+    present = set(read_log(ctx.lab.bootstrap, topic).values())
     lost = sorted(s for s in acks.acked if (p.pid, s) not in present)
     for s in lost:
         part, off = acks.acked[s]
@@ -1006,7 +970,6 @@ def mirror_retention(ctx: Context) -> Truth:
     retention (cut to 1s, shorter than the outage) deletes them before MM2 is back; the restarted
     MM2 resumes at the new log start and copies 5 later messages: the 10 are lost in the mirror."""
     from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     truth = Truth("mirror_retention")
     if ctx.capture_now is None:
@@ -1017,11 +980,7 @@ def mirror_retention(ctx: Context) -> Truth:
     acks = Acks()
 
     def retention(ms: str) -> None:
-        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-            ConfigEntry("retention.ms", ms, incremental_operation=AlterConfigOpType.SET)])
-        admin = ctx.lab.admin()  # keep the handle alive until the futures resolve
-        for fut in admin.incremental_alter_configs([resource]).values():
-            fut.result(30)
+        alter_configs(ctx.lab.bootstrap, "topic", topic, {"retention.ms": ms})
 
     try:
         _produce_batch(p, topic, acks, range(0, 5))
@@ -1070,19 +1029,10 @@ def mirror_retention(ctx: Context) -> Truth:
 
 def _set_topic_config(bootstrap: str, topic: str, key: str, value: str, timeout: float = 30) -> None:
     """Set one topic config on that cluster and wait until its broker reports the new value."""
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+    alter_configs(bootstrap, "topic", topic, {key: value}, timeout)
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
-    for fut in admin.incremental_alter_configs([resource]).values():
-        fut.result(timeout)
     deadline, seen = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         (fut,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()

@@ -57,8 +57,12 @@ def write_private(path: Path, text: str) -> Path:
 
 
 def properties_text(props: Mapping[str, str]) -> str:
-    """A Java `.properties` file of `props` (values as given, one `key=value` a line)."""
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    """A Java `.properties` file of `props`, one `key=value` a line, that `Properties.load` reads back
+    as given: backslashes doubled (an MM2 topic regex `a\\.b` stays one), line breaks escaped."""
+    def escaped(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+    return "".join(f"{escaped(k)}={escaped(v)}\n" for k, v in props.items())
 
 
 def port_in_use(port: int) -> bool:

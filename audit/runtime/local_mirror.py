@@ -173,7 +173,7 @@ class LocalMirrorMaker(JvmService):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         secrets = self._security()[1]
         if secrets:
-            write_private(self.secrets_file, properties_text({k: _escaped(v) for k, v in secrets.items()}))
+            write_private(self.secrets_file, properties_text(secrets))
         props = write_private(self.data_dir / "mm2.properties", properties_text(self.properties()))
         self.launch(classpath, MIRROR_MAKER_MAIN, [str(props), "--clusters", self.target_alias], _LOG4J2,
                     "mm2.log.file")
@@ -200,11 +200,6 @@ class LocalMirrorMaker(JvmService):
 
     def __enter__(self) -> LocalMirrorMaker:
         return self.start()
-
-
-def _escaped(value: str) -> str:
-    """A value as a Java .properties file reads it back (backslashes doubled)."""
-    return value.replace("\\", "\\\\")
 
 
 def _regex_literal(name: str) -> str:
