@@ -132,3 +132,27 @@ def test_connect_scenarios_are_registered_apart_from_the_proxy_ones() -> None:
     assert CONNECT_SCENARIOS == tuple(CONNECT) == tuple(DESIGNED)
     assert all(SCENARIOS[n] == CONNECT[n] for n in CONNECT_SCENARIOS)
     assert not set(CONNECT_SCENARIOS) & set(PROXY_SCENARIOS)
+
+
+@pytest.mark.e2e
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_trace_shows_a_coordinate_sinks_rows_and_its_dead_letter_record(
+        connect_lab: tuple[LabResult, dict[str, tuple[int, str]]], spark: Any) -> None:
+    """`trace` of the dead-lettered record shows its one DLQ record as a sink row (dead_letter true),
+    and of a record the streaming job wrote twice its two rows, both resolved by coordinates."""
+    from spark_jobs.trace import TraceQuery, trace_messages
+
+    result, _ = connect_lab
+    wanted = {"connect_dlq": "dead_lettered", "streaming_restart": "duplicate_in_sink"}
+    queries, stages = [], []
+    for run in result.runs:
+        if run.name in wanted:
+            (topic,) = run.topics
+            row = next(a for a in result.anomalies[topic] if a["anomaly"] == wanted[run.name])
+            queries.append(TraceQuery(topic, partition=row["partition"], offset=row["offset"]))
+            stages.append(row["stage"].removeprefix("sink:"))
+    dlq, twice = trace_messages(spark, result.cfg, queries)
+    assert [r["dead_letter"] for r in dlq["sinks"][stages[0]]] == [True]
+    assert [r["dead_letter"] for r in twice["sinks"][stages[1]]] == [False, False]
+    assert [len(dlq["log"]), len(twice["log"])] == [1, 1]
