@@ -1,0 +1,53 @@
+// A share group member (KIP-932) that audits itself with io.msgaudit.interceptors.AuditedShareConsumer
+// in place of KafkaShareConsumer; everything else is plain client code and properties.
+// Usage: ShareMember <topic> <records> <reject-offset> <release-offset> <key=value>...
+// (consumer and msgaudit.* properties, group.id among them). Rejects the record at reject-offset,
+// releases the one at release-offset on its first delivery, accepts everything else, and commits
+// each batch with commitSync(). Prints "GOT <partition> <offset> <delivery count> <ACK>" per record;
+// stops once <records> records are accepted or rejected (or after 30 s), prints "DONE" and closes.
+import java.time.Duration;
+import java.util.Collections;
+import java.util.Properties;
+import io.msgaudit.interceptors.AuditedShareConsumer;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.common.serialization.StringDeserializer;
+
+public class ShareMember {
+    public static void main(String[] args) {
+        String topic = args[0];
+        int records = Integer.parseInt(args[1]);
+        long reject = Long.parseLong(args[2]);
+        long release = Long.parseLong(args[3]);
+        Properties props = new Properties();
+        props.put("key.deserializer", StringDeserializer.class.getName());
+        props.put("value.deserializer", StringDeserializer.class.getName());
+        for (int i = 4; i < args.length; i++) {
+            int eq = args[i].indexOf('=');
+            props.put(args[i].substring(0, eq), args[i].substring(eq + 1));
+        }
+        int done = 0;
+        long deadline = System.currentTimeMillis() + 30_000;
+        try (AuditedShareConsumer<String, String> consumer = new AuditedShareConsumer<>(props)) {
+            consumer.subscribe(Collections.singletonList(topic));
+            while (done < records && System.currentTimeMillis() < deadline) {
+                StringBuilder out = new StringBuilder();
+                for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(500))) {
+                    int count = r.deliveryCount().map(Short::intValue).orElse(0);
+                    AcknowledgeType ack = r.offset() == reject ? AcknowledgeType.REJECT
+                            : r.offset() == release && count == 1 ? AcknowledgeType.RELEASE : AcknowledgeType.ACCEPT;
+                    consumer.acknowledge(r, ack);
+                    if (ack != AcknowledgeType.RELEASE) {
+                        done++;
+                    }
+                    out.append("GOT ").append(r.partition()).append(' ').append(r.offset()).append(' ')
+                            .append(count).append(' ').append(ack.name()).append('\n');
+                }
+                consumer.commitSync();
+                System.out.print(out);
+                System.out.flush();
+            }
+        }
+        System.out.println("DONE");
+    }
+}
