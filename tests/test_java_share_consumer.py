@@ -12,17 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import _java_program, new_topic
+from tests.conftest import new_topic
 from tests.test_consumer_interceptor import rows_of
 
 ROW_KEYS = {"group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq", "outcome", "attempt",
             "consume_ts", "error", "produce_ts"}
-
-
-@pytest.fixture(scope="session")
-def java_share_member(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """A share group member on AuditedShareConsumer (tests/support/java/ShareMember.java)."""
-    return _java_program(tmp_path_factory, "ShareMember")
 
 
 @pytest.mark.kafka
@@ -36,11 +30,41 @@ def test_bad_configuration_stops_the_java_share_member_at_start(java_share_membe
          'unknown msgaudit property "msgaudit.consumer.nam" (known: msgaudit.ledger.dir, '),
     ]
     for props, message in cases:
-        r = subprocess.run([*java_share_member, "t", "1", "-1", "-1", f"bootstrap.servers={kafka_bootstrap}", *props],
+        r = subprocess.run([*java_share_member, "t", "1", "-1", "-1", "-1", "0", f"bootstrap.servers={kafka_bootstrap}", *props],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "GOT" not in r.stdout and "DONE" not in r.stdout
         assert message in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.kafka
+def test_an_accept_after_the_lock_expired_is_ledgered_with_the_brokers_refusal(
+        java_share_member: list[str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The member accepts offset 1 four seconds after poll() handed it, past the group's 2 s lock:
+    the broker refuses that accept (`INVALID_RECORD_STATE`) and hands the record again (delivery 2),
+    which the member accepts in time. Every other row has `error` null."""
+    from audit import AuditedProducer
+    from audit.lab.share import set_group_configs
+
+    topic = new_topic(kafka_bootstrap, partitions=1)
+    group = f"jq-{uuid.uuid4().hex[:8]}"
+    set_group_configs(kafka_bootstrap, group, share_auto_offset_reset="earliest", share_record_lock_duration_ms=2000)
+    with AuditedProducer({"bootstrap.servers": kafka_bootstrap}, producer_name="java-share",
+                         ledger_dir=tmp_path / "ledger") as producer:
+        for i in range(2):
+            producer.produce(topic, value=f"v{i}".encode())
+        assert producer.flush(30) == 0
+    r = subprocess.run([*java_share_member, topic, "2", "-1", "-1", "1", "4000", f"bootstrap.servers={kafka_bootstrap}",
+                        f"group.id={group}", f"msgaudit.ledger.dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line.startswith("GOT ")] == [
+        "GOT 0 0 1 ACCEPT", "GOT 0 1 1 ACCEPT", "GOT 0 1 2 ACCEPT"]
+    rows = [x for x in rows_of(tmp_path) if x.get("group") == group]
+    assert all(set(x) == ROW_KEYS for x in rows), rows
+    assert sorted((x["offset"], x["outcome"], x["attempt"], x["error"]) for x in rows) == [
+        (0, "accepted", 1, None), (0, "acquired", 1, None), (1, "accepted", 1, "INVALID_RECORD_STATE"),
+        (1, "accepted", 2, None), (1, "acquired", 1, None), (1, "acquired", 2, None)]
 
 
 @pytest.mark.spark
@@ -67,7 +91,7 @@ def test_java_share_member_rejects_one_releases_one_and_the_audit_reports_exactl
         assert producer.flush(30) == 0
     spool = cfg.ledger_dir / "consumer"
     spool.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([*java_share_member, topic, "5", "3", "1", f"bootstrap.servers={kafka_bootstrap}",
+    r = subprocess.run([*java_share_member, topic, "5", "3", "1", "-1", "0", f"bootstrap.servers={kafka_bootstrap}",
                         f"group.id={group}", f"msgaudit.ledger.dir={spool}", "msgaudit.consumer.name=jmember"],
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
