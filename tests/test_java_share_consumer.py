@@ -58,8 +58,8 @@ def test_an_accept_after_the_lock_expired_is_ledgered_with_the_brokers_refusal(
                         f"group.id={group}", f"msgaudit.ledger.dir={tmp_path}"],
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
-    assert [line for line in r.stdout.splitlines() if line.startswith("GOT ")] == [
-        "GOT 0 0 1 ACCEPT", "GOT 0 1 1 ACCEPT", "GOT 0 1 2 ACCEPT"]
+    assert [line for line in r.stdout.splitlines() if line.startswith(("GOT ", "LOCK "))] == [
+        "LOCK 2000", "GOT 0 0 1 ACCEPT", "GOT 0 1 1 ACCEPT", "GOT 0 1 2 ACCEPT"]
     rows = [x for x in rows_of(tmp_path) if x.get("group") == group]
     assert all(set(x) == ROW_KEYS for x in rows), rows
     assert sorted((x["offset"], x["outcome"], x["attempt"], x["error"]) for x in rows) == [

@@ -6,14 +6,17 @@
 // at slow-offset it accepts on its first delivery only after the rest of the batch is committed and
 // slow-ms have passed (past its acquisition lock, so the broker refuses that accept and delivers the
 // record again). Commits each batch with commitSync(). Prints "GOT <partition> <offset> <delivery
-// count> <ACK>" per acknowledgement; stops once <records> records are accepted at their last
-// delivery or rejected (or after 30 s), prints "DONE" and closes.
+// count> <ACK>" per acknowledgement, and "LOCK <ms>" (the broker's acquisition lock, through the
+// ShareConsumer interface of kafka-clients 4.2+) after the first records; stops once <records>
+// records are accepted at their last delivery or rejected (or after 30 s), prints "DONE", closes.
 import java.time.Duration;
 import java.util.Collections;
 import java.util.Properties;
 import io.msgaudit.interceptors.AuditedShareConsumer;
 import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.ShareConsumer;
 import org.apache.kafka.common.serialization.StringDeserializer;
 
 public class ShareMember {
@@ -33,11 +36,17 @@ public class ShareMember {
         }
         int done = 0;
         long deadline = System.currentTimeMillis() + 30_000;
-        try (AuditedShareConsumer<String, String> consumer = new AuditedShareConsumer<>(props)) {
+        boolean lockPrinted = false;
+        try (ShareConsumer<String, String> consumer = new AuditedShareConsumer<>(props)) {
             consumer.subscribe(Collections.singletonList(topic));
             while (done < records && System.currentTimeMillis() < deadline) {
                 ConsumerRecord<String, String> held = null;
-                for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(500))) {
+                ConsumerRecords<String, String> batch = consumer.poll(Duration.ofMillis(500));
+                if (!batch.isEmpty() && !lockPrinted) {
+                    System.out.println("LOCK " + consumer.acquisitionLockTimeoutMs().orElse(-1));
+                    lockPrinted = true;
+                }
+                for (ConsumerRecord<String, String> r : batch) {
                     int count = r.deliveryCount().map(Short::intValue).orElse(0);
                     if (r.offset() == slow && count == 1) {
                         held = r;

@@ -215,14 +215,56 @@ public class AuditedShareConsumer<K, V> implements ShareConsumer<K, V> {
     @Override
     public void acknowledge(ConsumerRecord<K, V> record, AcknowledgeType type) {
         delegate.acknowledge(record, type); // throws for a record this member does not hold: no row then
-        String outcome = outcome(type);
-        if (outcome == null) {
-            return;
+        await(record.topic(), record.partition(), record.offset(), AuditId.parse(record.headers()),
+                record.deliveryCount().map(Short::intValue).orElse(1), type);
+    }
+
+    /** kafka-clients 4.2 and later (ShareConsumer's form for a record poll() could not deserialize):
+     *  acknowledged like the others; its row has pid/seq null and attempt 1, the delivery unseen. */
+    public void acknowledge(String topic, int partition, long offset, AcknowledgeType type) {
+        call("acknowledge", new Class<?>[] {String.class, int.class, long.class, AcknowledgeType.class},
+                topic, partition, offset, type);
+        await(topic, partition, offset, null, 1, type);
+    }
+
+    /** kafka-clients 4.2 and later: the acquisition lock's duration the broker gave this member. */
+    @SuppressWarnings("unchecked")
+    public Optional<Integer> acquisitionLockTimeoutMs() {
+        return (Optional<Integer>) call("acquisitionLockTimeoutMs", new Class<?>[0]);
+    }
+
+    /** A method of the wrapped consumer that kafka-clients 4.1 lacks (this jar compiles against 4.1). */
+    private Object call(String method, Class<?>[] types, Object... args) {
+        java.lang.reflect.Method m;
+        try {
+            m = delegate.getClass().getMethod(method, types);
+        } catch (NoSuchMethodException e) {
+            throw new UnsupportedOperationException("ShareConsumer." + method + " needs kafka-clients 4.2 or later");
         }
-        int attempt = record.deliveryCount().map(Short::intValue).orElse(1);
-        awaiting.computeIfAbsent(List.of(record.topic(), record.partition(), record.offset()), k -> new ArrayDeque<>())
-                .addLast(new Row(record.topic(), record.partition(), record.offset(), AuditId.parse(record.headers()),
-                        attempt, outcome, System.currentTimeMillis(), null));
+        try {
+            return m.invoke(delegate, args);
+        } catch (IllegalAccessException e) {
+            throw new IllegalStateException(e);
+        } catch (java.lang.reflect.InvocationTargetException e) {
+            Throwable t = e.getCause();
+            if (t instanceof RuntimeException) {
+                throw (RuntimeException) t;
+            }
+            if (t instanceof Error) {
+                throw (Error) t;
+            }
+            throw new KafkaException(t);
+        }
+    }
+
+    /** Hold an acknowledgement's row until the broker answers it (ACCEPT, RELEASE, REJECT; a lock
+     *  renewal does not end the delivery and writes none). */
+    private void await(String topic, int partition, long offset, AuditId.Id id, int attempt, AcknowledgeType type) {
+        String outcome = outcome(type);
+        if (outcome != null) {
+            awaiting.computeIfAbsent(List.of(topic, partition, offset), k -> new ArrayDeque<>())
+                    .addLast(new Row(topic, partition, offset, id, attempt, outcome, System.currentTimeMillis(), null));
+        }
     }
 
     @Override
