@@ -138,3 +138,9 @@ def java_consumer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def java_txn_producer(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A plain transactional producer (tests/support/java/TxnProducer.java)."""
     return _java_program(tmp_path_factory, "TxnProducer")
+
+
+@pytest.fixture(scope="session")
+def java_share_member(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A share group member on AuditedShareConsumer (tests/support/java/ShareMember.java)."""
+    return _java_program(tmp_path_factory, "ShareMember")

@@ -155,6 +155,13 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
     }
 
     private String row(String copy, int partition, long offset, AuditId.Id id, String outcome, int attempt, long ts) {
+        return row(copy, partition, offset, id, outcome, attempt, ts, false, null);
+    }
+
+    /** One row; {@code withError}: with the {@code error} column ({@code error}, null when none),
+     *  as a share group member's rows carry it (AuditedShareConsumer). */
+    private String row(String copy, int partition, long offset, AuditId.Id id, String outcome, int attempt, long ts,
+                       boolean withError, String error) {
         String topic = auditedTopic(copy);
         StringBuilder b = new StringBuilder(256).append(head).append(consumeSeq.getAndIncrement())
                 .append(",\"topic\":").append(AuditProducerInterceptor.Json.quote(topic))
@@ -166,6 +173,9 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
         }
         b.append(",\"outcome\":\"").append(outcome).append("\",\"attempt\":").append(attempt)
                 .append(",\"consume_ts\":").append(ts);
+        if (withError) {
+            b.append(",\"error\":").append(error == null ? "null" : AuditProducerInterceptor.Json.quote(error));
+        }
         if (clusterJson != null) { // optional: a row without it is from the audited cluster
             b.append(",\"cluster\":").append(clusterJson);
         }
@@ -221,6 +231,28 @@ public class AuditConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
             }
         } catch (RuntimeException e) {
             errors.incrementAndGet();
+        }
+    }
+
+    /**
+     * Queue share group rows (AuditedShareConsumer, docs/design.md §5.9), in this order with the
+     * next consume_seq values. With {@code await} it returns once they are written (at most
+     * {@code msgaudit.handover.wait.ms}; a longer wait is counted).
+     */
+    void shareRows(List<AuditedShareConsumer.Row> rows, boolean await) {
+        if (rows.isEmpty()) {
+            return;
+        }
+        List<String> lines = new ArrayList<>(rows.size());
+        long ticket;
+        synchronized (this) {
+            for (AuditedShareConsumer.Row r : rows) {
+                lines.add(row(r.topic, r.partition, r.offset, r.id, r.outcome, r.attempt, r.ts, true, r.error));
+            }
+            ticket = spool.enqueue(lines);
+        }
+        if (await && !spool.awaitWritten(ticket, waitMs)) {
+            late.incrementAndGet();
         }
     }
 
