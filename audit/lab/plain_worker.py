@@ -19,7 +19,6 @@ without messages (counted from the first one) and closes the consumer (which com
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -27,20 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from audit.lab.worker import worker_parser
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m audit.lab.plain_worker")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--group", required=True)
-    p.add_argument("--name", required=True)
-    p.add_argument("--ledger-dir", required=True)
-    p.add_argument("--truth", required=True)
+    p = worker_parser("python -m audit.lab.plain_worker", idle_s=3.0, truth=True)
     p.add_argument("--commit-interval-ms", type=int, default=5000)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--pause-after", type=int, default=0)
     p.add_argument("--paused")
-    p.add_argument("--idle-s", type=float, default=3.0)
     args = p.parse_args(argv)
 
     from confluent_kafka import Consumer

@@ -22,7 +22,6 @@ are all answered) instead of waiting up to a minute for its first record.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,16 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from audit.lab.worker import worker_parser
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m audit.lab.share_worker")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--group", required=True)
-    p.add_argument("--name", required=True)
-    p.add_argument("--ledger-dir", required=True)
-    p.add_argument("--truth", required=True)
-    p.add_argument("--idle-s", type=float, default=3.0)
+    p = worker_parser("python -m audit.lab.share_worker", idle_s=3.0, truth=True)
     p.add_argument("--hold", action="store_true")
     p.add_argument("--marker")
     p.add_argument("--done", help="stop waiting for a first record once this file exists")

@@ -24,14 +24,19 @@ from typing import Any
 KILLED_EXIT = 137
 
 
+def worker_parser(prog: str, *, idle_s: float, truth: bool = False) -> argparse.ArgumentParser:
+    """The options every lab worker takes: the topic and group it consumes, its name, its ledger
+    folder, how long it waits idle, and (`truth`) the file its ground truth lines go to."""
+    p = argparse.ArgumentParser(prog=prog)
+    for option in ("--bootstrap", "--topic", "--group", "--name", "--ledger-dir", *(("--truth",) if truth else ())):
+        p.add_argument(option, required=True)
+    p.add_argument("--idle-s", type=float, default=idle_s)
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m audit.lab.worker")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--group", required=True)
-    p.add_argument("--name", required=True)
+    p = worker_parser("python -m audit.lab.worker", idle_s=2.0)
     p.add_argument("--semantics", required=True)
-    p.add_argument("--ledger-dir", required=True)
     p.add_argument("--sink-url")
     p.add_argument("--sink-table")
     p.add_argument("--sink-mode", default="insert")
@@ -39,7 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ledger-topic", help="ship the ledger there (exactly_once_kafka: inside the transaction)")
     p.add_argument("--isolation", default="read_committed")
     p.add_argument("--batch-size", type=int, default=5)
-    p.add_argument("--idle-s", type=float, default=2.0)
     p.add_argument("--max-messages", type=int, default=None)
     p.add_argument("--max-attempts", type=int, default=0, help="0: no RetryPolicy")
     p.add_argument("--kill-at")
