@@ -48,6 +48,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
         ("archived_unprocessed", 4, "delivery limit 3 reached without an accept"),
         ("overdue", 5, "not accepted, past grace, delivery limit not reached"),
         ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
+        ("missed", 8, "never handed to a member, below the group's start offset 2"),
+        ("overdue", 9, "not accepted, past grace, delivery limit not reached"),
     }
     share = {row["partition"]: row for row in r.report if row["stage"] == Q}
     lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
@@ -58,6 +60,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     assert share[4] == report_row(Q, 4, expected=1, lost=1, redelivered=2, overdue=0)
     assert share[5] == report_row(Q, 5, expected=1, redelivered=0, overdue=1)
     assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
+    assert share[8] == report_row(Q, 8, expected=3, delivered=1, lost=2, missed=2, redelivered=0, overdue=0, **lat)
+    assert share[9] == report_row(Q, 9, expected=2, redelivered=0, overdue=2)
     # the consumer group beside it is judged on its own rows only
     assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
 
@@ -70,7 +74,7 @@ def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archiv
     r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
     got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
     assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
-                   ("pending", 6)}
+                   ("pending", 6), ("pending", 8), ("pending", 9)}  # missed waits for grace, as a group's
 
 
 @pytest.mark.unit
