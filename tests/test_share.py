@@ -238,3 +238,41 @@ def test_share_lab_truth_from_the_members_own_record() -> None:
     with pytest.raises(ValueError, match="unknown truth line 'acked a 0 1 x'"):
         observed(["acked a 0 1 x"])
     assert set(SHARE_SCENARIOS) <= set(PROXY_SCENARIOS)
+
+
+@pytest.mark.unit
+def test_share_start_offsets_never_raise_for_what_the_broker_or_the_program_answers(monkeypatch: Any) -> None:
+    """audit.runtime.share_admin: the Java program's lines become rows; a group the broker refused, a
+    program that failed or cannot start is one line each and no rows (capture goes on)."""
+    import subprocess
+
+    from audit.core.errors import SetupError
+    from audit.runtime import share_admin
+
+    kafka = {"bootstrap.servers": "k:9092"}
+    out = ('{"group": "q", "topic": "t", "partition": 0, "start_offset": 4}\n'
+           '{"group": "q", "topic": "t", "partition": 1, "start_offset": null}\n'
+           '{"group": "r", "error": "UnsupportedVersionException: The node does not support LIST_SHARE_GROUP_OFFSETS"}\n')
+    answer = subprocess.CompletedProcess([], 0, out, "SLF4J: Failed to load class\n")
+    monkeypatch.setattr(share_admin, "_run", lambda kafka, args: answer)
+    got = share_admin.start_offsets(kafka, ["q", "r", "q"])
+    assert got.offsets == {("q", "t", 0): 4, ("q", "t", 1): None}
+    assert got.unread == {"r"}
+    assert got.notes == ["share group 'r': start offsets not read from Kafka at k:9092: UnsupportedVersionException: "
+                         "The node does not support LIST_SHARE_GROUP_OFFSETS (share groups need a Kafka 4.1+ "
+                         "broker with share.version=1)"]
+    answer = subprocess.CompletedProcess([], 2, "", "SLF4J: Failed to load class\nusage: ShareGroupOffsets ...\n")
+    got = share_admin.start_offsets(kafka, ["q"])
+    assert (got.offsets, got.unread) == ({}, {"q"})
+    assert got.notes == ["share group start offsets not read (q) from Kafka at k:9092: "
+                         "io.msgaudit.interceptors.ShareGroupOffsets exited 2: usage: ShareGroupOffsets ..."]
+
+    def no_jar(kafka: Any, args: Any) -> Any:
+        raise SetupError("the msgaudit-interceptors jar is not built in J; run `msgaudit setup`")
+    monkeypatch.setattr(share_admin, "_run", no_jar)
+    got = share_admin.start_offsets(kafka, ["q"])
+    assert (got.offsets, got.unread, got.notes) == ({}, {"q"}, [
+        "share group start offsets not read (q): the msgaudit-interceptors jar is not built in J; run `msgaudit setup`"])
+    assert share_admin.start_offsets(kafka, []).notes == []
+    # the settings file as java.util.Properties reads it back: backslashes and line breaks escaped
+    assert share_admin._properties({"a": "x\\y", "b": "-----BEGIN\nMII\r\n"}) == "a=x\\\\y\nb=-----BEGIN\\nMII\\r\\n\n"

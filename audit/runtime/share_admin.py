@@ -70,11 +70,12 @@ def start_offsets(kafka: Mapping[str, str], groups: Sequence[str]) -> ShareOffse
     """The share-partition start offset of every partition each of `groups` holds state for (one run
     for all of them). A group with no state (it does not exist yet) has no rows and no note."""
     out = ShareOffsets()
+    groups = list(dict.fromkeys(groups))
     if not groups:
         return out
     where = kafka.get("bootstrap.servers", "?")
     try:
-        r = _run(kafka, ["list", *dict.fromkeys(groups)])
+        r = _run(kafka, ["list", *groups])
     except (SetupError, OSError, subprocess.TimeoutExpired) as e:
         out.unread.update(groups)
         out.notes.append(f"share group start offsets not read ({', '.join(groups)}): {e}")
