@@ -527,7 +527,10 @@ def group_offsets(cfg: Config, topic: str, partitions: Sequence[int]) -> list[tu
     return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
-def share_offsets(cfg: Config, partitions: Mapping[str, Sequence[int]]) -> tuple[dict[str, list[tuple[str, int, int | None]]], list[str]]:
+ShareRows = list[tuple[str, int, int | None]]  # (share group, partition, start offset or None)
+
+
+def share_offsets(cfg: Config, partitions: Mapping[str, Sequence[int]]) -> tuple[dict[str, ShareRows], list[str]]:
     """Per topic of `partitions`, (share group, partition, start offset or None) of every share group
     configured on it (`topics.<t>.share_groups`), read in one run of the Java admin program; and the
     lines to say: a group the broker refused, or one with no state on the topic (it does not exist yet
@@ -537,7 +540,8 @@ def share_offsets(cfg: Config, partitions: Mapping[str, Sequence[int]]) -> tuple
 
     wanted = {t: [g.name for g in cfg.topic(t).share_groups] for t in partitions}
     got = start_offsets(cfg.kafka, sorted({g for gs in wanted.values() for g in gs}))
-    notes, rows = list(got.notes), {}
+    notes = list(got.notes)
+    rows: dict[str, ShareRows] = {}
     for topic, groups in wanted.items():
         rows[topic] = []
         for g in groups:
