@@ -135,7 +135,11 @@ and counted as quarantined (with the ledger's).
   detail); else `archived_unprocessed` if an acquisition's delivery count reached the group's
   `delivery_count_limit` and either g's last row of the record is a `released` the broker took or
   as_of >= produce time + grace (its lock has long expired); else `pending` within grace; else
-  `overdue`. (`missed` needs the share-partition start offset, which capture does not record yet.)
+  `overdue`, except that a record past grace that no member of g was handed (no `acquired` row of g)
+  and whose offset is below g's share-partition start offset at the latest capture of its partition
+  (`share_offsets`; a null start offset is none) is `missed`: the broker will never hand it out (the
+  group's offsets were moved past it, retention removed it, or it predates the group, which starts
+  at the log end by default).
 - produce-to-consume latency = the first acquisition's consume_ts (else the first row's) - produce time.
 
 Report rows: one per (stage, partition) for every partition of the topic in
@@ -250,6 +254,17 @@ class GroupOffset:
 
 
 @dataclass(frozen=True)
+class ShareOffset:
+    """A capture's snapshot of a share group's share-partition start offset (`share_offsets`)."""
+
+    group: str
+    partition: int
+    start_offset: int | None
+    captured_at: datetime
+    topic: str = "t"
+
+
+@dataclass(frozen=True)
 class Watermark:
     partition: int
     log_start_offset: int
@@ -314,6 +329,17 @@ class Inputs:
     mirror_log: Sequence[MirrorRecord] = ()
     mirror_watermarks: Sequence[MirrorWatermark] = ()
     mirror_group_offsets: Sequence[MirrorGroupOffset] = ()
+    share_offsets: Sequence[ShareOffset] = ()
+
+
+def start_offsets(topic: str, rows: Iterable[ShareOffset]) -> dict[tuple[str, int], int]:
+    """(share group, partition) -> its start offset at the latest capture that holds one (of `topic`)."""
+    latest: dict[tuple[str, int], ShareOffset] = {}
+    for so in rows:
+        if so.topic == topic and ((prev := latest.get((so.group, so.partition))) is None
+                                  or so.captured_at >= prev.captured_at):
+            latest[(so.group, so.partition)] = so
+    return {k: so.start_offset for k, so in latest.items() if so.start_offset is not None}
 
 
 @dataclass
@@ -811,6 +837,7 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                     emit(stage, "overdue", r.partition, rpid, rseq, r.offset)
 
     # --- stage share:<g>
+    spso = start_offsets(topic, inputs.share_offsets) if tc.share_groups else {}
     for sg in tc.share_groups:
         stage = share_stage(sg.name)
         for u in window_units:
@@ -825,7 +852,8 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 share_facts(emit, stage, sg, r.partition, r.offset, rpid, rseq, pt, as_of, grace,
                             [c for c, _ in u.consumed if c.group == sg.name
                              and (c.partition, c.offset) == (r.partition, r.offset)],
-                            counts[(stage, r.partition)], latencies[(stage, r.partition)])
+                            counts[(stage, r.partition)], latencies[(stage, r.partition)],
+                            spso.get((sg.name, r.partition)))
 
     # --- stage sink:<s>
     for sink in tc.sinks:
@@ -929,9 +957,11 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
 
 def share_facts(emit: Callable[..., None], stage: str, sg: ShareGroupConfig, partition: int, offset: int,
                 pid: str | None, seq: int | None, pt: datetime, as_of: datetime, grace: timedelta,
-                rows: Sequence[ConsumedRow], cnt: dict[str, int], latency: list[float]) -> None:
+                rows: Sequence[ConsumedRow], cnt: dict[str, int], latency: list[float],
+                start_offset: int | None = None) -> None:
     """The share stage's rules (module docstring) for one committed record: `rows` are share group
-    `sg`'s rows of it; counts it in `cnt`, its latency in `latency`, its anomaly rows through `emit`."""
+    `sg`'s rows of it, `start_offset` its partition's start offset at the latest capture (None: none
+    captured); counts it in `cnt`, its latency in `latency`, its anomaly rows through `emit`."""
     rows = sorted(rows, key=_consume_order)
     acquired = [c for c in rows if c.outcome == ACQUIRED]
     accepts = [c for c in rows if c.outcome == ACCEPTED]
@@ -950,6 +980,8 @@ def share_facts(emit: Callable[..., None], stage: str, sg: ShareGroupConfig, par
         emit(stage, "archived_unprocessed", partition, pid, seq, offset, limit=sg.delivery_count_limit)
     elif as_of < pt + grace:
         emit(stage, "pending", partition, pid, seq, offset)
+    elif not acquired and start_offset is not None and offset < start_offset:
+        emit(stage, "missed", partition, pid, seq, offset, start_offset=start_offset)
     else:
         emit(stage, "overdue", partition, pid, seq, offset)
 

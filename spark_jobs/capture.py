@@ -11,7 +11,9 @@ does; their mirrors' copies (docs/design.md §5.5) are read the same way, the co
 cluster together, into `mirror_records` (`capture_mirrors`, `Landing`). It also appends snapshots
 of the configured groups' committed offsets (`group_offsets`) and of every partition's watermarks
 (`partition_watermarks`, with the offset range this capture read: `captured_from`/`captured_to`,
-which is what reconcile takes as "covered by a capture").
+which is what reconcile takes as "covered by a capture"), and of the configured share groups'
+share-partition start offsets (`share_offsets`, read by `audit.runtime.share_admin`: one Java
+subprocess per batch of topics, as no Python client has share group admin calls).
 
 Offset planning (`plan_partition`):
 * The time range read is [first window start - lookback - SKEW, last window end + grace + SKEW)
@@ -65,6 +67,7 @@ from spark_jobs.io.schemas import (
     PART_HOUR,
     PART_HOUR_FORMAT,
     PARTITION_WATERMARKS,
+    SHARE_OFFSETS,
 )
 from spark_jobs.io.session import local_frame
 
@@ -74,6 +77,7 @@ ADMIN_TIMEOUT_S = 30.0
 LOG_TABLE = "log_records"
 GROUP_OFFSETS_TABLE = "group_offsets"
 WATERMARKS_TABLE = "partition_watermarks"
+SHARE_OFFSETS_TABLE = "share_offsets"
 LOG_PARTITION_COLUMNS = ("topic", PART_HOUR)
 DATA_COLUMNS = tuple(f.name for f in LOG_RECORDS.fields if f.name != "captured_at")
 # Topics read from Kafka and MERGEd into log_records together: one read per isolation level and one
@@ -170,6 +174,7 @@ class CaptureResult:
     topics: Mapping[str, TopicCapture] = field(default_factory=dict)
     mirrors: tuple[MirrorCapture, ...] = ()  # in the configuration's order
     dead_letters: tuple[DeadLetterCapture, ...] = ()  # the sinks' dead-letter topics
+    notes: tuple[str, ...] = ()  # what could not be snapshotted (share groups' start offsets), one line each
 
     def summary(self) -> str:
         """What `msgaudit capture` prints: the range, a total over the topics when there are several,
@@ -191,6 +196,7 @@ class CaptureResult:
             )
             lines.extend(f"    {m.line()}" for m in copies.get(t.topic, ()))
         lines.extend(f"  {d.line()}" for d in self.dead_letters)
+        lines.extend(f"  {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -521,6 +527,33 @@ def group_offsets(cfg: Config, topic: str, partitions: Sequence[int]) -> list[tu
     return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
+ShareRows = list[tuple[str, int, int | None]]  # (share group, partition, start offset or None)
+
+
+def share_offsets(cfg: Config, partitions: Mapping[str, Sequence[int]]) -> tuple[dict[str, ShareRows], list[str]]:
+    """Per topic of `partitions`, (share group, partition, start offset or None) of every share group
+    configured on it (`topics.<t>.share_groups`), read in one run of the Java admin program; and the
+    lines to say: a group the broker refused, or one with no state on the topic (it does not exist yet
+    or has not read it), has no rows. A group with state on some of the topic's partitions has a row
+    for each, None where it holds none."""
+    from audit.runtime.share_admin import start_offsets
+
+    wanted = {t: [g.name for g in cfg.topic(t).share_groups] for t in partitions}
+    got = start_offsets(cfg.kafka, sorted({g for gs in wanted.values() for g in gs}))
+    notes = list(got.notes)
+    rows: dict[str, ShareRows] = {}
+    for topic, groups in wanted.items():
+        rows[topic] = []
+        for g in groups:
+            spso = {p: got.offsets.get((g, topic, p)) for p in partitions[topic]}
+            if any((g, topic, p) in got.offsets for p in partitions[topic]):
+                rows[topic] += [(g, p, off) for p, off in sorted(spso.items())]
+            elif g not in got.unread:
+                notes.append(f"share group {g!r} has no start offsets on {topic!r} at {_bootstrap(cfg)} yet "
+                             "(it does not exist or has not read the topic): no share_offsets rows")
+    return rows, notes
+
+
 # --------------------------------------------------------------------------------------------
 # Spark / Delta edge
 
@@ -690,6 +723,8 @@ class _Snapshots:
     watermarks: list[tuple[Any, ...]] = field(default_factory=list)
     mirror_groups: list[tuple[Any, ...]] = field(default_factory=list)
     mirror_watermarks: list[tuple[Any, ...]] = field(default_factory=list)
+    shares: list[tuple[Any, ...]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def add(self, landing: Landing, topic: str, groups: Iterable[tuple[str, int, int | None]],
             ranges: Iterable[PartitionRange], captured_at: datetime) -> None:
@@ -708,6 +743,7 @@ class _Snapshots:
 
     def write(self, spark: SparkSession, cfg: Config) -> None:
         _append_snapshot(spark, cfg, GROUP_OFFSETS_TABLE, GROUP_OFFSETS, self.groups)
+        _append_snapshot(spark, cfg, SHARE_OFFSETS_TABLE, SHARE_OFFSETS, self.shares)
         _append_snapshot(spark, cfg, WATERMARKS_TABLE, PARTITION_WATERMARKS, self.watermarks)
         _append_snapshot(spark, cfg, MIRROR_WATERMARKS_TABLE, MIRROR_WATERMARKS, self.mirror_watermarks)
         _append_snapshot(spark, cfg, MIRROR_GROUP_OFFSETS_TABLE, MIRROR_GROUP_OFFSETS, self.mirror_groups)
@@ -749,6 +785,10 @@ def capture_batch(spark: SparkSession, cfg: Config, admin: Any, partitions: Mapp
     landing = landing or Landing.log(partitions)
     # Group offsets first: a group cannot have committed past what the log read afterwards holds.
     groups = {topic: group_offsets(cfg, topic, ps) for topic, ps in partitions.items()}
+    if landing.is_log and any(cfg.topic(t).share_groups for t in partitions):  # likewise their start offsets
+        shares, notes = share_offsets(cfg, partitions)
+        snapshots.shares += [(g, t, p, off, captured_at) for t, rows in shares.items() for g, p, off in rows]
+        snapshots.notes += notes
     ranges = {topic: plan_topic(admin, cfg, topic, ps, start, end) for topic, ps in partitions.items()}
     for topic, rs in ranges.items():
         snapshots.add(landing, topic, groups[topic], rs, captured_at)
@@ -820,7 +860,7 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
     snapshots.write(spark, cfg)
     dead = capture_dead_letters(spark, cfg, names, captured_at, admin)
     return CaptureResult(captured_at=captured_at, start=start, end=end, topics=results, mirrors=tuple(mirrors),
-                         dead_letters=dead)
+                         dead_letters=dead, notes=tuple(snapshots.notes))
 
 
 # --------------------------------------------------------------------------------------------

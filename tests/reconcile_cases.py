@@ -18,6 +18,7 @@ from audit.oracle import (
     LogRecord,
     MirrorRecord,
     MirrorWatermark,
+    ShareOffset,
     SinkRow,
     Watermark,
 )
@@ -52,11 +53,13 @@ class History:
     sinks: dict[str, list[SinkRow]] = field(default_factory=dict)
     mirror_log: list[MirrorRecord] = field(default_factory=list)
     mirror_watermarks: list[MirrorWatermark] = field(default_factory=list)
+    share_offsets: list[ShareOffset] = field(default_factory=list)
     _cseq: int = 0
 
     def inputs(self) -> Inputs:
         return Inputs(self.ledger, self.log, self.consumed, self.group_offsets, self.watermarks,
-                      {k: list(v) for k, v in self.sinks.items()}, list(self.mirror_log), list(self.mirror_watermarks))
+                      {k: list(v) for k, v in self.sinks.items()}, list(self.mirror_log), list(self.mirror_watermarks),
+                      share_offsets=list(self.share_offsets))
 
     def mirrored(self, pid: str | None, seq: int | None, partition: int, offset: int, t: datetime,
                  copied_ms: int = 3000, mirror: str = "dr", committed: bool = True,
@@ -130,6 +133,8 @@ def table_rows(inputs: Inputs) -> dict[str, list[dict[str, Any]]]:
     out["consumed_records"] = [{**asdict(r), "part_hour": _hour(r.consume_ts)} for r in inputs.consumed]
     out["group_offsets"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.group_offsets]
     out["partition_watermarks"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.watermarks]
+    if inputs.share_offsets:
+        out["share_offsets"] = [{**asdict(r), "part_hour": _hour(r.captured_at)} for r in inputs.share_offsets]
     if inputs.mirror_log or inputs.mirror_watermarks:
         out["mirror_records"] = [{**asdict(r), "part_hour": _hour(r.produce_ts or r.kafka_ts or r.captured_at)}
                                  for r in inputs.mirror_log]
@@ -178,6 +183,7 @@ def window_inputs(spark: Any, inputs: Inputs, tc: TopicConfig) -> Any:
         sinks={s.name: sink_frame(spark, inputs.sinks.get(s.name, [])) for s in tc.sinks},
         mirror_log=frame(spark, "mirror_records", t["mirror_records"]) if "mirror_records" in t else None,
         mirror_watermarks=frame(spark, "mirror_watermarks", t["mirror_watermarks"]) if "mirror_records" in t else None,
+        share_offsets=frame(spark, "share_offsets", t["share_offsets"]) if "share_offsets" in t else None,
     )
 
 
@@ -598,7 +604,7 @@ def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
               error: str | None = None) -> None:
         h.consume(pid, 0, p, o, t, outcome, group=SHARE_GROUP, consumer=member, attempt=count, error=error)
 
-    for p in range(8):
+    for p in range(10):
         h.captured(p, 0, 100, at(70))
     # p0: delivered once, accepted
     msg("sclean", 0, 0, at(1))
@@ -645,6 +651,23 @@ def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     h.record("sab", 0, 7, 0, at(8), committed=False)
     share("sab", 7, 0, at(8.1), "acquired")
     exp["share_aborted"] = [("log", "aborted", 7, "sab", 0, 0)]
+    # p8: offsets 0 and 1 never handed to a member; the group's start offset was none (a capture
+    # before the group read the partition), then 1, then 2 (the latest): both missed; offset 2, handed
+    # and accepted, is delivered
+    for o, pid in enumerate(("smissA", "smissB", "smissC")):
+        msg(pid, 8, o, at(9 + o / 10))
+    share("smissC", 8, 2, at(9.3), "acquired")
+    share("smissC", 8, 2, at(9.4), "accepted")
+    h.share_offsets += [ShareOffset(SHARE_GROUP, 8, None, at(40)), ShareOffset(SHARE_GROUP, 8, 1, at(50)),
+                        ShareOffset(SHARE_GROUP, 8, 2, at(70))]
+    exp["share_missed"] = [(Q, "missed", 8, "smissA", 0, 0), (Q, "missed", 8, "smissB", 0, 1)]
+    # p9: below the start offset but handed (acquired, never answered): overdue, not missed; offset 1,
+    # never handed but at the start offset: overdue; another share group's start offset is not g's
+    msg("shandA", 9, 0, at(10))
+    share("shandA", 9, 0, at(10.1), "acquired")
+    msg("shandB", 9, 1, at(10.2))
+    h.share_offsets += [ShareOffset(SHARE_GROUP, 9, 1, at(50)), ShareOffset("q2", 9, 5, at(70))]
+    exp["share_handed_below_start"] = [(Q, "overdue", 9, "shandA", 0, 0), (Q, "overdue", 9, "shandB", 0, 1)]
     return h, exp
 
 
@@ -672,7 +695,8 @@ def arrow_tables(inputs: Inputs) -> Any:
                   sinks={name: table(oracle.SinkRow, rows) for name, rows in inputs.sinks.items()},
                   group_offsets=inputs.group_offsets, watermarks=inputs.watermarks,
                   mirror_log=table(oracle.MirrorRecord, inputs.mirror_log),
-                  mirror_watermarks=inputs.mirror_watermarks, mirror_group_offsets=inputs.mirror_group_offsets)
+                  mirror_watermarks=inputs.mirror_watermarks, mirror_group_offsets=inputs.mirror_group_offsets,
+                  share_offsets=inputs.share_offsets)
 
 
 def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tables: Any, n: int) -> Any:
@@ -723,6 +747,7 @@ def classify_in_chunks(topics: Sequence[Any], ws: datetime, as_of: datetime, tab
     parts = [kernel.Tables(ledger=ledger[k], log=log[k], consumed=con[k], sinks={s: c[k] for s, c in sinks.items()},
                            group_offsets=tables.group_offsets, watermarks=tables.watermarks,
                            mirror_log=mlog if k == 0 else None, mirror_watermarks=tables.mirror_watermarks,
-                           mirror_group_offsets=tables.mirror_group_offsets) for k in range(n)]
+                           mirror_group_offsets=tables.mirror_group_offsets, share_offsets=tables.share_offsets)
+             for k in range(n)]
     return {tc.name: kernel.classify_parts(tc, ws, as_of, [kernel.settle(tc, ws, as_of, p) for p in parts])
             for tc in topics}

@@ -362,8 +362,16 @@ def _rows(spark: Any, cfg: Any, table: str, topic: str, order: str) -> list[tupl
 @pytest.mark.e2e
 def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_nothing(
         spark: Any, kafka_bootstrap: str, audited_topic: dict[str, Any], make_config: Any, tmp_path: Any) -> None:
+    """The log, group offsets and watermarks as captured; share group `<topic>-q`, whose start offset was
+    moved to 2 on partition 0 (none on 1), gets a share_offsets row per partition, share group
+    `<topic>-none`, unknown to the broker, none and one line in the summary (docs/design.md §4.2)."""
+    from audit.runtime.jars import interceptors_jar
+    from audit.runtime.share_admin import alter_start_offsets
+
     topic, t0, base = audited_topic["topic"], audited_topic["t0"], audited_topic["base_ms"]
-    cfg = _topic_cfg(make_config, tmp_path, topic)
+    interceptors_jar(build=True)  # the share group admin program is in it
+    alter_start_offsets({"bootstrap.servers": kafka_bootstrap}, f"{topic}-q", topic, {0: 2})
+    cfg = _topic_cfg(make_config, tmp_path, topic, share_groups=[f"{topic}-q", f"{topic}-none"])
     result = C.capture(spark, cfg, t0, t0 + timedelta(minutes=1))
     ca = result.captured_at
 
@@ -404,6 +412,12 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
                       ("g2", topic, 0, None, ca), ("g2", topic, 1, None, ca)]
     marks = _rows(spark, cfg, "partition_watermarks", topic, "partition")
     assert marks == [(topic, 0, 0, 8, ca, 0, 8), (topic, 1, 0, 2, ca, 0, 2)]  # ..., captured_from, captured_to
+    assert _rows(spark, cfg, "share_offsets", topic, "group,partition") == [
+        (f"{topic}-q", topic, 0, 2, ca), (f"{topic}-q", topic, 1, None, ca)]
+    line = (f"share group '{topic}-none' has no start offsets on '{topic}' at {kafka_bootstrap} yet (it does not "
+            "exist or has not read the topic): no share_offsets rows")
+    assert result.notes == (line,)
+    assert result.summary().splitlines()[-1] == f"  {line}"
 
     from delta.tables import DeltaTable
 

@@ -57,6 +57,7 @@ DESIGNED: dict[str, dict[str, int]] = {
     "share_archive": {"redelivered": 2, "archived_unprocessed": 1},  # delivery limit 3
     "share_slow": {"redelivered": 1, "processed_twice": 1},
     "share_clean": {},
+    "share_missed": {"missed": 4},  # the group's start offset moved to 4 before any member joined
 }
 
 

@@ -29,6 +29,7 @@ from audit.oracle import (
     Inputs,
     LedgerRow,
     LogRecord,
+    ShareOffset,
     SinkRow,
     Watermark,
     reconcile_window,
@@ -156,6 +157,7 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
             SinkRow(0, 97, None, None, _at(draw(st.integers(0, 3599))), dead_letter=True))
     watermarks = []
     offsets = []
+    starts = []  # share group q1's start offsets: a record below the latest that q1 never acquired is missed
     for p in (0, 1):
         for _ in range(draw(st.integers(0, 2))):
             lso = draw(st.integers(0, 2))
@@ -168,8 +170,11 @@ def histories(draw: st.DrawFn) -> tuple[Inputs, datetime]:
         if draw(st.booleans()):
             offsets.append(GroupOffset("g1", p, draw(st.one_of(st.none(), st.integers(0, next_off[p] + 1))),
                                        _at(draw(st.integers(3600, 4500)))))
+        for _ in range(draw(st.integers(0, 2))):
+            starts.append(ShareOffset("q1", p, draw(st.one_of(st.none(), st.integers(0, next_off[p] + 1))),
+                                      _at(draw(st.integers(3600, 4500)))))
     as_of = _at(draw(st.sampled_from([2400, 3840, 3900, 4500, 4800, 20000])))
-    return Inputs(ledger, log, consumed, offsets, watermarks, sinks), as_of
+    return Inputs(ledger, log, consumed, offsets, watermarks, sinks, share_offsets=starts), as_of
 
 
 SHARE_ACKS = ["accepted", "accepted", "released", "rejected", None]  # None: no acknowledgement (lock expiry)
@@ -216,6 +221,7 @@ def _merge(parts: list[tuple[Inputs, datetime]]) -> tuple[Inputs, datetime]:
         out.consumed = [*out.consumed, *(replace(c, partition=part(c.partition), pid=pid(c.pid)) for c in h.consumed)]
         out.group_offsets = [*out.group_offsets, *(replace(g, partition=part(g.partition)) for g in h.group_offsets)]
         out.watermarks = [*out.watermarks, *(replace(w, partition=part(w.partition)) for w in h.watermarks)]
+        out.share_offsets = [*out.share_offsets, *(replace(so, partition=part(so.partition)) for so in h.share_offsets)]
         out.sinks = {name: [*rows, *(replace(r, partition=None if r.partition is None else part(r.partition),
                                              pid=pid(r.pid)) for r in h.sinks.get(name, ()))]
                      for name, rows in out.sinks.items()}

@@ -48,6 +48,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
         ("archived_unprocessed", 4, "delivery limit 3 reached without an accept"),
         ("overdue", 5, "not accepted, past grace, delivery limit not reached"),
         ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
+        ("missed", 8, "never handed to a member, below the group's start offset 2"),
+        ("overdue", 9, "not accepted, past grace, delivery limit not reached"),
     }
     share = {row["partition"]: row for row in r.report if row["stage"] == Q}
     lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
@@ -58,6 +60,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     assert share[4] == report_row(Q, 4, expected=1, lost=1, redelivered=2, overdue=0)
     assert share[5] == report_row(Q, 5, expected=1, redelivered=0, overdue=1)
     assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
+    assert share[8] == report_row(Q, 8, expected=3, delivered=1, lost=2, missed=2, redelivered=0, overdue=0, **lat)
+    assert share[9] == report_row(Q, 9, expected=2, redelivered=0, overdue=2)
     # the consumer group beside it is judged on its own rows only
     assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
 
@@ -70,7 +74,7 @@ def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archiv
     r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
     got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
     assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
-                   ("pending", 6)}
+                   ("pending", 6), ("pending", 8), ("pending", 9)}  # missed waits for grace, as a group's
 
 
 @pytest.mark.unit
@@ -234,3 +238,41 @@ def test_share_lab_truth_from_the_members_own_record() -> None:
     with pytest.raises(ValueError, match="unknown truth line 'acked a 0 1 x'"):
         observed(["acked a 0 1 x"])
     assert set(SHARE_SCENARIOS) <= set(PROXY_SCENARIOS)
+
+
+@pytest.mark.unit
+def test_share_start_offsets_never_raise_for_what_the_broker_or_the_program_answers(monkeypatch: Any) -> None:
+    """audit.runtime.share_admin: the Java program's lines become rows; a group the broker refused, a
+    program that failed or cannot start is one line each and no rows (capture goes on)."""
+    import subprocess
+
+    from audit.core.errors import SetupError
+    from audit.runtime import share_admin
+
+    kafka = {"bootstrap.servers": "k:9092"}
+    out = ('{"group": "q", "topic": "t", "partition": 0, "start_offset": 4}\n'
+           '{"group": "q", "topic": "t", "partition": 1, "start_offset": null}\n'
+           '{"group": "r", "error": "UnsupportedVersionException: The node does not support LIST_SHARE_GROUP_OFFSETS"}\n')
+    answer = subprocess.CompletedProcess([], 0, out, "SLF4J: Failed to load class\n")
+    monkeypatch.setattr(share_admin, "_run", lambda kafka, args: answer)
+    got = share_admin.start_offsets(kafka, ["q", "r", "q"])
+    assert got.offsets == {("q", "t", 0): 4, ("q", "t", 1): None}
+    assert got.unread == {"r"}
+    assert got.notes == ["share group 'r': start offsets not read from Kafka at k:9092: UnsupportedVersionException: "
+                         "The node does not support LIST_SHARE_GROUP_OFFSETS (share groups need a Kafka 4.1+ "
+                         "broker with share.version=1)"]
+    answer = subprocess.CompletedProcess([], 2, "", "SLF4J: Failed to load class\nusage: ShareGroupOffsets ...\n")
+    got = share_admin.start_offsets(kafka, ["q"])
+    assert (got.offsets, got.unread) == ({}, {"q"})
+    assert got.notes == ["share group start offsets not read (q) from Kafka at k:9092: "
+                         "io.msgaudit.interceptors.ShareGroupOffsets exited 2: usage: ShareGroupOffsets ..."]
+
+    def no_jar(kafka: Any, args: Any) -> Any:
+        raise SetupError("the msgaudit-interceptors jar is not built in J; run `msgaudit setup`")
+    monkeypatch.setattr(share_admin, "_run", no_jar)
+    got = share_admin.start_offsets(kafka, ["q"])
+    assert (got.offsets, got.unread, got.notes) == ({}, {"q"}, [
+        "share group start offsets not read (q): the msgaudit-interceptors jar is not built in J; run `msgaudit setup`"])
+    assert share_admin.start_offsets(kafka, []).notes == []
+    # the settings file as java.util.Properties reads it back: backslashes and line breaks escaped
+    assert share_admin._properties({"a": "x\\y", "b": "-----BEGIN\nMII\r\n"}) == "a=x\\\\y\nb=-----BEGIN\\nMII\\r\\n\n"

@@ -99,7 +99,7 @@ def _code(name: str, kind: str, detail: str, counts_in: tuple[str, ...] = (), co
 
 # Order matters: it is the order of the report columns (the SQL DDL in sql/ is generated from it).
 # A code of a later stage kind with the name of an earlier one's column (the share stage's
-# `redelivered`, `overdue`) counts in that column on its own stage's rows: no new column.
+# `redelivered`, `missed`, `overdue`) counts in that column on its own stage's rows: no new column.
 
 
 ANOMALIES: tuple[AnomalyCode, ...] = (
@@ -150,6 +150,7 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("processed_twice", SHARE, "accept {k} of {n}, by {consumer}", (DUPLICATED,), column=False),
     _code("rejected", SHARE, "rejected by {consumer} at delivery {attempt}", column=False),
     _code("archived_unprocessed", SHARE, "delivery limit {limit} reached without an accept", (LOST,), column=False),
+    _code("missed", SHARE, "never handed to a member, below the group's start offset {start_offset}", (LOST,)),
     _code("pending", SHARE, "not accepted yet, within grace", (PENDING,), column=False),
     _code("overdue", SHARE, "not accepted, past grace, delivery limit not reached"),
 )
@@ -337,6 +338,15 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "without an accept: every delivery was released or its lock expired, and the broker archived it",
         "find why each delivery failed (the handler's errors, a member slower than the lock); a dead-letter "
         "topic (share.version=2) keeps such records"),
+    (SHARE, "missed"): Explanation(
+        "no member of the share group was ever handed the record, and the group's share-partition start "
+        "offset has moved past it, so the broker will never hand it out: the group's offsets were reset or "
+        "moved (kafka-share-groups.sh --reset-offsets, Admin.alterShareGroupOffsets), retention or "
+        "deleteRecords removed the record before a member got it, or the record predates the group "
+        "(share.auto.offset.reset=latest, the default, starts a new group at the log end)",
+        "check who reset the group's offsets (kafka-share-groups.sh --describe --offsets), keep the topic's "
+        "retention above the group's worst lag, and set share.auto.offset.reset=earliest before the group's "
+        "first member joins (or audit only windows after it first read the topic)"),
     (SHARE, "pending"): Explanation(
         "the share group has not accepted the record yet (within grace)",
         "none yet; if it turns overdue, check the group's members"),

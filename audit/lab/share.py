@@ -15,6 +15,9 @@ as `audit.lab.share_worker` processes and returns the ground truth:
                   lock had expired) and leaves; another member takes it and accepts it:
                   redelivered, processed_twice
   share_clean     three members share 30 records on 3 partitions: no anomaly
+  share_missed    10 records; before any member joins, the group's start offset is moved to 4
+                  (Admin.alterShareGroupOffsets, audit.runtime.share_admin); a member then gets
+                  the other 6: missed x4 (capture, after the scenarios, snapshots the start offset)
 
 Where the truth comes from: the members' own record of every record handed to their handler and
 of each answer (the workers' truth files, which survive SIGKILL) and the marker of the killed
@@ -201,11 +204,17 @@ def _fill(ctx: Context, topic: str, bodies: list[dict[str, Any]], producer: str)
 
 
 def _expect(truth: Truth, topic: str, group: str, pid: str, seq_at: dict[tuple[int, int], int],
-            seen: dict[tuple[int, int], Observed], limit: int) -> None:
-    """Expect every record's rows by what its members saw; every record produced must have been seen."""
-    unseen = sorted(set(seq_at) - set(seen))
+            seen: dict[tuple[int, int], Observed], limit: int, skipped: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """Expect every record's rows by what its members saw; every record produced must have been seen,
+    but the `skipped` ones (below a start offset moved past them), which none may have been."""
+    unseen = sorted(set(seq_at) - set(seen) - skipped)
     if unseen:
         raise BrokerError(f"share lab ({group}): no member was handed {unseen}")
+    if handed := sorted(skipped & set(seen)):
+        raise BrokerError(f"share lab ({group}): {handed} were handed to a member although the group's start "
+                          "offset had moved past them")
+    for part, off in sorted(skipped):
+        truth.expect(topic, f"share:{group}", "missed", part, pid, seq_at[(part, off)], off)
     for (part, off), obs in sorted(seen.items()):
         for code in obs.expected(limit):
             truth.expect(topic, f"share:{group}", code, part, pid, seq_at[(part, off)], off)
@@ -301,10 +310,39 @@ def share_clean(ctx: Context) -> Truth:
     return truth
 
 
+MISSED_RECORDS, MISSED_SKIPPED = 10, 4
+
+
+def share_missed(ctx: Context) -> Truth:
+    """Before any member joins, the group's start offset is moved past the first records; the member
+    started afterwards is handed only the rest, and the skipped records are lost to the group."""
+    from audit.runtime.share_admin import alter_start_offsets, start_offsets
+
+    topic, group, truth = _setup(ctx, "share_missed")
+    pid, seq_at = _fill(ctx, topic, [{}] * MISSED_RECORDS, "lab-share-missed")
+    kafka = {"bootstrap.servers": ctx.lab.bootstrap}
+    alter_start_offsets(kafka, group, topic, {0: MISSED_SKIPPED})
+    got = start_offsets(kafka, [group])
+    if got.offsets != {(group, topic, 0): MISSED_SKIPPED}:
+        raise BrokerError(f"share_missed: the group's start offsets are {got.offsets} {got.notes}, not "
+                          f"{MISSED_SKIPPED} on {topic}[0]; the fault did not happen as designed")
+    members = Members(ctx, topic, group)
+    members.start("m1")
+    members.join()
+    seen = observed(members.lines())
+    skipped = frozenset(po for po in seq_at if po[1] < MISSED_SKIPPED)
+    _expect(truth, topic, group, pid, seq_at, seen, 5, skipped)
+    truth.facts.update(skipped=len(skipped))
+    ctx.say(f"share_missed: the group's start offset moved to {MISSED_SKIPPED} before any member joined; "
+            f"a member then got the other {MISSED_RECORDS - MISSED_SKIPPED} records")
+    return truth
+
+
 SHARE_SCENARIOS = {
     "share_kill": (share_kill, "share group: a member SIGKILLed holding acquired records; lock expiry, redelivery"),
     "share_poison": (share_poison, "share group: a poison record rejected"),
     "share_archive": (share_archive, "share group: a record released until the delivery limit archives it"),
     "share_slow": (share_slow, "share group: a member slower than the acquisition lock; processed twice"),
     "share_clean": (share_clean, "share group: three members, no anomaly"),
+    "share_missed": (share_missed, "share group: its start offset moved past records no member was handed"),
 }

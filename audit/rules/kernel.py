@@ -86,6 +86,7 @@ class Tables:
     mirror_log: pa.Table | None = None
     mirror_watermarks: Sequence[oracle.MirrorWatermark] = ()
     mirror_group_offsets: Sequence[oracle.MirrorGroupOffset] = ()
+    share_offsets: Sequence[oracle.ShareOffset] = ()
 
 
 Histograms = dict[tuple[str, int], list[tuple[np.ndarray, np.ndarray]]]
@@ -254,7 +255,8 @@ def _all_by_oracle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables, v:
         consumed=consumed, group_offsets=list(t.group_offsets), watermarks=list(t.watermarks),
         sinks={name: _oracle_rows(st, oracle.SinkRow, tc.name) for name, st in v.sinks.items()},
         mirror_log=_oracle_rows(t.mirror_log, oracle.MirrorRecord, tc.name),
-        mirror_watermarks=list(t.mirror_watermarks), mirror_group_offsets=list(t.mirror_group_offsets))
+        mirror_watermarks=list(t.mirror_watermarks), mirror_group_offsets=list(t.mirror_group_offsets),
+        share_offsets=list(t.share_offsets))
     facts = oracle.window_facts(tc, ws, as_of, inputs, reordered=reordered, neighbours=False)
     narrow = _narrow_of(facts.narrow)
     facts.narrow = []
@@ -374,7 +376,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         log=oracle_rows(log, oracle.LogRecord, other(log.num_rows, ri), topic),
         consumed=[], group_offsets=list(t.group_offsets), watermarks=list(t.watermarks),
         sinks={name: oracle_rows(st, oracle.SinkRow, other(st.num_rows, at["sink:" + name]), topic)
-               for name, st in sinks.items()})
+               for name, st in sinks.items()}, share_offsets=list(t.share_offsets))
     reordered: set[int] = set()
     if con.num_rows:
         mask = other(con.num_rows, *(at[g] for g in tc.groups),

@@ -338,6 +338,7 @@ PRODUCED_BY = {
     "consumed_records": "`msgaudit ingest`",
     "log_records": "`msgaudit capture`",
     "group_offsets": "`msgaudit capture`",
+    "share_offsets": "`msgaudit capture` (topics with `share_groups`)",
     "partition_watermarks": "`msgaudit capture`",
     "mirror_records": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_watermarks": "`msgaudit capture` (topics with `mirrors:`)",

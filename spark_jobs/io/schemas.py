@@ -102,6 +102,16 @@ GROUP_OFFSETS = _s(
     ("captured_at", TimestampType(), False),
 )
 
+# A share group's (KIP-932) share-partition start offset (SPSO): the broker never hands out a record
+# below it again (docs/design.md §5.9, `missed`). Null: the group holds no start offset for the partition.
+SHARE_OFFSETS = _s(
+    ("group", StringType(), False),
+    ("topic", StringType(), False),
+    ("partition", IntegerType(), False),
+    ("start_offset", LongType(), True),
+    ("captured_at", TimestampType(), False),
+)
+
 PARTITION_WATERMARKS = _s(
     ("topic", StringType(), False),
     ("partition", IntegerType(), False),
@@ -201,6 +211,7 @@ TABLES: dict[str, StructType] = {
     "log_records": LOG_RECORDS,
     "consumed_records": CONSUMED_RECORDS,
     "group_offsets": GROUP_OFFSETS,
+    "share_offsets": SHARE_OFFSETS,
     "partition_watermarks": PARTITION_WATERMARKS,
     "mirror_records": MIRROR_RECORDS,
     "mirror_watermarks": MIRROR_WATERMARKS,

@@ -84,6 +84,9 @@ def _run_step(spark: Any, cfg: Config, step: str, rng: StepRange, *, progress: b
 
         captured = capture(spark, cfg, start, end, topics, progress=progress)
         out(captured.summary())
+        if say is None:  # backfill, follow: what capture could not snapshot is still said, on stderr
+            for note in captured.notes:
+                _stderr(f"capture: {note}")
         return captured
     if step == "reconcile":
         from datetime import UTC

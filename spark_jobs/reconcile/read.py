@@ -50,6 +50,8 @@ class WindowInputs:
     sink_rows: DataFrame | None = None
     # the groups' committed offsets on the mirrors' target clusters (§5.5), when captured
     mirror_group_offsets: DataFrame | None = None
+    # the share groups' start offsets (§5.9, `missed`), when captured
+    share_offsets: DataFrame | None = None
 
 
 def sink_rows(inputs: WindowInputs) -> DataFrame | None:
@@ -172,6 +174,12 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     if any(m.failover_groups for tc in shape.topics for m in tc.mirrors) and table_exists(
             spark, cfg, "mirror_group_offsets"):
         mirror_groups = small("mirror_group_offsets")
+    shares = None
+    if any(tc.share_groups for tc in shape.topics):
+        if "?share_offsets" not in cache:
+            cache["?share_offsets"] = (spark.range(0), table_exists(spark, cfg, "share_offsets"))
+        if cache["?share_offsets"][1]:
+            shares = small("share_offsets")
     if len(shape.topics) == 1:
         sinks = {}
         for s in tc0.sinks:
@@ -180,7 +188,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
                 cache[key] = (read_sink(spark, s, None, sink_log(s), sink_dlq(s)), True)
             sinks[s.name] = cache[key][0].where(F.col("topic") == tc0.name)
         return WindowInputs(ledger, log, consumed, group_offsets, watermarks, sinks, mirror_log, mirror_watermarks,
-                            mirror_group_offsets=mirror_groups)
+                            mirror_group_offsets=mirror_groups, share_offsets=shares)
     # one read per physical sink; a row goes to every sink (of its topic) that names that table
     users: dict[Any, list[tuple[str, Any]]] = {}
     for tc in shape.topics:
@@ -200,7 +208,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
                 .withColumn("sink", F.explode(F.expr(f"try_element_at({lookup}, topic)"))))
         rows = part if rows is None else rows.unionByName(part)
     return WindowInputs(ledger, log, consumed, group_offsets, watermarks, {}, mirror_log, mirror_watermarks,
-                        sink_rows=rows, mirror_group_offsets=mirror_groups)
+                        sink_rows=rows, mirror_group_offsets=mirror_groups, share_offsets=shares)
 
 
 def map_frames(inputs: WindowInputs, f: Callable[[DataFrame], DataFrame]) -> WindowInputs:
@@ -257,6 +265,8 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
         names.append("consumed_records")
     if tc.groups or table_exists(spark, cfg, "group_offsets"):  # share groups commit no offsets
         names.append("group_offsets")
+    if tc.share_groups and table_exists(spark, cfg, "share_offsets"):
+        names.append("share_offsets")
     for name in names:
         if name not in cache:
             cache[name] = read_input_table(spark, cfg, name)

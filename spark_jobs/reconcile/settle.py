@@ -138,6 +138,7 @@ class Small:
     group_offsets: list[oracle.GroupOffset]
     mirror_watermarks: list[oracle.MirrorWatermark]
     mirror_group_offsets: list[oracle.MirrorGroupOffset]
+    share_offsets: list[oracle.ShareOffset]
     commits: pa.Table | None = None  # the consumer interceptor's `committed` rows (Spark tasks only)
 
 
@@ -152,7 +153,8 @@ def _rows_of(df: DataFrame | None, cls: type) -> list[Any]:
 def small_inputs(vis: WindowInputs) -> Small:
     return Small(_rows_of(vis.watermarks, oracle.Watermark), _rows_of(vis.group_offsets, oracle.GroupOffset),
                  _rows_of(vis.mirror_watermarks, oracle.MirrorWatermark),
-                 _rows_of(vis.mirror_group_offsets, oracle.MirrorGroupOffset))
+                 _rows_of(vis.mirror_group_offsets, oracle.MirrorGroupOffset),
+                 _rows_of(vis.share_offsets, oracle.ShareOffset))
 
 
 def _parts(rows: pa.Table) -> dict[str, list[pa.Table]]:
@@ -786,5 +788,5 @@ def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig
                       log=kernel.empty(oracle.LogRecord) if log is None else log, consumed=consumed,
                       sinks=sinks, group_offsets=small.group_offsets, watermarks=small.watermarks,
                       mirror_log=tier("mirror_log"), mirror_watermarks=small.mirror_watermarks,
-                      mirror_group_offsets=small.mirror_group_offsets)
+                      mirror_group_offsets=small.mirror_group_offsets, share_offsets=small.share_offsets)
     return pa.concat_tables([out_rows(tc.name, kernel.settle(tc, ws, as_of, t)) for tc in topics])
