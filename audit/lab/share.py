@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from audit.core.config import ShareGroupConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError
+from audit.lab.env import alter_configs
 from audit.lab.truth import Truth
 
 if TYPE_CHECKING:
@@ -92,25 +93,11 @@ def observed(lines: list[str]) -> dict[tuple[int, int], Observed]:
 
 def set_group_configs(bootstrap: str, group: str, **settings: Any) -> None:
     """Set share group configs (dots as underscores) with incrementalAlterConfigs on GROUP `group`."""
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    entries = [ConfigEntry(k.replace("_", "."), str(v), incremental_operation=AlterConfigOpType.SET)
-               for k, v in settings.items()]
     try:
-        for fut in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
-                                                                   incremental_configs=entries)]).values():
-            fut.result(30)
-    except Exception as e:
-        raise BrokerError(f"lab: cannot set share group {group!r} configs {settings} on {bootstrap}: {e} "
-                          f"(share groups need a Kafka 4.2+ broker with share.version=1; a lock under 15 s needs "
-                          f"group.share.min.record.lock.duration.ms lowered)") from e
+        alter_configs(bootstrap, "group", group, {k.replace("_", "."): v for k, v in settings.items()})
+    except BrokerError as e:
+        raise BrokerError(f"{e} (share groups need a Kafka 4.2+ broker with share.version=1; a lock under 15 s "
+                          f"needs group.share.min.record.lock.duration.ms lowered)") from e
 
 
 class Members:
