@@ -36,7 +36,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     h, exp = build_share_cases()
     r = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())
     assert brief(r.anomalies) == _expected(exp)
-    assert r.quarantined_ledger_rows == 1  # the share row with the unknown outcome `renewed`
+    # the share row with the unknown outcome `renewed`, and the dead-letter record naming no record (p10)
+    assert r.quarantined_ledger_rows == 2
     details = {(a["anomaly"], a["partition"], a["detail"]) for a in r.anomalies if a["stage"] == Q}
     assert details == {
         ("redelivered", 1, "delivery 2 of 2 to m2"),
@@ -48,6 +49,10 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
         ("archived_unprocessed", 4, "delivery limit 3 reached without an accept"),
         ("overdue", 5, "not accepted, past grace, delivery limit not reached"),
         ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
+        ("dead_lettered", 8, "in the group's dead-letter topic dlq.q1: Offset rejected by client."),
+        ("redelivered", 9, "delivery 2 of 3 to m1"),
+        ("redelivered", 9, "delivery 3 of 3 to m1"),
+        ("dead_lettered", 9, "in the group's dead-letter topic dlq.q1: Offset delivery count exceeded the threshold."),
     }
     share = {row["partition"]: row for row in r.report if row["stage"] == Q}
     lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
@@ -58,6 +63,9 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     assert share[4] == report_row(Q, 4, expected=1, lost=1, redelivered=2, overdue=0)
     assert share[5] == report_row(Q, 5, expected=1, redelivered=0, overdue=1)
     assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
+    # dead-lettered by the broker: accounted for (the dead_lettered column), neither lost nor delivered
+    assert share[8] == report_row(Q, 8, expected=1, redelivered=0, overdue=0, dead_lettered=1)
+    assert share[9] == report_row(Q, 9, expected=1, redelivered=2, overdue=0, dead_lettered=1)
     # the consumer group beside it is judged on its own rows only
     assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
 
@@ -70,7 +78,7 @@ def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archiv
     r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
     got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
     assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
-                   ("pending", 6)}
+                   ("pending", 6), ("dead_lettered", 8), ("dead_lettered", 9)}  # a DLQ record: at once
 
 
 @pytest.mark.unit
@@ -86,7 +94,7 @@ def test_share_stage_in_the_kernel_equals_the_oracle_whole_and_in_chunks() -> No
         for got in (kernel.classify(tc, T0, as_of, tables), classify_in_chunks([tc], T0, as_of, tables, 3)[tc.name]):
             assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
             assert got.report == want.report
-            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 1
+            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 2
 
 
 @pytest.mark.unit
