@@ -57,6 +57,8 @@ DESIGNED: dict[str, dict[str, int]] = {
     "share_archive": {"redelivered": 2, "archived_unprocessed": 1},  # delivery limit 3
     "share_slow": {"redelivered": 1, "processed_twice": 1},
     "share_clean": {},
+    # the broker wrote the rejected record and the one archived at the limit (3) to the group's DLQ
+    "share_dlq": {"redelivered": 2, "dead_lettered": 2},
 }
 
 

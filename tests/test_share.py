@@ -242,3 +242,53 @@ def test_share_lab_truth_from_the_members_own_record() -> None:
     with pytest.raises(ValueError, match="unknown truth line 'acked a 0 1 x'"):
         observed(["acked a 0 1 x"])
     assert set(SHARE_SCENARIOS) <= set(PROXY_SCENARIOS)
+
+
+@pytest.mark.spark
+def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equal_the_oracle(spark: Any) -> None:
+    """Capture's rows of a share group's DLQ topic (KIP-1191: the __dlq.errors.* headers), handed to the
+    share stage as the group's `dead_lettered` rows (`share_dead_letter_rows`): Spark tasks give the
+    oracle's rows on the hand-written cases (p8 rejected and p9 archived, both dead-lettered; p10 a
+    position the log never held: quarantined); a record of another group in the same topic is not q1's."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from audit.oracle import reconcile_window
+    from spark_jobs.capture import dead_letter_rows as captured_rows
+    from spark_jobs.io.sinks_read import share_dead_letter_rows
+    from spark_jobs.reconcile import classify_window
+    from tests.reconcile_cases import SHARE_DLQ, TOPIC, norm_rows, window_inputs
+
+    def naive(t: datetime) -> datetime:
+        return t.astimezone(UTC).replace(tzinfo=None)
+
+    def dlq(part: int, off: int, reason: str, count: int, group: str = "q1") -> list[tuple[str, bytes]]:
+        return [("__dlq.errors.topic", TOPIC.encode()), ("__dlq.errors.partition", str(part).encode()),
+                ("__dlq.errors.offset", str(off).encode()), ("__dlq.errors.group", group.encode()),
+                ("__dlq.errors.delivery.count", str(count).encode()), ("__dlq.errors.message", reason.encode())]
+
+    rejected, exceeded = "Offset rejected by client.", "Offset delivery count exceeded the threshold."
+    frame = spark.createDataFrame(
+        [(SHARE_DLQ, 0, 0, naive(at(9.3)), dlq(8, 0, rejected, 1)),
+         (SHARE_DLQ, 0, 1, naive(at(10.4)), dlq(9, 0, exceeded, 3)),
+         (SHARE_DLQ, 0, 2, naive(at(11)), dlq(10, 50, rejected, 1)),
+         (SHARE_DLQ, 0, 3, naive(at(11)), dlq(0, 0, rejected, 1, group="other"))],
+        "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+        "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+    cap = datetime(2026, 11, 21, 12, tzinfo=UTC)
+    dl = captured_rows(frame, cap)
+    assert [tuple(r) for r in dl.orderBy("dlq_offset").collect()][:2] == [
+        (SHARE_DLQ, 0, 0, TOPIC, 8, 0, rejected, naive(at(9.3)), naive(cap), "q1", 1),
+        (SHARE_DLQ, 0, 1, TOPIC, 9, 0, exceeded, naive(at(10.4)), naive(cap), "q1", 3)]
+
+    h, _ = build_share_cases()
+    want = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())  # with its DLQ rows
+    h.consumed = [c for c in h.consumed if c.outcome != "dead_lettered"]
+    sg = replace(share_topic_config().share_groups[0], dead_letter_topic=SHARE_DLQ)
+    tc = replace(share_topic_config(), share_groups=(sg,))
+    inputs = window_inputs(spark, h.inputs(), tc)
+    inputs.consumed = inputs.consumed.unionByName(share_dead_letter_rows(dl, [sg], inputs.log))
+    c = classify_window(spark, inputs, tc, T0, AS_OF_FINAL, engine="spark", chunks=3)
+    assert sorted_anomalies(r.asDict() for r in c.anomalies.collect()) == sorted_anomalies(want.anomalies)
+    assert norm_rows(c.report) == norm_rows(want.report)
+    assert c.quarantined == want.quarantined_ledger_rows == 2
