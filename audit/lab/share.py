@@ -39,7 +39,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from audit.core.config import ShareGroupConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError
@@ -291,7 +291,7 @@ def dead_letters(bootstrap: str, dlq: str, topic: str, want: int, timeout: float
             msg = c.poll(0.5)
             if msg is None or msg.error():
                 continue
-            h = {k: (v or b"").decode() for k, v in (msg.headers() or [])}
+            h = {k: (v or b"").decode() for k, v in cast(list[tuple[str, bytes | None]], list(msg.headers() or []))}
             if h.get("__dlq.errors.topic") == topic:
                 out[(int(h["__dlq.errors.partition"]), int(h["__dlq.errors.offset"]))] = h.get("__dlq.errors.message", "")
     finally:
