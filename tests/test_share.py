@@ -111,6 +111,14 @@ def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line(
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"delivery_count_limit: expected a whole number >= 1, got 0"):
         config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
+    # the group's dead-letter topic (KIP-1191): its errors.deadletterqueue.topic.name
+    dlq = config_mod.from_dict({"topics": {"orders": {"share_groups": [
+        {"name": "w", "dead_letter_topic": "dlq.orders"}, "v"]}}}).topic("orders")
+    assert [(g.name, g.dead_letter_topic) for g in dlq.share_groups] == [("w", "dlq.orders"), ("v", None)]
+    with pytest.raises(ConfigError) as e:
+        config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "dead_letter_topic": " "}]}}})
+    assert str(e.value) == ("<dict>: topics.orders.share_groups[0].dead_letter_topic: expected the group's "
+                            "errors.deadletterqueue.topic.name, got ' '")
 
 
 @pytest.mark.spark
