@@ -157,11 +157,11 @@ class DeadLetterCapture:
     def line(self) -> str:
         text = f"dead-letter topic {self.topic} ({', '.join(self.users)}): {self.records} records"
         if self.unplaced:
-            fix = ("set errors.deadletterqueue.context.headers.enable=true on the connector"
+            fix = ("counted as quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector"
                    if any(u.startswith("sink ") for u in self.users)
-                   else "a share group's broker always writes them: another writer shares the topic")
+                   else "not used: a share group's broker always writes them, so another writer shares the topic")
             text += (f", {self.unplaced} without __connect.errors.* or __dlq.errors.* topic/partition/offset "
-                     f"headers (counted as quarantined: {fix})")
+                     f"headers ({fix})")
         return text
 
 

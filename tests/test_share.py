@@ -301,3 +301,17 @@ def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equ
     assert sorted_anomalies(r.asDict() for r in c.anomalies.collect()) == sorted_anomalies(want.anomalies)
     assert norm_rows(c.report) == norm_rows(want.report)
     assert c.quarantined == want.quarantined_ledger_rows == 2
+
+
+@pytest.mark.unit
+def test_capture_summary_line_of_a_dead_letter_topic_names_who_uses_it_and_how_to_fix_unplaced_records() -> None:
+    from spark_jobs.capture import DeadLetterCapture
+
+    assert DeadLetterCapture("dlq.orders", ("share group w",), 2, 0).line() == (
+        "dead-letter topic dlq.orders (share group w): 2 records")
+    assert DeadLetterCapture("dlq.orders", ("share group w",), 3, 1).line() == (
+        "dead-letter topic dlq.orders (share group w): 3 records, 1 without __connect.errors.* or __dlq.errors.* "
+        "topic/partition/offset headers (not used: a share group's broker always writes them, so another "
+        "writer shares the topic)")
+    assert DeadLetterCapture("dlq", ("sink s1",), 3, 1).line().endswith(
+        "(counted as quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector)")
