@@ -158,7 +158,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         consumed = pruned("consumed_records", e_lo, e_hi)
         dlq_groups = [sg for tc in shape.topics for sg in tc.share_groups if sg.dead_letter_topic]
         if dlq_groups:  # the records of the share groups' dead-letter topics, as rows of the group (§5.9)
-            dead = share_dead_letter_rows(table("dead_letter_records")[0], dlq_groups, table("log_records")[0])
+            dead = share_dead_letter_rows(table("dead_letter_records")[0], dlq_groups, small("log_records"))
             consumed = consumed.unionByName(dead.where(topic), allowMissingColumns=True)
     if any(tc.groups for tc in shape.topics):  # share groups commit no offsets
         group_offsets = small("group_offsets")
