@@ -123,15 +123,19 @@ when the sink has no group; report partition: the original copy's)
 Stage `share:<g>` (a share group, KIP-932; unit: each distinct log record of the window, like a
 group; report partition: its own). g's rows are `acquired` (a delivery; `attempt` = the broker's
 delivery count) and `accepted` / `released` / `rejected` (an acknowledgement; `error` null when the
-broker took it), in the order of a group's outcomes. A row of g with any other outcome is not used
-and counted as quarantined (with the ledger's).
+broker took it), in the order of a group's outcomes, and `dead_lettered` (a record of g's
+dead-letter topic naming it, `consumer` = that topic, `error` = its reason; never a member's row).
+A row of g with any other outcome is not used and counted as quarantined (with the ledger's), and so
+is a `dead_lettered` row naming a position the log never held (in the window of its consume_ts).
 - expected = committed records; delivered = committed records with an `accepted` the broker took.
   Uncommitted records are not expected (nothing is reported for them at this stage).
 - `redelivered`: one row per acquisition after the first ("delivery k of n to <consumer>"): normal
   queue behaviour, in no total; the SLA rule max_redelivery_ratio bounds it.
 - `processed_twice`: when delivered, one row per `accepted` row after the first, taken or refused
   (a member whose lock expired still processed the record): "accept k of n, by <consumer>".
-- Not delivered: `rejected` if a `rejected` the broker took (its consumer and delivery count in the
+- Not delivered: `dead_lettered` if g has a `dead_lettered` row of it (the broker dead-letters a
+  record a member rejected and one archived at the delivery limit; the first row's topic and reason
+  in the detail); else `rejected` if a `rejected` the broker took (its consumer and delivery count in the
   detail); else `archived_unprocessed` if an acquisition's delivery count reached the group's
   `delivery_count_limit` and either g's last row of the record is a `released` the broker took or
   as_of >= produce time + grace (its lock has long expired); else `pending` within grace; else
@@ -179,7 +183,7 @@ from audit.core.vocabulary import (
     PROCESSING_OUTCOMES,
     REJECTED,
     RELEASED,
-    SHARE_OUTCOMES,
+    SHARE_ROW_OUTCOMES,
     detail,
     group_stage,
     mirror_stage,
@@ -627,12 +631,13 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
                 log_seen[k] = r
     consumed = [c for c in inputs.consumed if c.topic == topic and c.group in tc.consuming_groups
                 and rr.event_lo <= c.consume_ts < rr.event_hi]
-    # a share group's row with an outcome no share member writes is not used: counted (§5.9)
+    # a share group's row with an outcome no share member writes (nor its dead-letter topic) is not
+    # used: counted (§5.9)
     shares = {g.name for g in tc.share_groups}
-    bad_share = [c for c in consumed if c.group in shares and c.outcome not in SHARE_OUTCOMES]
+    bad_share = [c for c in consumed if c.group in shares and c.outcome not in SHARE_ROW_OUTCOMES]
     quarantined += len(bad_share)
     if bad_share:
-        consumed = [c for c in consumed if not (c.group in shares and c.outcome not in SHARE_OUTCOMES)]
+        consumed = [c for c in consumed if not (c.group in shares and c.outcome not in SHARE_ROW_OUTCOMES)]
     # rows consumed from a mirror's target copy count only for a group declared to fail over to it
     # (mirrors[].failover_groups); their partition/offset are the target's, so they are matched to
     # the source record by the message's identity below, and take no part in the order check.
@@ -844,6 +849,9 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
             pt = u.produce_time
             assert pt is not None
             pid, seq = (u.key[1], u.key[2]) if u.key[0] == "m" else (None, None)
+            if not any(r.committed for r in u.log):
+                # a record of g's dead-letter topic naming a position the log never held: counted
+                quarantined += sum(c.group == sg.name and c.outcome == DEAD_LETTERED for c, _ in u.consumed)
             for r in sorted(u.log, key=lambda r: (r.partition, r.offset)):
                 if not r.committed:
                     continue
@@ -961,8 +969,11 @@ def share_facts(emit: Callable[..., None], stage: str, sg: ShareGroupConfig, par
                 start_offset: int | None = None) -> None:
     """The share stage's rules (module docstring) for one committed record: `rows` are share group
     `sg`'s rows of it, `start_offset` its partition's start offset at the latest capture (None: none
-    captured); counts it in `cnt`, its latency in `latency`, its anomaly rows through `emit`."""
+    captured); counts it in `cnt`, its latency in `latency`, its anomaly rows through `emit`. Its
+    `dead_lettered` rows are the records of g's dead-letter topic naming it, not a member's."""
     rows = sorted(rows, key=_consume_order)
+    dead = [c for c in rows if c.outcome == DEAD_LETTERED]
+    rows = [c for c in rows if c.outcome != DEAD_LETTERED]
     acquired = [c for c in rows if c.outcome == ACQUIRED]
     accepts = [c for c in rows if c.outcome == ACCEPTED]
     cnt["expected"] += 1
@@ -973,6 +984,9 @@ def share_facts(emit: Callable[..., None], stage: str, sg: ShareGroupConfig, par
         latency.append(_ms((acquired or rows)[0].consume_ts, pt))
         for k, c in enumerate(accepts[1:], start=2):
             emit(stage, "processed_twice", partition, pid, seq, offset, k=k, n=len(accepts), consumer=c.consumer)
+    elif dead:
+        emit(stage, "dead_lettered", partition, pid, seq, offset, dlq_topic=dead[0].consumer,
+             reason=dead[0].error or "no reason given")
     elif rejected := [c for c in rows if c.outcome == REJECTED and c.error is None]:
         emit(stage, "rejected", partition, pid, seq, offset, consumer=rejected[0].consumer, attempt=rejected[0].attempt)
     elif any(c.attempt >= sg.delivery_count_limit for c in acquired) and (

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import reduce
@@ -151,18 +151,21 @@ class MirrorCapture:
 
 @dataclass(frozen=True)
 class DeadLetterCapture:
-    """A sink connector's dead-letter topic, as captured into `dead_letter_records`."""
+    """A dead-letter topic (a sink connector's or a share group's), as captured into `dead_letter_records`."""
 
     topic: str  # the DLQ topic
-    sinks: tuple[str, ...]  # the sinks that name it
+    users: tuple[str, ...]  # who names it: `sink <name>`, `share group <name>`
     records: int  # records it holds
-    unplaced: int  # records without the __connect.errors.topic/partition/offset headers
+    unplaced: int  # records without the topic/partition/offset headers of either kind
 
     def line(self) -> str:
-        text = f"dead-letter topic {self.topic} (sink {', '.join(self.sinks)}): {self.records} records"
+        text = f"dead-letter topic {self.topic} ({', '.join(self.users)}): {self.records} records"
         if self.unplaced:
-            text += (f", {self.unplaced} without __connect.errors.topic/partition/offset headers (counted as "
-                     "quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector)")
+            fix = ("counted as quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector"
+                   if any(u.startswith("sink ") for u in self.users)
+                   else "not used: a share group's broker always writes them, so another writer shares the topic")
+            text += (f", {self.unplaced} without __connect.errors.* or __dlq.errors.* topic/partition/offset "
+                     f"headers ({fix})")
         return text
 
 
@@ -608,8 +611,14 @@ def ensure_table(spark: SparkSession, cfg: Config, name: str, schema: Any) -> No
     path = table_path(cfg, name)
     (DeltaTable.createIfNotExists(spark).location(path)
      .addColumns(_table_schema(schema)).partitionedBy(*LOG_PARTITION_COLUMNS).execute())
-    # A table captured by an older version lacks the contract's later (nullable) columns: add them,
-    # so the MERGE can write them (its older rows read them as null).
+    add_absent_columns(spark, path, schema)
+
+
+def add_absent_columns(spark: SparkSession, path: str, schema: Any) -> None:
+    """A table captured by an older version lacks the contract's later (nullable) columns: add them,
+    so the MERGE can write them (its older rows read them as null)."""
+    from delta.tables import DeltaTable
+
     present = set(DeltaTable.forPath(spark, path).toDF().columns)
     absent = [f for f in schema.fields if f.name not in present]
     if absent:
@@ -864,10 +873,33 @@ def capture(spark: SparkSession, cfg: Config, start: datetime, end: datetime,
 
 
 # --------------------------------------------------------------------------------------------
-# Kafka Connect's dead-letter queues (docs/design.md §4.2, sinks[].dead_letter_topic)
+# Dead-letter topics (docs/design.md §4.2): a Kafka Connect sink's (sinks[].dead_letter_topic) and a
+# share group's (share_groups[].dead_letter_topic, KIP-1191)
 
 DEAD_LETTER_TABLE = "dead_letter_records"
-_ERR = "__connect.errors."
+
+
+@dataclass(frozen=True)
+class DeadLetterHeaders:
+    """The headers by which one kind of dead-letter record names its source record (text values)."""
+
+    topic: str
+    partition: str
+    offset: str
+    error: tuple[str, ...]  # joined by ': ' into `error` when the first is present
+    group: str | None = None
+    delivery_count: str | None = None
+
+
+DLQ_HEADERS: tuple[DeadLetterHeaders, ...] = (
+    # Kafka Connect, with errors.deadletterqueue.context.headers.enable=true (DeadLetterQueueReporter)
+    DeadLetterHeaders("__connect.errors.topic", "__connect.errors.partition", "__connect.errors.offset",
+                      ("__connect.errors.exception.class.name", "__connect.errors.exception.message")),
+    # a share group's broker, share.version=2 (Kafka 4.4 ShareGroupDLQStateManager): written on every record;
+    # the message is "Offset rejected by client." or "Offset delivery count exceeded the threshold."
+    DeadLetterHeaders("__dlq.errors.topic", "__dlq.errors.partition", "__dlq.errors.offset",
+                      ("__dlq.errors.message",), "__dlq.errors.group", "__dlq.errors.delivery.count"),
+)
 
 
 def _header(name: str) -> Column:
@@ -877,21 +909,35 @@ def _header(name: str) -> Column:
 
 def dead_letter_rows(kafka_rows: DataFrame, captured_at: datetime) -> DataFrame:
     """A DLQ topic's records (Spark's Kafka source, with headers) as `dead_letter_records` rows: the
-    source record its __connect.errors.topic / partition / offset headers name (Connect writes them
-    as text; a value that is not a number reads null, and the row names no record) and its error."""
-    exc, msg = _header(_ERR + "exception.class.name"), _header(_ERR + "exception.message")
+    source record its headers name -- the first kind of `DLQ_HEADERS` whose topic header it carries
+    (written as text; a value that is not a number reads null, and the row names no record) -- its
+    error, and for a share group's record its group and delivery count."""
+    def first(pick: Callable[[DeadLetterHeaders], Column]) -> Column:
+        out: Column = F.lit(None)
+        for h in reversed(DLQ_HEADERS):
+            out = F.when(_header(h.topic).isNotNull(), pick(h)).otherwise(out)
+        return out
+
+    def error(h: DeadLetterHeaders) -> Column:
+        return F.when(_header(h.error[0]).isNotNull(), F.concat_ws(": ", *(_header(e) for e in h.error)))
+
+    def optional(name: str | None) -> Column:
+        return F.lit(None).cast("string") if name is None else _header(name)
+
     return kafka_rows.select(
         F.col("topic").alias("dlq_topic"), F.col("partition").alias("dlq_partition"),
-        F.col("offset").alias("dlq_offset"), _header(_ERR + "topic").alias("topic"),
-        _header(_ERR + "partition").try_cast("int").alias("partition"),
-        _header(_ERR + "offset").try_cast("bigint").alias("offset"),
-        F.when(exc.isNotNull(), F.concat_ws(": ", exc, msg)).alias("error"),
-        F.col("timestamp").alias("kafka_ts"), F.lit(captured_at).alias("captured_at"))
+        F.col("offset").alias("dlq_offset"), first(lambda h: _header(h.topic)).cast("string").alias("topic"),
+        first(lambda h: _header(h.partition)).cast("string").try_cast("int").alias("partition"),
+        first(lambda h: _header(h.offset)).cast("string").try_cast("bigint").alias("offset"),
+        first(error).cast("string").alias("error"),
+        F.col("timestamp").alias("kafka_ts"), F.lit(captured_at).alias("captured_at"),
+        first(lambda h: optional(h.group)).cast("string").alias("group"),
+        first(lambda h: optional(h.delivery_count)).cast("string").try_cast("int").alias("delivery_count"))
 
 
 def capture_dead_letters(spark: SparkSession, cfg: Config, names: Sequence[str], captured_at: datetime,
                          admin: Any = None) -> tuple[DeadLetterCapture, ...]:
-    """Read each dead-letter topic the selected topics' sinks name, whole, and MERGE its records into
+    """Read each dead-letter topic the selected topics' sinks and share groups name, whole, and MERGE its records into
     `dead_letter_records` on (dlq_topic, dlq_partition, dlq_offset) (a rerun adds nothing; a record
     the DLQ's retention deleted since stays). Only the position each record names is kept, not the
     record: a DLQ record carries its source's key, value and audit headers, and capturing it like a
@@ -906,7 +952,11 @@ def capture_dead_letters(spark: SparkSession, cfg: Config, names: Sequence[str],
     for n in names:
         for s in cfg.topic(n).sinks:
             if s.dead_letter_topic:
-                dlqs.setdefault(s.dead_letter_topic, []).append(s.name)
+                dlqs.setdefault(s.dead_letter_topic, []).append(f"sink {s.name}")
+        for sg in cfg.topic(n).share_groups:
+            if sg.dead_letter_topic:
+                dlqs.setdefault(sg.dead_letter_topic, []).append(f"share group {sg.name}")
+    dlqs = {t: list(dict.fromkeys(users)) for t, users in dlqs.items()}  # a group may read several topics
     if not dlqs:
         return ()
     admin = admin or _admin(cfg)
@@ -914,6 +964,7 @@ def capture_dead_letters(spark: SparkSession, cfg: Config, names: Sequence[str],
     path = table_path(cfg, DEAD_LETTER_TABLE)
     (DeltaTable.createIfNotExists(spark).location(path).addColumns(DEAD_LETTER_RECORDS)
      .partitionedBy("dlq_topic").execute())
+    add_absent_columns(spark, path, DEAD_LETTER_RECORDS)
     out = []
     for dlq, sinks in dlqs.items():
         if dlq not in existing:

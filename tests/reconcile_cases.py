@@ -580,6 +580,7 @@ def build_mirror_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
 
 
 SHARE_GROUP = "q1"
+SHARE_DLQ = "dlq.q1"  # q1's dead-letter topic: its records' rows have it as their consumer
 Q = f"share:{SHARE_GROUP}"
 
 
@@ -600,11 +601,12 @@ def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
         h.record(pid, 0, p, o, t)
         h.consume(pid, 0, p, o, t + timedelta(seconds=1))
 
-    def share(pid: str, p: int, o: int, t: datetime, outcome: str, member: str = "m1", count: int = 1,
+    def share(pid: str | None, p: int, o: int, t: datetime, outcome: str, member: str = "m1", count: int = 1,
               error: str | None = None) -> None:
-        h.consume(pid, 0, p, o, t, outcome, group=SHARE_GROUP, consumer=member, attempt=count, error=error)
+        h.consume(pid, None if pid is None else 0, p, o, t, outcome, group=SHARE_GROUP, consumer=member,
+                  attempt=count, error=error)
 
-    for p in range(10):
+    for p in range(13):
         h.captured(p, 0, 100, at(70))
     # p0: delivered once, accepted
     msg("sclean", 0, 0, at(1))
@@ -668,6 +670,23 @@ def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     msg("shandB", 9, 1, at(10.2))
     h.share_offsets += [ShareOffset(SHARE_GROUP, 9, 1, at(50)), ShareOffset("q2", 9, 5, at(70))]
     exp["share_handed_below_start"] = [(Q, "overdue", 9, "shandA", 0, 0), (Q, "overdue", 9, "shandB", 0, 1)]
+    # p10: a poison record rejected, and the broker wrote it to the group's dead-letter topic
+    # (KIP-1191): a record of that topic naming it, placed by its Kafka timestamp
+    msg("sdlq", 10, 0, at(9))
+    share("sdlq", 10, 0, at(9.1), "acquired")
+    share("sdlq", 10, 0, at(9.2), "rejected")
+    share("sdlq", 10, 0, at(9.3), "dead_lettered", SHARE_DLQ, 1, error="Offset rejected by client.")
+    exp["share_dead_lettered_rejected"] = [(Q, "dead_lettered", 10, "sdlq", 0, 0)]
+    # p11: released until the limit, then dead-lettered by the broker instead of lost
+    msg("sdla", 11, 0, at(10))
+    for k in (1, 2, 3):
+        share("sdla", 11, 0, at(10 + k / 10), "acquired", count=k)
+        share("sdla", 11, 0, at(10.05 + k / 10), "released", count=k)
+    share("sdla", 11, 0, at(10.4), "dead_lettered", SHARE_DLQ, 3, error="Offset delivery count exceeded the threshold.")
+    exp["share_dead_lettered_archived"] = [(Q, "redelivered", 11, "sdla", 0, 0), (Q, "redelivered", 11, "sdla", 0, 0),
+                                           (Q, "dead_lettered", 11, "sdla", 0, 0)]
+    # p12: a dead-letter record naming a position the log never held (no message): quarantined
+    share(None, 12, 50, at(11), "dead_lettered", SHARE_DLQ, 1, error="Offset rejected by client.")
     return h, exp
 
 

@@ -58,6 +58,8 @@ DESIGNED: dict[str, dict[str, int]] = {
     "share_slow": {"redelivered": 1, "processed_twice": 1},
     "share_clean": {},
     "share_missed": {"missed": 4},  # the group's start offset moved to 4 before any member joined
+    # the broker wrote the rejected record and the one archived at the limit (3) to the group's DLQ
+    "share_dlq": {"redelivered": 2, "dead_lettered": 2},
 }
 
 

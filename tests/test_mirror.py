@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from audit.runtime.local_kafka import LocalKafka
 from audit.runtime.jvm_service import properties_text
+from audit.runtime.local_kafka import LocalKafka
 from audit.runtime.local_mirror import LocalMirrorMaker, mirrored_topic
 from tests.conftest import new_topic
 

@@ -183,7 +183,8 @@ SHARE_ACKS = ["accepted", "accepted", "released", "rejected", None]  # None: no 
 def _share_rows(draw: st.DrawFn, consumed: list[ConsumedRow], cseq: int, r: dict[str, Any], pid: str | None,
                 seq: int | None) -> int:
     """Share group q1's deliveries of record `r` (0-3: acquisition, then an acknowledgement the
-    broker took or refused, or none), now and then a row of an outcome no member writes."""
+    broker took or refused, or none), now and then a row of an outcome no member writes, and now and
+    then a record of q1's dead-letter topic naming `r`."""
     t = r["t"]
     for k in range(1, draw(st.integers(0, 3)) + 1):
         member = draw(st.sampled_from(["m1", "m2"]))
@@ -200,6 +201,11 @@ def _share_rows(draw: st.DrawFn, consumed: list[ConsumedRow], cseq: int, r: dict
     if draw(st.integers(0, 9)) == 0:
         cseq += 1
         consumed.append(ConsumedRow("q1", "m3", cseq, r["p"], r["off"], pid, seq, "renewed", _at(t + 3)))
+    if draw(st.integers(0, 5)) == 0:  # a record of q1's dead-letter topic naming it (KIP-1191)
+        cseq += 1
+        consumed.append(ConsumedRow("q1", "dlq.q1", cseq, r["p"], r["off"], pid, seq, "dead_lettered", _at(t + 5),
+                                    draw(st.integers(1, 3)), error=draw(st.sampled_from(
+                                        ["Offset rejected by client.", None]))))
     return cseq
 
 

@@ -36,7 +36,8 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     h, exp = build_share_cases()
     r = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())
     assert brief(r.anomalies) == _expected(exp)
-    assert r.quarantined_ledger_rows == 1  # the share row with the unknown outcome `renewed`
+    # the share row with the unknown outcome `renewed`, and the dead-letter record naming no record (p10)
+    assert r.quarantined_ledger_rows == 2
     details = {(a["anomaly"], a["partition"], a["detail"]) for a in r.anomalies if a["stage"] == Q}
     assert details == {
         ("redelivered", 1, "delivery 2 of 2 to m2"),
@@ -50,6 +51,10 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
         ("overdue", 6, "not accepted, past grace, delivery limit not reached"),
         ("missed", 8, "never handed to a member, below the group's start offset 2"),
         ("overdue", 9, "not accepted, past grace, delivery limit not reached"),
+        ("dead_lettered", 10, "in the group's dead-letter topic dlq.q1: Offset rejected by client."),
+        ("redelivered", 11, "delivery 2 of 3 to m1"),
+        ("redelivered", 11, "delivery 3 of 3 to m1"),
+        ("dead_lettered", 11, "in the group's dead-letter topic dlq.q1: Offset delivery count exceeded the threshold."),
     }
     share = {row["partition"]: row for row in r.report if row["stage"] == Q}
     lat = {f"latency_{k}_ms": 6000.0 for k in ("p50", "p95", "p99", "max")}
@@ -62,6 +67,9 @@ def test_share_stage_in_the_oracle_gives_exactly_the_hand_written_rows_report_an
     assert share[7] == report_row(Q, 7, redelivered=0, overdue=0)  # the aborted record: not expected
     assert share[8] == report_row(Q, 8, expected=3, delivered=1, lost=2, missed=2, redelivered=0, overdue=0, **lat)
     assert share[9] == report_row(Q, 9, expected=2, redelivered=0, overdue=2)
+    # dead-lettered by the broker: accounted for (the dead_lettered column), neither lost nor delivered
+    assert share[10] == report_row(Q, 10, expected=1, redelivered=0, overdue=0, dead_lettered=1)
+    assert share[11] == report_row(Q, 11, expected=1, redelivered=2, overdue=0, dead_lettered=1)
     # the consumer group beside it is judged on its own rows only
     assert [row for row in r.report if row["stage"] == "group:g1" and row["delivered"] != row["expected"]] == []
 
@@ -74,7 +82,8 @@ def test_share_stage_within_grace_is_pending_and_a_released_last_delivery_archiv
     r = reconcile_window(share_topic_config(), T0, at(12), h.inputs())
     got = {(a["anomaly"], a["partition"]) for a in r.anomalies if a["stage"] == Q and a["anomaly"] != "redelivered"}
     assert got == {("processed_twice", 2), ("rejected", 3), ("archived_unprocessed", 4), ("pending", 5),
-                   ("pending", 6), ("pending", 8), ("pending", 9)}  # missed waits for grace, as a group's
+                   ("pending", 6), ("pending", 8), ("pending", 9),  # missed waits for grace, as a group's
+                   ("dead_lettered", 10), ("dead_lettered", 11)}  # a DLQ record: at once
 
 
 @pytest.mark.unit
@@ -90,7 +99,7 @@ def test_share_stage_in_the_kernel_equals_the_oracle_whole_and_in_chunks() -> No
         for got in (kernel.classify(tc, T0, as_of, tables), classify_in_chunks([tc], T0, as_of, tables, 3)[tc.name]):
             assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
             assert got.report == want.report
-            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 1
+            assert got.quarantined_ledger_rows == want.quarantined_ledger_rows == 2
 
 
 @pytest.mark.unit
@@ -107,6 +116,14 @@ def test_share_groups_config_and_a_group_listed_as_both_kinds_is_one_error_line(
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"delivery_count_limit: expected a whole number >= 1, got 0"):
         config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "delivery_count_limit": 0}]}}})
+    # the group's dead-letter topic (KIP-1191): its errors.deadletterqueue.topic.name
+    dlq = config_mod.from_dict({"topics": {"orders": {"share_groups": [
+        {"name": "w", "dead_letter_topic": "dlq.orders"}, "v"]}}}).topic("orders")
+    assert [(g.name, g.dead_letter_topic) for g in dlq.share_groups] == [("w", "dlq.orders"), ("v", None)]
+    with pytest.raises(ConfigError) as e:
+        config_mod.from_dict({"topics": {"orders": {"share_groups": [{"name": "w", "dead_letter_topic": " "}]}}})
+    assert str(e.value) == ("<dict>: topics.orders.share_groups[0].dead_letter_topic: expected the group's "
+                            "errors.deadletterqueue.topic.name, got ' '")
 
 
 @pytest.mark.spark
@@ -274,5 +291,68 @@ def test_share_start_offsets_never_raise_for_what_the_broker_or_the_program_answ
     assert (got.offsets, got.unread, got.notes) == ({}, {"q"}, [
         "share group start offsets not read (q): the msgaudit-interceptors jar is not built in J; run `msgaudit setup`"])
     assert share_admin.start_offsets(kafka, []).notes == []
-    # the settings file as java.util.Properties reads it back: backslashes and line breaks escaped
-    assert share_admin._properties({"a": "x\\y", "b": "-----BEGIN\nMII\r\n"}) == "a=x\\\\y\nb=-----BEGIN\\nMII\\r\\n\n"
+
+
+@pytest.mark.spark
+def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equal_the_oracle(spark: Any) -> None:
+    """Capture's rows of a share group's DLQ topic (KIP-1191: the __dlq.errors.* headers), handed to the
+    share stage as the group's `dead_lettered` rows (`share_dead_letter_rows`): Spark tasks give the
+    oracle's rows on the hand-written cases (p10 rejected and p11 archived, both dead-lettered; p12 a
+    position the log never held: quarantined); a record of another group in the same topic is not q1's."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from audit.oracle import reconcile_window
+    from spark_jobs.capture import dead_letter_rows as captured_rows
+    from spark_jobs.io.sinks_read import share_dead_letter_rows
+    from spark_jobs.reconcile import classify_window
+    from tests.reconcile_cases import SHARE_DLQ, TOPIC, norm_rows, window_inputs
+
+    def naive(t: datetime) -> datetime:
+        return t.astimezone(UTC).replace(tzinfo=None)
+
+    def dlq(part: int, off: int, reason: str, count: int, group: str = "q1") -> list[tuple[str, bytes]]:
+        return [("__dlq.errors.topic", TOPIC.encode()), ("__dlq.errors.partition", str(part).encode()),
+                ("__dlq.errors.offset", str(off).encode()), ("__dlq.errors.group", group.encode()),
+                ("__dlq.errors.delivery.count", str(count).encode()), ("__dlq.errors.message", reason.encode())]
+
+    rejected, exceeded = "Offset rejected by client.", "Offset delivery count exceeded the threshold."
+    frame = spark.createDataFrame(
+        [(SHARE_DLQ, 0, 0, naive(at(9.3)), dlq(10, 0, rejected, 1)),
+         (SHARE_DLQ, 0, 1, naive(at(10.4)), dlq(11, 0, exceeded, 3)),
+         (SHARE_DLQ, 0, 2, naive(at(11)), dlq(12, 50, rejected, 1)),
+         (SHARE_DLQ, 0, 3, naive(at(11)), dlq(0, 0, rejected, 1, group="other"))],
+        "topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+        "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+    cap = datetime(2026, 11, 21, 12, tzinfo=UTC)
+    dl = captured_rows(frame, cap)
+    assert [tuple(r) for r in dl.orderBy("dlq_offset").collect()][:2] == [
+        (SHARE_DLQ, 0, 0, TOPIC, 10, 0, rejected, naive(at(9.3)), naive(cap), "q1", 1),
+        (SHARE_DLQ, 0, 1, TOPIC, 11, 0, exceeded, naive(at(10.4)), naive(cap), "q1", 3)]
+
+    h, _ = build_share_cases()
+    want = reconcile_window(share_topic_config(), T0, AS_OF_FINAL, h.inputs())  # with its DLQ rows
+    h.consumed = [c for c in h.consumed if c.outcome != "dead_lettered"]
+    sg = replace(share_topic_config().share_groups[0], dead_letter_topic=SHARE_DLQ)
+    tc = replace(share_topic_config(), share_groups=(sg,))
+    inputs = window_inputs(spark, h.inputs(), tc)
+    inputs.consumed = inputs.consumed.unionByName(share_dead_letter_rows(dl, [sg], inputs.log),
+                                                  allowMissingColumns=True)  # as reconcile reads them
+    c = classify_window(spark, inputs, tc, T0, AS_OF_FINAL, engine="spark", chunks=3)
+    assert sorted_anomalies(r.asDict() for r in c.anomalies.collect()) == sorted_anomalies(want.anomalies)
+    assert norm_rows(c.report) == norm_rows(want.report)
+    assert c.quarantined == want.quarantined_ledger_rows == 2
+
+
+@pytest.mark.unit
+def test_capture_summary_line_of_a_dead_letter_topic_names_who_uses_it_and_how_to_fix_unplaced_records() -> None:
+    from spark_jobs.capture import DeadLetterCapture
+
+    assert DeadLetterCapture("dlq.orders", ("share group w",), 2, 0).line() == (
+        "dead-letter topic dlq.orders (share group w): 2 records")
+    assert DeadLetterCapture("dlq.orders", ("share group w",), 3, 1).line() == (
+        "dead-letter topic dlq.orders (share group w): 3 records, 1 without __connect.errors.* or __dlq.errors.* "
+        "topic/partition/offset headers (not used: a share group's broker always writes them, so another "
+        "writer shares the topic)")
+    assert DeadLetterCapture("dlq", ("sink s1",), 3, 1).line().endswith(
+        "(counted as quarantined: set errors.deadletterqueue.context.headers.enable=true on the connector)")

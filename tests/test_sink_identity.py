@@ -257,9 +257,9 @@ def test_dead_letter_records_name_their_source_and_the_sink_stage_reports_it_dea
     dl = captured_rows(_dlq_frame(spark), cap)
     err = "org.apache.kafka.connect.errors.DataException: Converting byte[] to Kafka Connect data failed"
     assert [tuple(r) for r in dl.orderBy("dlq_offset").collect()] == [
-        ("dlq", 0, 0, TOPIC, 0, 4, err, _naive(at(14)), _naive(cap)),
-        ("dlq", 0, 1, TOPIC, 0, 7, err, _naive(at(21)), _naive(cap)),
-        ("dlq", 0, 2, None, None, None, None, _naive(at(22)), _naive(cap))]
+        ("dlq", 0, 0, TOPIC, 0, 4, err, _naive(at(14)), _naive(cap), None, None),
+        ("dlq", 0, 1, TOPIC, 0, 7, err, _naive(at(21)), _naive(cap), None, None),
+        ("dlq", 0, 2, None, None, None, None, _naive(at(22)), _naive(cap), None, None)]
 
     sink = replace(_coordinates_sink(), dead_letter_topic="dlq")
     tc = TopicConfig(name=TOPIC, sinks=(sink,))

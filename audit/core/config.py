@@ -128,10 +128,14 @@ class MirrorConfig:
 @dataclass(frozen=True)
 class ShareGroupConfig:
     """A share group (KIP-932) reading the topic: `delivery_count_limit` is the broker's
-    `group.share.delivery.count.limit` for it (default 5), at which an unaccepted record is archived."""
+    `group.share.delivery.count.limit` for it (default 5), at which an unaccepted record is archived.
+    `dead_letter_topic` is the group's `errors.deadletterqueue.topic.name` (KIP-1191): the broker
+    writes each record the group rejects or archives there, naming it by its __dlq.errors.* headers
+    (docs/design.md §4.2)."""
 
     name: str
     delivery_count_limit: int = 5
+    dead_letter_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -475,25 +479,29 @@ def _parse_mirror(topic: str, raw: Any, where: str) -> MirrorConfig:
 
 
 def _parse_share_groups(raw: Any, groups: list[str], where: str) -> tuple[ShareGroupConfig, ...]:
-    """`share_groups: [name, {name: ..., delivery_count_limit: n}, ...]`."""
+    """`share_groups: [name, {name: ..., delivery_count_limit: n, dead_letter_topic: t}, ...]`."""
     if not isinstance(raw, list):
-        raise ConfigError(f"{where}: expected a list of share group names or {{name, delivery_count_limit}}")
+        raise ConfigError(f"{where}: expected a list of share group names or "
+                          "{name, delivery_count_limit, dead_letter_topic}")
     out: list[ShareGroupConfig] = []
     for i, item in enumerate(raw):
         w = f"{where}[{i}]"
         data = {"name": item} if isinstance(item, str) else _mapping(item, w)
-        _check_keys(data, ("name", "delivery_count_limit"), w)
-        g, limit = data.get("name"), data.get("delivery_count_limit", 5)
+        _check_keys(data, ("name", "delivery_count_limit", "dead_letter_topic"), w)
+        g, limit, dlq = data.get("name"), data.get("delivery_count_limit", 5), data.get("dead_letter_topic")
         if not isinstance(g, str) or not g:
             raise ConfigError(f"{w}.name: expected a share group name, got {g!r}")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ConfigError(f"{w}.delivery_count_limit: expected a whole number >= 1, got {limit!r}")
+        if dlq is not None and (not isinstance(dlq, str) or not dlq.strip()):
+            raise ConfigError(f"{w}.dead_letter_topic: expected the group's errors.deadletterqueue.topic.name, "
+                              f"got {dlq!r}")
         if g in groups:
             raise ConfigError(f"{w}: group {g!r} is in both groups and share_groups; a group is a consumer "
                               "group or a share group, list it once")
         if any(o.name == g for o in out):
             raise ConfigError(f"{w}: share group {g!r} is listed twice")
-        out.append(ShareGroupConfig(g, limit))
+        out.append(ShareGroupConfig(g, limit, dlq))
     return tuple(out)
 
 

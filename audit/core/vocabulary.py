@@ -151,6 +151,7 @@ ANOMALIES: tuple[AnomalyCode, ...] = (
     _code("rejected", SHARE, "rejected by {consumer} at delivery {attempt}", column=False),
     _code("archived_unprocessed", SHARE, "delivery limit {limit} reached without an accept", (LOST,), column=False),
     _code("missed", SHARE, "never handed to a member, below the group's start offset {start_offset}", (LOST,)),
+    _code("dead_lettered", SHARE, "in the group's dead-letter topic {dlq_topic}: {reason}"),
     _code("pending", SHARE, "not accepted yet, within grace", (PENDING,), column=False),
     _code("overdue", SHARE, "not accepted, past grace, delivery limit not reached"),
 )
@@ -337,7 +338,7 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "the record's delivery count reached the group's limit (group.share.delivery.count.limit, default 5) "
         "without an accept: every delivery was released or its lock expired, and the broker archived it",
         "find why each delivery failed (the handler's errors, a member slower than the lock); a dead-letter "
-        "topic (share.version=2) keeps such records"),
+        "topic (share.version=2, the group's errors.deadletterqueue.topic.name) keeps such records"),
     (SHARE, "missed"): Explanation(
         "no member of the share group was ever handed the record, and the group's share-partition start "
         "offset has moved past it, so the broker will never hand it out: the group's offsets were reset or "
@@ -347,6 +348,11 @@ EXPLANATIONS: dict[tuple[str, str], Explanation] = {
         "check who reset the group's offsets (kafka-share-groups.sh --describe --offsets), keep the topic's "
         "retention above the group's worst lag, and set share.auto.offset.reset=earliest before the group's "
         "first member joins (or audit only windows after it first read the topic)"),
+    (SHARE, "dead_lettered"): Explanation(
+        "the broker wrote the record to the group's dead-letter topic (KIP-1191): a member rejected it, or "
+        "its delivery count reached the limit; accounted for, not lost",
+        "read the reason in the DLQ record's __dlq.errors.* headers, fix what the handler could not "
+        "process and produce the record again; alert on a growing DLQ"),
     (SHARE, "pending"): Explanation(
         "the share group has not accepted the record yet (within grace)",
         "none yet; if it turns overdue, check the group's members"),
@@ -414,6 +420,10 @@ HANDED, COMMITTED = "handed", "committed"
 ACQUIRED, ACCEPTED, RELEASED, REJECTED = "acquired", "accepted", "released", "rejected"
 SHARE_ACKS: tuple[str, ...] = (ACCEPTED, RELEASED, REJECTED)
 SHARE_OUTCOMES: tuple[str, ...] = (ACQUIRED, *SHARE_ACKS)
+# A share group's `dead_lettered` row is no member's: reconcile adds one per record of the group's
+# dead-letter topic (`dead_letter_records`, docs/design.md §4.2) naming a record, placed by its
+# Kafka timestamp (`consumer` = the DLQ topic, `attempt` = its delivery count, `error` = its reason).
+SHARE_ROW_OUTCOMES: tuple[str, ...] = (*SHARE_OUTCOMES, DEAD_LETTERED)
 CONSUME_OUTCOMES: tuple[str, ...] = (PROCESSED, CONSUME_FAILED, DEAD_LETTERED, HANDED, COMMITTED, *SHARE_OUTCOMES)
 # Evidence that a group processed a record (a group audited by the interceptor only vouches for
 # the handover: its `delivered` reads "handed to the application").

@@ -18,11 +18,15 @@ as `audit.lab.share_worker` processes and returns the ground truth:
   share_missed    10 records; before any member joins, the group's start offset is moved to 4
                   (Admin.alterShareGroupOffsets, audit.runtime.share_admin); a member then gets
                   the other 6: missed x4 (capture, after the scenarios, snapshots the start offset)
+  share_dlq       a group with a dead-letter topic (KIP-1191): a poison record rejected and one
+                  released until the limit (3) are both written there by the broker:
+                  redelivered x2, dead_lettered x2
 
 Where the truth comes from: the members' own record of every record handed to their handler and
 of each answer (the workers' truth files, which survive SIGKILL) and the marker of the killed
-member; never the audit's tables, ledgers or rules. Each scenario also checks that its fault
-happened (e.g. the held records reached the other member at delivery 2), and fails otherwise.
+member, and (share_dlq) the group's dead-letter topic read back; never the audit's tables, ledgers
+or rules. Each scenario also checks that its fault happened (e.g. the held records reached the
+other member at delivery 2), and fails otherwise.
 
 Registered in `audit.lab.scenarios.SCENARIOS`; this module must not import Spark.
 """
@@ -38,7 +42,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from audit.core.config import ShareGroupConfig, SlaRule, TopicConfig
 from audit.core.errors import BrokerError
@@ -63,12 +67,15 @@ class Observed:
     deliveries: list[tuple[str, int]] = field(default_factory=list)
     answers: list[tuple[str, str]] = field(default_factory=list)
 
-    def expected(self, limit: int) -> list[str]:
-        """The share stage's anomaly codes this record's history means, one per row (§5.9)."""
+    def expected(self, limit: int, dead_lettered: bool = False) -> list[str]:
+        """The share stage's anomaly codes this record's history means, one per row (§5.9);
+        `dead_lettered`: the group's dead-letter topic holds a record naming it."""
         codes = ["redelivered"] * max(0, len(self.deliveries) - 1)
         accepts = sum(1 for _, a in self.answers if a == "accept")
         if accepts:
             codes += ["processed_twice"] * (accepts - 1)
+        elif dead_lettered:
+            codes.append("dead_lettered")
         elif any(a == "reject" for _, a in self.answers):
             codes.append("rejected")
         elif any(n >= limit for _, n in self.deliveries):
@@ -158,16 +165,19 @@ class Members:
                     proc.wait()
 
 
-def _setup(ctx: Context, name: str, partitions: int = 1, limit: int = 5, lock_ms: int | None = None) -> tuple[str, str, Truth]:
+def _setup(ctx: Context, name: str, partitions: int = 1, limit: int = 5, lock_ms: int | None = None,
+           dlq: str | None = None) -> tuple[str, str, Truth]:
     truth = Truth(name)
     topic = ctx.lab.create_topic(f"lab-{name.replace('_', '-')}", partitions=partitions)
     group = f"{topic}-q"
     configs: dict[str, Any] = {"share_auto_offset_reset": "earliest", "share_delivery_count_limit": limit}
     if lock_ms is not None:
         configs["share_record_lock_duration_ms"] = lock_ms
+    if dlq is not None:
+        configs["errors_deadletterqueue_topic_name"] = dlq
     set_group_configs(ctx.lab.bootstrap, group, **configs)
     ctx.topics[topic] = TopicConfig(name=topic, window=ctx.window, grace=ctx.grace, sla=SHARE_SLA,
-                                    share_groups=(ShareGroupConfig(group, limit),))
+                                    share_groups=(ShareGroupConfig(group, limit, dlq),))
     truth.topic(topic)
     return topic, group, truth
 
@@ -191,9 +201,11 @@ def _fill(ctx: Context, topic: str, bodies: list[dict[str, Any]], producer: str)
 
 
 def _expect(truth: Truth, topic: str, group: str, pid: str, seq_at: dict[tuple[int, int], int],
-            seen: dict[tuple[int, int], Observed], limit: int, skipped: frozenset[tuple[int, int]] = frozenset()) -> None:
-    """Expect every record's rows by what its members saw; every record produced must have been seen,
-    but the `skipped` ones (below a start offset moved past them), which none may have been."""
+            seen: dict[tuple[int, int], Observed], limit: int, skipped: frozenset[tuple[int, int]] = frozenset(),
+            dead: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """Expect every record's rows by what its members saw (and `dead`: the positions the group's
+    dead-letter topic names); every record produced must have been seen, but the `skipped` ones
+    (below a start offset moved past them), which none may have been."""
     unseen = sorted(set(seq_at) - set(seen) - skipped)
     if unseen:
         raise BrokerError(f"share lab ({group}): no member was handed {unseen}")
@@ -203,7 +215,7 @@ def _expect(truth: Truth, topic: str, group: str, pid: str, seq_at: dict[tuple[i
     for part, off in sorted(skipped):
         truth.expect(topic, f"share:{group}", "missed", part, pid, seq_at[(part, off)], off)
     for (part, off), obs in sorted(seen.items()):
-        for code in obs.expected(limit):
+        for code in obs.expected(limit, (part, off) in dead):
             truth.expect(topic, f"share:{group}", code, part, pid, seq_at[(part, off)], off)
     truth.facts.update(messages=len(seq_at), deliveries=sum(len(o.deliveries) for o in seen.values()))
 
@@ -256,6 +268,55 @@ def share_archive(ctx: Context) -> Truth:
         raise BrokerError(f"share_archive: the released record's deliveries were {counts}, not 1..{ARCHIVE_LIMIT}")
     _expect(truth, topic, group, pid, seq_at, seen, ARCHIVE_LIMIT)
     ctx.say(f"share_archive: a record released {ARCHIVE_LIMIT} times, archived by the broker")
+    return truth
+
+
+def dead_letters(bootstrap: str, dlq: str, topic: str, want: int, timeout: float = 60) -> dict[tuple[int, int], str]:
+    """(partition, offset) of `topic` -> the broker's reason, for each record of share group
+    dead-letter topic `dlq` (KIP-1191: its __dlq.errors.topic / partition / offset / message
+    headers), read from the start once it holds `want` records (the broker writes them
+    asynchronously, after the reject or the archiving)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lab-read-{dlq}", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "log_level": 0})
+    out: dict[tuple[int, int], str] = {}
+    try:
+        c.assign([TopicPartition(dlq, 0, 0)])
+        deadline = time.monotonic() + timeout
+        while len(out) < want and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            h = {k: (v or b"").decode() for k, v in cast(list[tuple[str, bytes | None]], list(msg.headers() or []))}
+            if h.get("__dlq.errors.topic") == topic:
+                out[(int(h["__dlq.errors.partition"]), int(h["__dlq.errors.offset"]))] = h.get("__dlq.errors.message", "")
+    finally:
+        c.close()
+    return out
+
+
+def share_dlq(ctx: Context) -> Truth:
+    """A share group with a dead-letter topic (KIP-1191, share.version=2): record n=1 is poison (the
+    member rejects it), record n=4 is released at every delivery until the limit (3); the broker
+    writes both to the DLQ topic, where they are accounted for instead of rejected or lost."""
+    dlq = ctx.lab.create_topic("dlq.lab-share-dlq", errors_deadletterqueue_group_enable="true")
+    topic, group, truth = _setup(ctx, "share_dlq", limit=ARCHIVE_LIMIT, dlq=dlq)
+    bodies = [{"poison": True} if i == 1 else {"release": True} if i == 4 else {} for i in range(6)]
+    pid, seq_at = _fill(ctx, topic, bodies, "lab-share-dlq")
+    members = Members(ctx, topic, group)
+    members.start("m1")
+    members.join()
+    seen = observed(members.lines())
+    failed = {po for po, obs in seen.items() if any(a in ("reject", "release") for _, a in obs.answers)}
+    dead = dead_letters(ctx.lab.bootstrap, dlq, topic, len(failed))
+    if set(dead) != failed:
+        raise BrokerError(f"share_dlq: the dead-letter topic {dlq} names {sorted(dead)}, the member rejected or "
+                          f"released {sorted(failed)}; the broker dead-letters only with share.version=2 "
+                          "(kafka-features.sh upgrade --feature share.version=2)")
+    _expect(truth, topic, group, pid, seq_at, seen, ARCHIVE_LIMIT, frozenset(dead))
+    truth.facts.update(dead_lettered=len(dead), dlq_reasons=sorted(set(dead.values())))
+    ctx.say(f"share_dlq: a poison record rejected and one released {ARCHIVE_LIMIT} times, both in {dlq}")
     return truth
 
 
@@ -332,4 +393,5 @@ SHARE_SCENARIOS = {
     "share_slow": (share_slow, "share group: a member slower than the acquisition lock; processed twice"),
     "share_clean": (share_clean, "share group: three members, no anomaly"),
     "share_missed": (share_missed, "share group: its start offset moved past records no member was handed"),
+    "share_dlq": (share_dlq, "share group with a dead-letter topic: a rejected and an archived record in it"),
 }

@@ -327,7 +327,8 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         at = {k: a[ok] for k, a in at.items()}
         at[g] = gi[ok]
     # --- each share group: one acquisition and one accept the broker took, at the record's
-    # position, on the audited cluster, and no other row of the group
+    # position, on the audited cluster, and no other row of the group (a record of its dead-letter
+    # topic naming the message is a row of the group: such a message goes to the oracle)
     for sg in tc.share_groups:
         ok = np.zeros(len(cand), dtype=bool)
         ai = xi = np.full(len(cand), -2, dtype=np.int64)

@@ -43,8 +43,9 @@ from audit.runtime.jvm_service import (
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
-# Features every new cluster is formatted with: share groups (KIP-932, "Queues for Kafka").
-FEATURES = ["--feature", "share.version=1"]
+# Features every new cluster is formatted with: share groups (KIP-932, "Queues for Kafka") with their
+# dead-letter topics (KIP-1191: share.version=2, which needs metadata version 4.4-IV0, the default).
+FEATURES = ["--feature", "share.version=2"]
 
 _LOG4J2 = log4j2_file_config("${sys:kafka.logs.dir}/server.log",
                              {"org.apache.kafka": "INFO", "kafka": "INFO", "state.change.logger": "WARN"})

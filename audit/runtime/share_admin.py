@@ -25,7 +25,7 @@ from pathlib import Path
 from audit.core.errors import BrokerError, SetupError
 from audit.core.kafka_conf import java_client_settings
 from audit.runtime import jars
-from audit.runtime.jvm_service import java, write_private
+from audit.runtime.jvm_service import java, properties_text, write_private
 
 MAIN = "io.msgaudit.interceptors.ShareGroupOffsets"
 TIMEOUT_S = 120.0  # the program's own calls time out after 30 s each
@@ -46,13 +46,6 @@ def _classpath() -> str:
     return ":".join(str(j) for j in [*clients, jars.interceptors_jar()])
 
 
-def _properties(settings: Mapping[str, str]) -> str:
-    def esc(v: str) -> str:  # as java.util.Properties reads it back
-        return v.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-
-    return "".join(f"{k}={esc(v)}\n" for k, v in settings.items())
-
-
 def _stderr(r: subprocess.CompletedProcess[str]) -> str:
     """The program's error output without the logging library's notice that it has no backend."""
     return "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith("SLF4J:")).strip()[-500:]
@@ -61,7 +54,7 @@ def _stderr(r: subprocess.CompletedProcess[str]) -> str:
 def _run(kafka: Mapping[str, str], args: Sequence[str]) -> subprocess.CompletedProcess[str]:
     settings = java_client_settings(kafka, "the share group admin client")
     with tempfile.TemporaryDirectory(prefix="msgaudit-share-") as tmp:
-        props = write_private(Path(tmp) / "admin.properties", _properties(settings))
+        props = write_private(Path(tmp) / "admin.properties", properties_text(settings))
         return subprocess.run([java(), "-cp", _classpath(), MAIN, str(props), *args], capture_output=True,
                               text=True, timeout=TIMEOUT_S)
 

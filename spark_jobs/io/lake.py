@@ -343,7 +343,7 @@ PRODUCED_BY = {
     "mirror_records": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_watermarks": "`msgaudit capture` (topics with `mirrors:`)",
     "mirror_group_offsets": "`msgaudit capture` (mirrors with `failover_groups`)",
-    "dead_letter_records": "`msgaudit capture` (sinks with `dead_letter_topic`)",
+    "dead_letter_records": "`msgaudit capture` (sinks and share groups with `dead_letter_topic`)",
     "audit_partition_report": "`msgaudit reconcile`",
     "audit_anomalies": "`msgaudit reconcile`",
 }
@@ -407,7 +407,8 @@ def _read_lease(spark: SparkSession, where: str) -> dict[str, Any] | None:
 # nullable and read as null (docs/design.md §4.2, partition_watermarks).
 OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {"partition_watermarks": ("captured_from", "captured_to"),
                                                 "consumed_records": ("error", "cluster", "produce_ts"), "log_records": ("key",),
-                                                "producer_ledger": ("fingerprint",)}
+                                                "producer_ledger": ("fingerprint",),
+                                                "dead_letter_records": ("group", "delivery_count")}
 _UNPRUNED_WARNED: set[str] = set()
 
 

@@ -132,9 +132,11 @@ MIRROR_WATERMARKS = StructType([StructField("mirror", StringType(), False), *PAR
 # the failover groups' committed offsets on a mirror's target cluster (§5.5): topic = the source topic
 MIRROR_GROUP_OFFSETS = StructType([StructField("mirror", StringType(), False), *GROUP_OFFSETS.fields])
 
-# A sink connector's dead-letter topic (sinks[].dead_letter_topic, docs/design.md §4.2): per DLQ
-# record, the source record its __connect.errors.topic / partition / offset headers name (null when
-# the connector does not set them) and its error (exception class: message).
+# A dead-letter topic (a sink connector's, sinks[].dead_letter_topic, or a share group's,
+# share_groups[].dead_letter_topic; docs/design.md §4.2): per DLQ record, the source record its
+# headers name (__connect.errors.* or __dlq.errors.* topic / partition / offset; null without them)
+# and its error (Connect: exception class: message; a share group: the broker's reason); a share
+# group's also its group and delivery count (null for Connect's, and in rows captured before).
 DEAD_LETTER_RECORDS = _s(
     ("dlq_topic", StringType(), False),
     ("dlq_partition", IntegerType(), False),
@@ -145,6 +147,8 @@ DEAD_LETTER_RECORDS = _s(
     ("error", StringType(), True),
     ("kafka_ts", TimestampType(), True),
     ("captured_at", TimestampType(), False),
+    ("group", StringType(), True),
+    ("delivery_count", IntegerType(), True),
 )
 
 AUDIT_PARTITION_REPORT = _s(

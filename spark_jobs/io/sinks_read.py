@@ -14,6 +14,8 @@ and no `columns.produce_ts` maps it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import reduce
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -21,8 +23,15 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StringType, StructField, StructType, VariantType
 
-from audit.core.config import OPTIONAL_AUDIT_COLUMNS, SINK_AUDIT_COLUMNS, SinkConfig, join_location
+from audit.core.config import (
+    OPTIONAL_AUDIT_COLUMNS,
+    SINK_AUDIT_COLUMNS,
+    ShareGroupConfig,
+    SinkConfig,
+    join_location,
+)
 from audit.core.errors import ConfigError, InputError
+from audit.core.vocabulary import DEAD_LETTERED
 from spark_jobs.io.session import local_frame
 
 _TYPES = {"topic": "string", "partition": "int", "offset": "bigint", "pid": "string", "seq": "bigint",
@@ -232,15 +241,49 @@ def dead_letter_rows(dead_letters: DataFrame, sink: SinkConfig, log: DataFrame) 
     naming a position the log never held keeps pid and seq null (the rules count it as
     quarantined); one without the __connect.errors.* headers names nothing and is quarantined too,
     under the sink's topic."""
+    rows = dead_letters.where(F.col("dlq_topic") == F.lit(sink.dead_letter_topic))
+    return resolved_dead_letters(rows, sink.topic, log).select(*SINK_AUDIT_COLUMNS).withColumn("dead_letter", F.lit(True))
+
+
+def resolved_dead_letters(dead_letters: DataFrame, topic: str | None, log: DataFrame,
+                          keep: Sequence[str] = ()) -> DataFrame:
+    """`dead_letter_records` rows as coordinates rows resolved through the log (`resolve_coordinates`),
+    placed by the DLQ record's Kafka timestamp (`sink_ts`: when it was dead-lettered), with the
+    columns `keep` of the record passed through. A record without a full position keeps partition
+    and offset null, under `topic` when it names none."""
     named = F.col("topic").isNotNull() & F.col("partition").isNotNull() & F.col("offset").isNotNull()
-    rows = dead_letters.where(F.col("dlq_topic") == F.lit(sink.dead_letter_topic)).select(
-        F.coalesce(F.col("topic"), F.lit(sink.topic)).cast("string").alias("topic"),
+    rows = dead_letters.select(
+        F.coalesce(F.col("topic"), F.lit(topic)).cast("string").alias("topic"),
         F.when(named, F.col("partition")).cast("int").alias("partition"),
         F.when(named, F.col("offset")).cast("bigint").alias("offset"),
         F.lit(None).cast("string").alias("pid"), F.lit(None).cast("bigint").alias("seq"),
         F.col("kafka_ts").cast("timestamp").alias("sink_ts"), F.lit(None).cast("timestamp").alias("produce_ts"),
-        F.col("kafka_ts").cast("timestamp").alias("record_ts"))
-    return resolve_coordinates(rows, log).select(*SINK_AUDIT_COLUMNS).withColumn("dead_letter", F.lit(True))
+        F.col("kafka_ts").cast("timestamp").alias("record_ts"), *keep)
+    return resolve_coordinates(rows, log, keep)
+
+
+def share_dead_letter_rows(dead_letters: DataFrame, groups: Sequence[ShareGroupConfig], log: DataFrame) -> DataFrame:
+    """The records of share groups' dead-letter topics (`dead_letter_records`; each group's own: its
+    `__dlq.errors.group`, when the record names one) as `consumed_records` rows of the group with
+    outcome `dead_lettered` (docs/design.md §5.9): the source record resolved through the log, placed
+    by the DLQ record's Kafka timestamp, `consumer` = the DLQ topic, `consume_seq` = its offset,
+    `attempt` = its delivery count (0 when it names none), `error` = the broker's reason. A record
+    naming no position (no __dlq.errors.* headers: not the broker's) is left out; capture's summary
+    counts it."""
+    parts = []
+    for sg in groups:
+        if not sg.dead_letter_topic:
+            continue
+        mine = dead_letters.where((F.col("dlq_topic") == F.lit(sg.dead_letter_topic))
+                                  & (F.col("group").isNull() | (F.col("group") == F.lit(sg.name))))
+        rows = resolved_dead_letters(mine, None, log, ("dlq_topic", "dlq_offset", "error", "delivery_count"))
+        parts.append(rows.where(F.col("partition").isNotNull() & F.col("offset").isNotNull()).select(
+            F.lit(sg.name).alias("group"), F.col("dlq_topic").alias("consumer"),
+            F.col("dlq_offset").cast("bigint").alias("consume_seq"), "topic", "partition", "offset", "pid", "seq",
+            F.lit(DEAD_LETTERED).alias("outcome"), F.coalesce(F.col("delivery_count"), F.lit(0)).cast("int").alias("attempt"),
+            F.col("sink_ts").alias("consume_ts"), F.col("error").cast("string").alias("error"),
+            F.lit(None).cast("string").alias("cluster"), F.col("produce_ts")))
+    return reduce(lambda a, b: a.unionByName(b), parts)
 
 
 # -- sinks whose rows name their message otherwise (docs/design.md §4.2, §8 `identity`) ---------
@@ -331,7 +374,7 @@ def identity_rows(df: DataFrame, sink: SinkConfig) -> DataFrame:
         _typed(df, sink, "record_ts", "timestamp").alias("record_ts"))
 
 
-def resolve_coordinates(rows: DataFrame, log: DataFrame) -> DataFrame:
+def resolve_coordinates(rows: DataFrame, log: DataFrame, keep: Sequence[str] = ()) -> DataFrame:
     """Coordinate rows (`identity_rows`) as the audit columns would name them, by a join with the
     captured log on (topic, partition, offset): the record there gives the message (pid, seq; null
     for a record without valid audit headers, which the rules then match by its offset) and its
@@ -352,7 +395,7 @@ def resolve_coordinates(rows: DataFrame, log: DataFrame) -> DataFrame:
         "topic", F.when(placeable, F.col("partition")).alias("partition"),
         F.when(placeable, F.col("offset")).alias("offset"), F.col("_pid").alias("pid"), F.col("_seq").alias("seq"),
         F.when(never_held, F.coalesce("sink_ts", "record_ts")).otherwise(F.col("sink_ts")).alias("sink_ts"),
-        F.coalesce("_pt", "record_ts").alias("produce_ts"))
+        F.coalesce("_pt", "record_ts").alias("produce_ts"), *keep)
 
 
 # -- the consumption evidence of exactly_once_sink consumers (docs/design.md §4.2) --------------

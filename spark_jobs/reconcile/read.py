@@ -118,7 +118,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     Delta log of a table is read once per run, not once per (topic, window); each physical sink
     is read once for all the topics that write it."""
     from spark_jobs.io.lake import read_input_table, table_exists
-    from spark_jobs.io.sinks_read import read_sink
+    from spark_jobs.io.sinks_read import read_sink, share_dead_letter_rows
 
     cache = {} if tables is None else tables
     tc0 = shape.topics[0]
@@ -158,6 +158,10 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
     consumed = group_offsets = None
     if shape.max_groups:
         consumed = pruned("consumed_records", e_lo, e_hi)
+        dlq_groups = [sg for tc in shape.topics for sg in tc.share_groups if sg.dead_letter_topic]
+        if dlq_groups:  # the records of the share groups' dead-letter topics, as rows of the group (§5.9)
+            dead = share_dead_letter_rows(table("dead_letter_records")[0], dlq_groups, small("log_records"))
+            consumed = consumed.unionByName(dead.where(topic), allowMissingColumns=True)
     if any(tc.groups for tc in shape.topics):  # share groups commit no offsets
         group_offsets = small("group_offsets")
     else:
@@ -274,7 +278,8 @@ def check_window_inputs(spark: SparkSession, cfg: Config, tc: TopicConfig,
     def sink_log(s: Any) -> DataFrame | None:
         return cache["log_records"][0] if s.identity == "coordinates" or s.dead_letter_topic else None
 
-    if any(s.dead_letter_topic for s in tc.sinks) and "dead_letter_records" not in cache:
+    if (any(s.dead_letter_topic for s in tc.sinks) or any(sg.dead_letter_topic for sg in tc.share_groups)) \
+            and "dead_letter_records" not in cache:
         cache["dead_letter_records"] = read_input_table(spark, cfg, "dead_letter_records")
     for s in tc.sinks:
         key = f"sink:{_sink_identity(s)!r}"
