@@ -201,7 +201,7 @@ def _fill(ctx: Context, topic: str, bodies: list[dict[str, Any]], producer: str)
 
 
 def _expect(truth: Truth, topic: str, group: str, pid: str, seq_at: dict[tuple[int, int], int],
-            seen: dict[tuple[int, int], Observed], limit: int, skipped: frozenset[tuple[int, int]] = frozenset(),
+            seen: dict[tuple[int, int], Observed], limit: int, *, skipped: frozenset[tuple[int, int]] = frozenset(),
             dead: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Expect every record's rows by what its members saw (and `dead`: the positions the group's
     dead-letter topic names); every record produced must have been seen, but the `skipped` ones
@@ -314,7 +314,7 @@ def share_dlq(ctx: Context) -> Truth:
         raise BrokerError(f"share_dlq: the dead-letter topic {dlq} names {sorted(dead)}, the member rejected or "
                           f"released {sorted(failed)}; the broker dead-letters only with share.version=2 "
                           "(kafka-features.sh upgrade --feature share.version=2)")
-    _expect(truth, topic, group, pid, seq_at, seen, ARCHIVE_LIMIT, frozenset(dead))
+    _expect(truth, topic, group, pid, seq_at, seen, ARCHIVE_LIMIT, dead=frozenset(dead))
     truth.facts.update(dead_lettered=len(dead), dlq_reasons=sorted(set(dead.values())))
     ctx.say(f"share_dlq: a poison record rejected and one released {ARCHIVE_LIMIT} times, both in {dlq}")
     return truth
@@ -379,7 +379,7 @@ def share_missed(ctx: Context) -> Truth:
     members.join()
     seen = observed(members.lines())
     skipped = frozenset(po for po in seq_at if po[1] < MISSED_SKIPPED)
-    _expect(truth, topic, group, pid, seq_at, seen, 5, skipped)
+    _expect(truth, topic, group, pid, seq_at, seen, 5, skipped=skipped)
     truth.facts.update(skipped=len(skipped))
     ctx.say(f"share_missed: the group's start offset moved to {MISSED_SKIPPED} before any member joined; "
             f"a member then got the other {MISSED_RECORDS - MISSED_SKIPPED} records")
