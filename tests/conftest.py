@@ -51,6 +51,23 @@ def new_topic(bootstrap: str, partitions: int = 1, prefix: str = "t", **topic_co
     return name
 
 
+def audit_topic(spark: Any, cfg: Any, topic: str, start: Any, end: Any,
+                as_of: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ingest, capture `topic` over [start, end) and reconcile it as of `as_of`, as the pipeline does;
+    its `audit_anomalies` and `audit_partition_report` rows from the report store."""
+    from audit.serving.report_store import ReportStore
+    from spark_jobs.pipeline.steps import StepRange, run_step
+
+    run_step(spark, cfg, "ingest", StepRange())
+    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
+    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
+    store = ReportStore(cfg.report_store)
+    try:
+        return store.read("audit_anomalies", topic=topic), store.read("audit_partition_report", topic=topic)
+    finally:
+        store.close()
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Delta- and Kafka-ready local[2] SparkSession for the whole test run."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import new_topic
+from tests.conftest import audit_topic, new_topic
 
 CONSUMER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditConsumerInterceptor"
 PRODUCER_INTERCEPTOR = "interceptor.classes=io.msgaudit.interceptors.AuditProducerInterceptor"
@@ -101,8 +101,6 @@ def test_java_group_killed_mid_stream_and_restarted_audits_equal_to_the_ground_t
     ledger is landed by `msgaudit ingest` unchanged, and the audit equals what the application
     printed: every record handed at least once, exactly the uncommitted batch `redelivered`,
     nothing missed, nothing else."""
-    from audit.serving.report_store import ReportStore
-    from spark_jobs.pipeline.steps import StepRange, run_step
 
     topic = new_topic(kafka_bootstrap, partitions=2)
     group = f"java-group-{uuid.uuid4().hex[:8]}"
@@ -163,15 +161,7 @@ def test_java_group_killed_mid_stream_and_restarted_audits_equal_to_the_ground_t
 
     end = start + timedelta(days=1)
     as_of = datetime.now(UTC) + timedelta(minutes=2)
-    run_step(spark, cfg, "ingest", StepRange())
-    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
-    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
-    store = ReportStore(cfg.report_store)
-    try:
-        anomalies = store.read("audit_anomalies", topic=topic)
-        report = store.read("audit_partition_report", topic=topic)
-    finally:
-        store.close()
+    anomalies, report = audit_topic(spark, cfg, topic, start, end, as_of)
     second_instance = max(instances, key=lambda i: min(r["consume_ts"] for r in rows if r["consumer"] == i))
     assert sorted((a["stage"], a["anomaly"], a["partition"], a["offset"], a["detail"]) for a in anomalies) == [
         (f"group:{group}", "redelivered", p, o, f"processing 2 of 2 by {second_instance}") for p, o in redelivered]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import new_topic
+from tests.conftest import audit_topic, new_topic
 from tests.test_consumer_interceptor import rows_of
 
 ROW_KEYS = {"group", "consumer", "consume_seq", "topic", "partition", "offset", "pid", "seq", "outcome", "attempt",
@@ -80,8 +80,6 @@ def test_java_share_member_rejects_one_releases_one_and_the_audit_reports_exactl
     capture + reconcile report exactly: offset 1 redelivered, offset 3 rejected, four delivered."""
     from audit import AuditedProducer
     from audit.lab.share import set_group_configs
-    from audit.serving.report_store import ReportStore
-    from spark_jobs.pipeline.steps import StepRange, run_step
 
     topic = new_topic(kafka_bootstrap, partitions=1)
     group = f"jq-{uuid.uuid4().hex[:8]}"
@@ -116,15 +114,7 @@ def test_java_share_member_rejects_one_releases_one_and_the_audit_reports_exactl
 
     as_of = datetime.now(UTC) + timedelta(minutes=2)
     end = start + timedelta(days=1)
-    run_step(spark, cfg, "ingest", StepRange())
-    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
-    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
-    store = ReportStore(cfg.report_store)
-    try:
-        anomalies = store.read("audit_anomalies", topic=topic)
-        report = store.read("audit_partition_report", topic=topic)
-    finally:
-        store.close()
+    anomalies, report = audit_topic(spark, cfg, topic, start, end, as_of)
     stage = f"share:{group}"
     assert sorted((x["stage"], x["anomaly"], x["partition"], x["offset"], x["detail"]) for x in anomalies) == [
         (stage, "redelivered", 0, 1, f"delivery 2 of 2 to {member}"),

@@ -170,9 +170,7 @@ def test_two_share_members_release_and_reject_and_the_audit_reports_exactly_that
 
     from audit import AuditedProducer
     from audit.clients.share_consumer import AuditedShareConsumer
-    from audit.serving.report_store import ReportStore
-    from spark_jobs.pipeline.steps import StepRange, run_step
-    from tests.conftest import new_topic
+    from tests.conftest import audit_topic, new_topic
     from tests.test_consumer_interceptor import rows_of
 
     topic = new_topic(kafka_bootstrap, partitions=1)
@@ -216,15 +214,7 @@ def test_two_share_members_release_and_reject_and_the_audit_reports_exactly_that
 
     as_of = datetime.now(UTC) + timedelta(minutes=2)
     end = start + timedelta(days=1)
-    run_step(spark, cfg, "ingest", StepRange())
-    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
-    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
-    store = ReportStore(cfg.report_store)
-    try:
-        anomalies = store.read("audit_anomalies", topic=topic)
-        report = store.read("audit_partition_report", topic=topic)
-    finally:
-        store.close()
+    anomalies, report = audit_topic(spark, cfg, topic, start, end, as_of)
     stage = f"share:{group}"
     assert sorted((x["stage"], x["anomaly"], x["partition"], x["offset"], x["detail"]) for x in anomalies) == [
         (stage, "redelivered", 0, 1, f"delivery 2 of 2 to {b.instance}"),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from tests.conftest import new_topic
+from tests.conftest import audit_topic, new_topic
 from tests.test_plugin import plugin_conf
 from tests.test_producer import ledger_rows
 
@@ -47,8 +47,6 @@ def plugin_transactions(so: Path, spool: Path, bootstrap: str, topic: str) -> No
 def test_aborted_transactions_of_unchanged_clients_end_aborted(
         libmsgaudit: Path, java_txn_producer: list[str], kafka_bootstrap: str, spark: Any, tmp_path: Path,
         make_config: Any) -> None:
-    from audit.serving.report_store import ReportStore
-    from spark_jobs.pipeline.steps import StepRange, run_step
 
     topic = new_topic(kafka_bootstrap, partitions=2)
     cfg = make_config(tmp_path, topics={topic: {"window": "1d", "grace": "1m"}})
@@ -87,15 +85,7 @@ def test_aborted_transactions_of_unchanged_clients_end_aborted(
     flushed_aborted = sorted(in_log_aborted)
     end = start + timedelta(days=1)
     as_of = datetime.now(UTC) + timedelta(minutes=2)
-    run_step(spark, cfg, "ingest", StepRange())
-    run_step(spark, cfg, "capture", StepRange(start, end, (topic,)))
-    run_step(spark, cfg, "reconcile", StepRange(start, end, (topic,), as_of))
-    store = ReportStore(cfg.report_store)
-    try:
-        anomalies = store.read("audit_anomalies", topic=topic)
-        report = store.read("audit_partition_report", topic=topic)
-    finally:
-        store.close()
+    anomalies, report = audit_topic(spark, cfg, topic, start, end, as_of)
     # the sent records of the aborted transactions are in the log uncommitted: `aborted`
     assert Counter(a["anomaly"] for a in anomalies) == {"aborted": len(flushed_aborted)}
     assert sorted((a["partition"], a["offset"]) for a in anomalies) == flushed_aborted

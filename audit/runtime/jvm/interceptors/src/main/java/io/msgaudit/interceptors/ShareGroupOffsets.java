@@ -127,21 +127,11 @@ public final class ShareGroupOffsets {
         throw new IllegalStateException("no start offset in " + info.getClass().getName());
     }
 
-    private static String describe(Throwable t) {
-        return t.getClass().getSimpleName() + ": " + t.getMessage();
+    private static String quote(String s) {
+        return AuditProducerInterceptor.Json.quote(s);
     }
 
-    static String quote(String s) {
-        StringBuilder b = new StringBuilder("\"");
-        for (char c : s.toCharArray()) {
-            if (c == '"' || c == '\\') {
-                b.append('\\').append(c);
-            } else if (c < 0x20) {
-                b.append(String.format("\\u%04x", (int) c));
-            } else {
-                b.append(c);
-            }
-        }
-        return b.append('"').toString();
+    private static String describe(Throwable t) {
+        return t.getClass().getSimpleName() + ": " + t.getMessage();
     }
 }
