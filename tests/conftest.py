@@ -26,6 +26,19 @@ settings.register_profile("soak", max_examples=20_000, deadline=None,
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# The files that take minutes, longest first (the suite's --durations). `./dev test` hands files to its
+# worker processes in collection order (--no-loadscope-reorder), so these start first and the short
+# files fill in around them instead of one long file starting last.
+LONG_FILES = ("test_dags.py", "test_lab_scenarios.py", "test_cluster.py", "test_capture.py", "test_lab_share.py",
+              "test_connect_lab.py", "test_lab_mirror.py", "test_object_store.py", "test_trace.py",
+              "test_reconcile_property.py", "test_secured.py", "test_architecture.py", "test_fleet.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node KRaft broker on a free loopback port, from the cached jars."""

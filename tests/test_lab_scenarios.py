@@ -6,9 +6,11 @@ Two checks per scenario: (1) the ground truth is what the scenario was designed 
 fault really happened and the equality below cannot pass vacuously), (2) the audit's rows for the
 scenario's topics == that ground truth, as multisets of (stage, anomaly, partition, pid, seq, offset).
 
-All single-broker scenarios share one broker behind the fault proxy and one audit run (the JVMs
-are the expensive part), the MirrorMaker 2 ones too (with a second local cluster as the mirror's
-target); `lost_acked` runs on its own local 3-node cluster.
+The single-broker scenarios run in three groups, each on one broker behind the fault proxy with
+one audit run (the JVMs are the expensive part): the producer and consumer ones here, the
+MirrorMaker 2 ones (tests/test_lab_mirror.py, with a second local cluster as the mirror's target)
+and the share-group ones (tests/test_lab_share.py), so the test workers run the groups side by
+side. `lost_acked` runs on its own local 3-node cluster.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from audit.core.errors import InputError
 from audit.lab import demo
 from audit.lab.env import LocalCluster, ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
-from audit.lab.scenarios import CONNECT_SCENARIOS, PROXY_SCENARIOS, SCENARIOS
+from audit.lab.scenarios import CONNECT_SCENARIOS, MIRROR_SCENARIOS, PROXY_SCENARIOS, SCENARIOS
+from audit.lab.share import SHARE_SCENARIOS
 from audit.lab.truth import Truth, compare
 
 # What each scenario is designed to cause: anomaly -> rows.
@@ -67,13 +70,22 @@ def _config(work: Any) -> config_mod.Config:
     return config_mod.from_dict({"home": str(work / ".msgaudit")}, source="<lab test>", base=work)
 
 
+CORE_SCENARIOS = tuple(n for n in PROXY_SCENARIOS if n not in MIRROR_SCENARIOS and n not in SHARE_SCENARIOS)
+
+
+def proxied_run(tmp_path_factory: pytest.TempPathFactory, spark: Any, names: tuple[str, ...], *,
+                sink_url: str | None = None) -> Iterator[LabResult]:
+    """`names` on one broker behind the fault proxy, audited in one run."""
+    work = tmp_path_factory.mktemp("lab")
+    with ProxiedBroker(work / "kafka") as lab:
+        yield run_scenarios(names, lab, _config(work), work, lambda: spark, sink_url=sink_url)
+
+
 @pytest.fixture(scope="module")
 def proxied_result(tmp_path_factory: pytest.TempPathFactory, spark: Any, pg_url: str) -> Iterator[LabResult]:
     """exactly_once_sink writes to the real PostgreSQL (its kill matrix: rows, offsets and
     consumption rows in one PostgreSQL transaction)."""
-    work = tmp_path_factory.mktemp("lab")
-    with ProxiedBroker(work / "kafka") as lab:
-        yield run_scenarios(PROXY_SCENARIOS, lab, _config(work), work, lambda: spark, sink_url=pg_url)
+    yield from proxied_run(tmp_path_factory, spark, CORE_SCENARIOS, sink_url=pg_url)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +111,7 @@ def _check(result: LabResult, name: str, designed: Mapping[str, dict[str, int] |
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.postgres
-@pytest.mark.parametrize("name", PROXY_SCENARIOS)
+@pytest.mark.parametrize("name", CORE_SCENARIOS)
 def test_audit_reports_exactly_the_ground_truth(proxied_result: LabResult, name: str) -> None:
     _check(proxied_result, name)
 
@@ -233,37 +245,3 @@ def test_exactly_once_killed_just_after_the_commit_is_delivered_by_rows_committe
     group_rows = [r for r in proxied_result.report if r["topic"] == topic and r["stage"].startswith("group:")]
     assert (sum(r["expected"] for r in group_rows), sum(r["delivered"] for r in group_rows)) == (messages, messages)
     assert sum(r["lost"] + r["duplicated"] + r["pending"] for r in group_rows) == 0
-
-
-# -- MirrorMaker 2: on the shared broker, a second local cluster as the target -------------------
-
-
-@pytest.mark.e2e
-@pytest.mark.kafka
-@pytest.mark.spark
-@pytest.mark.postgres
-def test_mirror_stage_report_counts_follow_the_faults(proxied_result: LabResult) -> None:
-    """The mirror stage is in the report like the others: 20 messages expected per topic, the
-    re-copied ones duplicated, the ones deleted during MM2's outage (at the source, or on the target
-    by its retention) lost, a latency for what arrived."""
-    runs = {r.name: r for r in proxied_result.runs}
-    (kill_topic,) = runs["mirror_kill"].topics
-    (ret_topic,) = runs["mirror_retention"].topics
-    (tret_topic,) = runs["mirror_target_retention"].topics
-    (fo_topic,) = runs["mirror_failover"].topics
-    mirror_rows = [r for r in proxied_result.report if r["stage"] == "mirror:dr"]
-    keys = ("expected", "delivered", "lost", "duplicated", "reordered")
-    topics = (kill_topic, ret_topic, tret_topic, fo_topic)
-    totals = {t: [sum(int(r[k]) for r in mirror_rows if r["topic"] == t) for k in keys] for t in topics}
-    assert totals == {kill_topic: [20, 20, 0, 10, 0], ret_topic: [20, 10, 10, 0, 0], tret_topic: [20, 10, 10, 0, 0],
-                      fo_topic: [20, 20, 0, 0, 0]}
-    assert {r["topic"] for r in mirror_rows} == set(topics)
-    # LogAppendTime copies: the target's append time; the CreateTime copy of mirror_target_retention
-    # carries the source's timestamp, so its latency is only the producer's clock rounding (ms)
-    assert all(r["latency_p50_ms"] is not None and r["latency_p50_ms"] > 0
-               for r in mirror_rows if r["delivered"] and r["topic"] != tret_topic)
-    tret_rows = [r for r in mirror_rows if r["delivered"] and r["topic"] == tret_topic]
-    assert tret_rows and all(r["latency_p50_ms"] is not None and abs(r["latency_p50_ms"]) < 1000 for r in tret_rows)
-    # the failed-over group: every record delivered (10 on the source, the rest on the target), 9 twice
-    fo_group = [r for r in proxied_result.report if r["topic"] == fo_topic and r["stage"].startswith("group:")]
-    assert [sum(int(r[k]) for r in fo_group) for k in keys] == [20, 20, 0, 9, 0]
