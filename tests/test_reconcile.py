@@ -86,6 +86,31 @@ def test_only_failed_outcomes_are_pending_then_retry_overdue_in_spark(spark: Any
 
 
 @pytest.mark.spark
+def test_a_reordering_across_a_chunk_cut_is_found_by_settling_both_chunks_again(spark: Any) -> None:
+    """Eight messages of one pid cut into two chunks at seq 4; seq 2 and seq 5 swapped places in the
+    log (offsets 5 and 2), so each chunk's offsets reach into the other's. Only then do the two
+    chunks settle again for their part of the log order (its own Spark job): seqs 3, 4 and 2, each
+    below seq 5 at a lower offset, are `reordered_in_log`, as the oracle says."""
+    from spark_jobs.reconcile import classify_window
+    from tests.reconcile_cases import window_inputs
+
+    h = History()
+    h.captured(0, 0, 100, at(70), group_committed=100)
+    for seq in range(8):
+        h.clean("p", seq, 0, {2: 5, 5: 2}.get(seq, seq), at(5 + seq))
+    tc = topic_config()
+    before = set(job_descriptions(spark))
+    c = classify_window(spark, window_inputs(spark, h.inputs(), tc), tc, T0, AS_OF_FINAL, engine="spark", chunks=2)
+    anomalies = sorted_anomalies(r.asDict() for r in c.anomalies.collect())
+    assert [a for a in brief(anomalies) if a[1] == "reordered_in_log"] == [
+        ("log", "reordered_in_log", 0, "p", 2, 5), ("log", "reordered_in_log", 0, "p", 3, 3),
+        ("log", "reordered_in_log", 0, "p", 4, 4)]
+    assert anomalies == sorted_anomalies(oracle_reconcile(tc, T0, AS_OF_FINAL, h.inputs()).anomalies)
+    steps = [ours(d).rsplit(": ", 1)[-1] for i, d in job_descriptions(spark).items() if i not in before]
+    assert "log order across cuts" in steps and "settled in 2 tasks" in steps
+
+
+@pytest.mark.spark
 def test_only_offsets_a_capture_read_can_be_lost(spark: Any) -> None:
     """An acked offset inside [log start, high watermark) that no capture read (it was past the
     last stable offset, or outside the planned time range) stays pending, never lost_acked."""

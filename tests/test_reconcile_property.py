@@ -456,6 +456,30 @@ def test_the_checks_that_need_neighbours_equal_the_oracle(
 
 
 @pytest.mark.unit
+def test_only_the_chunks_whose_offsets_reach_into_another_are_looked_at_again() -> None:
+    """`neighbours.crossing`: in partition 0, chunk 0 holds offset 6 above chunk 1's lowest (3), so
+    both are named; chunk 2's offsets (8, 9) lie above every earlier chunk's and partition 1 is in
+    order, so neither adds a chunk. In order across every cut, none is."""
+    import pyarrow as pa
+
+    from audit.oracle import Narrow
+    from audit.rules import neighbours
+    from audit.rules.kernel import _narrow_of
+
+    def chunk(k: int, offsets: list[int], part: int = 0) -> pa.Table:
+        return _narrow_of([Narrow("p", 10 * k + i, True, part, off, None, T0, True) for i, off in enumerate(offsets)])
+
+    def named(*chunks: pa.Table) -> list[int]:
+        return neighbours.crossing(pa.concat_tables([neighbours.bounds(c, k) for k, c in enumerate(chunks)]))
+
+    assert named(chunk(0, [0, 1, 2, 6]), chunk(1, [3, 4, 5, 7]), chunk(2, [8, 9])) == [0, 1]
+    assert named(chunk(0, [0, 1, 2]), pa.concat_tables([chunk(1, [3, 4]), chunk(1, [0, 1], part=1)]),
+                 chunk(2, [5, 6])) == []
+    assert named(chunk(0, [0, 1]), chunk(1, [2, 3]), chunk(2, [9, 4])) == []  # within one chunk: its own part
+    assert named(chunk(0, [0, 5]), chunk(1, [2, 3]), chunk(2, [9, 4])) == [0, 1, 2]
+
+
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["g1", "g2"]), st.integers(0, 2), st.integers(0, 6), st.integers(0, 5),
                           st.integers(0, 3), st.sampled_from(["c1", "c2"])), max_size=40),

@@ -144,7 +144,8 @@ def gaps(narrow: pa.Table) -> list[tuple[str, int, int]]:
 # ---------------------------------------------------------------------------- a window in chunks
 # A window cut into chunks by seq range (chunk k's seqs all below chunk k + 1's, for every pid) has
 # its log order and gaps found chunk by chunk: each chunk alone, plus what crosses the cuts, from
-# each chunk's bounds (`bounds`) and the few rows they point at (`log_order_part`).
+# each chunk's bounds (`bounds`) and the few rows they point at (`log_order_part`), in the few chunks
+# whose offsets reach into another's (`crossing`).
 BOUNDS = pa.schema([("chunk", pa.int64()), ("pid", pa.string()), ("partition", pa.int64()), ("lo", pa.int64()),
                     ("hi", pa.int64()), ("win", pa.bool_())])
 _FAR = 2**62
@@ -267,19 +268,36 @@ def log_order_across(flagged: pa.Table, stairs: pa.Table) -> list[tuple[str, int
     return out
 
 
+def crossing(every: pa.Table) -> list[int]:
+    """The chunks (from all chunks' bounds) whose log order reaches into another chunk: some (pid,
+    partition) of theirs has an offset above a later chunk's lowest or below an earlier chunk's
+    highest. Only these need `log_order_part` with their `around` rows: every other chunk's own part
+    (`log_order_part` with no `around` rows) is already the whole of it."""
+    rows = every.filter(pc.greater_equal(every["partition"], 0))
+    if not rows.num_rows:
+        return []
+    near = around(every).join(rows.select(["chunk", "pid", "partition", "lo", "hi"]), ["chunk", "pid", "partition"])
+    lo, hi = ints(near["lo"]), ints(near["hi"])
+    after, before = ints(near["after"], _FAR), ints(near["before"], -1)
+    return sorted(set(ints(near["chunk"])[(hi > after) | (lo < before)].tolist()))
+
+
 def in_chunks(narrows: list[pa.Table]) -> tuple[list[Any], list[Any]]:
     """`log_order` and `gaps` of a window given as its chunks' narrow rows (chunk k's seqs below chunk
-    k + 1's), each chunk looked at alone as a Spark task does, then what crosses the cuts."""
-    every = pa.concat_tables([bounds(nr, k) for k, nr in enumerate(narrows)]) if narrows else BOUNDS.empty_table()
-    near = around(every)
-    flagged, stairs, found_gaps = [], [], gaps_across(every)
-    for k, nr in enumerate(narrows):
-        f, s = log_order_part(nr, near.filter(pc.equal(near["chunk"], k)))
-        flagged.append(f.append_column("chunk", pa.array(np.full(f.num_rows, k, np.int64))))
-        stairs.append(s.append_column("chunk", pa.array(np.full(s.num_rows, k, np.int64))))
-        found_gaps += gaps(nr)
+    k + 1's), as the Spark tasks find them: each chunk's gaps and own log order alone, then what
+    crosses the cuts from every chunk's bounds, the chunks `crossing` names looked at again with their
+    `around` rows."""
     if not narrows:
         return [], []
+    every = pa.concat_tables([bounds(nr, k) for k, nr in enumerate(narrows)])
+    none = around(BOUNDS.empty_table())
+    parts = [log_order_part(nr, none) for nr in narrows]
+    near = around(every)
+    for k in crossing(every):
+        parts[k] = log_order_part(narrows[k], near.filter(pc.equal(near["chunk"], k)))
+    flagged = [f.append_column("chunk", pa.array(np.full(f.num_rows, k, np.int64))) for k, (f, _) in enumerate(parts)]
+    stairs = [s.append_column("chunk", pa.array(np.full(s.num_rows, k, np.int64))) for k, (_, s) in enumerate(parts)]
+    found_gaps = gaps_across(every) + [g for nr in narrows for g in gaps(nr)]
     return log_order_across(pa.concat_tables(flagged), pa.concat_tables(stairs)), found_gaps
 
 

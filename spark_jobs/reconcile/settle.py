@@ -21,16 +21,18 @@ into chunks, one Spark task each:
    offsets, the consumer interceptor's `committed` rows), and writes `OUT` rows: anomalies,
    counts, latency histograms and one narrow row per message;
 3. the log order and the gaps are found chunk by chunk, since a chunk holds a range of every pid's
-   seqs: each task emits its chunk's bounds (per pid and partition: lowest and highest offset; per
-   pid: lowest and highest present seq), which the driver collects; the gaps across cuts come from
-   the bounds alone, and a map pass over each chunk's narrow rows (no shuffle) finds its gaps, its
-   flagged originals and the rows an earlier chunk's flagged ones may find before them
-   (`neighbours.log_order_part`), which the driver joins (`neighbours.log_order_across`). Content
-   duplicates are one pass over the originals with a fingerprint, each task a bucket of its first
-   hash. The narrow rows travel packed as Arrow IPC, a few blobs per chunk and bucket: Spark moves
-   and keeps bytes, not a row per message. A `failed_send` row whose send's fingerprint is known
-   carries its hashes; the content pass hands back the latest original of each such fingerprint,
-   and a resend at or after the failed send takes the row back;
+   seqs: each task finds its chunk's gaps and the originals its own rows flag
+   (`neighbours.log_order_part`), and emits its bounds (per pid and partition: lowest and highest
+   offset; per pid: lowest and highest present seq), which the driver collects. The gaps across
+   cuts come from the bounds alone. Only a chunk whose offsets reach into another's
+   (`neighbours.crossing`: a reordering across a cut, rare) has more to find: such chunks are
+   settled again, given the others' bounds, for their flagged originals and the rows an earlier
+   chunk's flagged ones may find before them, and the driver joins them
+   (`neighbours.log_order_across`). Content duplicates are one pass over the originals with a
+   fingerprint, each task a bucket of its first hash; those rows travel packed as Arrow IPC, a few
+   blobs per chunk and bucket: Spark moves and keeps bytes, not a row per message. A `failed_send`
+   row whose send's fingerprint is known carries its hashes; the content pass hands back the latest
+   original of each such fingerprint, and a resend at or after the failed send takes the row back;
 4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
    latency), and assembles each topic's report (`kernel.result`).
 
@@ -110,14 +112,12 @@ _OUT_ARROW = pa.schema([
 # chunk); in several chunks also a chunk's bounds (`neighbours.BOUNDS`: `n` the chunk, `lo`, `hi`,
 # `win`), and its part of the log order: a flagged original (`hi`: its chunk's highest seq before
 # it) or a row at an offset an earlier chunk passed (`neighbours.log_order_part`); and, packed as
-# Arrow IPC in `blob` (Spark moves bytes, not cells), a chunk's narrow rows for its part of the log
-# order and gaps (`n`: the chunk) and its originals with a fingerprint for the content pass (`n`:
-# their bucket of fingerprint hashes); the content pass hands back the latest produce time of each
-# fingerprint a failed send carries (`fp1`, `fp2`, `pt`)
+# Arrow IPC in `blob` (Spark moves bytes, not cells), its originals with a fingerprint for the
+# content pass (`n`: their bucket of fingerprint hashes); the content pass hands back the latest
+# produce time of each fingerprint a failed send carries (`fp1`, `fp2`, `pt`)
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
-BOUND, FLAGGED, STAIR, CHUNK_ROWS, BY_CONTENT, LATEST = "B", "F", "S", "M", "H", "R"
+BOUND, FLAGGED, STAIR, BY_CONTENT, LATEST = "B", "F", "S", "H", "R"
 _BLOB_ROWS = 65536  # narrow rows per blob: a chunk's come in several
-_CHUNK_COLUMNS = ("topic", "pid", "seq", "present", "partition", "offset", "win")
 _CONTENT_COLUMNS = ("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
 
 
@@ -575,32 +575,47 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
 
     b = max(n, 1)  # the content pass's tasks: each a bucket of fingerprint hashes
 
-    def settle(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        got = _whole(batches)
-        if got is None:
-            return
-        is_marker = pc.equal(got["_tag"], _MARKER)
-        k = int(got.filter(is_marker)["_chunk"][0].as_py())
-        parts = _parts(got.filter(pc.invert(is_marker)))
-        for key, ft in files.items():
-            read = read_files(ft, chunks, k)
-            if key == "consumed" and small.commits is not None:  # every task is given these (`Small.commits`)
-                read = read.filter(pc.invert(pc.fill_null(pc.and_(pc.equal(read["outcome"], COMMITTED),
-                                                                   pc.is_null(read["cluster"])), False)))
-            elif key.startswith("sink:"):
-                read = read.append_column("sink", pa.array([key[len("sink:"):]] * read.num_rows, pa.string()))
-            parts.setdefault(key.split(":")[0], []).append(read)
-        out = _settle_parts(parts, topics, ws, as_of, small, flagged)
-        if len(keys) == 1:
-            yield from _with_neighbours(out, ws, as_of).to_batches()
-            return
-        is_narrow = pc.equal(out["kind"], NARROW)
-        narrow = out.filter(is_narrow)
-        held = narrow.filter(pc.and_(pc.greater_equal(narrow["partition"], 0), pc.is_valid(narrow["fp1"])))
-        bucket = np.mod(ints(held["fp1"]), b)
-        yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _bounds(narrow, k),
-                                     _blobs(narrow.select(list(_CHUNK_COLUMNS)), CHUNK_ROWS, np.full(narrow.num_rows, k)),
-                                     _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]).to_batches()
+    def settler(again: dict[str, pa.Table] | None = None) -> Any:
+        """The settling tasks' function; with `again` (each topic's `neighbours.around` rows of the
+        chunks `neighbours.crossing` names), those chunks settled again for their part of the log order
+        with those rows (FLAGGED and STAIR rows only), every other task ending before it reads a row."""
+        again_chunks = set() if again is None else {int(c) for t in again.values() for c in ints(t["chunk"])}
+
+        def settle(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            got = _whole(batches)
+            if got is None:
+                return
+            is_marker = pc.equal(got["_tag"], _MARKER)
+            k = int(got.filter(is_marker)["_chunk"][0].as_py())
+            if again is not None and k not in again_chunks:
+                return
+            parts = _parts(got.filter(pc.invert(is_marker)))
+            for key, ft in files.items():
+                read = read_files(ft, chunks, k)
+                if key == "consumed" and small.commits is not None:  # every task is given these (`Small.commits`)
+                    read = read.filter(pc.invert(pc.fill_null(pc.and_(pc.equal(read["outcome"], COMMITTED),
+                                                                       pc.is_null(read["cluster"])), False)))
+                elif key.startswith("sink:"):
+                    read = read.append_column("sink", pa.array([key[len("sink:"):]] * read.num_rows, pa.string()))
+                parts.setdefault(key.split(":")[0], []).append(read)
+            out = _settle_parts(parts, topics, ws, as_of, small, flagged)
+            if len(keys) == 1:
+                yield from _with_neighbours(out, ws, as_of).to_batches()
+                return
+            is_narrow = pc.equal(out["kind"], NARROW)
+            narrow = out.filter(is_narrow)
+            if again is not None:
+                yield from _chunk_part(narrow, k, again, ws, as_of).to_batches()
+                return
+            held = narrow.filter(pc.and_(pc.greater_equal(narrow["partition"], 0), pc.is_valid(narrow["fp1"])))
+            bucket = np.mod(ints(held["fp1"]), b)
+            yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _bounds(narrow, k),
+                                         _chunk_part(narrow, k, None, ws, as_of),
+                                         _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]).to_batches()
+
+        return settle
+
+    settle = settler()
 
     settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT)
     if len(keys) == 1:  # one task settled the batch whole, the checks that need neighbours too
@@ -614,25 +629,30 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         # anomaly rows (a failed send a resend may take back among them), the counts and latencies
         latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
                      .agg(F.sum("n").alias("n")))
-        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED, BOUND))
+        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED, BOUND, FLAGGED))
         columns = [c for c in OUT.names if c != "blob"]
+        schema = pa.schema([_OUT_ARROW.field(c) for c in columns])
         with described(spark, f"{label}: gathered"):
-            gathered = rest.unionByName(latencies, allowMissingColumns=True).select(*columns).toArrow()
-        gathered = _full(gathered.cast(pa.schema([_OUT_ARROW.field(c) for c in columns])))
-        # the log order and the gaps: each chunk's own, from its narrow rows (no shuffle), and what
-        # crosses the cuts, from every chunk's bounds (a few rows per pid and chunk)
-        near = {t: neighbours.around(_bounds_of(gathered, t)) for t in pc.unique(
+            gathered = _full(rest.unionByName(latencies, allowMissingColumns=True).select(*columns).toArrow().cast(schema))
+        # the log order and the gaps: each chunk found its own; what crosses the cuts comes from every
+        # chunk's bounds (a few rows per pid and chunk), and the chunks whose offsets reach into
+        # another's are settled again for their part of the log order, given the others' bounds
+        every = {t: _bounds_of(gathered, t) for t in pc.unique(
             gathered.filter(pc.equal(gathered["kind"], BOUND))["topic"]).to_pylist()}
-        across = _out_anomalies({t: neighbours.gaps_across(_bounds_of(gathered, t)) for t in near}, ws, as_of, "gaps")
+        across = _out_anomalies({t: neighbours.gaps_across(b) for t, b in every.items()}, ws, as_of, "gaps")
+        crossing = {t: neighbours.crossing(b) for t, b in every.items()}
+        again_chunks = sorted({k for ks in crossing.values() for k in ks})
+        if again_chunks:
+            near = {t: neighbours.around(b) for t, b in every.items()}
+            again = {t: a.filter(pc.is_in(a["chunk"], value_set=pa.array(again_chunks, pa.int64())))
+                     for t, a in near.items()}
+            with described(spark, f"{label}: log order across cuts"):
+                parts = rows.repartition(len(keys), "_key").mapInArrow(settler(again), OUT) \
+                    .select(*columns).toArrow().cast(schema)
+            own = pc.and_(pc.equal(gathered["kind"], FLAGGED), pc.is_in(gathered["n"], pa.array(again_chunks, pa.int64())))
+            gathered = pa.concat_tables([gathered.filter(pc.invert(own)), _full(parts)])
         can = gathered.filter(pa.array(_resendable(gathered)))
         wanted = can.select(["topic", "fp1", "fp2"])
-
-        def part(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            got = _whole(batches)
-            if got is not None:
-                for k in pc.unique(got["n"]).to_pylist():
-                    one = _unblobbed(got.filter(pc.equal(got["n"], k)))
-                    yield from _chunk_part(one, k, near, ws, as_of).to_batches()
 
         def content(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             got = _whole(batches)
@@ -641,12 +661,10 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                 yield from neighbour_rows(held, ws, as_of, "content").to_batches()
                 yield from _latest(held, wanted).to_batches()
 
-        blobs = settled.select("kind", "n", "blob")
-        by_chunk = blobs.where(F.col("kind") == CHUNK_ROWS).mapInArrow(part, OUT)
-        by_content = blobs.where(F.col("kind") == BY_CONTENT).repartition(b, "n").mapInArrow(content, OUT)
+        by_content = settled.select("kind", "n", "blob").where(F.col("kind") == BY_CONTENT) \
+            .repartition(b, "n").mapInArrow(content, OUT)
         with described(spark, f"{label}: checks that need neighbours"):
-            found = _full(by_chunk.unionByName(by_content).select(*columns).toArrow()
-                          .cast(pa.schema([_OUT_ARROW.field(c) for c in columns])))
+            found = _full(by_content.select(*columns).toArrow().cast(schema))
         if can.num_rows:  # a failed send resent at or after it is taken back
             latest = found.filter(pc.equal(found["kind"], LATEST))
             gathered = _without_resent(gathered, {
@@ -729,24 +747,28 @@ def _latest(held: pa.Table, wanted: pa.Table) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def _chunk_part(narrow: pa.Table, k: int, near: dict[str, pa.Table], ws: datetime, as_of: datetime) -> pa.Table:
-    """Chunk k's part of the log order and gaps (a task over its narrow rows): the gaps within it as
-    anomaly rows, its flagged originals and the rows an earlier chunk may find before them
-    (`neighbours.log_order_part`) as FLAGGED and STAIR rows."""
+def _chunk_part(narrow: pa.Table, k: int, again: dict[str, pa.Table] | None, ws: datetime,
+                as_of: datetime) -> pa.Table:
+    """Chunk k's part of the log order and gaps, over its narrow rows: without `again`, the gaps
+    within it as anomaly rows and the originals its own rows flag (`neighbours.log_order_part` with no
+    `around` rows) as FLAGGED rows; with `again` (each topic's `neighbours.around` rows), its flagged
+    originals and the rows an earlier chunk's flagged ones may find before them, as FLAGGED and STAIR
+    rows."""
     parts = []
+    none = neighbours.around(neighbours.BOUNDS.empty_table())
     for topic in pc.unique(narrow["topic"]).to_pylist():
         rows = narrow.filter(pc.equal(narrow["topic"], topic))
-        parts.append(_out_anomalies({topic: neighbours.gaps(rows)}, ws, as_of, "gaps"))
-        t_near = near.get(topic)
+        if again is None:
+            parts.append(_out_anomalies({topic: neighbours.gaps(rows)}, ws, as_of, "gaps"))
+        near = again.get(topic) if again is not None else None
         flagged, stairs = neighbours.log_order_part(
-            rows, t_near.filter(pc.equal(t_near["chunk"], k)) if t_near is not None else neighbours.around(
-                neighbours.BOUNDS.empty_table()))
+            rows, near.filter(pc.equal(near["chunk"], k)) if near is not None else none)
         for kind, t in ((FLAGGED, flagged), (STAIR, stairs)):
             parts.append(_full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
                                          "kind": pa.array([kind] * t.num_rows, pa.string()),
                                          "n": pa.array(np.full(t.num_rows, k, np.int64)), "hi": t["high"],
                                          **{c: t[c] for c in ("pid", "seq", "partition", "offset")}})))
-    return pa.concat_tables(parts)
+    return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
 
 
 def _log_order_across(gathered: pa.Table, ws: datetime, as_of: datetime) -> pa.Table:
