@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -128,6 +128,28 @@ def described(spark: SparkSession, text: str) -> Iterator[None]:
         yield
     finally:
         sc.setLocalProperty("spark.job.description", before)  # type: ignore[arg-type]  # None removes it
+
+
+def side_by_side(spark: SparkSession, *steps: tuple[str, Callable[[], Any]]) -> list[Any]:
+    """Runs each step (the name of its Spark jobs, `described`; what it does) in a thread of its own,
+    so Spark runs their jobs side by side, and returns their results in order (the first failure is
+    raised). For the small jobs of a window, each mostly the driver planning and waiting on a round
+    trip: together they take about the time of the longest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark.util import inheritable_thread_target
+
+    def named(text: str, step: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with described(spark, text):
+                return step()
+        return inheritable_thread_target(spark)(run)
+
+    if len(steps) == 1:
+        return [named(*steps[0])()]
+    with ThreadPoolExecutor(max_workers=len(steps), thread_name_prefix="msgaudit-step") as pool:
+        running = [pool.submit(named(text, step)) for text, step in steps]
+        return [r.result() for r in running]
 
 
 def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: StructType | str) -> DataFrame:

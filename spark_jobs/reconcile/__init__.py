@@ -31,7 +31,7 @@ from audit.core.failover import ignored_rows_lines
 from audit.core.windows import run_id_for, windows
 from audit.oracle import OracleResult
 from spark_jobs.io.lake import kept_rows
-from spark_jobs.io.session import described, local_frame
+from spark_jobs.io.session import described, local_frame, side_by_side
 from spark_jobs.reconcile import settle
 from spark_jobs.reconcile.plan import DRIVER_ROWS, MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, job_label
 from spark_jobs.reconcile.publish import write_outputs, write_window_outputs
@@ -123,18 +123,17 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
     label = job_label(shape, ws)
     seen = visible(inputs, shape, ws)
     rows = settle.tiers(seen)
-    collected, count = None, None
-    with described(spark, f"{label}: inputs counted / collected"):
+
+    def counted() -> tuple[Any, int | None]:
         if engine == "driver":
-            collected = rows.toArrow()
-        elif engine == "spark" or chunks is not None:
+            return rows.toArrow(), None
+        if engine == "spark" or chunks is not None:
             count = kept_rows(rows)  # from the files' footers, where they tell
-            if count is None:
-                count = count_rows(rows)
-        else:
-            collected, count = collect_within(rows, DRIVER_ROWS)
-    with described(spark, f"{label}: lookups"):
-        small = settle.small_inputs(seen)
+            return None, count if count is not None else count_rows(rows)
+        return collect_within(rows, DRIVER_ROWS)
+
+    (collected, count), small = side_by_side(spark, (f"{label}: inputs counted / collected", counted),
+                                             (f"{label}: lookups", lambda: settle.small_inputs(spark, seen)))
     if collected is not None:
         results = settle.in_driver(collected, shape, ws, as_of, small)
     else:

@@ -71,7 +71,7 @@ from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
 from audit.rules.columns import bools, ints, row_maker, values
-from spark_jobs.io.session import described, local_frame
+from spark_jobs.io.session import described, local_frame, side_by_side
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
     CONSTANTS,
@@ -150,11 +150,13 @@ def _rows_of(df: DataFrame | None, cls: type) -> list[Any]:
     return [make(*v) for v in zip(*(values(table.column(c)) for c in table.column_names), strict=True)]
 
 
-def small_inputs(vis: WindowInputs) -> Small:
-    return Small(_rows_of(vis.watermarks, oracle.Watermark), _rows_of(vis.group_offsets, oracle.GroupOffset),
-                 _rows_of(vis.mirror_watermarks, oracle.MirrorWatermark),
-                 _rows_of(vis.mirror_group_offsets, oracle.MirrorGroupOffset),
-                 _rows_of(vis.share_offsets, oracle.ShareOffset))
+def small_inputs(spark: SparkSession, vis: WindowInputs) -> Small:
+    """The window's small inputs, each collected by its own Spark job, side by side."""
+    label = spark.sparkContext.getLocalProperty("spark.job.description") or "lookups"
+    frames = ((vis.watermarks, oracle.Watermark), (vis.group_offsets, oracle.GroupOffset),
+              (vis.mirror_watermarks, oracle.MirrorWatermark), (vis.mirror_group_offsets, oracle.MirrorGroupOffset),
+              (vis.share_offsets, oracle.ShareOffset))
+    return Small(*side_by_side(spark, *[(label, lambda df=df, cls=cls: _rows_of(df, cls)) for df, cls in frames]))
 
 
 def _parts(rows: pa.Table) -> dict[str, list[pa.Table]]:
@@ -528,11 +530,10 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     if consumed is not None and n > 1:  # one chunk holds every consumption row: its task orders them
         is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
         cols = [c for c in TIERS["consumed"][1] if c in consumed.columns]
-        with described(spark, f"{label}: committed offsets"):
-            small.commits = consumed.where(is_commit).select(*cols).toArrow()
-        consumed = consumed.where(~is_commit)
-        with described(spark, f"{label}: order of consumption"):
-            flagged = _flagged(spark, consumed, n, store)
+        commits, consumed = consumed.where(is_commit).select(*cols), consumed.where(~is_commit)
+        small.commits, flagged = side_by_side(
+            spark, (f"{label}: committed offsets", commits.toArrow),
+            (f"{label}: order of consumption", lambda: _flagged(spark, consumed, n, store)))
     cuts: list[int] = []
     keys = [0]  # one partition: any key
     if n > 1:
