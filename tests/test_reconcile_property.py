@@ -470,7 +470,7 @@ def test_only_the_chunks_whose_offsets_reach_into_another_are_looked_at_again() 
         return _narrow_of([Narrow("p", 10 * k + i, True, part, off, None, T0, True) for i, off in enumerate(offsets)])
 
     def named(*chunks: pa.Table) -> list[int]:
-        return neighbours.crossing(pa.concat_tables([neighbours.bounds(c, k) for k, c in enumerate(chunks)]))
+        return neighbours.crossing(pa.concat_tables([neighbours.alone(c, k)[0] for k, c in enumerate(chunks)]))
 
     assert named(chunk(0, [0, 1, 2, 6]), chunk(1, [3, 4, 5, 7]), chunk(2, [8, 9])) == [0, 1]
     assert named(chunk(0, [0, 1, 2]), pa.concat_tables([chunk(1, [3, 4]), chunk(1, [0, 1], part=1)]),

@@ -149,31 +149,53 @@ def gaps(narrow: pa.Table) -> list[tuple[str, int, int]]:
 BOUNDS = pa.schema([("chunk", pa.int64()), ("pid", pa.string()), ("partition", pa.int64()), ("lo", pa.int64()),
                     ("hi", pa.int64()), ("win", pa.bool_())])
 _FAR = 2**62
+FLAGGED = pa.schema([("pid", pa.string()), ("seq", pa.int64()), ("partition", pa.int64()), ("offset", pa.int64()),
+                     ("high", pa.int64())])
 
 
-def bounds(narrow: pa.Table, chunk: int) -> pa.Table:
-    """A chunk's bounds (BOUNDS): per (pid, partition) of its originals, the lowest and highest
-    offset; per pid of its present messages (partition -1), the lowest seq (and whether it is in the
-    window) and the highest."""
-    out = []
-    orig = narrow.filter(pc.greater_equal(narrow["partition"], 0))
-    if orig.num_rows:
-        g = orig.group_by(["pid", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
-        out.append(pa.table({"pid": g["pid"], "partition": g["partition"], "lo": g["offset_min"],
-                             "hi": g["offset_max"], "win": pa.nulls(g.num_rows, pa.bool_())}))
-    present = narrow.filter(narrow["present"])
-    if present.num_rows:
-        pid, names = _codes(present["pid"])
-        seq, win = ints(present["seq"]), bools(present["win"])
-        order = np.lexsort((seq, pid))
-        first = _firsts(pid[order])
+def alone(narrow: pa.Table, chunk: int) -> tuple[pa.Table, list[tuple[str, int, int]], pa.Table]:
+    """A chunk looked at alone, as its Spark task does, from one sort of its originals and one of its
+    present messages: its bounds (BOUNDS: per (pid, partition) of its originals, the lowest and
+    highest offset; per pid of its present messages (partition -1), the lowest seq (and whether it
+    is in the window) and the highest), its gaps (`gaps`) and the originals of the window its own
+    rows flag (FLAGGED: a seq below the highest before it in the chunk, `high`)."""
+    pid, names = _codes(narrow["pid"])
+    name = np.array([*names, None], dtype=object)  # a null pid (code -1) keeps its null
+    seq, part, off = ints(narrow["seq"]), ints(narrow["partition"]), ints(narrow["offset"])
+    win, present = bools(narrow["win"]), bools(narrow["present"])
+    cols: dict[str, list[Any]] = {c: [] for c in BOUNDS.names}
+    flagged = FLAGGED.empty_table()
+    at = np.flatnonzero(part >= 0)
+    if len(at):
+        order = at[np.lexsort((seq[at], off[at], pid[at], part[at]))]
+        first = _firsts(part[order], pid[order])
         last = np.append(first[1:], True)
-        out.append(pa.table({"pid": pa.array([names[c] for c in pid[order][first].tolist()], pa.string()),
-                             "partition": pa.array(np.full(int(first.sum()), -1, np.int64)),
-                             "lo": pa.array(seq[order][first]), "hi": pa.array(seq[order][last]),
-                             "win": pa.array(win[order][first])}))
-    t = pa.concat_tables([x.cast(BOUNDS.remove(0)) for x in out]) if out else BOUNDS.remove(0).empty_table()
-    return t.add_column(0, "chunk", pa.array(np.full(t.num_rows, chunk, np.int64)))
+        low = int(seq[order].min())
+        high = prev_max(np.cumsum(first) - 1, seq[order] - low) + low
+        late = (high >= low) & (seq[order] < high) & win[order]
+        rows = order[late]
+        flagged = pa.table({"pid": pa.array(name[pid[rows]], pa.string()), "seq": seq[rows], "partition": part[rows],
+                            "offset": off[rows], "high": high[late]}, schema=FLAGGED)
+        for col, v in (("pid", name[pid[order[first]]]), ("partition", part[order[first]]), ("lo", off[order[first]]),
+                       ("hi", off[order[last]]), ("win", np.full(int(first.sum()), None))):
+            cols[col].append(v)
+    found: list[tuple[str, int, int]] = []
+    at = np.flatnonzero(present)
+    if len(at):
+        order = at[np.lexsort((seq[at], pid[at]))]
+        who, seqs, wins = pid[order], seq[order], win[order]
+        first = _firsts(who)
+        last = np.append(first[1:], True)
+        gap = np.flatnonzero((who[1:] == who[:-1]) & (seqs[1:] - seqs[:-1] > 1) & wins[1:])
+        found = [(names[k], a, b) for k, a, b in zip(who[gap].tolist(), seqs[gap].tolist(), seqs[gap + 1].tolist(),
+                                                      strict=True)]
+        for col, v in (("pid", name[who[first]]), ("partition", np.full(int(first.sum()), -1)), ("lo", seqs[first]),
+                       ("hi", seqs[last]), ("win", wins[first])):
+            cols[col].append(v)
+    n = sum(len(v) for v in cols["pid"])
+    cols["chunk"] = [np.full(n, chunk, np.int64)]
+    return (pa.table({f.name: pa.array(np.concatenate(cols[f.name]) if cols[f.name] else [], f.type) for f in BOUNDS},
+                     schema=BOUNDS), found, flagged)
 
 
 def gaps_across(every: pa.Table) -> list[tuple[str, int, int]]:
@@ -211,10 +233,6 @@ def around(every: pa.Table) -> pa.Table:
     return pa.table({"chunk": taken["chunk"], "pid": taken["pid"], "partition": taken["partition"],
                      "after": pc.if_else(pa.array(after_r >= 0), pa.array(after_r), pa.scalar(None, pa.int64())),
                      "before": pc.if_else(pa.array(before >= 0), pa.array(before), pa.scalar(None, pa.int64()))})
-
-
-FLAGGED = pa.schema([("pid", pa.string()), ("seq", pa.int64()), ("partition", pa.int64()), ("offset", pa.int64()),
-                     ("high", pa.int64())])
 
 
 def log_order_part(narrow: pa.Table, near: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -289,15 +307,15 @@ def in_chunks(narrows: list[pa.Table]) -> tuple[list[Any], list[Any]]:
     `around` rows."""
     if not narrows:
         return [], []
-    every = pa.concat_tables([bounds(nr, k) for k, nr in enumerate(narrows)])
-    none = around(BOUNDS.empty_table())
-    parts = [log_order_part(nr, none) for nr in narrows]
+    seen = [alone(nr, k) for k, nr in enumerate(narrows)]
+    every = pa.concat_tables([b for b, _, _ in seen])
+    parts = [(f, FLAGGED.empty_table()) for _, _, f in seen]
     near = around(every)
     for k in crossing(every):
         parts[k] = log_order_part(narrows[k], near.filter(pc.equal(near["chunk"], k)))
     flagged = [f.append_column("chunk", pa.array(np.full(f.num_rows, k, np.int64))) for k, (f, _) in enumerate(parts)]
     stairs = [s.append_column("chunk", pa.array(np.full(s.num_rows, k, np.int64))) for k, (_, s) in enumerate(parts)]
-    found_gaps = gaps_across(every) + [g for nr in narrows for g in gaps(nr)]
+    found_gaps = gaps_across(every) + [g for _, found, _ in seen for g in found]
     return log_order_across(pa.concat_tables(flagged), pa.concat_tables(stairs)), found_gaps
 
 

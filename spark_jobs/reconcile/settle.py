@@ -606,12 +606,11 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             is_narrow = pc.equal(out["kind"], NARROW)
             narrow = out.filter(is_narrow)
             if again is not None:
-                yield from _chunk_part(narrow, k, again, ws, as_of).to_batches()
+                yield from _again(narrow, k, again).to_batches()
                 return
             held = narrow.filter(pc.and_(pc.greater_equal(narrow["partition"], 0), pc.is_valid(narrow["fp1"])))
             bucket = np.mod(ints(held["fp1"]), b)
-            yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _bounds(narrow, k),
-                                         _chunk_part(narrow, k, None, ws, as_of),
+            yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _alone(narrow, k, ws, as_of),
                                          _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]).to_batches()
 
         return settle
@@ -678,14 +677,16 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                    small)
 
 
-def _bounds(narrow: pa.Table, k: int) -> pa.Table:
-    """Chunk k's bounds (`neighbours.bounds`) of each topic, as OUT rows."""
+def _alone(narrow: pa.Table, k: int, ws: datetime, as_of: datetime) -> pa.Table:
+    """Chunk k looked at alone (`neighbours.alone`), each topic's: its bounds as BOUND rows, its gaps
+    as anomaly rows, the originals its own rows flag as FLAGGED rows."""
     parts = []
     for topic in pc.unique(narrow["topic"]).to_pylist():
-        b = neighbours.bounds(narrow.filter(pc.equal(narrow["topic"], topic)), k)
-        parts.append(_full(pa.table({"topic": pa.array([topic] * b.num_rows, pa.string()),
-                                     "kind": pa.array([BOUND] * b.num_rows, pa.string()), "n": b["chunk"],
-                                     **{c: b[c] for c in ("pid", "partition", "lo", "hi", "win")}})))
+        b, found, flagged = neighbours.alone(narrow.filter(pc.equal(narrow["topic"], topic)), k)
+        parts += [_full(pa.table({"topic": pa.array([topic] * b.num_rows, pa.string()),
+                                  "kind": pa.array([BOUND] * b.num_rows, pa.string()), "n": b["chunk"],
+                                  **{c: b[c] for c in ("pid", "partition", "lo", "hi", "win")}})),
+                  _out_anomalies({topic: found}, ws, as_of, "gaps"), _log_part(topic, k, FLAGGED, flagged)]
     return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
 
 
@@ -748,27 +749,25 @@ def _latest(held: pa.Table, wanted: pa.Table) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def _chunk_part(narrow: pa.Table, k: int, again: dict[str, pa.Table] | None, ws: datetime,
-                as_of: datetime) -> pa.Table:
-    """Chunk k's part of the log order and gaps, over its narrow rows: without `again`, the gaps
-    within it as anomaly rows and the originals its own rows flag (`neighbours.log_order_part` with no
-    `around` rows) as FLAGGED rows; with `again` (each topic's `neighbours.around` rows), its flagged
-    originals and the rows an earlier chunk's flagged ones may find before them, as FLAGGED and STAIR
-    rows."""
+def _log_part(topic: str, k: int, kind: str, t: pa.Table) -> pa.Table:
+    """Chunk k's rows of `neighbours.FLAGGED` of one topic as OUT rows of `kind` (FLAGGED, STAIR)."""
+    return _full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
+                           "kind": pa.array([kind] * t.num_rows, pa.string()),
+                           "n": pa.array(np.full(t.num_rows, k, np.int64)), "hi": t["high"],
+                           **{c: t[c] for c in ("pid", "seq", "partition", "offset")}}))
+
+
+def _again(narrow: pa.Table, k: int, again: dict[str, pa.Table]) -> pa.Table:
+    """Chunk k's part of the log order given the others' bounds (`again`: each topic's
+    `neighbours.around` rows): its flagged originals and the rows an earlier chunk's flagged ones may
+    find before them (`neighbours.log_order_part`), as FLAGGED and STAIR rows."""
     parts = []
     none = neighbours.around(neighbours.BOUNDS.empty_table())
     for topic in pc.unique(narrow["topic"]).to_pylist():
-        rows = narrow.filter(pc.equal(narrow["topic"], topic))
-        if again is None:
-            parts.append(_out_anomalies({topic: neighbours.gaps(rows)}, ws, as_of, "gaps"))
-        near = again.get(topic) if again is not None else None
-        flagged, stairs = neighbours.log_order_part(
-            rows, near.filter(pc.equal(near["chunk"], k)) if near is not None else none)
-        for kind, t in ((FLAGGED, flagged), (STAIR, stairs)):
-            parts.append(_full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
-                                         "kind": pa.array([kind] * t.num_rows, pa.string()),
-                                         "n": pa.array(np.full(t.num_rows, k, np.int64)), "hi": t["high"],
-                                         **{c: t[c] for c in ("pid", "seq", "partition", "offset")}})))
+        near = again.get(topic)
+        flagged, stairs = neighbours.log_order_part(narrow.filter(pc.equal(narrow["topic"], topic)),
+                                                    none if near is None else near.filter(pc.equal(near["chunk"], k)))
+        parts += [_log_part(topic, k, FLAGGED, flagged), _log_part(topic, k, STAIR, stairs)]
     return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
 
 
