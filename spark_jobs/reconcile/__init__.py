@@ -97,20 +97,23 @@ class Classified:
     empty: bool
     ignored: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, cluster) -> rows (§5.5)
     notes: list[str] = field(default_factory=list)
+    anomaly_rows: list[dict[str, Any]] = field(default_factory=list)  # `anomalies`' rows, as the driver holds them
 
 
 def _classified(spark: SparkSession, results: dict[str, OracleResult], shape: Shape) -> dict[str, Classified]:
     from spark_jobs.io.schemas import AUDIT_ANOMALIES
 
-    rows = [a for r in results.values() for a in r.anomalies]
-    frame = local_frame(spark, [tuple(a[f.name] for f in AUDIT_ANOMALIES.fields) for a in rows], AUDIT_ANOMALIES)
+    names = AUDIT_ANOMALIES.fieldNames()
+    rows = [{c: a[c] for c in names} for r in results.values() for a in r.anomalies]
+    frame = local_frame(spark, [tuple(a[c] for c in names) for a in rows], AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}
     for tc in shape.topics:
         r = results[tc.name]
         anomalies = frame.where(F.col("topic") == tc.name) if len(shape.topics) > 1 else frame
         empty = not any(row["expected"] for row in r.report) and not r.anomalies
         out[tc.name] = Classified(r.report, anomalies, len(r.anomalies), r.quarantined_ledger_rows, empty,
-                                  r.ignored_mirror_rows, ignored_rows_lines(tc, r.ignored_mirror_rows))
+                                  r.ignored_mirror_rows, ignored_rows_lines(tc, r.ignored_mirror_rows),
+                                  [a for a in rows if a["topic"] == tc.name])
     return out
 
 
@@ -168,7 +171,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             anomalies = next(iter(classified.values())).anomalies if len(shape.topics) == 1 else \
                 _all_anomalies(classified)
             with described(spark, f"{label}: published"):
-                write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies)
+                write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
+                                     [a for c in classified.values() for a in c.anomaly_rows])
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes)
             for t, c in classified.items()]

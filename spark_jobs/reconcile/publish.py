@@ -34,12 +34,12 @@ def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
 
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                          reports: Mapping[str, Sequence[Mapping[str, Any]]],
-                         anomalies: DataFrame) -> list[dict[str, Any]]:
+                         anomalies: DataFrame, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
     table for all of them) and the report store; returns the anomaly rows. `anomalies` holds the
-    rows of those topics only. The two Delta commits run side by side (each is mostly the driver
-    waiting on the table's log), while this thread collects the anomalies and writes the report
-    store."""
+    rows of those topics only; `rows`, where the caller holds them, the same rows (else they are
+    collected). The two Delta commits run side by side (each is mostly the driver waiting on the
+    table's log), while this thread writes the report store."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pyspark.util import inheritable_thread_target
@@ -57,7 +57,7 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
         delta = [pool.submit(commit, spark, cfg, name, df, where)
                  for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
-        anomaly_rows = [_aware(r.asDict()) for r in anomalies.collect()]
+        anomaly_rows = rows if rows is not None else [_aware(r.asDict()) for r in anomalies.collect()]
         settings = _settings_of(spark, cfg, anomaly_rows)
         with ReportStore(cfg.report_store) as store:
             for t in topics:
