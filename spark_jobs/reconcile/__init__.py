@@ -69,6 +69,7 @@ class WindowResult:
     # (group, cluster) -> consumption rows read on a mirror the group does not fail over to (§5.5)
     ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said after the summary line: what was ignored, the fix
+    anomaly_rows: list[dict[str, Any]] = field(default_factory=list)  # `anomalies`' rows, as the driver holds them
 
     @property
     def anomalies(self) -> DataFrame:
@@ -174,7 +175,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
                 write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
                                      [a for c in classified.values() for a in c.anomaly_rows])
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
-                         c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes)
+                         c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
+                         anomaly_rows=c.anomaly_rows)
             for t, c in classified.items()]
 
 

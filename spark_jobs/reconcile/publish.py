@@ -27,9 +27,11 @@ def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) 
 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
-                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame) -> list[dict[str, Any]]:
-    """Replace one topic's window rows in both Delta tables and the report store; returns anomaly rows."""
-    return write_window_outputs(spark, cfg, ws, {topic: report}, anomalies)
+                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame,
+                  rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Replace one topic's window rows in both Delta tables and the report store; returns anomaly rows
+    (`rows`: `anomalies`' rows where the caller holds them, as `write_window_outputs` takes them)."""
+    return write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, rows)
 
 
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
