@@ -143,9 +143,9 @@ def gaps(narrow: pa.Table) -> list[tuple[str, int, int]]:
 
 # ---------------------------------------------------------------------------- a window in chunks
 # A window cut into chunks by seq range (chunk k's seqs all below chunk k + 1's, for every pid) has
-# its log order and gaps found chunk by chunk: each chunk alone, plus what crosses the cuts, from
-# each chunk's bounds (`bounds`) and the few rows they point at (`log_order_part`), in the few chunks
-# whose offsets reach into another's (`crossing`).
+# its log order and gaps found chunk by chunk: each chunk alone (`alone`), plus what crosses the
+# cuts, from each chunk's bounds and the few rows they point at (`log_order_part`), in the few
+# chunks whose offsets reach into another's (`crossing`).
 BOUNDS = pa.schema([("chunk", pa.int64()), ("pid", pa.string()), ("partition", pa.int64()), ("lo", pa.int64()),
                     ("hi", pa.int64()), ("win", pa.bool_())])
 _FAR = 2**62

@@ -21,8 +21,8 @@ into chunks, one Spark task each:
    offsets, the consumer interceptor's `committed` rows), and writes `OUT` rows: anomalies,
    counts, latency histograms and one narrow row per message;
 3. the log order and the gaps are found chunk by chunk, since a chunk holds a range of every pid's
-   seqs: each task finds its chunk's gaps and the originals its own rows flag
-   (`neighbours.log_order_part`), and emits its bounds (per pid and partition: lowest and highest
+   seqs: each task looks at its chunk alone (`neighbours.alone`) for its gaps and the originals its
+   own rows flag, and emits its bounds (per pid and partition: lowest and highest
    offset; per pid: lowest and highest present seq), which the driver collects. The gaps across
    cuts come from the bounds alone. Only a chunk whose offsets reach into another's
    (`neighbours.crossing`: a reordering across a cut, rare) has more to find: such chunks are
