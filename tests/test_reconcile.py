@@ -210,7 +210,7 @@ STEPS = {
     "driver": {"inputs counted / collected", "lookups", "published"},
     "spark": {"inputs counted / collected", "lookups", "settled in one task", "published"},
     "tasks": {"inputs counted / collected", "lookups", "committed offsets", "order of consumption", "chunks",
-              "settled in 2 tasks", "gathered", "checks that need neighbours", "published"},
+              "settled in 2 tasks", "published"},
 }
 
 

@@ -137,7 +137,7 @@ def classify_batch(spark: SparkSession, inputs: WindowInputs, shape: Shape, ws: 
         return collect_within(rows, DRIVER_ROWS)
 
     (collected, count), small = side_by_side(spark, (f"{label}: inputs counted / collected", counted),
-                                             (f"{label}: lookups", lambda: settle.small_inputs(spark, seen)))
+                                             (f"{label}: lookups", lambda: settle.small_inputs(spark, seen, f"{label}: lookups")))
     if collected is not None:
         results = settle.in_driver(collected, shape, ws, as_of, small)
     else:
@@ -173,7 +173,7 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
                 _all_anomalies(classified)
             with described(spark, f"{label}: published"):
                 write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
-                                     [a for c in classified.values() for a in c.anomaly_rows])
+                                     [a for c in classified.values() for a in c.anomaly_rows], f"{label}: published")
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
                          anomaly_rows=c.anomaly_rows)

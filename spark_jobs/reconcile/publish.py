@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config
-from spark_jobs.io.session import local_frame
+from spark_jobs.io.session import local_frame, side_by_side
 from spark_jobs.reconcile.read import _q
 
 log = logging.getLogger("msgaudit")
@@ -36,16 +36,13 @@ def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
 
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                          reports: Mapping[str, Sequence[Mapping[str, Any]]],
-                         anomalies: DataFrame, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                         anomalies: DataFrame, rows: list[dict[str, Any]] | None = None,
+                         label: str = "published") -> list[dict[str, Any]]:
     """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
     table for all of them) and the report store; returns the anomaly rows. `anomalies` holds the
     rows of those topics only; `rows`, where the caller holds them, the same rows (else they are
-    collected). The two Delta commits run side by side (each is mostly the driver waiting on the
-    table's log), while this thread writes the report store."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pyspark.util import inheritable_thread_target
-
+    collected). The two Delta commits and the report store's write run side by side (each commit is
+    mostly the driver waiting on the table's log); `label` names their Spark jobs."""
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
 
@@ -55,10 +52,8 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     where = f"{which} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
-    commit = inheritable_thread_target(spark)(replace_rows)  # its jobs keep this thread's name (Spark UI)
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msgaudit-publish") as pool:
-        delta = [pool.submit(commit, spark, cfg, name, df, where)
-                 for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))]
+
+    def stored() -> list[dict[str, Any]]:
         anomaly_rows = rows if rows is not None else [_aware(r.asDict()) for r in anomalies.collect()]
         settings = _settings_of(spark, cfg, anomaly_rows)
         with ReportStore(cfg.report_store) as store:
@@ -66,8 +61,12 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                 store.replace_window(PARTITION_REPORT, t, ws, reports[t])
                 store.replace_window(ANOMALIES, t, ws, [r for r in anomaly_rows if r["topic"] == t])
             store.record_settings(settings)
-        for f in delta:
-            f.result()  # a failed commit raises here
+        return anomaly_rows
+
+    *_, anomaly_rows = side_by_side(
+        spark, *[(label, lambda df=df, name=name: replace_rows(spark, cfg, name, df, where))
+                 for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))],
+        (label, stored))
     return anomaly_rows
 
 

@@ -28,13 +28,16 @@ into chunks, one Spark task each:
    (`neighbours.crossing`: a reordering across a cut, rare) has more to find: such chunks are
    settled again, given the others' bounds, for their flagged originals and the rows an earlier
    chunk's flagged ones may find before them, and the driver joins them
-   (`neighbours.log_order_across`). Content duplicates are one pass over the originals with a
-   fingerprint, each task a bucket of its first hash; those rows travel packed as Arrow IPC, a few
-   blobs per chunk and bucket: Spark moves and keeps bytes, not a row per message. A `failed_send`
-   row whose send's fingerprint is known carries its hashes; the content pass hands back the latest
-   original of each such fingerprint, and a resend at or after the failed send takes the row back;
-4. the driver collects the anomaly rows, the counts and the latency histograms (summed per distinct
-   latency), and assembles each topic's report (`kernel.result`).
+   (`neighbours.log_order_across`);
+4. content duplicates are found by the same job's second stage: the settling tasks' output is
+   shuffled to `n` tasks, each a bucket of the first fingerprint hash (`_routed`). The originals
+   with a fingerprint travel packed as Arrow IPC, a few blobs per chunk and bucket: Spark moves
+   bytes, not a row per message. A `failed_send` row whose send's fingerprint is known carries its
+   hashes and goes to its fingerprint's bucket, where a resend at or after the failed send takes
+   the row back. Every other row passes through (the latencies summed per distinct value);
+5. the driver collects what that job hands back -- the anomaly rows, the counts, the latency
+   histograms, the chunks' bounds and flagged originals -- and assembles each topic's report
+   (`kernel.result`).
 
 The driver never holds a column of every message: only the rows named above, which grow with the
 anomalies and the distinct latencies, not with the traffic.
@@ -51,7 +54,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -99,13 +101,13 @@ OUT = StructType([StructField(n, t, True) for n, t in (
     ("anomaly", StringType()), ("pid", StringType()), ("seq", LongType()), ("offset", LongType()),
     ("detail", StringType()), ("value", DoubleType()), ("n", LongType()), ("present", BooleanType()),
     ("pt", LongType()), ("win", BooleanType()), ("fp1", LongType()), ("fp2", LongType()), ("lo", LongType()),
-    ("hi", LongType()), ("blob", BinaryType()))])
+    ("hi", LongType()), ("blob", BinaryType()), ("to", LongType()))])
 _OUT_ARROW = pa.schema([
     ("topic", pa.string()), ("kind", pa.string()), ("stage", pa.string()), ("partition", pa.int64()),
     ("anomaly", pa.string()), ("pid", pa.string()), ("seq", pa.int64()), ("offset", pa.int64()),
     ("detail", pa.string()), ("value", pa.float64()), ("n", pa.int64()), ("present", pa.bool_()),
     ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()), ("fp2", pa.int64()), ("lo", pa.int64()),
-    ("hi", pa.int64()), ("blob", pa.binary())])
+    ("hi", pa.int64()), ("blob", pa.binary()), ("to", pa.int64())])
 # OUT's kinds: an anomaly row, a count per (stage, partition) (`anomaly`: expected / delivered /
 # pending), a latency and how many have it, quarantined ledger rows, rows read on a mirror their
 # group does not fail over to (`stage`: the group, `anomaly`: the cluster), a narrow row (`n`: its
@@ -113,10 +115,10 @@ _OUT_ARROW = pa.schema([
 # `win`), and its part of the log order: a flagged original (`hi`: its chunk's highest seq before
 # it) or a row at an offset an earlier chunk passed (`neighbours.log_order_part`); and, packed as
 # Arrow IPC in `blob` (Spark moves bytes, not cells), its originals with a fingerprint for the
-# content pass (`n`: their bucket of fingerprint hashes); the content pass hands back the latest
-# produce time of each fingerprint a failed send carries (`fp1`, `fp2`, `pt`)
+# content pass (`n`: their bucket of fingerprint hashes); `to`: the content pass's task a row goes to
+# (`_routed`)
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
-BOUND, FLAGGED, STAIR, BY_CONTENT, LATEST = "B", "F", "S", "H", "R"
+BOUND, FLAGGED, STAIR, BY_CONTENT = "B", "F", "S", "H"
 _BLOB_ROWS = 65536  # narrow rows per blob: a chunk's come in several
 _CONTENT_COLUMNS = ("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
 
@@ -150,9 +152,8 @@ def _rows_of(df: DataFrame | None, cls: type) -> list[Any]:
     return [make(*v) for v in zip(*(values(table.column(c)) for c in table.column_names), strict=True)]
 
 
-def small_inputs(spark: SparkSession, vis: WindowInputs) -> Small:
-    """The window's small inputs, each collected by its own Spark job, side by side."""
-    label = spark.sparkContext.getLocalProperty("spark.job.description") or "lookups"
+def small_inputs(spark: SparkSession, vis: WindowInputs, label: str = "lookups") -> Small:
+    """The window's small inputs, each collected by its own Spark job (named `label`), side by side."""
     frames = ((vis.watermarks, oracle.Watermark), (vis.group_offsets, oracle.GroupOffset),
               (vis.mirror_watermarks, oracle.MirrorWatermark), (vis.mirror_group_offsets, oracle.MirrorGroupOffset),
               (vis.share_offsets, oracle.ShareOffset))
@@ -235,36 +236,30 @@ def neighbour_rows(narrow: pa.Table, ws: datetime, as_of: datetime, checks: str 
 
 def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
             small: Small) -> dict[str, oracle.OracleResult]:
-    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows)."""
+    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows); only the
+    anomaly rows become Python rows, the latencies stay columns."""
     out: dict[str, oracle.OracleResult] = {}
-    rows = gathered.to_pylist()
+    of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k)) for k in (ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED)}
     for tc in shape.topics:
-        anomalies: list[dict[str, Any]] = []
+        mine = {k: t.filter(pc.equal(t["topic"], tc.name)) for k, t in of_kind.items()}
         run_id = run_id_for(tc.name, ws, as_of)
+        anomalies = [{"window_start": ws, "topic": tc.name, "partition": r["partition"], "stage": r["stage"],
+                      "anomaly": r["anomaly"], "pid": r["pid"], "seq": r["seq"], "offset": r["offset"],
+                      "detail": r["detail"], "run_id": run_id, "computed_at": as_of}
+                     for r in mine[ANOMALY].select(["partition", "stage", "anomaly", "pid", "seq", "offset", "detail"])
+                     .to_pylist()]
         counts: dict[tuple[str, int], dict[str, int]] = {}
-        lat: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
-        quarantined = 0
-        ignored: dict[tuple[str, str], int] = {}
-        for r in rows:
-            if r["topic"] != tc.name:
-                continue
-            kind = r["kind"]
-            if kind == ANOMALY:
-                anomalies.append({"window_start": ws, "topic": tc.name, "partition": r["partition"], "stage": r["stage"],
-                                  "anomaly": r["anomaly"], "pid": r["pid"], "seq": r["seq"], "offset": r["offset"],
-                                  "detail": r["detail"], "run_id": run_id, "computed_at": as_of})
-            elif kind == COUNT:
-                cnt = counts.setdefault((r["stage"], r["partition"]), {})
-                cnt[r["anomaly"]] = cnt.get(r["anomaly"], 0) + r["n"]
-            elif kind == LATENCY:
-                xs, ns = lat.setdefault((r["stage"], r["partition"]), ([], []))
-                xs.append(r["value"])
-                ns.append(r["n"])
-            elif kind == QUARANTINED:
-                quarantined += r["n"]
-            elif kind == IGNORED:
-                ignored[(r["stage"], r["anomaly"])] = ignored.get((r["stage"], r["anomaly"]), 0) + r["n"]
-        hists: kernel.Histograms = {k: [(np.array(xs, np.float64), np.array(ns, np.int64))] for k, (xs, ns) in lat.items()}
+        for r in mine[COUNT].group_by(["stage", "partition", "anomaly"]).aggregate([("n", "sum")]).to_pylist():
+            counts.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["n_sum"]
+        lat = mine[LATENCY]
+        hists: kernel.Histograms = {}
+        for key in lat.select(["stage", "partition"]).group_by(["stage", "partition"]).aggregate([]).to_pylist():
+            one = lat.filter(pc.and_(pc.equal(lat["stage"], key["stage"]), pc.equal(lat["partition"], key["partition"])))
+            hists[(key["stage"], key["partition"])] = [(one["value"].to_numpy().astype(np.float64),
+                                                        ints(one["n"]))]
+        quarantined = int(pc.sum(mine[QUARANTINED]["n"]).as_py() or 0)
+        ignored = {(r["stage"], r["anomaly"]): r["n_sum"] for r in
+                   mine[IGNORED].group_by(["stage", "anomaly"]).aggregate([("n", "sum")]).to_pylist()}
         partitions = {w.partition for w in small.watermarks if w.topic == tc.name}
         out[tc.name] = kernel.result(tc, ws, as_of, partitions, counts, hists, anomalies, quarantined, ignored)
     return out
@@ -522,27 +517,33 @@ def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
 
 def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime, as_of: datetime, small: Small,
              n: int, label: str) -> dict[str, oracle.OracleResult]:
-    """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 4)."""
+    """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 5)."""
     topics = shape.topics
     consumed = vis.consumed
     store = object_store(spark)  # an S3 lake's files are read by the tasks too, with these settings
     flagged = None
-    if consumed is not None and n > 1:  # one chunk holds every consumption row: its task orders them
-        is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
-        cols = [c for c in TIERS["consumed"][1] if c in consumed.columns]
-        commits, consumed = consumed.where(is_commit).select(*cols), consumed.where(~is_commit)
-        small.commits, flagged = side_by_side(
-            spark, (f"{label}: committed offsets", commits.toArrow),
-            (f"{label}: order of consumption", lambda: _flagged(spark, consumed, n, store)))
     cuts: list[int] = []
     keys = [0]  # one partition: any key
-    if n > 1:
-        with described(spark, f"{label}: chunks"):
+    if n > 1:  # the cuts, the committed offsets and the order of consumption side by side
+
+        def cut() -> tuple[list[int], list[int]]:
             ledger = vis.ledger.where(F.col("pid").isNotNull() & F.col("seq").isNotNull())
             found = footer_cuts(file_table(ledger.select("seq"), ["seq"], store), n)
-            cuts = found if found is not None else sorted(
+            at = found if found is not None else sorted(
                 {int(c) for c in ledger.approxQuantile("seq", [k / n for k in range(1, n)], 0.001)})
-            keys = _chunk_keys(spark, len(cuts) + 1)
+            return at, _chunk_keys(spark, len(at) + 1)
+
+        steps: list[tuple[str, Any]] = [(f"{label}: chunks", cut)]
+        if consumed is not None:  # (one chunk holds every consumption row: its task orders them)
+            is_commit = (F.col("outcome") == COMMITTED) & F.col("cluster").isNull()
+            cols = [c for c in TIERS["consumed"][1] if c in consumed.columns]
+            commits, consumed = consumed.where(is_commit).select(*cols), consumed.where(~is_commit)
+            steps += [(f"{label}: committed offsets", commits.toArrow),
+                      (f"{label}: order of consumption", lambda c=consumed: _flagged(spark, c, n, store))]
+        got = side_by_side(spark, *steps)
+        cuts, keys = got[0]
+        if consumed is not None:
+            small.commits, flagged = got[1], got[2]
     chunks = Chunks(tuple(cuts), tuple(shape.mirrored))
     # each tier's frame: read by the tasks themselves where it is plain local Parquet, else by Spark
     frames = {"ledger": vis.ledger, "log": vis.log, "consumed": consumed, "mirror_log": vis.mirror_log,
@@ -610,71 +611,75 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                 return
             held = narrow.filter(pc.and_(pc.greater_equal(narrow["partition"], 0), pc.is_valid(narrow["fp1"])))
             bucket = np.mod(ints(held["fp1"]), b)
-            yield from pa.concat_tables([out.filter(pc.invert(is_narrow)), _alone(narrow, k, ws, as_of),
-                                         _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]).to_batches()
+            yield from _routed(pa.concat_tables([out.filter(pc.invert(is_narrow)), _alone(narrow, k, ws, as_of),
+                                                 _blobs(held.select(list(_CONTENT_COLUMNS)), BY_CONTENT, bucket)]),
+                               k, b).to_batches()
 
         return settle
 
-    settle = settler()
+    def by_content(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """A task of the content pass: its buckets' originals checked for duplicate content, its
+        failed sends taken back where resent, its latencies summed; every other row handed on."""
+        got = _whole(batches)
+        if got is None:
+            return
+        is_blob = pc.equal(got["kind"], BY_CONTENT)
+        held = _unblobbed(got.filter(is_blob))
+        rest = got.filter(pc.invert(is_blob))
+        can = rest.filter(pa.array(_resendable(rest)))
+        if can.num_rows:  # a failed send resent at or after it is taken back
+            rest = _without_resent(rest, {t: neighbours.latest_by_content(
+                held.filter(pc.equal(held["topic"], t)).select(["fp1", "fp2", "pt"]))
+                for t in pc.unique(can["topic"]).to_pylist()})
+        is_latency = pc.equal(rest["kind"], LATENCY)
+        latencies = rest.filter(is_latency).group_by(["topic", "kind", "stage", "partition", "value"]) \
+            .aggregate([("n", "sum")]).rename_columns(["topic", "kind", "stage", "partition", "value", "n"])
+        yield from pa.concat_tables([rest.filter(pc.invert(is_latency)), _full(latencies),
+                                     neighbour_rows(held, ws, as_of, "content")]).to_batches()
 
-    settled = rows.repartition(len(keys), "_key").mapInArrow(settle, OUT)
+    columns = [c for c in OUT.names if c not in ("blob", "to")]
+    schema = pa.schema([_OUT_ARROW.field(c) for c in columns])
+    settled = rows.repartition(len(keys), "_key").mapInArrow(settler(), OUT)
     if len(keys) == 1:  # one task settled the batch whole, the checks that need neighbours too
         with described(spark, f"{label}: settled in one task"):
             return results(settled.toArrow().cast(_OUT_ARROW), shape, ws, as_of, small)
-    settled = settled.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        with described(spark, f"{label}: settled in {len(keys)} tasks"):
-            settled.count()
-        # the rows the driver needs before the checks that need neighbours: every chunk's bounds, the
-        # anomaly rows (a failed send a resend may take back among them), the counts and latencies
-        latencies = (settled.where(F.col("kind") == LATENCY).groupBy("topic", "kind", "stage", "partition", "value")
-                     .agg(F.sum("n").alias("n")))
-        rest = settled.where(F.col("kind").isin(ANOMALY, COUNT, QUARANTINED, IGNORED, BOUND, FLAGGED))
-        columns = [c for c in OUT.names if c != "blob"]
-        schema = pa.schema([_OUT_ARROW.field(c) for c in columns])
-        with described(spark, f"{label}: gathered"):
-            gathered = _full(rest.unionByName(latencies, allowMissingColumns=True).select(*columns).toArrow().cast(schema))
-        # the log order and the gaps: each chunk found its own; what crosses the cuts comes from every
-        # chunk's bounds (a few rows per pid and chunk), and the chunks whose offsets reach into
-        # another's are settled again for their part of the log order, given the others' bounds
-        every = {t: _bounds_of(gathered, t) for t in pc.unique(
-            gathered.filter(pc.equal(gathered["kind"], BOUND))["topic"]).to_pylist()}
-        across = _out_anomalies({t: neighbours.gaps_across(b) for t, b in every.items()}, ws, as_of, "gaps")
-        crossing = {t: neighbours.crossing(b) for t, b in every.items()}
-        again_chunks = sorted({k for ks in crossing.values() for k in ks})
-        if again_chunks:
-            near = {t: neighbours.around(b) for t, b in every.items()}
-            again = {t: a.filter(pc.is_in(a["chunk"], value_set=pa.array(again_chunks, pa.int64())))
-                     for t, a in near.items()}
-            with described(spark, f"{label}: log order across cuts"):
-                parts = rows.repartition(len(keys), "_key").mapInArrow(settler(again), OUT) \
-                    .select(*columns).toArrow().cast(schema)
-            own = pc.and_(pc.equal(gathered["kind"], FLAGGED), pc.is_in(gathered["n"], pa.array(again_chunks, pa.int64())))
-            gathered = pa.concat_tables([gathered.filter(pc.invert(own)), _full(parts)])
-        can = gathered.filter(pa.array(_resendable(gathered)))
-        wanted = can.select(["topic", "fp1", "fp2"])
-
-        def content(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            got = _whole(batches)
-            if got is not None:
-                held = _unblobbed(got)
-                yield from neighbour_rows(held, ws, as_of, "content").to_batches()
-                yield from _latest(held, wanted).to_batches()
-
-        by_content = settled.select("kind", "n", "blob").where(F.col("kind") == BY_CONTENT) \
-            .repartition(b, "n").mapInArrow(content, OUT)
-        with described(spark, f"{label}: checks that need neighbours"):
-            found = _full(by_content.select(*columns).toArrow().cast(schema))
-        if can.num_rows:  # a failed send resent at or after it is taken back
-            latest = found.filter(pc.equal(found["kind"], LATEST))
-            gathered = _without_resent(gathered, {
-                t: neighbours.latest_by_content(latest.filter(pc.equal(latest["topic"], t)).select(["fp1", "fp2", "pt"]))
-                for t in pc.unique(can["topic"]).to_pylist()})
-        gathered = pa.concat_tables([gathered, found])
-    finally:
-        settled.unpersist()
+    # the settling tasks and the content pass are one job: the rows the driver needs (the anomaly rows,
+    # counts, latencies, every chunk's bounds and flagged originals) come back through the content
+    # pass's tasks with what they find
+    with described(spark, f"{label}: settled in {len(keys)} tasks"):
+        gathered = _full(settled.repartition(b, "to").mapInArrow(by_content, OUT).select(*columns)
+                         .toArrow().cast(schema))
+    # the log order and the gaps: each chunk found its own; what crosses the cuts comes from every
+    # chunk's bounds (a few rows per pid and chunk), and the chunks whose offsets reach into
+    # another's are settled again for their part of the log order, given the others' bounds
+    every = {t: _bounds_of(gathered, t) for t in pc.unique(
+        gathered.filter(pc.equal(gathered["kind"], BOUND))["topic"]).to_pylist()}
+    across = _out_anomalies({t: neighbours.gaps_across(b) for t, b in every.items()}, ws, as_of, "gaps")
+    crossing = {t: neighbours.crossing(b) for t, b in every.items()}
+    again_chunks = sorted({k for ks in crossing.values() for k in ks})
+    if again_chunks:
+        near = {t: neighbours.around(b) for t, b in every.items()}
+        again = {t: a.filter(pc.is_in(a["chunk"], value_set=pa.array(again_chunks, pa.int64())))
+                 for t, a in near.items()}
+        with described(spark, f"{label}: log order across cuts"):
+            parts = rows.repartition(len(keys), "_key").mapInArrow(settler(again), OUT) \
+                .select(*columns).toArrow().cast(schema)
+        own = pc.and_(pc.equal(gathered["kind"], FLAGGED), pc.is_in(gathered["n"], pa.array(again_chunks, pa.int64())))
+        gathered = pa.concat_tables([gathered.filter(pc.invert(own)), _full(parts)])
     return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
                    small)
+
+
+def _routed(out: pa.Table, k: int, b: int) -> pa.Table:
+    """Chunk k's OUT rows, each with the content pass's task it goes to (`to`): its originals by
+    their bucket of fingerprint hashes (one of `b`), a failed send a resend may take back with the
+    originals of its fingerprint, every other row by its chunk."""
+    to = np.full(out.num_rows, k, np.int64)
+    blob = bools(pc.equal(out["kind"], BY_CONTENT))
+    to[blob] = ints(out["n"].filter(pa.array(blob)))
+    can = _resendable(out)
+    to[can] = np.mod(ints(out["fp1"].filter(pa.array(can))), b)
+    return out.set_column(out.schema.get_field_index("to"), "to", pa.array(to))
 
 
 def _alone(narrow: pa.Table, k: int, ws: datetime, as_of: datetime) -> pa.Table:
@@ -727,26 +732,12 @@ def _blobs(rows: pa.Table, kind: str, n: np.ndarray) -> pa.Table:
 
 
 def _unblobbed(rows: pa.Table) -> pa.Table:
-    """The rows packed in the `blob`s of OUT rows (`_blobs`), as one table."""
+    """The rows packed in the `blob`s of OUT rows (`_blobs`), as one table (the content pass's
+    columns; none: empty)."""
     import pyarrow.ipc as ipc
 
-    return pa.concat_tables([ipc.open_stream(pa.py_buffer(b)).read_all() for b in rows["blob"].to_pylist()])
-
-
-def _latest(held: pa.Table, wanted: pa.Table) -> pa.Table:
-    """The latest produce time of each fingerprint of `wanted` (topic, fp1, fp2) among `held`
-    (originals with a fingerprint, of every topic), as LATEST rows."""
-    if not wanted.num_rows or not held.num_rows:
-        return _OUT_ARROW.empty_table()
-    parts = []
-    for topic in pc.unique(wanted["topic"]).to_pylist():
-        want = wanted.filter(pc.equal(wanted["topic"], topic))
-        rows = held.filter(pc.and_(pc.equal(held["topic"], topic), pc.is_in(held["fp1"], value_set=want["fp1"])))
-        t = neighbours.latest_by_content(rows.select(["fp1", "fp2", "pt"]))
-        parts.append(_full(pa.table({"topic": pa.array([topic] * t.num_rows, pa.string()),
-                                     "kind": pa.array([LATEST] * t.num_rows, pa.string()),
-                                     **{c: t[c] for c in ("fp1", "fp2", "pt")}})))
-    return pa.concat_tables(parts)
+    got = [ipc.open_stream(pa.py_buffer(b)).read_all() for b in rows["blob"].to_pylist()]
+    return pa.concat_tables(got) if got else _OUT_ARROW.empty_table().select(list(_CONTENT_COLUMNS))
 
 
 def _log_part(topic: str, k: int, kind: str, t: pa.Table) -> pa.Table:
