@@ -320,14 +320,9 @@ def _processings(rows: pa.Table) -> pa.Table:
 
 
 def _bucket(rows: pa.Table, b: int) -> np.ndarray:
-    """Each processing's bucket of its (topic, group, partition), one of `b`."""
-    from audit.rules.columns import hash64
-
-    names = pc.binary_join_element_wise(rows["topic"], rows["group"], "/").combine_chunks()
-    with np.errstate(over="ignore"):
-        mixed = hash64(names) + pc.fill_null(rows["partition"], -1).to_numpy().astype(np.uint64) * np.uint64(
-            0x9E3779B97F4A7C15)
-    return (mixed % np.uint64(b)).astype(np.int64)
+    """Each consumption row's bucket, one of `b`: its partition's (so a (topic, group, partition)'s
+    processings share one; no string is hashed)."""
+    return np.mod(ints(rows["partition"], 0), b)
 
 
 def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStore | None) -> pa.Table:
@@ -359,8 +354,8 @@ def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStor
         if got is None:
             return
         k = int(got["_chunk"][0].as_py())
-        rows = _processings(read_files(ft, whole, 0))
-        rows = rows.filter(pa.array(_bucket(rows, b) == k))
+        rows = read_files(ft, whole, 0)
+        rows = _processings(rows.filter(pa.array(_bucket(rows, b) == k)))
         if rows.num_rows:
             flagged = rows.filter(pa.array(neighbours.consumption_order(rows)))
             yield from flagged.cast(pa.schema(list(_ARROW_OF.items()))).to_batches()
