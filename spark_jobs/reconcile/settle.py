@@ -45,7 +45,7 @@ anomalies and the distinct latencies, not with the traffic.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import reduce
@@ -354,8 +354,7 @@ def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStor
         if got is None:
             return
         k = int(got["_chunk"][0].as_py())
-        rows = read_files(ft, whole, 0)
-        rows = _processings(rows.filter(pa.array(_bucket(rows, b) == k)))
+        rows = _processings(read_files(ft, whole, 0, lambda t: _bucket(t, b) == k))
         if rows.num_rows:
             flagged = rows.filter(pa.array(neighbours.consumption_order(rows)))
             yield from flagged.cast(pa.schema(list(_ARROW_OF.items()))).to_batches()
@@ -446,8 +445,11 @@ class Chunks:
         return keep
 
 
-def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
-    """Chunk k's rows of a table read by this task itself (`read.FileTable`), as the frame's columns."""
+def read_files(ft: FileTable, chunks: Chunks, k: int,
+               keep: Callable[[pa.Table], np.ndarray] | None = None) -> pa.Table:
+    """Chunk k's rows of a table read by this task itself (`read.FileTable`), as the frame's columns;
+    with `keep`, only the rows it keeps, taken batch by batch as they are read (so the task holds
+    those rows, not the whole read)."""
     import pyarrow.dataset as ds
 
     if not ft.paths:
@@ -456,9 +458,18 @@ def read_files(ft: FileTable, chunks: Chunks, k: int) -> pa.Table:
         if ft.partitions else None
     data = ds.dataset(list(ft.paths), schema=ft.physical, format="parquet", partitioning=parts,
                       partition_base_dir=ft.root, filesystem=ft.filesystem())
-    got = data.to_table(columns=[f.name for f in ft.physical], filter=chunks.pushdown(ft, k))
-    rows = pa.table([_constant(src, got.num_rows, f.type) if src in CONSTANTS else got[src].cast(f.type)
-                     for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
+    columns, where = [f.name for f in ft.physical], chunks.pushdown(ft, k)
+
+    def framed(got: pa.Table) -> pa.Table:
+        return pa.table([_constant(src, got.num_rows, f.type) if src in CONSTANTS else got[src].cast(f.type)
+                         for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
+
+    if keep is None:
+        rows = framed(data.to_table(columns=columns, filter=where))
+    else:
+        kept = [t.filter(pa.array(keep(t))) for t in
+                (framed(pa.Table.from_batches([batch])) for batch in data.to_batches(columns=columns, filter=where))]
+        rows = pa.concat_tables(kept) if kept else ft.out.empty_table()
     if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
         return rows
     return rows.filter(pa.array(chunks.ids(rows) == k))
