@@ -171,9 +171,8 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         if publish:
             anomalies = next(iter(classified.values())).anomalies if len(shape.topics) == 1 else \
                 _all_anomalies(classified)
-            with described(spark, f"{label}: published"):
-                write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
-                                     [a for c in classified.values() for a in c.anomaly_rows], f"{label}: published")
+            write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
+                                 [a for c in classified.values() for a in c.anomaly_rows], f"{label}: published")
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
                          anomaly_rows=c.anomaly_rows)

@@ -278,9 +278,7 @@ def _with_neighbours(out: pa.Table, ws: datetime, as_of: datetime) -> pa.Table:
     that need neighbours find over them."""
     is_narrow = pc.equal(out["kind"], NARROW)
     narrow = out.filter(is_narrow)
-    latest = {t: neighbours.latest_by_content(narrow.filter(pc.equal(narrow["topic"], t)))
-              for t in pc.unique(narrow["topic"]).to_pylist()}
-    return pa.concat_tables([_without_resent(out.filter(pc.invert(is_narrow)), latest),
+    return pa.concat_tables([_without_resent(out.filter(pc.invert(is_narrow)), narrow),
                              neighbour_rows(narrow, ws, as_of)])
 
 
@@ -290,16 +288,18 @@ def _resendable(rows: pa.Table) -> np.ndarray:
                          pc.is_valid(rows["fp1"])))
 
 
-def _without_resent(rows: pa.Table, latest: dict[str, pa.Table]) -> pa.Table:
-    """OUT rows without the `failed_send` rows whose send was resent (`neighbours.resent`; `latest`:
-    each topic's `neighbours.latest_by_content`)."""
+def _without_resent(rows: pa.Table, originals: pa.Table) -> pa.Table:
+    """OUT rows without the `failed_send` rows whose send was resent (`neighbours.resent`): an
+    original of `originals` (narrow rows: topic, partition, fp1, fp2, pt) of the same topic and
+    fingerprint produced at or after it."""
     can = _resendable(rows)
     if not can.any():
         return rows
     keep = np.ones(rows.num_rows, dtype=bool)
-    for topic, t_latest in latest.items():
+    for topic in pc.unique(rows["topic"].filter(pa.array(can))).to_pylist():
         at = np.flatnonzero(can & bools(pc.equal(rows["topic"], topic)))
-        keep[at[neighbours.resent(rows.take(pa.array(at)), t_latest)]] = False
+        latest = neighbours.latest_by_content(originals.filter(pc.equal(originals["topic"], topic)))
+        keep[at[neighbours.resent(rows.take(pa.array(at)), latest)]] = False
     return rows.filter(pa.array(keep))
 
 
@@ -631,12 +631,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
             return
         is_blob = pc.equal(got["kind"], BY_CONTENT)
         held = _unblobbed(got.filter(is_blob))
-        rest = got.filter(pc.invert(is_blob))
-        can = rest.filter(pa.array(_resendable(rest)))
-        if can.num_rows:  # a failed send resent at or after it is taken back
-            rest = _without_resent(rest, {t: neighbours.latest_by_content(
-                held.filter(pc.equal(held["topic"], t)).select(["fp1", "fp2", "pt"]))
-                for t in pc.unique(can["topic"]).to_pylist()})
+        rest = _without_resent(got.filter(pc.invert(is_blob)), held)  # a failed send resent at or after it
         is_latency = pc.equal(rest["kind"], LATENCY)
         latencies = rest.filter(is_latency).group_by(["topic", "kind", "stage", "partition", "value"]) \
             .aggregate([("n", "sum")]).rename_columns(["topic", "kind", "stage", "partition", "value", "n"])
