@@ -152,10 +152,8 @@ def side_by_side(spark: SparkSession, *steps: tuple[str, Callable[[], Any]]) -> 
         return [r.result() for r in running]
 
 
-def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]] | Sequence[Mapping[str, Any]],
-                schema: StructType | str) -> DataFrame:
-    """A DataFrame of rows the driver holds (tuples in the schema's order, or mappings by the
-    schema's field names), decoded in the JVM: the
+def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: StructType | str) -> DataFrame:
+    """A DataFrame of rows the driver holds (tuples in the schema's order), decoded in the JVM: the
     rows travel as Arrow columns, so no Spark job reading them starts a Python worker.
     `spark.createDataFrame` of a Python list pickles the rows into an RDD that only Python workers
     decode: a Python process per executor core, started to decode a handful of report rows. Values
@@ -169,9 +167,8 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]] | Sequence[Ma
     struct = DataType.fromDDL(schema) if isinstance(schema, str) else schema
     assert isinstance(struct, StructType)
     arrow = to_arrow_schema(struct, timezone="UTC")
-    data: list[Any] = rows if isinstance(rows, list) else list(rows)
-    keys: Sequence[Any] = struct.fieldNames() if data and isinstance(data[0], Mapping) else range(len(struct.fields))
-    columns = [pa.array([r[k] for r in data], type=arrow.field(i).type) for i, k in enumerate(keys)]
+    data = list(rows)
+    columns = [pa.array([r[i] for r in data], type=arrow.field(i).type) for i in range(len(struct.fields))]
     for f, column in zip(struct.fields, columns, strict=True):
         if not f.nullable and column.null_count:
             raise ValueError(f"column {f.name!r} is not nullable, but {column.null_count} of {len(data)} rows hold None")

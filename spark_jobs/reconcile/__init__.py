@@ -105,10 +105,8 @@ def _classified(spark: SparkSession, results: dict[str, OracleResult], shape: Sh
     from spark_jobs.io.schemas import AUDIT_ANOMALIES
 
     names = AUDIT_ANOMALIES.fieldNames()
-    keys = set(names)
-    # the rows as the settling made them (a copy only of a row with other keys, e.g. the oracle's)
-    rows = [a if a.keys() == keys else {c: a[c] for c in names} for r in results.values() for a in r.anomalies]
-    frame = local_frame(spark, rows, AUDIT_ANOMALIES)
+    rows = [{c: a[c] for c in names} for r in results.values() for a in r.anomalies]
+    frame = local_frame(spark, [tuple(a[c] for c in names) for a in rows], AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}
     for tc in shape.topics:
         r = results[tc.name]
