@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def gofakes3_store() -> Iterator[tuple[str, int]]:
     """gofakes3's S3 server with its objects in memory (Go, built from the Go module proxy into
     `$MSGAUDIT_HOME/tools` once): a range GET is a slice of the object."""
     from audit.core.config import msgaudit_home
+    from audit.runtime.jvm_service import port_in_use
     from audit.runtime.local_kafka import free_port
 
     tools = msgaudit_home() / "tools"
@@ -112,7 +114,7 @@ def gofakes3_store() -> Iterator[tuple[str, int]]:
                              "-host", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while not _answers(port):
+        while not port_in_use(port):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"gofakes3 did not start (exit {proc.poll()})")
             time.sleep(0.1)
@@ -120,13 +122,6 @@ def gofakes3_store() -> Iterator[tuple[str, int]]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-def _answers(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 STORES = {"gofakes3": gofakes3_store, "moto": moto_store}
@@ -138,6 +133,7 @@ def machine_cpu_seconds() -> float:
     """CPU seconds the whole machine has spent (every process, live or gone), from /proc/stat."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / TICK  # all but idle, iowait
+
 
 def _parent(pid: int) -> int | None:
     try:
@@ -153,13 +149,6 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / TICK
     except OSError:
         return 0.0
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # ---- the phases, each in a process of its own
@@ -236,7 +225,8 @@ def measure(args: argparse.Namespace) -> None:
         result.release()
         scans.append(scan)
         recs.append(rec)
-    rss = {"driver JVM": peak_rss_mb(jvm), "Python driver": peak_rss_mb(me)}
+    rss = {"driver JVM": rs.jvm_peak_rss_mb(spark) or 0.0,
+           "Python driver": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     digest = published(spark, cfg)
     spark.stop()
 
