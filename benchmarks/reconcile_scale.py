@@ -272,7 +272,7 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
     t = time.perf_counter()
     result = reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False)
     t_classify = time.perf_counter() - t
-    write_outputs(spark, cfg, TOPIC, WINDOW, result.report, result.anomalies, result.anomaly_rows)
+    write_outputs(spark, cfg, TOPIC, WINDOW, result.report, result.anomalies, result.anomaly_table)
     return t_classify, time.perf_counter() - t, result
 
 

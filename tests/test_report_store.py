@@ -259,6 +259,54 @@ def test_anomaly_nulls_sort_first_on_every_dialect(store: ReportStore) -> None:
     assert store.read("audit_anomalies") == [rows[2], rows[1], rows[0]]
 
 
+def arrow_of(rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("window_start", pa.timestamp("us", "UTC")), ("topic", pa.string()), ("partition", pa.int32()),
+        ("stage", pa.string()), ("anomaly", pa.string()), ("pid", pa.string()), ("seq", pa.int64()),
+        ("offset", pa.int64()), ("detail", pa.string()), ("run_id", pa.string()),
+        ("computed_at", pa.timestamp("us", "UTC"))]))
+
+
+def test_rows_held_as_columns_are_stored_as_the_same_rows_would_be(store: ReportStore) -> None:
+    # nulls, a column of one value, a datetime column of several values (converted row by row), and
+    # more rows than one insert batch
+    rows = [anomaly_row(seq=s, offset=None if s % 3 else s * 10, pid=None if s == 4 else f"p:{s % 2}",
+                        detail=f"d{s}" if s % 2 else None) for s in range(7)]
+    rows[5]["computed_at"] = COMPUTED + timedelta(seconds=1)
+    store.replace_window("audit_anomalies", "payments", W0, [anomaly_row(topic="payments", seq=9)])
+    store.replace_window("audit_anomalies", "orders", W0, [anomaly_row(seq=99)])  # replaced below
+    assert store.replace_window_columns("audit_anomalies", "orders", W0, arrow_of(rows), batch=3) == 7
+    assert store.read("audit_anomalies", topic="orders") == sorted(
+        rows, key=lambda r: (r["partition"], r["stage"], r["pid"] or "", r["seq"]))
+    assert store.read("audit_anomalies", topic="payments") == [anomaly_row(topic="payments", seq=9)]
+    assert store.replace_window_columns("audit_anomalies", "orders", W0, arrow_of([])) == 0
+    assert store.read("audit_anomalies", topic="orders") == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("columns", "message"), [
+    (lambda: arrow_of([anomaly_row(), anomaly_row(topic="payments")]),
+     "audit_anomalies: 1 of 2 rows have a topic other than the replaced window's ('orders')"),
+    (lambda: arrow_of([anomaly_row(window_start=W1)]),
+     "audit_anomalies: 1 of 1 rows have a window_start other than the replaced window's (2026-11-21T10:00:00+00:00)"),
+    (lambda: arrow_of([anomaly_row()]).append_column("colour", __import__("pyarrow").array(["red"])),
+     "audit_anomalies: unknown column(s) colour"),
+    (lambda: arrow_of([anomaly_row()]).drop_columns(["run_id"]), "audit_anomalies: column 'run_id' is required"),
+    (lambda: arrow_of([anomaly_row()]).set_column(10, "computed_at", __import__("pyarrow").array(
+        [datetime(2026, 1, 1)])), "audit_anomalies: column 'computed_at' is timestamp[us]; pass timestamps with a time zone"),
+])
+def test_bad_columns_are_a_named_error_and_write_nothing(tmp_path: Path, columns: Any, message: str) -> None:
+    s = ReportStore(f"sqlite:///{tmp_path / 'r.db'}")
+    s.replace_window("audit_anomalies", "orders", W0, [anomaly_row()])
+    with pytest.raises(InputError) as e:
+        s.replace_window_columns("audit_anomalies", "orders", W0, columns())
+    assert message in str(e.value)
+    assert s.read("audit_anomalies") == [anomaly_row()]
+    s.close()
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(("call", "message"), [
     (lambda s: s.replace_window("nope", "orders", W0, []), "unknown report store table 'nope'"),

@@ -446,14 +446,22 @@ def result(tc: TopicConfig, ws: datetime, as_of: datetime, partitions: Iterable[
            counts: Mapping[tuple[str, int], Mapping[str, int]], histograms: Histograms,
            anomalies: list[dict[str, Any]], quarantined: int, ignored: Mapping[tuple[str, str], int]) -> oracle.OracleResult:
     """The window's report from its counts and latency histograms per (stage, partition), and its anomaly rows."""
+    report = report_rows(tc, ws, as_of, partitions, counts, histograms, code_counts(anomalies))
+    return oracle.OracleResult(report, anomalies, quarantined, dict(ignored))
+
+
+def report_rows(tc: TopicConfig, ws: datetime, as_of: datetime, partitions: Iterable[int],
+                counts: Mapping[tuple[str, int], Mapping[str, int]], histograms: Histograms,
+                codes: Mapping[tuple[str, int], Mapping[str, int]]) -> list[dict[str, Any]]:
+    """The window's report rows from its counts and latency histograms per (stage, partition) and
+    its anomaly rows' counts per (stage, partition) and code (`audit.core.report.code_counts`)."""
     stats: dict[tuple[str, int], dict[str, Any]] = {}
     for k, val in counts.items():
         parts = histograms.get(k, [])
         xs = np.concatenate([h[0] for h in parts]) if parts else np.empty(0, np.float64)
         n = np.concatenate([h[1] for h in parts]) if parts else np.empty(0, np.int64)
         stats[k] = {**val, **latency_columns(xs, n)}
-    report = assemble_report(tc, ws, as_of, partitions, stats, code_counts(anomalies))
-    return oracle.OracleResult(report, anomalies, quarantined, dict(ignored))
+    return assemble_report(tc, ws, as_of, partitions, stats, codes)
 
 
 def merged_histograms(settled: Sequence[Settled]) -> Histograms:

@@ -366,6 +366,10 @@ def _table(name: str) -> sa.Table:
         raise InputError(f"unknown report store table {name!r} (known: {', '.join(TABLES)})") from None
 
 
+def _bound(process: Any, values: list[Any]) -> list[Any]:
+    return [None if v is None else process(v) for v in values] if process else values
+
+
 class ReportStore:
     """The report store behind one SQLAlchemy URL. Tables and views are created on first use."""
 
@@ -472,6 +476,62 @@ class ReportStore:
             if clean:
                 conn.execute(t.insert(), clean)
         return len(clean)
+
+    def replace_window_columns(self, table: str, topic: str, window_start: datetime, columns: Any,
+                               batch: int = 20_000) -> int:
+        """`replace_window` of rows held as a pyarrow Table (`columns`, its timestamps in UTC), checked
+        column by column and inserted `batch` rows at a time: a window's many anomaly rows never become
+        Python objects all at once. Returns the number of rows inserted."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        t = _table(table)
+        if not isinstance(topic, str) or not topic:
+            raise InputError(f"{table}: topic must be a non-empty string, got {topic!r}")
+        window_start = _check_datetime(window_start, f"{table}: window_start")
+        unknown = sorted(set(columns.column_names) - set(t.c.keys()))
+        if unknown:
+            raise InputError(f"{table}: unknown column(s) {', '.join(unknown)}")
+        n = columns.num_rows
+        for col in t.c:
+            have = col.name in columns.column_names
+            nulls = columns[col.name].null_count if have else n
+            if nulls and not col.nullable:
+                raise InputError(f"{table}: column {col.name!r} is required; {nulls} of {n} rows lack it")
+            if have and isinstance(col.type, UtcDateTime) and n > nulls:
+                kind = columns.schema.field(col.name).type
+                if not pa.types.is_timestamp(kind) or kind.tz is None:
+                    raise InputError(f"{table}: column {col.name!r} is {kind}; pass timestamps with a time zone")
+        for name, want in (("topic", topic), ("window_start", window_start)):
+            other = pc.sum(pc.invert(pc.equal(columns[name], pa.scalar(want, columns.schema.field(name).type)))).as_py()
+            if n and other:
+                raise InputError(f"{table}: {other} of {n} rows have a {name} other than the replaced window's "
+                                 f"({want.isoformat() if isinstance(want, datetime) else repr(want)})")
+        self._ensure_schema()
+        names = [c.name for c in t.c if c.name in columns.column_names]
+        dialect = self._engine.dialect
+        insert = t.insert().compile(dialect=dialect, column_keys=names)
+        order = list(insert.positiontup or []) if insert.positional else names
+        # each column's values as the driver binds them (SQLAlchemy's processors: an aware datetime as
+        # the dialect stores it), a column of one value (window_start, run_id, ...) converted once
+        one: dict[str, Any] = {}
+        process: dict[str, Any] = {}
+        for name in names:
+            process[name] = t.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+            column = columns[name]
+            if n and column.null_count == 0 and pc.count_distinct(column).as_py() == 1:
+                value = column[0].as_py()
+                one[name] = process[name](value) if process[name] else value
+        with self._engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.topic == topic, t.c.window_start == window_start))
+            for at in range(0, n, batch):
+                k = min(batch, n - at)
+                cols = [[one[name]] * k if name in one else _bound(process[name], columns[name].slice(at, k).to_pylist())
+                        for name in order]
+                rows = zip(*cols, strict=True)
+                conn.exec_driver_sql(str(insert), list(rows) if insert.positional
+                                     else [dict(zip(order, r, strict=True)) for r in rows])
+        return n
 
     @staticmethod
     def _clean_row(t: sa.Table, topic: str, window_start: datetime, row: Mapping[str, Any],

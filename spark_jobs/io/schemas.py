@@ -8,6 +8,7 @@ lookback read only their own files.
 
 from __future__ import annotations
 
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BooleanType,
     DoubleType,
@@ -186,6 +187,9 @@ AUDIT_ANOMALIES = _s(
     ("run_id", StringType(), False),
     ("computed_at", TimestampType(), False),
 )
+
+# audit_anomalies' rows as the driver holds them: Arrow columns (timestamps in UTC)
+AUDIT_ANOMALIES_ARROW = to_arrow_schema(AUDIT_ANOMALIES, timezone="UTC")
 
 SLA_RESULTS = _s(
     ("window_start", TimestampType(), False),

@@ -169,7 +169,15 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     arrow = to_arrow_schema(struct, timezone="UTC")
     data = list(rows)
     columns = [pa.array([r[i] for r in data], type=arrow.field(i).type) for i in range(len(struct.fields))]
-    for f, column in zip(struct.fields, columns, strict=True):
-        if not f.nullable and column.null_count:
-            raise ValueError(f"column {f.name!r} is not nullable, but {column.null_count} of {len(data)} rows hold None")
-    return spark.createDataFrame(pa.Table.from_arrays(columns, schema=arrow), struct)
+    return arrow_frame(spark, pa.Table.from_arrays(columns, schema=arrow), struct)
+
+
+def arrow_frame(spark: SparkSession, table: Any, struct: StructType) -> DataFrame:
+    """A DataFrame of an Arrow table the driver holds (`struct`'s columns, as `to_arrow_schema` types
+    them), decoded in the JVM like `local_frame`'s rows; a null in a column `struct` declares not
+    nullable is refused."""
+    for f in struct.fields:
+        if not f.nullable and table[f.name].null_count:
+            raise ValueError(f"column {f.name!r} is not nullable, but {table[f.name].null_count} of "
+                             f"{table.num_rows} rows hold None")
+    return spark.createDataFrame(table, struct)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -29,9 +30,8 @@ from audit.core.config import Config, TopicConfig
 from audit.core.errors import InputError, ResultReleased
 from audit.core.failover import ignored_rows_lines
 from audit.core.windows import run_id_for, windows
-from audit.oracle import OracleResult
 from spark_jobs.io.lake import kept_rows
-from spark_jobs.io.session import described, local_frame, side_by_side
+from spark_jobs.io.session import arrow_frame, described, side_by_side
 from spark_jobs.reconcile import settle
 from spark_jobs.reconcile.plan import DRIVER_ROWS, MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, job_label
 from spark_jobs.reconcile.publish import write_outputs, write_window_outputs
@@ -69,7 +69,7 @@ class WindowResult:
     # (group, cluster) -> consumption rows read on a mirror the group does not fail over to (§5.5)
     ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said after the summary line: what was ignored, the fix
-    anomaly_rows: list[dict[str, Any]] = field(default_factory=list)  # `anomalies`' rows, as the driver holds them
+    anomaly_table: pa.Table | None = None  # `anomalies`' rows, as the driver holds them (Arrow columns)
 
     @property
     def anomalies(self) -> DataFrame:
@@ -98,23 +98,20 @@ class Classified:
     empty: bool
     ignored: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, cluster) -> rows (§5.5)
     notes: list[str] = field(default_factory=list)
-    anomaly_rows: list[dict[str, Any]] = field(default_factory=list)  # `anomalies`' rows, as the driver holds them
+    anomaly_table: pa.Table | None = None  # `anomalies`' rows, as the driver holds them (Arrow columns)
 
 
-def _classified(spark: SparkSession, results: dict[str, OracleResult], shape: Shape) -> dict[str, Classified]:
+def _classified(spark: SparkSession, results: dict[str, settle.Result], shape: Shape) -> dict[str, Classified]:
     from spark_jobs.io.schemas import AUDIT_ANOMALIES
 
-    names = AUDIT_ANOMALIES.fieldNames()
-    rows = [{c: a[c] for c in names} for r in results.values() for a in r.anomalies]
-    frame = local_frame(spark, [tuple(a[c] for c in names) for a in rows], AUDIT_ANOMALIES)
+    frame = arrow_frame(spark, pa.concat_tables([results[tc.name].anomalies for tc in shape.topics]), AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}
     for tc in shape.topics:
         r = results[tc.name]
         anomalies = frame.where(F.col("topic") == tc.name) if len(shape.topics) > 1 else frame
-        empty = not any(row["expected"] for row in r.report) and not r.anomalies
-        out[tc.name] = Classified(r.report, anomalies, len(r.anomalies), r.quarantined_ledger_rows, empty,
-                                  r.ignored_mirror_rows, ignored_rows_lines(tc, r.ignored_mirror_rows),
-                                  [a for a in rows if a["topic"] == tc.name])
+        empty = not any(row["expected"] for row in r.report) and not r.anomalies.num_rows
+        out[tc.name] = Classified(r.report, anomalies, r.anomalies.num_rows, r.quarantined, empty,
+                                  r.ignored, ignored_rows_lines(tc, r.ignored), r.anomalies)
     return out
 
 
@@ -172,10 +169,11 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             anomalies = next(iter(classified.values())).anomalies if len(shape.topics) == 1 else \
                 _all_anomalies(classified)
             write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
-                                 [a for c in classified.values() for a in c.anomaly_rows], f"{label}: published")
+                                 pa.concat_tables([c.anomaly_table for c in classified.values()
+                                                   if c.anomaly_table is not None]), f"{label}: published")
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
-                         anomaly_rows=c.anomaly_rows)
+                         anomaly_table=c.anomaly_table)
             for t, c in classified.items()]
 
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -27,24 +29,22 @@ def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) 
 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
-                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame,
-                  rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Replace one topic's window rows in both Delta tables and the report store; returns anomaly rows
-    (`rows`: `anomalies`' rows where the caller holds them, as `write_window_outputs` takes them)."""
-    return write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, rows)
+                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame, held: pa.Table | None = None) -> None:
+    """Replace one topic's window rows in both Delta tables and the report store (`held`: `anomalies`'
+    rows where the caller holds them, as `write_window_outputs` takes them)."""
+    write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, held)
 
 
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                          reports: Mapping[str, Sequence[Mapping[str, Any]]],
-                         anomalies: DataFrame, rows: list[dict[str, Any]] | None = None,
-                         label: str = "published") -> list[dict[str, Any]]:
+                         anomalies: DataFrame, held: pa.Table | None = None, label: str = "published") -> None:
     """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
-    table for all of them) and the report store; returns the anomaly rows. `anomalies` holds the
-    rows of those topics only; `rows`, where the caller holds them, the same rows (else they are
-    collected). The two Delta commits and the report store's write run side by side (each commit is
-    mostly the driver waiting on the table's log); `label` names their Spark jobs."""
+    table for all of them) and the report store. `anomalies` holds the rows of those topics only;
+    `held`, where the caller holds them, the same rows as Arrow columns (else they are collected).
+    The two Delta commits and the report store's write run side by side (each commit is mostly the
+    driver waiting on the table's log); `label` names their Spark jobs."""
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
-    from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_PARTITION_REPORT
+    from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW, AUDIT_PARTITION_REPORT
 
     topics = sorted(reports)
     which = (f"topic = {_q(topics[0])}" if len(topics) == 1
@@ -53,21 +53,19 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
 
-    def stored() -> list[dict[str, Any]]:
-        anomaly_rows = rows if rows is not None else [_aware(r.asDict()) for r in anomalies.collect()]
-        settings = _settings_of(spark, cfg, anomaly_rows)
+    def stored() -> None:
+        rows = (held if held is not None else anomalies.toArrow()).select(AUDIT_ANOMALIES_ARROW.names) \
+            .cast(AUDIT_ANOMALIES_ARROW)
+        settings = _settings_of(spark, cfg, rows)
         with ReportStore(cfg.report_store) as store:
             for t in topics:
                 store.replace_window(PARTITION_REPORT, t, ws, reports[t])
-                store.replace_window(ANOMALIES, t, ws, [r for r in anomaly_rows if r["topic"] == t])
+                store.replace_window_columns(ANOMALIES, t, ws, rows.filter(pc.equal(rows["topic"], t)))
             store.record_settings(settings)
-        return anomaly_rows
 
-    *_, anomaly_rows = side_by_side(
-        spark, *[(label, lambda df=df, name=name: replace_rows(spark, cfg, name, df, where))
-                 for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))],
-        (label, stored))
-    return anomaly_rows
+    side_by_side(spark, *[(label, lambda df=df, name=name: replace_rows(spark, cfg, name, df, where))
+                          for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))],
+                 (label, stored))
 
 
 # Both output tables are partitioned by (topic, window_start), so a window's publish replaces whole
@@ -96,7 +94,7 @@ def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, w
                 partition_by=OUTPUT_PARTITION_BY, new_layout=True)
 
 
-def _settings_of(spark: SparkSession, cfg: Config, anomaly_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _settings_of(spark: SparkSession, cfg: Config, anomalies: pa.Table) -> list[dict[str, Any]]:
     """The lake's `producer_settings` rows of the pids named by log anomalies their settings decide
     (`audit.core.explain.SETTINGS_CODES`), for the report store: the SLA step, the alerts and the
     dashboard name the setting behind an anomaly from there. No such anomaly: no read."""
@@ -104,8 +102,9 @@ def _settings_of(spark: SparkSession, cfg: Config, anomaly_rows: Sequence[Mappin
     from audit.core.vocabulary import LOG, stage_kind
     from spark_jobs.io.lake import read_table, table_exists
 
-    pids = sorted({r["pid"] for r in anomaly_rows
-                   if r["anomaly"] in SETTINGS_CODES and stage_kind(r["stage"]) == LOG and r["pid"] is not None})
+    named = anomalies.filter(pc.is_in(anomalies["anomaly"], pa.array(sorted(SETTINGS_CODES), pa.string())))
+    pids = sorted({r["pid"] for r in named.group_by(["stage", "pid"]).aggregate([]).to_pylist()
+                   if stage_kind(r["stage"]) == LOG and r["pid"] is not None})
     if not pids or not table_exists(spark, cfg, "producer_settings"):
         return []
     rows = read_table(spark, cfg, "producer_settings").where(F.col("pid").isin(pids)).drop("part_hour").collect()

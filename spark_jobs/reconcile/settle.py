@@ -37,7 +37,7 @@ into chunks, one Spark task each:
    the row back. Every other row passes through (the latencies summed per distinct value);
 5. the driver collects what that job hands back -- the anomaly rows, the counts, the latency
    histograms, the chunks' bounds and flagged originals -- and assembles each topic's report
-   (`kernel.result`).
+   (`kernel.report_rows`); the anomaly rows stay Arrow columns (`anomaly_table`).
 
 The driver never holds a column of every message: only the rows named above, which grow with the
 anomalies and the distinct latencies, not with the traffic.
@@ -73,6 +73,7 @@ from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
 from audit.rules.columns import bools, ints, row_maker, values
+from spark_jobs.io.schemas import AUDIT_ANOMALIES_ARROW
 from spark_jobs.io.session import described, local_frame, side_by_side
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
@@ -234,20 +235,37 @@ def neighbour_rows(narrow: pa.Table, ws: datetime, as_of: datetime, checks: str 
     return pa.concat_tables(parts) if parts else _OUT_ARROW.empty_table()
 
 
-def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
-            small: Small) -> dict[str, oracle.OracleResult]:
-    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows); only the
-    anomaly rows become Python rows, the latencies stay columns."""
-    out: dict[str, oracle.OracleResult] = {}
+@dataclass
+class Result:
+    """One topic's window, settled: its report rows and anomaly rows (`AUDIT_ANOMALIES_ARROW`)."""
+
+    report: list[dict[str, Any]]
+    anomalies: pa.Table
+    quarantined: int
+    ignored: dict[tuple[str, str], int]  # (group, cluster) -> consumption rows read on a mirror (§5.5)
+
+
+_ANOMALY_COLUMNS = ["partition", "stage", "anomaly", "pid", "seq", "offset", "detail"]
+
+
+def anomaly_table(rows: pa.Table, topic: str, ws: datetime, as_of: datetime) -> pa.Table:
+    """OUT anomaly rows of one topic as `audit_anomalies` rows: they stay Arrow columns to the Delta
+    table and the report store (the driver holds no Python object per anomaly)."""
+    given = {"window_start": ws, "topic": topic, "run_id": run_id_for(topic, ws, as_of), "computed_at": as_of}
+    return pa.Table.from_arrays([pa.repeat(pa.scalar(given[f.name], f.type), rows.num_rows) if f.name in given
+                                 else rows[f.name].cast(f.type) for f in AUDIT_ANOMALIES_ARROW], schema=AUDIT_ANOMALIES_ARROW)
+
+
+def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, small: Small) -> dict[str, Result]:
+    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows), all columns."""
+    out: dict[str, Result] = {}
     of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k)) for k in (ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED)}
     for tc in shape.topics:
         mine = {k: t.filter(pc.equal(t["topic"], tc.name)) for k, t in of_kind.items()}
-        run_id = run_id_for(tc.name, ws, as_of)
-        anomalies = [{"window_start": ws, "topic": tc.name, "partition": r["partition"], "stage": r["stage"],
-                      "anomaly": r["anomaly"], "pid": r["pid"], "seq": r["seq"], "offset": r["offset"],
-                      "detail": r["detail"], "run_id": run_id, "computed_at": as_of}
-                     for r in mine[ANOMALY].select(["partition", "stage", "anomaly", "pid", "seq", "offset", "detail"])
-                     .to_pylist()]
+        anomalies = mine[ANOMALY].select(_ANOMALY_COLUMNS)
+        codes: dict[tuple[str, int], dict[str, int]] = {}
+        for r in anomalies.group_by(["stage", "partition", "anomaly"]).aggregate([("anomaly", "count")]).to_pylist():
+            codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["anomaly_count"]
         counts: dict[tuple[str, int], dict[str, int]] = {}
         for r in mine[COUNT].group_by(["stage", "partition", "anomaly"]).aggregate([("n", "sum")]).to_pylist():
             counts.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["n_sum"]
@@ -261,13 +279,13 @@ def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
         ignored = {(r["stage"], r["anomaly"]): r["n_sum"] for r in
                    mine[IGNORED].group_by(["stage", "anomaly"]).aggregate([("n", "sum")]).to_pylist()}
         partitions = {w.partition for w in small.watermarks if w.topic == tc.name}
-        out[tc.name] = kernel.result(tc, ws, as_of, partitions, counts, hists, anomalies, quarantined, ignored)
+        out[tc.name] = Result(kernel.report_rows(tc, ws, as_of, partitions, counts, hists, codes),
+                              anomaly_table(anomalies, tc.name, ws, as_of), quarantined, ignored)
     return out
 
 
 # ---------------------------------------------------------------------------- in the driver
-def in_driver(rows: pa.Table, shape: Shape, ws: datetime, as_of: datetime,
-              small: Small) -> dict[str, oracle.OracleResult]:
+def in_driver(rows: pa.Table, shape: Shape, ws: datetime, as_of: datetime, small: Small) -> dict[str, Result]:
     """A batch settled here from all its rows (`tiers`, collected): one chunk."""
     return results(_with_neighbours(_settle_parts(_parts(rows), shape.topics, ws, as_of, small, None), ws, as_of),
                    shape, ws, as_of, small)
@@ -522,7 +540,7 @@ def _chunk_keys(spark: SparkSession, n: int) -> list[int]:
 
 
 def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime, as_of: datetime, small: Small,
-             n: int, label: str) -> dict[str, oracle.OracleResult]:
+             n: int, label: str) -> dict[str, Result]:
     """A batch settled in `n` Spark tasks (the module's docstring, steps 1 to 5)."""
     topics = shape.topics
     consumed = vis.consumed
