@@ -130,6 +130,18 @@ def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:
         cfg.topic("c")
 
 
+@pytest.mark.parametrize(("spark", "memory"), [
+    ("{}", "4g"),  # local[2]: the driver's JVM runs the tasks
+    ("{master: 'local[*]'}", "4g"),
+    ("{master: 'spark://10.0.0.5:7077'}", "2g"),  # a cluster's driver runs none
+    ("{master: 'spark://10.0.0.5:7077', spark.driver.memory: 6g}", "6g"),
+    ("{master: 'local[2]', spark.driver.memory: 1g}", "1g"),
+])
+def test_the_driver_heap_defaults_by_master_and_a_set_one_is_kept(tmp_path: Path, spark: str, memory: str) -> None:
+    cfg = config.load(write(tmp_path, f"spark: {spark}\n"))
+    assert cfg.driver_jvm == {"spark.driver.memory": memory, "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
+
+
 @pytest.mark.unit
 def test_lake_and_delta_sinks_are_hadoop_uris_or_local_folders(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:

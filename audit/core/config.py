@@ -171,6 +171,10 @@ ENGINES = ("auto", "driver", "spark")
 
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
+# On a cluster the driver runs no task: it holds plans, the settled windows' anomaly rows and
+# counts, and the collector grows a 4 GB heap to 2 GB of resident memory anyway (docs/internals.md
+# "The driver on a cluster").
+CLUSTER_DRIVER_MEMORY = "2g"
 
 
 @dataclass(frozen=True)
@@ -325,10 +329,14 @@ class Config:
 
     @property
     def driver_jvm(self) -> dict[str, str]:
-        """Settings of the driver JVM itself (`DRIVER_JVM_DEFAULTS` unless `spark:` sets them). They
-        take effect only where the JVM is started: by `build_spark`, or as spark-submit `--conf`s
-        (the DAGs pass them); a running JVM ignores them."""
-        return {k: self.spark.get(k, v) for k, v in DRIVER_JVM_DEFAULTS.items()}
+        """Settings of the driver JVM itself (`DRIVER_JVM_DEFAULTS`, the heap `CLUSTER_DRIVER_MEMORY`
+        on a master other than `local[...]`, unless `spark:` sets them). They take effect only where
+        the JVM is started: by `build_spark`, or as spark-submit `--conf`s (the DAGs pass them); a
+        running JVM ignores them."""
+        defaults = dict(DRIVER_JVM_DEFAULTS)
+        if not self.spark_master.startswith("local"):
+            defaults["spark.driver.memory"] = CLUSTER_DRIVER_MEMORY
+        return {k: self.spark.get(k, v) for k, v in defaults.items()}
 
     def topic(self, name: str) -> TopicConfig:
         try:
