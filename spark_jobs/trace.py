@@ -126,12 +126,13 @@ def select(df: DataFrame, ids: DataFrame, positions: DataFrame) -> dict[int, lis
 
 def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuery]) -> list[dict[str, Any]]:
     """Read the lake and the sinks of the queried topics once; per query (same order) the traced
-    rows by kind (ledger, log, consumed, sinks {name: rows}, anomalies), the `settings` its
+    rows by kind (ledger, log, consumed -- a share group's dead-letter records among them, as the
+    group's `dead_lettered` rows --, sinks {name: rows}, anomalies), the `settings` its
     producer sessions recorded at start (`producer_settings`), plus `missing` (lake tables not
     written yet). A topic the config does not name is traced without sinks (the CLI checks the
     name first)."""
     from spark_jobs.io.lake import read_table, table_exists
-    from spark_jobs.io.sinks_read import read_sink
+    from spark_jobs.io.sinks_read import read_sink, share_dead_letter_rows
 
     if any(q.key is not None for q in queries):
         raise ValueError("a query by key names messages: resolve it with messages_by_key first")
@@ -151,6 +152,11 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
                                                else replace(s, dead_letter_topic=None), t, frames["log_records"], dlq),
                                      id_df, pos_df)
                  for t in topics for s in sinks[t] if s.identity != "coordinates" or frames["log_records"] is not None}
+    # a share group's dead-letter records show as the group's `dead_lettered` rows, as reconcile reads them
+    share_dlq = {t: [g for g in cfg.topics[t].share_groups if g.dead_letter_topic] if t in cfg.topics else []
+                 for t in topics}
+    dead = {t: select(share_dead_letter_rows(dlq, share_dlq[t], frames["log_records"]), id_df, pos_df)
+            for t in topics if share_dlq[t] and dlq is not None and frames["log_records"] is not None}
     # the settings each producer session recorded at start (a table of pids, not of messages)
     settings: dict[str, list[dict[str, Any]]] = defaultdict(list)
     pids = sorted({pid for _, _, pid, _ in r.ids})
@@ -165,6 +171,8 @@ def trace_messages(spark: SparkSession, cfg: Config, queries: Sequence[TraceQuer
             "positions": sorted((p, o) for kk, _, p, o in r.positions if kk == k), "missing": missing}
         for _, key in TRACE_TABLES:
             trace[key] = rows[key].get(k, [])
+        if q.topic in dead:
+            trace["consumed"] = sorted(trace["consumed"] + dead[q.topic].get(k, []), key=_order)
         trace["sinks"] = {s.name: sink_rows[(q.topic, s.name)].get(k, []) for s in sinks[q.topic]}
         trace["settings"] = sorted((x for _, pid in trace["ids"] for x in settings.get(pid, [])), key=_order)
         out.append(trace)

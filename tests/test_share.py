@@ -3,6 +3,7 @@ and the kernel, its config, and an audited share group on the real broker end to
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -284,11 +285,13 @@ def test_share_start_offsets_never_raise_for_what_the_broker_or_the_program_answ
 
 
 @pytest.mark.spark
-def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equal_the_oracle(spark: Any) -> None:
+def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equal_the_oracle(spark: Any,
+                                                                                             tmp_path: Path) -> None:
     """Capture's rows of a share group's DLQ topic (KIP-1191: the __dlq.errors.* headers), handed to the
     share stage as the group's `dead_lettered` rows (`share_dead_letter_rows`): Spark tasks give the
     oracle's rows on the hand-written cases (p10 rejected and p11 archived, both dead-lettered; p12 a
-    position the log never held: quarantined); a record of another group in the same topic is not q1's."""
+    position the log never held: quarantined); a record of another group in the same topic is not q1's.
+    `trace` of p10's record shows its DLQ record as the group's `dead_lettered` row."""
     from dataclasses import replace
     from datetime import UTC, datetime
 
@@ -332,6 +335,22 @@ def test_a_share_groups_dead_letter_records_captured_and_reconciled_by_spark_equ
     assert sorted_anomalies(r.asDict() for r in c.anomalies.collect()) == sorted_anomalies(want.anomalies)
     assert norm_rows(c.report) == norm_rows(want.report)
     assert c.quarantined == want.quarantined_ledger_rows == 2
+
+    # `trace` shows the rejected record's DLQ record among the group's rows, as reconcile reads it
+    from audit.serving.trace_view import format_timeline
+    from spark_jobs.trace import TraceQuery, trace_message
+    from tests.reconcile_cases import write_lake
+
+    cfg = config_mod.from_dict({"home": str(tmp_path / ".msgaudit"), "lake": str(tmp_path / "lake"),
+                                "topics": {TOPIC: {"share_groups": [{"name": sg.name, "dead_letter_topic": SHARE_DLQ}]}}},
+                               source="<test>", base=tmp_path)
+    write_lake(spark, cfg.lake, h.inputs())
+    dl.write.format("delta").partitionBy("dlq_topic").save(f"{cfg.lake}/dead_letter_records")
+    trace = trace_message(spark, cfg, TraceQuery(TOPIC, partition=10, offset=0))
+    assert [(r["group"], r["outcome"], r["consumer"], r["attempt"], r["error"]) for r in trace["consumed"]
+            if r["outcome"] == "dead_lettered"] == [(sg.name, "dead_lettered", SHARE_DLQ, 1, rejected)]
+    assert (f"group    {sg.name}: dead_lettered 10@0 attempt 1 by {SHARE_DLQ} (consume_seq 0), error {rejected}"
+            in format_timeline(trace))
 
 
 @pytest.mark.unit

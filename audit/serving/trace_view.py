@@ -63,9 +63,11 @@ def _events(trace: Mapping[str, Any]) -> list[tuple[datetime | None, int, str]]:
             line += f", header error: {r['header_error']}"
         ev.append((_utc(r.get("kafka_ts") or r.get("produce_ts") or r.get("captured_at")), 1, line))
     for r in trace["consumed"]:
-        ev.append((_utc(r["consume_ts"]), 2,
-                   f"group    {r['group']}: {r['outcome']} {_pos(r)} attempt {r['attempt']} "
-                   f"by {r['consumer']} (consume_seq {r['consume_seq']})"))
+        line = (f"group    {r['group']}: {r['outcome']} {_pos(r)} attempt {r['attempt']} "
+                f"by {r['consumer']} (consume_seq {r['consume_seq']})")
+        if r.get("error"):  # a failed processing's error; a share group's dead-letter record: the broker's reason
+            line += f", error {r['error']}"
+        ev.append((_utc(r["consume_ts"]), 2, line))
     for name, rows in sorted(trace["sinks"].items()):
         for r in rows:
             ev.append((_utc(r.get("sink_ts")), 3, f"sink     {name}: row {_pos(r)} {_id(r)}"))
