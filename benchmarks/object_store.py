@@ -61,16 +61,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 def config(endpoint: str, bucket: str, work: Path, master: str, extra: dict[str, str] | None = None) -> Any:
     """The benchmark's configuration with the lake and the Delta sink in `bucket` on the store."""
     from audit.core import config as config_mod
+    from tests.support.services import s3a_settings
 
     return config_mod.from_dict({
         "home": str(work / "home"), "lake": f"s3a://{bucket}/lake", "report_store": f"sqlite:///{work / 'report.db'}",
         "reconcile": {"engine": "spark"},
-        "spark": {"master": master, "spark.sql.shuffle.partitions": "8",
-                  "spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
-                  "spark.hadoop.fs.s3a.path.style.access": "true",
-                  "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-                  "spark.hadoop.fs.s3a.access.key": "msgaudit-test-key",
-                  "spark.hadoop.fs.s3a.secret.key": "msgaudit-test-secret",
+        "spark": {"master": master, "spark.sql.shuffle.partitions": "8", **s3a_settings(endpoint),
                   # one PUT per file, no multipart upload: gofakes3 keeps a part's aws-chunked body as
                   # it came (its trailer ends the object, which is then no Parquet file)
                   "spark.hadoop.fs.s3a.multipart.size": "1536M", **(extra or {})},
@@ -91,9 +87,7 @@ def moto_store() -> Iterator[tuple[str, int]]:
     from tests.support.services import s3_server
 
     with s3_server(BUCKET) as s3:
-        yield s3.endpoint, next(p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
-                                if _parent(p) == os.getpid()
-                                and b"moto.server" in Path(f"/proc/{p}/cmdline").read_bytes())
+        yield s3.endpoint, s3.pid
 
 
 @contextmanager
@@ -133,13 +127,6 @@ def machine_cpu_seconds() -> float:
     """CPU seconds the whole machine has spent (every process, live or gone), from /proc/stat."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / TICK  # all but idle, iowait
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
 
 
 def cpu_seconds(pid: int) -> float:

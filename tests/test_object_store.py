@@ -19,7 +19,7 @@ from audit.core import config as config_mod
 from audit.lab.env import ProxiedBroker
 from audit.lab.runner import LabResult, run_scenarios
 from spark_jobs.io.session import build_spark
-from tests.support.services import S3Server, s3_server
+from tests.support.services import S3Server, s3_server, s3a_settings
 
 # The lab's designed faults of these scenarios (the same as tests/test_lab_scenarios.py).
 DESIGNED = {"at_least_once": {"redelivered": 10, "duplicate_in_sink": 5}}
@@ -41,14 +41,7 @@ def s3_result(tmp_path_factory: pytest.TempPathFactory, spark: Any, s3: S3Server
         "home": str(work / ".msgaudit"),
         "lake": f"s3a://{s3.bucket}/prod/lake/",
         "reconcile": {"engine": "spark"},  # the windows settled in Spark tasks, which read the lake's files
-        "spark": {
-            "spark.hadoop.fs.s3a.endpoint": s3.endpoint,
-            "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.access.key": "${MSGAUDIT_TEST_S3_ACCESS_KEY}",
-            "spark.hadoop.fs.s3a.secret.key": "${MSGAUDIT_TEST_S3_SECRET_KEY}",
-        },
+        "spark": s3a_settings(s3.endpoint, "${MSGAUDIT_TEST_S3_ACCESS_KEY}", "${MSGAUDIT_TEST_S3_SECRET_KEY}"),
     }, source="<s3 test>", base=work)
     mp.undo()
     session = build_spark(cfg)  # the shared session, with the config's Hadoop settings applied

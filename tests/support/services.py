@@ -83,6 +83,7 @@ class S3Server:
 
     endpoint: str
     bucket: str
+    pid: int = 0  # the server's process
     access_key: str = "msgaudit-test-key"
     secret_key: str = "msgaudit-test-secret"
 
@@ -100,6 +101,15 @@ class S3Server:
         return out
 
 
+def s3a_settings(endpoint: str, access_key: str = S3Server.access_key,
+                 secret_key: str = S3Server.secret_key) -> dict[str, str]:
+    """The `spark:` settings that point S3A (Spark, and the settling tasks' pyarrow through them) at a
+    local S3 server over plain HTTP, path-style, with these credentials (or `${ENV}` references)."""
+    return {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+            "spark.hadoop.fs.s3a.path.style.access": "true", "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+            "spark.hadoop.fs.s3a.access.key": access_key, "spark.hadoop.fs.s3a.secret.key": secret_key}
+
+
 @contextmanager
 def s3_server(bucket: str = "audit-lake") -> Iterator[S3Server]:
     """moto's S3 server (its own process, 127.0.0.1, a free port), with `bucket` created."""
@@ -107,7 +117,7 @@ def s3_server(bucket: str = "audit-lake") -> Iterator[S3Server]:
     log = tempfile.NamedTemporaryFile(prefix="msgaudit-moto-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
-    server = S3Server(f"http://127.0.0.1:{port}", bucket)
+    server = S3Server(f"http://127.0.0.1:{port}", bucket, proc.pid)
     try:
         deadline = time.monotonic() + 30
         while True:
