@@ -31,6 +31,7 @@ from audit.core.errors import InputError, ResultReleased
 from audit.core.failover import ignored_rows_lines
 from audit.core.windows import run_id_for, windows
 from spark_jobs.io.lake import kept_rows
+from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW
 from spark_jobs.io.session import arrow_frame, described, side_by_side
 from spark_jobs.reconcile import settle
 from spark_jobs.reconcile.plan import DRIVER_ROWS, MAX_TOPICS_PER_PLAN, Shape, batches, chunk_count, job_label
@@ -69,7 +70,8 @@ class WindowResult:
     # (group, cluster) -> consumption rows read on a mirror the group does not fail over to (§5.5)
     ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said after the summary line: what was ignored, the fix
-    anomaly_table: pa.Table | None = None  # `anomalies`' rows, as the driver holds them (Arrow columns)
+    # `anomalies`' rows, as the driver holds them (Arrow columns)
+    anomaly_table: pa.Table = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
 
     @property
     def anomalies(self) -> DataFrame:
@@ -98,12 +100,11 @@ class Classified:
     empty: bool
     ignored: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, cluster) -> rows (§5.5)
     notes: list[str] = field(default_factory=list)
-    anomaly_table: pa.Table | None = None  # `anomalies`' rows, as the driver holds them (Arrow columns)
+    # `anomalies`' rows, as the driver holds them (Arrow columns)
+    anomaly_table: pa.Table = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
 
 
 def _classified(spark: SparkSession, results: dict[str, settle.Result], shape: Shape) -> dict[str, Classified]:
-    from spark_jobs.io.schemas import AUDIT_ANOMALIES
-
     frame = arrow_frame(spark, pa.concat_tables([results[tc.name].anomalies for tc in shape.topics]), AUDIT_ANOMALIES)
     out: dict[str, Classified] = {}
     for tc in shape.topics:
@@ -169,8 +170,7 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             anomalies = next(iter(classified.values())).anomalies if len(shape.topics) == 1 else \
                 _all_anomalies(classified)
             write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
-                                 pa.concat_tables([c.anomaly_table for c in classified.values()
-                                                   if c.anomaly_table is not None]), f"{label}: published")
+                                 pa.concat_tables([c.anomaly_table for c in classified.values()]), f"{label}: published")
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
                          anomaly_table=c.anomaly_table)

@@ -245,12 +245,10 @@ class Result:
     ignored: dict[tuple[str, str], int]  # (group, cluster) -> consumption rows read on a mirror (§5.5)
 
 
-_ANOMALY_COLUMNS = ["partition", "stage", "anomaly", "pid", "seq", "offset", "detail"]
-
-
 def anomaly_table(rows: pa.Table, topic: str, ws: datetime, as_of: datetime) -> pa.Table:
-    """OUT anomaly rows of one topic as `audit_anomalies` rows: they stay Arrow columns to the Delta
-    table and the report store (the driver holds no Python object per anomaly)."""
+    """OUT anomaly rows of one topic as `audit_anomalies` rows (the window, topic, run and time given,
+    the other columns OUT's): they stay Arrow columns to the Delta table and the report store (the
+    driver holds no Python object per anomaly)."""
     given = {"window_start": ws, "topic": topic, "run_id": run_id_for(topic, ws, as_of), "computed_at": as_of}
     return pa.Table.from_arrays([pa.repeat(pa.scalar(given[f.name], f.type), rows.num_rows) if f.name in given
                                  else rows[f.name].cast(f.type) for f in AUDIT_ANOMALIES_ARROW], schema=AUDIT_ANOMALIES_ARROW)
@@ -262,7 +260,7 @@ def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, sma
     of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k)) for k in (ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED)}
     for tc in shape.topics:
         mine = {k: t.filter(pc.equal(t["topic"], tc.name)) for k, t in of_kind.items()}
-        anomalies = mine[ANOMALY].select(_ANOMALY_COLUMNS)
+        anomalies = mine[ANOMALY]
         codes: dict[tuple[str, int], dict[str, int]] = {}
         for r in anomalies.group_by(["stage", "partition", "anomaly"]).aggregate([("anomaly", "count")]).to_pylist():
             codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["anomaly_count"]
