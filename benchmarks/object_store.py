@@ -177,6 +177,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.master.startswith("spark://"):
         extra = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                  "spark.executor.memory": args.executor_memory}
+    extra.update(dict(c.split("=", 1) for c in args.conf))
     cfg = config(args.endpoint, args.bucket, work / args.label, args.master, extra)
     spark = build_spark(cfg, app_name=f"msgaudit-bench-{args.label}")
     if args.master.startswith("spark://"):
@@ -228,7 +229,7 @@ def child(phase: str, args: argparse.Namespace, **more: Any) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--phase", phase, "--n", str(args.n), "--partitions", str(args.partitions),
             "--reps", str(args.reps), "--warmups", str(args.warmups), "--work", str(args.work),
             "--endpoint", args.endpoint, "--bucket", args.bucket, "--store-pid", str(args.store_pid),
-            "--executor-memory", args.executor_memory]
+            "--executor-memory", args.executor_memory, *(f"--conf={c}" for c in args.conf)]
     for k, v in more.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the S3 server: gofakes3 (default; Go, objects in memory) or moto (the tests' store)")
     ap.add_argument("--worker-memory", default="4g", help="each cluster worker's memory (default 4g)")
     ap.add_argument("--executor-memory", default="3g", help="each cluster executor's heap (default 3g)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting of the measured sessions (not the generating one), repeatable: "
+                         "e.g. spark.driver.memory=1g")
     # the phases' own arguments
     ap.add_argument("--phase", choices=("generate", "measure"), help=argparse.SUPPRESS)
     for hidden in ("--work", "--endpoint", "--bucket", "--master", "--label"):

@@ -130,16 +130,18 @@ def test_unknown_topic_lists_the_configured_ones(tmp_path: Path) -> None:
         cfg.topic("c")
 
 
-@pytest.mark.parametrize(("spark", "memory"), [
-    ("{}", "4g"),  # local[2]: the driver's JVM runs the tasks
-    ("{master: 'local[*]'}", "4g"),
-    ("{master: 'spark://10.0.0.5:7077'}", "2g"),  # a cluster's driver runs none
-    ("{master: 'spark://10.0.0.5:7077', spark.driver.memory: 6g}", "6g"),
-    ("{master: 'local[2]', spark.driver.memory: 1g}", "1g"),
+@pytest.mark.parametrize(("spark", "memory", "gc"), [
+    ("{}", "4g", "Parallel"),  # local[2]: the driver's JVM runs the tasks
+    ("{master: 'local[*]'}", "4g", "Parallel"),
+    ("{master: 'spark://10.0.0.5:7077'}", "2g", "Serial"),  # a cluster's driver runs none
+    ("{master: 'spark://10.0.0.5:7077', spark.driver.memory: 6g}", "6g", "Serial"),
+    ("{master: 'spark://10.0.0.5:7077', spark.driver.extraJavaOptions: '-XX:+UseG1GC'}", "2g", "G1"),
+    ("{master: 'local[2]', spark.driver.memory: 1g}", "1g", "Parallel"),
 ])
-def test_the_driver_heap_defaults_by_master_and_a_set_one_is_kept(tmp_path: Path, spark: str, memory: str) -> None:
+def test_the_driver_jvm_defaults_by_master_and_a_set_one_is_kept(tmp_path: Path, spark: str, memory: str,
+                                                                  gc: str) -> None:
     cfg = config.load(write(tmp_path, f"spark: {spark}\n"))
-    assert cfg.driver_jvm == {"spark.driver.memory": memory, "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
+    assert cfg.driver_jvm == {"spark.driver.memory": memory, "spark.driver.extraJavaOptions": f"-XX:+Use{gc}GC"}
 
 
 @pytest.mark.unit

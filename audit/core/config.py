@@ -172,9 +172,11 @@ ENGINES = ("auto", "driver", "spark")
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 # On a cluster the driver runs no task: it holds plans, the settled windows' anomaly rows and
-# counts, and the collector grows a 4 GB heap to 2 GB of resident memory anyway (docs/internals.md
-# "The driver on a cluster").
-CLUSTER_DRIVER_MEMORY = "2g"
+# counts. The serial collector keeps its heap to what those need (the parallel one grew a 2 GB heap
+# to 1.4 GB of resident memory at 10M messages, the serial one to about 1 GB, in the same time:
+# docs/internals.md "The driver on a cluster").
+CLUSTER_DRIVER_JVM: Mapping[str, str] = {"spark.driver.memory": "2g",
+                                         "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
 
 
 @dataclass(frozen=True)
@@ -329,13 +331,11 @@ class Config:
 
     @property
     def driver_jvm(self) -> dict[str, str]:
-        """Settings of the driver JVM itself (`DRIVER_JVM_DEFAULTS`, the heap `CLUSTER_DRIVER_MEMORY`
-        on a master other than `local[...]`, unless `spark:` sets them). They take effect only where
+        """Settings of the driver JVM itself (`DRIVER_JVM_DEFAULTS`, or `CLUSTER_DRIVER_JVM` on a master
+        other than `local[...]`, unless `spark:` sets them). They take effect only where
         the JVM is started: by `build_spark`, or as spark-submit `--conf`s (the DAGs pass them); a
         running JVM ignores them."""
-        defaults = dict(DRIVER_JVM_DEFAULTS)
-        if not self.spark_master.startswith("local"):
-            defaults["spark.driver.memory"] = CLUSTER_DRIVER_MEMORY
+        defaults = DRIVER_JVM_DEFAULTS if self.spark_master.startswith("local") else CLUSTER_DRIVER_JVM
         return {k: self.spark.get(k, v) for k, v in defaults.items()}
 
     def topic(self, name: str) -> TopicConfig:
