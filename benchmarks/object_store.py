@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(hidden, default="", help=argparse.SUPPRESS)
     ap.add_argument("--store-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if any("=" not in c for c in args.conf):
+        ap.error("--conf takes KEY=VALUE, e.g. --conf spark.driver.memory=1g")
     if args.phase == "generate":
         generate(args)
         return 0

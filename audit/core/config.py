@@ -172,9 +172,9 @@ ENGINES = ("auto", "driver", "spark")
 DRIVER_JVM_DEFAULTS: Mapping[str, str] = {"spark.driver.memory": "4g",
                                           "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 # On a cluster the driver runs no task: it holds plans, the settled windows' anomaly rows and
-# counts. The serial collector keeps its heap to what those need (the parallel one grew a 2 GB heap
-# to 1.4 GB of resident memory at 10M messages, the serial one to about 1 GB, in the same time:
-# docs/internals.md "The driver on a cluster").
+# counts. The serial collector keeps its heap to what those need; the parallel one grows it for
+# throughput, to half as much resident memory again at 1M messages, in the same time
+# (docs/internals.md "The driver on a cluster").
 CLUSTER_DRIVER_JVM: Mapping[str, str] = {"spark.driver.memory": "2g",
                                          "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
 
