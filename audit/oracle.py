@@ -336,6 +336,31 @@ class Inputs:
     share_offsets: Sequence[ShareOffset] = ()
 
 
+def log_start_offsets(topic: str, watermarks: Iterable[Watermark]) -> dict[int, int]:
+    """Per partition of `topic`, the highest log start offset captured: a record below it is gone."""
+    out: dict[int, int] = {}
+    for w in watermarks:
+        if w.topic == topic:
+            out[w.partition] = max(out.get(w.partition, w.log_start_offset), w.log_start_offset)
+    return out
+
+
+def committed_offsets(topic: str, group_offsets: Iterable[GroupOffset],
+                      consumed: Iterable[ConsumedRow]) -> dict[tuple[str, int], int | None]:
+    """Per (group, partition) of `topic`, the group's committed offset: the latest captured one, or
+    the highest `committed` row in `consumed` (the consumer interceptor's onCommit: the group's own
+    word on it, not an outcome of the record at that offset), whichever is higher."""
+    out: dict[tuple[str, int], int | None] = {}
+    for go in sorted((go for go in group_offsets if go.topic == topic),
+                     key=lambda go: (go.captured_at, -1 if go.committed_offset is None else go.committed_offset)):
+        out[(go.group, go.partition)] = go.committed_offset
+    for c in consumed:
+        if c.outcome == COMMITTED and c.topic == topic:
+            known = out.get((c.group, c.partition))
+            out[(c.group, c.partition)] = c.offset if known is None else max(known, c.offset)
+    return out
+
+
 def start_offsets(topic: str, rows: Iterable[ShareOffset]) -> dict[tuple[str, int], int]:
     """(share group, partition) -> its start offset at the latest capture that holds one (of `topic`)."""
     latest: dict[tuple[str, int], ShareOffset] = {}
@@ -651,19 +676,8 @@ def window_facts(tc: TopicConfig, window_start: datetime, as_of: datetime, input
     sink_rows = {s.name: [r for r in inputs.sinks.get(s.name, ()) if r.topic == topic
                           and (r.sink_ts is None or rr.event_lo <= r.sink_ts < rr.event_hi)] for s in tc.sinks}
     watermarks = [w for w in inputs.watermarks if w.topic == topic]
-    max_lso: dict[int, int] = {}
-    for w in watermarks:
-        max_lso[w.partition] = max(max_lso.get(w.partition, w.log_start_offset), w.log_start_offset)
-    committed_offset: dict[tuple[str, int], int | None] = {}
-    for go in sorted((go for go in inputs.group_offsets if go.topic == topic),
-                     key=lambda go: (go.captured_at, -1 if go.committed_offset is None else go.committed_offset)):
-        committed_offset[(go.group, go.partition)] = go.committed_offset
-    # `committed` rows (the consumer interceptor's onCommit) are g's own word on its committed
-    # offset, not outcomes of the record at that offset: the higher of them and the snapshot counts.
-    for c in consumed:
-        if c.outcome == COMMITTED:
-            known = committed_offset.get((c.group, c.partition))
-            committed_offset[(c.group, c.partition)] = c.offset if known is None else max(known, c.offset)
+    max_lso = log_start_offsets(topic, watermarks)
+    committed_offset = committed_offsets(topic, inputs.group_offsets, consumed)
     consumed = [c for c in consumed if c.outcome != COMMITTED]
 
     # --- order of consumption, per (group, partition): flags first processings that go backwards

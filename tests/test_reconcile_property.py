@@ -358,6 +358,52 @@ def test_the_kernel_on_the_hand_written_cases() -> None:
 
 
 @pytest.mark.unit
+def test_a_group_a_share_group_and_sinks_that_saw_nothing_are_settled_on_columns_as_the_oracle_settles_them() -> None:
+    """An incident: group g2, share group q1 and sinks s2 (fed by the log) and s3 (fed by g1) have
+    no row of the window's 30 messages; g1 processed every one; s1, fed by g2, holds every fifth
+    (g2 processed those: its consumption rows were never flushed). The messages are otherwise
+    ordinary, so the kernel settles them on columns -- no message goes to the per-message oracle --
+    and gives the oracle's rows: grace (as_of 11:05, grace 15 min: produced after 10:50 is pending),
+    g2's log start offset on p0 (3), its committed offsets on p1 (8, captured) and p2 (5, its
+    interceptor's `committed` row), q1's start offset on p1 (6)."""
+    from collections import Counter
+
+    from audit.rules import kernel
+    from tests.reconcile_cases import History, arrow_tables, at, classify_in_chunks
+
+    tc = replace(topic_config(groups=("g1", "g2"), sinks=(("s1", "g2"), ("s2", None), ("s3", "g1"))),
+                 share_groups=(ShareGroupConfig("q1", 3),))
+    h = History()
+    for i in range(30):  # message i: partition i % 3, offset i // 3, produced at 10:00 + 2i min
+        p, off, t = i % 3, i // 3, at(2 * i)
+        h.produce("a", i, p, off, t)
+        h.record("a", i, p, off, t)
+        h.consume("a", i, p, off, t + timedelta(seconds=1), group="g1")
+        if i % 5 == 0:
+            h.sink("a", i, p, off, t + timedelta(seconds=2), name="s1")
+    h.consume(None, None, 2, 5, at(30), outcome="committed", group="g2", consumer="c9")
+    h.captured(0, 3, 10, at(61))
+    h.captured(1, 0, 10, at(61), group_committed=8, group="g2")
+    h.captured(2, 0, 10, at(61))
+    h.share_offsets.append(ShareOffset("q1", 1, 6, at(61)))
+    as_of = at(65)
+    inputs = h.inputs()
+    want = reconcile_window(tc, T0, as_of, inputs)
+    assert Counter((a["stage"], a["anomaly"]) for a in want.anomalies) == {
+        ("group:g2", "pending"): 4, ("group:g2", "expired_unconsumed"): 2, ("group:g2", "missed"): 11,
+        ("group:g2", "overdue"): 7,
+        ("share:q1", "pending"): 4, ("share:q1", "missed"): 6, ("share:q1", "overdue"): 20,
+        ("sink:s2", "pending"): 4, ("sink:s2", "missing_in_sink"): 26,
+        ("sink:s3", "pending"): 4, ("sink:s3", "missing_in_sink"): 26}
+    settled = kernel.settle(tc, T0, as_of, arrow_tables(inputs))
+    assert (settled.facts.anomalies, settled.coded.num_rows) == ([], 114)
+    for got in (kernel.classify(tc, T0, as_of, arrow_tables(inputs)),
+                *(classify_in_chunks([tc], T0, as_of, arrow_tables(inputs), n)[tc.name] for n in (2, 3))):
+        assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
+        assert norm_rows(got.report) == norm_rows(want.report)
+
+
+@pytest.mark.unit
 def test_the_kernel_takes_seqs_and_sessions_its_packed_key_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pid code and a seq share one int64 key while they fit; seqs beyond 2^40, negative seqs or
     more sessions than the code's bits hold (here made 2: at most 3 sessions) take a dense key of

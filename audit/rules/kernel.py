@@ -3,11 +3,15 @@
 A message is *ordinary* when, in the rows at hand, it has exactly one ledger row (acked, with its
 partition and offset), exactly one valid log record (committed, at that partition and offset), for
 each group of the topic exactly one consumption row (a processing, at that partition and offset,
-read on the audited cluster, not flagged by the order of consumption) and no other, and exactly one
-row in each sink (not a dead-letter row); for each share group exactly two rows, an acquisition and
-an accept the broker took, at that position, on the audited cluster. Every rule of §5 gives such a
-message nothing but: expected and delivered at every stage, its ack, consume and sink latencies,
-and its narrow row for the checks that need neighbours.
+read on the audited cluster, not flagged by the order of consumption) and no other, or none at all;
+for each share group exactly two rows, an acquisition and an accept the broker took, at that
+position, on the audited cluster, or none at all; and in each sink exactly one row (not a
+dead-letter row), or none. Every rule of §5 gives such a message: expected at every stage;
+delivered at the log and wherever it has its rows; its ack, consume and sink latencies there; at a
+group, share group or sink with no row of it, the code of a record never processed, never accepted
+or never written, which follows from grace, the group's committed offsets, the log start offsets
+and the share group's start offsets alone (an incident -- a group down for the hour -- is settled
+on columns like a quiet hour); and its narrow row for the checks that need neighbours.
 `settle` computes those facts for all ordinary messages at once; every other message -- with all
 its rows --, every row without a message identity, the consumer interceptor's `committed` rows
 and the rows read on a mirror go to `oracle.window_facts`, which classifies them exactly as it
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -46,11 +50,13 @@ from audit.core.vocabulary import (
     LEDGER_STATUSES,
     LOG,
     PROCESSING_OUTCOMES,
+    detail,
     group_stage,
     share_stage,
     sink_stage,
+    stage_kind,
 )
-from audit.core.windows import read_ranges
+from audit.core.windows import read_ranges, run_id_for
 from audit.rules import neighbours
 from audit.rules.columns import (
     NONE,
@@ -68,6 +74,10 @@ from audit.rules.columns import (
 from audit.rules.neighbours import NARROW, fingerprint_hashes
 
 SEQ_BITS = 40  # a message's key is (pid code << SEQ_BITS) | seq when every seq and pid code fits
+NO_ROW = -2  # a message's row in a tier that has none of it (-1: it has several)
+# anomaly rows settled on columns: OUT's columns of an anomaly, the window's given apart
+CODED = pa.schema([("stage", pa.string()), ("partition", pa.int64()), ("anomaly", pa.string()), ("pid", pa.string()),
+                   ("seq", pa.int64()), ("offset", pa.int64()), ("detail", pa.string())])
 
 
 @dataclass
@@ -101,7 +111,7 @@ class Settled:
     facts: oracle.Facts
     histograms: Histograms
     narrow: pa.Table
-    notes: list[str] = field(default_factory=list)
+    coded: pa.Table = field(default_factory=lambda: CODED.empty_table())  # anomaly rows settled on columns
 
 
 def _group_names(tc: TopicConfig) -> pa.Array:
@@ -189,11 +199,67 @@ def _single(keys: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _lookup(uniq: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """For each of `keys`: its row in (`uniq`, `rows`), -2 when it has none (-1: several)."""
+    """For each of `keys`: its row in (`uniq`, `rows`), NO_ROW when it has none (-1: several)."""
     if not len(uniq):
-        return np.full(len(keys), -2, dtype=np.int64)
+        return np.full(len(keys), NO_ROW, dtype=np.int64)
     at = np.clip(np.searchsorted(uniq, keys), 0, len(uniq) - 1)
-    return np.where(uniq[at] == keys, rows[at], -2)
+    return np.where(uniq[at] == keys, rows[at], NO_ROW)
+
+
+class _Codes:
+    """The anomaly rows of the messages settled on columns that some group, share group or sink
+    has no row of (`CODED` columns; the codes as the oracle's group, share and sink stages give them
+    to a record or message with no row there). `partition`, `offset`: each message's original copy's;
+    `ledger`: its ledger row."""
+
+    def __init__(self, partition: np.ndarray, offset: np.ndarray, ledger: pa.Table) -> None:
+        self.partition, self.offset = partition, offset
+        self.pid, self.seq = pc.cast(ledger["pid"], pa.string()), pc.cast(ledger["seq"], pa.int64())
+        self.parts: list[pa.Table] = []
+
+    def _below(self, values: Mapping[int, int]) -> np.ndarray:
+        """Whether each message's offset is below its partition's value in `values`."""
+        limit = np.full(len(self.partition), -1, dtype=np.int64)
+        for p, v in values.items():
+            limit[self.partition == p] = v
+        return self.offset < limit
+
+    def add(self, stage: str, code: str, mask: np.ndarray, **per_partition: Mapping[int, int]) -> None:
+        rows = np.flatnonzero(mask)
+        if not len(rows):
+            return
+        parts, inv = np.unique(self.partition[rows], return_inverse=True)
+        texts = pa.array([detail(stage_kind(stage), code, None, **{k: v[p] for k, v in per_partition.items()})
+                          for p in parts.tolist()], pa.string())
+        taken = pa.array(rows, pa.int64())
+        self.parts.append(pa.table([pa.repeat(pa.scalar(stage), len(rows)), pa.array(self.partition[rows]),
+                                    pa.repeat(pa.scalar(code), len(rows)), pc.take(self.pid, taken),
+                                    pc.take(self.seq, taken), pa.array(self.offset[rows]),
+                                    pc.take(texts, pa.array(inv.reshape(-1)))], schema=CODED))
+
+    def unprocessed(self, stage: str, missing: np.ndarray, late: np.ndarray, gone: Mapping[int, int],
+                    name: str, below: Mapping[int, int]) -> None:
+        """A group's (or share group's) codes for the messages of `missing` (not processed, or not
+        accepted, and no row of the group): `pending` within grace; else `expired_unconsumed` below
+        their partition's log start offset in `gone`; else `missed` below its offset in `below`
+        (its detail's value `name`); else `overdue`."""
+        self.add(stage, "pending", missing & ~late)
+        rest = missing & late
+        expired = rest & self._below(gone)
+        self.add(stage, "expired_unconsumed", expired)
+        rest &= ~expired
+        missed = rest & self._below(below)
+        self.add(stage, "missed", missed, **{name: below})
+        self.add(stage, "overdue", rest & ~missed)
+
+    def not_in_sink(self, stage: str, missing: np.ndarray, late: np.ndarray) -> None:
+        """A sink's codes for the expected messages of `missing` (no row there, not even a dead-letter
+        one): `pending` within grace, else `missing_in_sink`."""
+        self.add(stage, "pending", missing & ~late)
+        self.add(stage, "missing_in_sink", missing & late)
+
+    def table(self) -> pa.Table:
+        return pa.concat_tables(self.parts) if self.parts else CODED.empty_table()
 
 
 def _message_keys(tiers: Sequence[tuple[Any, Any, np.ndarray]]) -> list[np.ndarray]:
@@ -312,26 +378,30 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     ok = committed[ri] & (r_part[ri] == l_part[li]) & (r_off[ri] == l_off[li])
     cand, li, ri = cand[ok], li[ok], ri[ok]
 
-    # --- each group: one processing at the record's position, no other row of the group
-    at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there
+    # --- each group: one processing at the record's position and no other row of the group, or no
+    # row of the group at all (NO_ROW: the codes of a record never processed follow from grace and
+    # the offsets, `_unprocessed`)
+    at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there (NO_ROW: none)
     for g in tc.groups:
         if not con.num_rows:
-            gi, ok = np.full(len(cand), -2, dtype=np.int64), np.zeros(len(cand), dtype=bool)
+            gi = np.full(len(cand), NO_ROW, dtype=np.int64)
+            ok = np.ones(len(cand), dtype=bool)
         else:
             uG, rowG = _single(kC, bools(pc.equal(con["group"], g)) & on_source & ~is_commit)
             gi = _lookup(uG, rowG, cand)
             g_ok = np.where(gi >= 0, gi, 0)
-            ok = ((gi >= 0) & processing[g_ok] & ~flagged[g_ok] & (c_part[g_ok] == r_part[ri])
-                  & (c_off[g_ok] == r_off[ri]))
+            ok = (gi == NO_ROW) | ((gi >= 0) & processing[g_ok] & ~flagged[g_ok] & (c_part[g_ok] == r_part[ri])
+                                   & (c_off[g_ok] == r_off[ri]))
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: a[ok] for k, a in at.items()}
         at[g] = gi[ok]
     # --- each share group: one acquisition and one accept the broker took, at the record's
     # position, on the audited cluster, and no other row of the group (a record of its dead-letter
-    # topic naming the message is a row of the group: such a message goes to the oracle)
+    # topic naming the message is a row of the group: such a message goes to the oracle), or no row
+    # of the group at all
     for sg in tc.share_groups:
-        ok = np.zeros(len(cand), dtype=bool)
-        ai = xi = np.full(len(cand), -2, dtype=np.int64)
+        ok = np.ones(len(cand), dtype=bool)
+        ai = xi = np.full(len(cand), NO_ROW, dtype=np.int64)
         if con.num_rows:
             of_g = bools(pc.equal(con["group"], sg.name))
             uA, rowA = _single(kC, of_g & on_source & bools(pc.equal(con["outcome"], ACQUIRED)))
@@ -340,17 +410,18 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
             ks, n = np.unique(kC[of_g & (kC >= 0)], return_counts=True)
             ai, xi = _lookup(uA, rowA, cand), _lookup(uX, rowX, cand)
             a_ok, x_ok = np.where(ai >= 0, ai, 0), np.where(xi >= 0, xi, 0)
-            ok = ((ai >= 0) & (xi >= 0) & (_lookup(ks, n, cand) == 2)
-                  & (c_part[a_ok] == r_part[ri]) & (c_off[a_ok] == r_off[ri])
-                  & (c_part[x_ok] == r_part[ri]) & (c_off[x_ok] == r_off[ri]))
+            rows_of_g = _lookup(ks, n, cand)
+            ok = (rows_of_g == NO_ROW) | ((ai >= 0) & (xi >= 0) & (rows_of_g == 2)
+                                          & (c_part[a_ok] == r_part[ri]) & (c_off[a_ok] == r_off[ri])
+                                          & (c_part[x_ok] == r_part[ri]) & (c_off[x_ok] == r_off[ri]))
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: a[ok] for k, a in at.items()}
         at["share:" + sg.name], at["share-ack:" + sg.name] = ai[ok], xi[ok]
-    # --- each sink: one row
+    # --- each sink: one row (not a dead-letter row), or no row at all
     for sc in tc.sinks:
         if sc.name not in sinks:
-            ok = np.zeros(len(cand), dtype=bool)
-            si = np.empty(0, np.int64)
+            si = np.full(len(cand), NO_ROW, dtype=np.int64)
+            ok = np.ones(len(cand), dtype=bool)
         else:
             st = sinks[sc.name]
             uS, rowS = _single(kS[sc.name], np.ones(st.num_rows, dtype=bool))
@@ -358,10 +429,10 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
             ok = si >= 0
             if "dead_letter" in st.column_names and st.num_rows:  # a dead-letter row is not a sink row
                 ok &= ~bools(pc.fill_null(st["dead_letter"], False))[np.where(ok, si, 0)]
+            ok |= si == NO_ROW
         cand, li, ri = cand[ok], li[ok], ri[ok]
         at = {k: a[ok] for k, a in at.items()}
-        if sc.name in sinks:
-            at["sink:" + sc.name] = si[ok]
+        at["sink:" + sc.name] = si[ok]
 
     # --- every other row goes to the oracle: an ordinary message's rows are exactly its ledger row,
     # its valid record, its processing in each group and its row in each sink (any other row with its
@@ -369,7 +440,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     def other(n: int, *taken: np.ndarray) -> np.ndarray:
         mask = np.ones(n, dtype=bool)
         for rows in taken:
-            mask[rows] = False
+            mask[rows[rows >= 0]] = False
         return mask
 
     facts_rows = oracle.Inputs(
@@ -394,29 +465,55 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     part = l_part[li]
     win = np.flatnonzero(in_window)
     hists: Histograms = {}
+    pw, ow, ptw = part[win], r_off[ri][win], pt[win]
+    late = micros(as_of) >= ptw + tc.grace // timedelta(microseconds=1)  # past grace
+    codes = _Codes(pw, ow, led.take(pa.array(li[win], pa.int64())))
 
-    def count(stage: str, parts: np.ndarray, latencies: np.ndarray, has: np.ndarray) -> None:
-        values, n = np.unique(parts, return_counts=True)
-        for p, k in zip(values.tolist(), n.tolist(), strict=True):
+    def count(stage: str, expected: np.ndarray, delivered: np.ndarray, latencies: np.ndarray, has: np.ndarray) -> None:
+        values, inv = np.unique(pw, return_inverse=True)
+        n_exp = np.bincount(inv, weights=expected, minlength=len(values))
+        n_del = np.bincount(inv, weights=delivered, minlength=len(values))
+        for p, e, d in zip(values.tolist(), n_exp.tolist(), n_del.tolist(), strict=True):
             cnt = facts.counts.setdefault((stage, p), {})
-            cnt["expected"] = cnt.get("expected", 0) + k
-            cnt["delivered"] = cnt.get("delivered", 0) + k
-        for p in np.unique(parts[has]).tolist():
-            hists.setdefault((stage, p), []).append(histogram(latencies[has & (parts == p)]))
+            cnt["expected"] = cnt.get("expected", 0) + int(e)
+            cnt["delivered"] = cnt.get("delivered", 0) + int(d)
+        for p in np.unique(pw[has]).tolist():
+            hists.setdefault((stage, p), []).append(histogram(latencies[has & (pw == p)]))
 
+    def since_produced(rows: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each message's latency in ms from its produce time to `ts` at its row in `rows`, whether it
+        has one: a row, and a time there)."""
+        at_row = np.full(len(rows), NONE, dtype=np.int64)
+        at_row[rows >= 0] = ts[rows[rows >= 0]]
+        return (at_row - ptw) / 1000.0, at_row != NONE
+
+    every = np.ones(len(win), dtype=bool)
     ack = us(led["ack_ts"])[li][win]
-    count(LOG, part[win], (ack - pt[win]) / 1000.0, ack != NONE)
+    count(LOG, every, every, (ack - ptw) / 1000.0, ack != NONE)
+    committed_at = oracle.committed_offsets(topic, t.group_offsets, oracle_rows(con, oracle.ConsumedRow, is_commit & on_source, topic)
+                                            if con.num_rows else [])
+    log_start = oracle.log_start_offsets(topic, t.watermarks)
     for g in tc.groups:
-        consumed_at = c_ts[at[g][win]]
-        count(group_stage(g), part[win], (consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool))
+        latency, processed = since_produced(at[g][win], c_ts)
+        fed = np.zeros(len(win), dtype=bool)  # in a sink g feeds: processed, its consumption row never flushed
+        for sc in tc.sinks:
+            if sc.group == g:
+                fed |= at["sink:" + sc.name][win] >= 0
+        count(group_stage(g), every, processed | fed, latency, processed)
+        codes.unprocessed(group_stage(g), ~(processed | fed), late, log_start, "committed_offset",
+                          {p: co for (cg, p), co in committed_at.items() if cg == g and co is not None})
+    share_start = oracle.start_offsets(topic, t.share_offsets)
     for g in sorted(shares):
-        consumed_at = c_ts[at["share:" + g][win]]
-        count(share_stage(g), part[win], (consumed_at - pt[win]) / 1000.0, np.ones(len(win), dtype=bool))
+        latency, accepted = since_produced(at["share:" + g][win], c_ts)
+        count(share_stage(g), every, accepted, latency, accepted)
+        codes.unprocessed(share_stage(g), ~accepted, late, {}, "start_offset",
+                          {p: so for (sg, p), so in share_start.items() if sg == g})
     for sc in tc.sinks:
-        if sc.name not in sinks:  # no row in this sink: no message is ordinary
-            continue
-        sink_at = us(sinks[sc.name]["sink_ts"])[at["sink:" + sc.name][win]]
-        count(sink_stage(sc.name), part[win], (sink_at - pt[win]) / 1000.0, sink_at != NONE)
+        rows = at["sink:" + sc.name][win]
+        expected = every if sc.group is None else at[sc.group][win] >= 0
+        latency, stamped = since_produced(rows, us(sinks[sc.name]["sink_ts"]) if sc.name in sinks else np.empty(0, np.int64))
+        count(sink_stage(sc.name), expected, expected & (rows >= 0), latency, expected & stamped)
+        codes.not_in_sink(sink_stage(sc.name), expected & (rows == NO_ROW), late)
 
     # --- the narrow rows of both kinds, for the checks that need neighbours
     taken = pa.array(li, pa.int64())
@@ -426,7 +523,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
                          pa.array(in_window), fp1, fp2], schema=NARROW)
     narrow = pa.concat_tables([ordinary, _narrow_of(facts.narrow)]) if facts.narrow else ordinary
     facts.narrow = []
-    return Settled(facts, hists, narrow)
+    return Settled(facts, hists, narrow, codes.table())
 
 
 def resendable(facts: oracle.Facts) -> pa.Table:
@@ -495,7 +592,8 @@ def classify(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> oracl
 def classify_parts(tc: TopicConfig, ws: datetime, as_of: datetime, parts: Sequence[Settled]) -> oracle.OracleResult:
     """The window's result from the settled parts of its chunks (each message in one of them; chunk
     k's seqs below chunk k + 1's), their log order and gaps found chunk by chunk (`neighbours.in_chunks`)."""
-    anomalies = [a for p in parts for a in p.facts.anomalies]
+    given = {"window_start": ws, "topic": tc.name, "run_id": run_id_for(tc.name, ws, as_of), "computed_at": as_of}
+    anomalies = [a for p in parts for a in p.facts.anomalies] + [{**given, **a} for p in parts for a in p.coded.to_pylist()]
     narrow = pa.concat_tables([p.narrow for p in parts]) if parts else _no_narrow()
     latest = neighbours.latest_by_content(narrow)
     for p in parts:

@@ -190,7 +190,10 @@ def out_rows(topic: str, s: kernel.Settled) -> pa.Table:
         held = kernel.resendable(f)
         for c in ("fp1", "fp2", "pt"):
             anomalies = anomalies.set_column(anomalies.schema.get_field_index(c), c, pc.take(held[c], which))
-    parts = [anomalies]
+    coded = s.coded
+    parts = [anomalies, pa.table({"topic": pa.repeat(pa.scalar(topic), coded.num_rows),
+                                  "kind": pa.repeat(pa.scalar(ANOMALY), coded.num_rows),
+                                  **{c: coded[c] for c in coded.column_names}})]
     # a (stage, partition) the rules touched without counting anything still has its report row
     counts = [(stage, p, name, n) for (stage, p), cnt in f.counts.items() for name, n in (cnt or {"expected": 0}).items()]
     parts.append(_table({"topic": [topic] * len(counts), "kind": [COUNT] * len(counts),
