@@ -247,8 +247,8 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     named = [d for i, d in job_descriptions(spark).items() if i not in jobs_before]
     assert named and all(ours(d).startswith(label) for d in named), named
     assert {d.split(": ")[-1] for d in named if d.startswith(f"{label}: ")} == STEPS[path]
-    # nothing is left kept: the tasks' output is freed once gathered
-    assert _our_persisted_rdds(spark) == kept_before
+    # settled in several tasks, the anomaly rows stay with the executors until the result is released
+    assert (_our_persisted_rdds(spark) != kept_before) == (path == "tasks")
     report_1 = _delta_rows(spark, cfg, "audit_partition_report")
     anomalies_1 = _delta_rows(spark, cfg, "audit_anomalies")
     assert [partition_columns(spark, cfg, t) for t in ("audit_partition_report", "audit_anomalies")] == [
@@ -260,6 +260,7 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(stored_1[0]) == 4 and len(stored_1[1]) == 3
     assert sorted_anomalies(r.asDict() for r in first.anomalies.collect()) == sorted_anomalies(oracle.anomalies)
     first.release()
+    assert _our_persisted_rdds(spark) == kept_before  # nothing is left kept
     with pytest.raises(ResultReleased, match=r"topic 't', window 2026-11-21T10:00:00\+00:00: anomalies read after"):
         first.anomalies.collect()  # not a Spark error about a missing checkpoint block
 
@@ -278,6 +279,42 @@ def test_reconcile_job_reads_the_lake_and_both_sink_kinds_and_reruns_replace_the
     assert len(report_2) == 4
     assert sorted_anomalies(_delta_rows(spark, cfg, "audit_anomalies")) == sorted_anomalies(
         oracle_reconcile(cfg.topic(TOPIC), T0, early, h.inputs()).anomalies)
+
+
+@pytest.mark.spark
+def test_anomaly_rows_the_executors_hold_reach_the_report_store_in_parts(
+        spark: Any, make_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settled in several tasks, a window's anomaly rows stay with the executors; the report store
+    gets them in parts of about `STORE_PART_ROWS` rows, one Spark job each (here 1 row: three parts,
+    split by a hash, so some may be empty), the same rows as the Delta table and the oracle."""
+    import spark_jobs.reconcile.publish as publish
+    from audit.serving.report_store import ANOMALIES, ReportStore
+    from spark_jobs.reconcile import reconcile_window
+
+    cfg = _config(make_config, tmp_path, "tasks")
+    _only_path(monkeypatch, "tasks")
+    monkeypatch.setattr(publish, "STORE_PART_ROWS", 1)
+    h = _io_history()
+    write_lake(spark, cfg.lake, h.inputs())
+    write_delta_sink(spark, tmp_path / "sinks" / "s1", h.sinks["s1"])
+    (tmp_path / "sinks").mkdir(exist_ok=True)
+    _write_sql_sink(f"sqlite:///{tmp_path / 'sinks' / 's2.db'}", h.sinks["s2"])
+    want = sorted_anomalies(oracle_reconcile(cfg.topic(TOPIC), T0, AS_OF_FINAL, h.inputs()).anomalies)
+    parts: list[int] = []
+    insert = ReportStore._insert_columns
+
+    def counted(self: ReportStore, conn: Any, t: Any, topic: str, ws: Any, columns: Any, batch: int) -> int:
+        parts.append(columns.num_rows)
+        return insert(self, conn, t, topic, ws, columns, batch)
+
+    monkeypatch.setattr(ReportStore, "_insert_columns", counted)
+    r = reconcile_window(spark, cfg, TOPIC, T0, AS_OF_FINAL)
+    assert (r.anomaly_count, r.anomaly_table) == (3, None)  # the driver holds none of them
+    assert (len(parts), sum(parts)) == (3, 3)
+    with ReportStore(cfg.report_store) as store:
+        assert sorted_anomalies(store.read(ANOMALIES, TOPIC)) == want
+    assert sorted_anomalies(_delta_rows(spark, cfg, "audit_anomalies")) == want
+    r.release()
 
 
 @pytest.mark.spark

@@ -285,6 +285,27 @@ def test_rows_held_as_columns_are_stored_as_the_same_rows_would_be(store: Report
     assert store.read("audit_anomalies", topic="orders") == []
 
 
+def test_rows_held_in_parts_are_stored_in_one_transaction(store: ReportStore) -> None:
+    """A window's rows handed as parts (as publishing collects the rows the executors hold): all of
+    them stored, each part read when the last is stored; a bad part leaves the window as it was."""
+    rows = [anomaly_row(seq=s) for s in range(5)]
+    store.replace_window("audit_anomalies", "orders", W0, [anomaly_row(seq=99)])
+    read: list[int] = []
+
+    def parts() -> Any:
+        for part in (rows[:2], [], rows[2:]):
+            read.append(len(part))
+            yield arrow_of(part)
+
+    assert store.replace_window_columns("audit_anomalies", "orders", W0, parts(), batch=2) == 5
+    assert read == [2, 0, 3]
+    assert store.read("audit_anomalies", topic="orders") == rows
+    bad = (arrow_of(rows[:2]), arrow_of([anomaly_row(topic="payments")]))
+    with pytest.raises(InputError, match="1 of 1 rows have a topic other than the replaced window's"):
+        store.replace_window_columns("audit_anomalies", "orders", W0, iter(bad))
+    assert store.read("audit_anomalies", topic="orders") == rows
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(("columns", "message"), [
     (lambda: arrow_of([anomaly_row(), anomaly_row(topic="payments")]),

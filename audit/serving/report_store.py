@@ -479,16 +479,31 @@ class ReportStore:
 
     def replace_window_columns(self, table: str, topic: str, window_start: datetime, columns: Any,
                                batch: int = 20_000) -> int:
-        """`replace_window` of rows held as a pyarrow Table (`columns`, its timestamps in UTC), checked
-        column by column and inserted `batch` rows at a time: a window's many anomaly rows never become
-        Python objects all at once. Returns the number of rows inserted."""
+        """`replace_window` of rows held as a pyarrow Table (`columns`, its timestamps in UTC), or as
+        an iterable of them (a window's rows in parts, each read when the last is stored), checked
+        column by column and inserted `batch` rows at a time, in one transaction: a window's many
+        anomaly rows never become Python objects all at once. Returns the number of rows inserted."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         t = _table(table)
         if not isinstance(topic, str) or not topic:
             raise InputError(f"{table}: topic must be a non-empty string, got {topic!r}")
         window_start = _check_datetime(window_start, f"{table}: window_start")
+        parts = [columns] if isinstance(columns, pa.Table) else columns
+        self._ensure_schema()
+        done = 0
+        with self._engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.topic == topic, t.c.window_start == window_start))
+            for part in parts:
+                done += self._insert_columns(conn, t, topic, window_start, part, batch)
+        return done
+
+    def _insert_columns(self, conn: Any, t: sa.Table, topic: str, window_start: datetime, columns: Any,
+                        batch: int) -> int:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        table = t.name
         unknown = sorted(set(columns.column_names) - set(t.c.keys()))
         if unknown:
             raise InputError(f"{table}: unknown column(s) {', '.join(unknown)}")
@@ -507,7 +522,6 @@ class ReportStore:
             if n and other:
                 raise InputError(f"{table}: {other} of {n} rows have a {name} other than the replaced window's "
                                  f"({want.isoformat() if isinstance(want, datetime) else repr(want)})")
-        self._ensure_schema()
         names = [c.name for c in t.c if c.name in columns.column_names]
         dialect = self._engine.dialect
         insert = t.insert().compile(dialect=dialect, column_keys=names)
@@ -522,15 +536,13 @@ class ReportStore:
             if n and column.null_count == 0 and pc.count_distinct(column).as_py() == 1:
                 value = column[0].as_py()
                 one[name] = process[name](value) if process[name] else value
-        with self._engine.begin() as conn:
-            conn.execute(t.delete().where(t.c.topic == topic, t.c.window_start == window_start))
-            for at in range(0, n, batch):
-                k = min(batch, n - at)
-                cols = [[one[name]] * k if name in one else _bound(process[name], columns[name].slice(at, k).to_pylist())
-                        for name in order]
-                rows = zip(*cols, strict=True)
-                conn.exec_driver_sql(str(insert), list(rows) if insert.positional
-                                     else [dict(zip(order, r, strict=True)) for r in rows])
+        for at in range(0, n, batch):
+            k = min(batch, n - at)
+            cols = [[one[name]] * k if name in one else _bound(process[name], columns[name].slice(at, k).to_pylist())
+                    for name in order]
+            rows = zip(*cols, strict=True)
+            conn.exec_driver_sql(str(insert), list(rows) if insert.positional
+                                 else [dict(zip(order, r, strict=True)) for r in rows])
         return n
 
     @staticmethod

@@ -70,8 +70,9 @@ class WindowResult:
     # (group, cluster) -> consumption rows read on a mirror the group does not fail over to (§5.5)
     ignored_mirror_rows: dict[tuple[str, str], int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said after the summary line: what was ignored, the fix
-    # `anomalies`' rows, as the driver holds them (Arrow columns)
-    anomaly_table: pa.Table = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
+    # `anomalies`' rows, as the driver holds them (Arrow columns); None: the executors hold them
+    anomaly_table: pa.Table | None = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
+    cached: DataFrame | None = None  # the persisted frame `anomalies` reads, let go by `release()`
 
     @property
     def anomalies(self) -> DataFrame:
@@ -85,8 +86,11 @@ class WindowResult:
         return self._anomalies
 
     def release(self) -> None:
-        """Let go of the anomaly rows; `anomalies` raises ResultReleased from now on. Idempotent."""
+        """Let go of the anomaly rows (the executors' too); `anomalies` raises ResultReleased from now
+        on. Idempotent."""
         self.released = True
+        if self.cached is not None:
+            self.cached.unpersist()
 
 
 @dataclass
@@ -100,8 +104,9 @@ class Classified:
     empty: bool
     ignored: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, cluster) -> rows (§5.5)
     notes: list[str] = field(default_factory=list)
-    # `anomalies`' rows, as the driver holds them (Arrow columns)
-    anomaly_table: pa.Table = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
+    # `anomalies`' rows, as the driver holds them (Arrow columns); None: the executors hold them
+    anomaly_table: pa.Table | None = field(default_factory=AUDIT_ANOMALIES_ARROW.empty_table)
+    cached: DataFrame | None = None  # the persisted frame `anomalies` reads
 
 
 def _classified(spark: SparkSession, results: dict[str, settle.Result], shape: Shape) -> dict[str, Classified]:
@@ -110,9 +115,12 @@ def _classified(spark: SparkSession, results: dict[str, settle.Result], shape: S
     for tc in shape.topics:
         r = results[tc.name]
         anomalies = frame.where(F.col("topic") == tc.name) if len(shape.topics) > 1 else frame
-        empty = not any(row["expected"] for row in r.report) and not r.anomalies.num_rows
-        out[tc.name] = Classified(r.report, anomalies, r.anomalies.num_rows, r.quarantined, empty,
-                                  r.ignored, ignored_rows_lines(tc, r.ignored), r.anomalies)
+        if r.kept is not None:  # settled in several tasks: most rows are the executors'
+            anomalies = r.kept.unionByName(anomalies) if r.anomalies.num_rows else r.kept
+        empty = not any(row["expected"] for row in r.report) and not r.count
+        out[tc.name] = Classified(r.report, anomalies, r.count, r.quarantined, empty, r.ignored,
+                                  ignored_rows_lines(tc, r.ignored), None if r.kept is not None else r.anomalies,
+                                  r.cached)
     return out
 
 
@@ -169,11 +177,13 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
         if publish:
             anomalies = next(iter(classified.values())).anomalies if len(shape.topics) == 1 else \
                 _all_anomalies(classified)
+            held = [c.anomaly_table for c in classified.values()]
             write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
-                                 pa.concat_tables([c.anomaly_table for c in classified.values()]), f"{label}: published")
+                                 None if any(h is None for h in held) else pa.concat_tables(held),
+                                 f"{label}: published")
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
-                         anomaly_table=c.anomaly_table)
+                         anomaly_table=c.anomaly_table, cached=c.cached)
             for t, c in classified.items()]
 
 

@@ -8,7 +8,7 @@ rows it is given.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,14 +35,20 @@ def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
     write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, held)
 
 
+# the report store is given a window's anomaly rows the executors hold in parts of about this many
+# rows, each collected by a Spark job of its own: the driver never holds more of them at once
+STORE_PART_ROWS = 500_000
+
+
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                          reports: Mapping[str, Sequence[Mapping[str, Any]]],
                          anomalies: DataFrame, held: pa.Table | None = None, label: str = "published") -> None:
     """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
     table for all of them) and the report store. `anomalies` holds the rows of those topics only;
-    `held`, where the caller holds them, the same rows as Arrow columns (else they are collected).
-    The two Delta commits and the report store's write run side by side (each commit is mostly the
-    driver waiting on the table's log); `label` names their Spark jobs."""
+    `held`, where the caller holds them, the same rows as Arrow columns (else they are collected, in
+    parts of about STORE_PART_ROWS rows). The two Delta commits and the report store's write run
+    side by side (each commit is mostly the driver waiting on the table's log); `label` names their
+    Spark jobs."""
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW, AUDIT_PARTITION_REPORT
 
@@ -53,15 +59,23 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])
 
+    def arrow(rows: pa.Table) -> pa.Table:
+        return rows.select(AUDIT_ANOMALIES_ARROW.names).cast(AUDIT_ANOMALIES_ARROW)
+
     def stored() -> None:
-        rows = (held if held is not None else anomalies.toArrow()).select(AUDIT_ANOMALIES_ARROW.names) \
-            .cast(AUDIT_ANOMALIES_ARROW)
-        settings = _settings_of(spark, cfg, rows)
+        parts_of = _parts_of(anomalies, held, arrow)
+        pids: set[str] = set()
+
+        def named(parts: Iterable[pa.Table]) -> Iterator[pa.Table]:
+            for part in parts:
+                pids.update(_settings_pids(part))
+                yield part
+
         with ReportStore(cfg.report_store) as store:
             for t in topics:
                 store.replace_window(PARTITION_REPORT, t, ws, reports[t])
-                store.replace_window_columns(ANOMALIES, t, ws, rows.filter(pc.equal(rows["topic"], t)))
-            store.record_settings(settings)
+                store.replace_window_columns(ANOMALIES, t, ws, named(parts_of(t)))
+            store.record_settings(_settings_of(spark, cfg, pids))
 
     side_by_side(spark, *[(label, lambda df=df, name=name: replace_rows(spark, cfg, name, df, where))
                           for df, name in ((report_df, "audit_partition_report"), (anomaly_df, "audit_anomalies"))],
@@ -94,17 +108,44 @@ def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, w
                 partition_by=OUTPUT_PARTITION_BY, new_layout=True)
 
 
-def _settings_of(spark: SparkSession, cfg: Config, anomalies: pa.Table) -> list[dict[str, Any]]:
-    """The lake's `producer_settings` rows of the pids named by log anomalies their settings decide
-    (`audit.core.explain.SETTINGS_CODES`), for the report store: the SLA step, the alerts and the
-    dashboard name the setting behind an anomaly from there. No such anomaly: no read."""
+def _parts_of(anomalies: DataFrame, held: pa.Table | None,
+              arrow: Callable[[pa.Table], pa.Table]) -> Callable[[str], Iterable[pa.Table]]:
+    """A topic's rows of `anomalies` in parts, as `arrow` makes them: in one part when the driver
+    holds them (`held`) or they are at most STORE_PART_ROWS in all (collected at once); else each
+    topic's in parts of about that many rows (a part by the hash of a row's identity)."""
+    counts = None if held is not None else {r["topic"]: r["count"] for r in anomalies.groupBy("topic").count().collect()}
+    if counts is None or sum(counts.values()) <= STORE_PART_ROWS:
+        rows = arrow(held if held is not None else anomalies.toArrow())
+        return lambda t: [rows.filter(pc.equal(rows["topic"], t))]
+
+    def parts(topic: str) -> Iterator[pa.Table]:
+        assert counts is not None
+        k = -(-counts.get(topic, 0) // STORE_PART_ROWS)
+        mine = anomalies.where(F.col("topic") == topic)
+        part = F.pmod(F.xxhash64("stage", "partition", "anomaly", "pid", "seq", "offset", "detail"), F.lit(k))
+        for i in range(k):
+            yield arrow(mine.where(part == i).toArrow())
+
+    return parts
+
+
+def _settings_pids(anomalies: pa.Table) -> set[str]:
+    """The pids named by log anomalies their producer settings decide (`audit.core.explain.SETTINGS_CODES`)."""
     from audit.core.explain import SETTINGS_CODES
     from audit.core.vocabulary import LOG, stage_kind
-    from spark_jobs.io.lake import read_table, table_exists
 
     named = anomalies.filter(pc.is_in(anomalies["anomaly"], pa.array(sorted(SETTINGS_CODES), pa.string())))
-    pids = sorted({r["pid"] for r in named.group_by(["stage", "pid"]).aggregate([]).to_pylist()
-                   if stage_kind(r["stage"]) == LOG and r["pid"] is not None})
+    return {r["pid"] for r in named.group_by(["stage", "pid"]).aggregate([]).to_pylist()
+            if stage_kind(r["stage"]) == LOG and r["pid"] is not None}
+
+
+def _settings_of(spark: SparkSession, cfg: Config, named: set[str]) -> list[dict[str, Any]]:
+    """The lake's `producer_settings` rows of the pids `named` (`_settings_pids`), for the report
+    store: the SLA step, the alerts and the dashboard name the setting behind an anomaly from there.
+    None named: no read."""
+    from spark_jobs.io.lake import read_table, table_exists
+
+    pids = sorted(named)
     if not pids or not table_exists(spark, cfg, "producer_settings"):
         return []
     rows = read_table(spark, cfg, "producer_settings").where(F.col("pid").isin(pids)).drop("part_hour").collect()

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -73,7 +74,7 @@ from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
 from audit.rules.columns import bools, ints, row_maker, values
-from spark_jobs.io.schemas import AUDIT_ANOMALIES_ARROW
+from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW
 from spark_jobs.io.session import described, local_frame, side_by_side
 from spark_jobs.reconcile.plan import Shape
 from spark_jobs.reconcile.read import (
@@ -119,6 +120,7 @@ _OUT_ARROW = pa.schema([
 # content pass (`n`: their bucket of fingerprint hashes); `to`: the content pass's task a row goes to
 # (`_routed`)
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
+CODES = "K"  # how many anomaly rows a content-pass task kept of one (stage, partition, code): `n`
 BOUND, FLAGGED, STAIR, BY_CONTENT = "B", "F", "S", "H"
 _BLOB_ROWS = 65536  # narrow rows per blob: a chunk's come in several
 _CONTENT_COLUMNS = ("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
@@ -240,12 +242,17 @@ def neighbour_rows(narrow: pa.Table, ws: datetime, as_of: datetime, checks: str 
 
 @dataclass
 class Result:
-    """One topic's window, settled: its report rows and anomaly rows (`AUDIT_ANOMALIES_ARROW`)."""
+    """One topic's window, settled: its report rows and anomaly rows, `count` of them: those the
+    driver holds (`AUDIT_ANOMALIES_ARROW`) and, settled in several tasks, those the executors keep
+    (`kept`: OUT anomaly rows of a persisted frame, `cached`)."""
 
     report: list[dict[str, Any]]
     anomalies: pa.Table
     quarantined: int
     ignored: dict[tuple[str, str], int]  # (group, cluster) -> consumption rows read on a mirror (§5.5)
+    count: int = 0
+    kept: DataFrame | None = None
+    cached: DataFrame | None = None
 
 
 def anomaly_table(rows: pa.Table, topic: str, ws: datetime, as_of: datetime) -> pa.Table:
@@ -257,16 +264,32 @@ def anomaly_table(rows: pa.Table, topic: str, ws: datetime, as_of: datetime) -> 
                                  else rows[f.name].cast(f.type) for f in AUDIT_ANOMALIES_ARROW], schema=AUDIT_ANOMALIES_ARROW)
 
 
-def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, small: Small) -> dict[str, Result]:
-    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows), all columns."""
+def anomaly_frame(rows: DataFrame, topic: str, ws: datetime, as_of: datetime) -> DataFrame:
+    """`anomaly_table` of OUT anomaly rows the executors hold: a frame of `AUDIT_ANOMALIES` columns."""
+    given = {"window_start": F.lit(ws), "topic": F.lit(topic), "run_id": F.lit(run_id_for(topic, ws, as_of)),
+             "computed_at": F.lit(as_of)}
+    return rows.where(F.col("topic") == topic).select(
+        *[(given[f.name] if f.name in given else F.col(f.name)).cast(f.dataType).alias(f.name)
+          for f in AUDIT_ANOMALIES.fields])
+
+
+def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, small: Small,
+            kept: DataFrame | None = None, cached: DataFrame | None = None) -> dict[str, Result]:
+    """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows), all columns,
+    and, settled in several tasks, the anomaly rows the executors keep (`kept`, counted in the
+    gathered CODES rows; of the persisted frame `cached`)."""
     out: dict[str, Result] = {}
-    of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k)) for k in (ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED)}
+    of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k))
+               for k in (ANOMALY, CODES, COUNT, LATENCY, QUARANTINED, IGNORED)}
     for tc in shape.topics:
         mine = {k: t.filter(pc.equal(t["topic"], tc.name)) for k, t in of_kind.items()}
         anomalies = mine[ANOMALY]
         codes: dict[tuple[str, int], dict[str, int]] = {}
-        for r in anomalies.group_by(["stage", "partition", "anomaly"]).aggregate([("anomaly", "count")]).to_pylist():
-            codes.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["anomaly_count"]
+        held = anomalies.group_by(["stage", "partition", "anomaly"]).aggregate([("anomaly", "count")]) \
+            .rename_columns(["stage", "partition", "anomaly", "n"])
+        for r in pa.concat_tables([held, mine[CODES].select(["stage", "partition", "anomaly", "n"])]).to_pylist():
+            into = codes.setdefault((r["stage"], r["partition"]), {})
+            into[r["anomaly"]] = into.get(r["anomaly"], 0) + r["n"]
         counts: dict[tuple[str, int], dict[str, int]] = {}
         for r in mine[COUNT].group_by(["stage", "partition", "anomaly"]).aggregate([("n", "sum")]).to_pylist():
             counts.setdefault((r["stage"], r["partition"]), {})[r["anomaly"]] = r["n_sum"]
@@ -281,7 +304,9 @@ def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, sma
                    mine[IGNORED].group_by(["stage", "anomaly"]).aggregate([("n", "sum")]).to_pylist()}
         partitions = {w.partition for w in small.watermarks if w.topic == tc.name}
         out[tc.name] = Result(kernel.report_rows(tc, ws, as_of, partitions, counts, hists, codes),
-                              anomaly_table(anomalies, tc.name, ws, as_of), quarantined, ignored)
+                              anomaly_table(anomalies, tc.name, ws, as_of), quarantined, ignored,
+                              sum(n for cnt in codes.values() for n in cnt.values()),
+                              None if kept is None else anomaly_frame(kept, tc.name, ws, as_of), cached)
     return out
 
 
@@ -654,8 +679,13 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         is_latency = pc.equal(rest["kind"], LATENCY)
         latencies = rest.filter(is_latency).group_by(["topic", "kind", "stage", "partition", "value"]) \
             .aggregate([("n", "sum")]).rename_columns(["topic", "kind", "stage", "partition", "value", "n"])
-        yield from pa.concat_tables([rest.filter(pc.invert(is_latency)), _full(latencies),
-                                     neighbour_rows(held, ws, as_of, "content")]).to_batches()
+        kept = pa.concat_tables([rest.filter(pc.invert(is_latency)), _full(latencies),
+                                 neighbour_rows(held, ws, as_of, "content")])
+        anomalies = kept.filter(pc.equal(kept["kind"], ANOMALY))  # stay with the executors: counted for the driver
+        codes = anomalies.group_by(["topic", "stage", "partition", "anomaly"]).aggregate([("kind", "count")]) \
+            .rename_columns(["topic", "stage", "partition", "anomaly", "n"])
+        codes = codes.append_column("kind", pa.repeat(pa.scalar(CODES), codes.num_rows))
+        yield from pa.concat_tables([kept, _full(codes)]).to_batches()
 
     columns = [c for c in OUT.names if c not in ("blob", "to")]
     schema = pa.schema([_OUT_ARROW.field(c) for c in columns])
@@ -663,12 +693,14 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
     if len(keys) == 1:  # one task settled the batch whole, the checks that need neighbours too
         with described(spark, f"{label}: settled in one task"):
             return results(settled.toArrow().cast(_OUT_ARROW), shape, ws, as_of, small)
-    # the settling tasks and the content pass are one job: the rows the driver needs (the anomaly rows,
-    # counts, latencies, every chunk's bounds and flagged originals) come back through the content
-    # pass's tasks with what they find
+    # the settling tasks and the content pass are one job: the rows the driver needs (the counts,
+    # latencies, every chunk's bounds and flagged originals, each code's count of anomaly rows) come
+    # back through the content pass's tasks with what they find; the anomaly rows stay with the
+    # executors (a persisted frame), read from there when they are published
+    cached = settled.repartition(b, "to").mapInArrow(by_content, OUT).select(*columns) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
     with described(spark, f"{label}: settled in {len(keys)} tasks"):
-        gathered = _full(settled.repartition(b, "to").mapInArrow(by_content, OUT).select(*columns)
-                         .toArrow().cast(schema))
+        gathered = _full(cached.where(F.col("kind") != ANOMALY).toArrow().cast(schema))
     # the log order and the gaps: each chunk found its own; what crosses the cuts comes from every
     # chunk's bounds (a few rows per pid and chunk), and the chunks whose offsets reach into
     # another's are settled again for their part of the log order, given the others' bounds
@@ -687,7 +719,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         own = pc.and_(pc.equal(gathered["kind"], FLAGGED), pc.is_in(gathered["n"], pa.array(again_chunks, pa.int64())))
         gathered = pa.concat_tables([gathered.filter(pc.invert(own)), _full(parts)])
     return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
-                   small)
+                   small, cached.where(F.col("kind") == ANOMALY), cached)
 
 
 def _routed(out: pa.Table, k: int, b: int) -> pa.Table:
