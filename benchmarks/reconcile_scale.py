@@ -88,8 +88,12 @@ def _count(lo: int, hi: int, residue: int) -> int:
     return upto(hi) - upto(lo)
 
 
-def expected_counts(n: int, partitions: int, ordinal: int) -> dict[str, int]:
-    """Exact anomaly counts the window (hour `ordinal`, messages [ordinal*n, (ordinal+1)*n)) must show."""
+IDLE_GROUP = "idle"  # --idle-group: a group the config names that wrote no consumption row
+
+
+def expected_counts(n: int, partitions: int, ordinal: int, idle: bool = False) -> dict[str, int]:
+    """Exact anomaly counts the window (hour `ordinal`, messages [ordinal*n, (ordinal+1)*n)) must
+    show; `idle`: with IDLE_GROUP configured, which has an `overdue` row of every committed record."""
     lo, hi = ordinal * n, (ordinal + 1) * n
     out = {code: _count(lo, hi, r) for code, r in RESIDUES.items()}
     # a gap is revealed by the pid's next seq (m + partitions), so it counts in that message's window
@@ -98,6 +102,8 @@ def expected_counts(n: int, partitions: int, ordinal: int) -> dict[str, int]:
     out["reordered_in_log"] = _count(lo + partitions, hi, RESIDUES["reordered_in_log"])
     out["reordered_in_consumption"] = out["reordered_in_log"]
     out["content_duplicate"] = _count(lo + 1, hi, RESIDUES["content_duplicate"])
+    if idle:  # a record of every message, but none of a lost or aborted one, and two of a duplicated one
+        out["overdue"] = n - out["lost_acked"] - out["aborted"] + out["duplicate_in_log"]
     return out
 
 
@@ -272,7 +278,8 @@ def reconcile_once(spark: Any, cfg: Config, as_of: datetime) -> tuple[float, flo
     t = time.perf_counter()
     result = reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False)
     t_classify = time.perf_counter() - t
-    write_outputs(spark, cfg, TOPIC, WINDOW, result.report, result.anomalies, result.anomaly_table)
+    write_outputs(spark, cfg, TOPIC, WINDOW, result.report, result.anomalies, result.anomaly_table,
+                  result.anomaly_count)
     return t_classify, time.perf_counter() - t, result
 
 
@@ -436,16 +443,17 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
 
 
 def bench_config(work: Path, shuffle_partitions: str = "8", conf: list[str] | None = None,
-                 master: str = "local[2]", engine: str = "auto") -> Config:
+                 master: str = "local[2]", engine: str = "auto", idle: bool = False) -> Config:
     """The benchmark's configuration over the work folder `work` (its lake, home, report store and
     Delta sink); `conf`: extra Spark settings as KEY=VALUE; `master`: the Spark master (`build_spark`
-    takes it from the `spark:` mapping's `master`); `engine`: `reconcile.engine`."""
+    takes it from the `spark:` mapping's `master`); `engine`: `reconcile.engine`; `idle`: the topic
+    is read by IDLE_GROUP too."""
     return config_mod.from_dict({
         "home": str(work / "home"), "lake": str(work / "lake"), "report_store": f"sqlite:///{work / 'report.db'}",
         "spark": {"master": master, "spark.sql.shuffle.partitions": shuffle_partitions,
                   **dict(c.split("=", 1) for c in conf or ())},
         "reconcile": {"engine": engine},
-        "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP],
+        "topics": {TOPIC: {"window": "1h", "grace": "15m", "groups": [GROUP, *([IDLE_GROUP] if idle else [])],
                            "sinks": [{"name": "table", "format": "delta", "location": str(work / "sink"),
                                       "group": GROUP}]}}}, source="<benchmark>", base=work)
 
@@ -528,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                          "and the seconds with no job running (the driver planning)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="no untimed reconcile before the timed 1x run (--warmups 0): a cold JVM's figure")
+    ap.add_argument("--idle-group", action="store_true",
+                    help=f"configure a second group, {IDLE_GROUP!r}, that wrote no consumption row (an incident: "
+                         "a group down for the hour): every committed record of the window is its `overdue` row")
     ap.add_argument("--generate-only", action="store_true",
                     help="generate the window and its lookback hour into --dir, then stop (the lake other "
                          "benchmarks read, e.g. history_side_by_side.py, freed_memory.py)")
@@ -550,14 +561,15 @@ def main(argv: list[str] | None = None) -> int:
         # the generator appends: a second run into the same folder would double every message
         ap.error(f"--dir {args.dir} is not empty: remove it or name a new folder")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="msgaudit-bench-"))
-    cfg = bench_config(work, args.shuffle_partitions, args.conf, args.master, args.engine)
+    cfg = bench_config(work, args.shuffle_partitions, args.conf, args.master, args.engine, args.idle_group)
     from spark_jobs.io.session import build_spark
 
     spark = build_spark(cfg, app_name="msgaudit-bench")
     window_ordinal = args.history  # hours 0 .. history-1 are history, `history` is the window
     as_of = AS_OF
     print(f"n={n:,} messages in the window, anomaly rate {1 / MOD:g} of each code, {parts} partitions, "
-          f"{args.master}, engine {engine_note(args.engine)}, {args.reps} rep(s) (medians), work dir {work}")
+          f"{args.master}, engine {engine_note(args.engine)}, {args.reps} rep(s) (medians), work dir {work}"
+          + (f", group {IDLE_GROUP!r} consumed nothing" if args.idle_group else ""))
 
     t = time.perf_counter()
     generate(spark, cfg, work / "sink", n, parts, range(window_ordinal - 1, window_ordinal + 1), window_ordinal)
@@ -573,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         reconcile_once(spark, cfg, as_of)[2].release()
     cpu: list[dict[str, float]] | None = [] if args.cpu else None
     scan1, rows1, cls1, total1, found = measure(spark, cfg, as_of, args.reps, cpu)
-    expected = expected_counts(n, parts, window_ordinal)
+    expected = expected_counts(n, parts, window_ordinal, args.idle_group)
     print(f"1x history : scan {scan1:.1f}s ({rows1:,} input rows), reconcile {cls1:.1f}s + publish "
           f"{total1 - cls1:.1f}s = {total1:.1f}s -> {n / total1:,.0f} messages/s (settled in {SETTLED[-1]})")
 
@@ -599,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         other = importlib.import_module(name)
         if not args.no_warmup:
             other.reconcile_window(spark, cfg, TOPIC, WINDOW, as_of, publish=False).release()
-        against = compare(spark, cfg, as_of, args.reps, other, expected_counts(n, parts, window_ordinal))
+        against = compare(spark, cfg, as_of, args.reps, other, expected_counts(n, parts, window_ordinal, args.idle_group))
         print(f"1x history : classify {against[0]:.1f}s with this checkout, {against[1]:.1f}s with "
               f"{args.against} (medians of {args.reps} alternating)")
 

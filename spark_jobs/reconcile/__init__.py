@@ -180,7 +180,7 @@ def reconcile_batch(spark: SparkSession, cfg: Config, shape: Shape, ws: datetime
             held = [c.anomaly_table for c in classified.values()]
             write_window_outputs(spark, cfg, ws, {t: c.report for t, c in classified.items()}, anomalies,
                                  None if any(h is None for h in held) else pa.concat_tables(held),
-                                 f"{label}: published")
+                                 f"{label}: published", {t: c.anomaly_count for t, c in classified.items()})
     return [WindowResult(t, ws, as_of, run_id_for(t, ws, as_of), c.report, c.anomalies, c.anomaly_count,
                          c.quarantined, c.empty, ignored_mirror_rows=c.ignored, notes=c.notes,
                          anomaly_table=c.anomaly_table, cached=c.cached)

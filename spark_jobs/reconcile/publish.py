@@ -29,10 +29,13 @@ def _to_df(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: Any) 
 
 
 def write_outputs(spark: SparkSession, cfg: Config, topic: str, ws: datetime,
-                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame, held: pa.Table | None = None) -> None:
-    """Replace one topic's window rows in both Delta tables and the report store (`held`: `anomalies`'
-    rows where the caller holds them, as `write_window_outputs` takes them)."""
-    write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, held)
+                  report: Sequence[Mapping[str, Any]], anomalies: DataFrame, held: pa.Table | None = None,
+                  count: int | None = None) -> None:
+    """Replace one topic's window rows in both Delta tables and the report store (`held`, `count`:
+    `anomalies`' rows where the caller holds them, or how many they are, as `write_window_outputs`
+    takes them)."""
+    write_window_outputs(spark, cfg, ws, {topic: report}, anomalies, held,
+                         counts=None if count is None else {topic: count})
 
 
 # the report store is given a window's anomaly rows the executors hold in parts of about this many
@@ -42,13 +45,15 @@ STORE_PART_ROWS = 500_000
 
 def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
                          reports: Mapping[str, Sequence[Mapping[str, Any]]],
-                         anomalies: DataFrame, held: pa.Table | None = None, label: str = "published") -> None:
+                         anomalies: DataFrame, held: pa.Table | None = None, label: str = "published",
+                         counts: Mapping[str, int] | None = None) -> None:
     """Replace the window's rows of every topic of `reports` in both Delta tables (one commit per
     table for all of them) and the report store. `anomalies` holds the rows of those topics only;
     `held`, where the caller holds them, the same rows as Arrow columns (else they are collected, in
-    parts of about STORE_PART_ROWS rows). The two Delta commits and the report store's write run
-    side by side (each commit is mostly the driver waiting on the table's log); `label` names their
-    Spark jobs."""
+    parts of about STORE_PART_ROWS rows; `counts`, where the caller knows them, how many rows each
+    topic has, else they are counted). The two Delta commits and the report store's write run side
+    by side (each commit is mostly the driver waiting on the table's log); `label` names their Spark
+    jobs."""
     from audit.serving.report_store import ANOMALIES, PARTITION_REPORT, ReportStore
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW, AUDIT_PARTITION_REPORT
 
@@ -63,7 +68,7 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
         return rows.select(AUDIT_ANOMALIES_ARROW.names).cast(AUDIT_ANOMALIES_ARROW)
 
     def stored() -> None:
-        parts_of = _parts_of(anomalies, held, arrow)
+        parts_of = _parts_of(anomalies, held, arrow, counts)
         pids: set[str] = set()
 
         def named(parts: Iterable[pa.Table]) -> Iterator[pa.Table]:
@@ -108,12 +113,14 @@ def replace_rows(spark: SparkSession, cfg: Config, name: str, rows: DataFrame, w
                 partition_by=OUTPUT_PARTITION_BY, new_layout=True)
 
 
-def _parts_of(anomalies: DataFrame, held: pa.Table | None,
-              arrow: Callable[[pa.Table], pa.Table]) -> Callable[[str], Iterable[pa.Table]]:
+def _parts_of(anomalies: DataFrame, held: pa.Table | None, arrow: Callable[[pa.Table], pa.Table],
+              known: Mapping[str, int] | None) -> Callable[[str], Iterable[pa.Table]]:
     """A topic's rows of `anomalies` in parts, as `arrow` makes them: in one part when the driver
     holds them (`held`) or they are at most STORE_PART_ROWS in all (collected at once); else each
-    topic's in parts of about that many rows (a part by the hash of a row's identity)."""
-    counts = None if held is not None else {r["topic"]: r["count"] for r in anomalies.groupBy("topic").count().collect()}
+    topic's in parts of about that many rows (a part by the hash of a row's identity). `known`: each
+    topic's count of rows, where the caller has it (else one Spark job counts them)."""
+    counts = None if held is not None else known if known is not None else \
+        {r["topic"]: r["count"] for r in anomalies.groupBy("topic").count().collect()}
     if counts is None or sum(counts.values()) <= STORE_PART_ROWS:
         rows = arrow(held if held is not None else anomalies.toArrow())
         return lambda t: [rows.filter(pc.equal(rows["topic"], t))]
