@@ -380,7 +380,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
 
     # --- each group: one processing at the record's position and no other row of the group, or no
     # row of the group at all (NO_ROW: the codes of a record never processed follow from grace and
-    # the offsets, `_unprocessed`)
+    # the offsets: `_Codes.unprocessed`)
     at: dict[str, np.ndarray] = {}  # per group and sink: each candidate's row there (NO_ROW: none)
     for g in tc.groups:
         if not con.num_rows:

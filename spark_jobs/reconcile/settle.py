@@ -35,12 +35,15 @@ into chunks, one Spark task each:
    bytes, not a row per message. A `failed_send` row whose send's fingerprint is known carries its
    hashes and goes to its fingerprint's bucket, where a resend at or after the failed send takes
    the row back. Every other row passes through (the latencies summed per distinct value);
-5. the driver collects what that job hands back -- the anomaly rows, the counts, the latency
-   histograms, the chunks' bounds and flagged originals -- and assembles each topic's report
-   (`kernel.report_rows`); the anomaly rows stay Arrow columns (`anomaly_table`).
+5. that job's output is persisted; the driver collects all of it but the anomaly rows -- the
+   counts, each content-pass task's count of anomaly rows per (stage, partition, code) (`CODES`),
+   the latency histograms, the chunks' bounds and flagged originals -- and assembles each topic's
+   report (`kernel.report_rows`). The anomaly rows stay with the executors (`anomaly_frame`) until
+   they are published and the result is released.
 
 The driver never holds a column of every message: only the rows named above, which grow with the
-anomalies and the distinct latencies, not with the traffic.
+distinct latencies, not with the traffic (a batch settled in one task or in the driver hands it its
+anomaly rows too, as Arrow columns: `anomaly_table`).
 """
 
 from __future__ import annotations
