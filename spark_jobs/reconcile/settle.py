@@ -277,10 +277,11 @@ def anomaly_frame(rows: DataFrame, topic: str, ws: datetime, as_of: datetime) ->
 
 
 def results(gathered: pa.Table, shape: Shape, ws: datetime, as_of: datetime, small: Small,
-            kept: DataFrame | None = None, cached: DataFrame | None = None) -> dict[str, Result]:
+            cached: DataFrame | None = None) -> dict[str, Result]:
     """Each topic's report and anomaly rows from the gathered OUT rows (no narrow rows), all columns,
-    and, settled in several tasks, the anomaly rows the executors keep (`kept`, counted in the
-    gathered CODES rows; of the persisted frame `cached`)."""
+    and, settled in several tasks, the anomaly rows the executors keep (those of the persisted OUT
+    frame `cached`, counted in the gathered CODES rows)."""
+    kept = None if cached is None else cached.where(F.col("kind") == ANOMALY)
     out: dict[str, Result] = {}
     of_kind = {k: gathered.filter(pc.equal(gathered["kind"], k))
                for k in (ANOMALY, CODES, COUNT, LATENCY, QUARANTINED, IGNORED)}
@@ -722,7 +723,7 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
         own = pc.and_(pc.equal(gathered["kind"], FLAGGED), pc.is_in(gathered["n"], pa.array(again_chunks, pa.int64())))
         gathered = pa.concat_tables([gathered.filter(pc.invert(own)), _full(parts)])
     return results(pa.concat_tables([gathered, across, _log_order_across(gathered, ws, as_of)]), shape, ws, as_of,
-                   small, cached.where(F.col("kind") == ANOMALY), cached)
+                   small, cached)
 
 
 def _routed(out: pa.Table, k: int, b: int) -> pa.Table:
