@@ -210,8 +210,12 @@ def _regex_literal(name: str) -> str:
 
 def topic_size(kafka: Mapping[str, str] | str, topic: str) -> int:
     """Records a topic holds (high watermark - log start, summed); 0 when it does not exist yet.
-    `kafka`: the cluster's librdkafka settings, or its bootstrap servers."""
-    from confluent_kafka import Consumer, TopicPartition
+    A partition that has no leader yet (a topic just created) counts 0, so a caller that polls
+    keeps waiting. `kafka`: the cluster's librdkafka settings, or its bootstrap servers."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    not_yet = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+               KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION}
 
     conf = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
     consumer: Any = Consumer(internal_client_conf(conf, **{"group.id": "msgaudit-topic-size", "log_level": 0}))
@@ -221,8 +225,15 @@ def topic_size(kafka: Mapping[str, str] | str, topic: str) -> int:
         if meta is None or meta.error is not None:
             return 0
         total = 0
-        for p in meta.partitions:
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+        for p, part in meta.partitions.items():
+            if part.leader < 0:
+                continue
+            try:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            except KafkaException as e:
+                if e.args[0].code() in not_yet:
+                    continue
+                raise
             total += hi - lo
         return total
     finally:
