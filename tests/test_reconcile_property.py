@@ -534,7 +534,9 @@ def test_the_order_of_consumption_on_columns_equals_the_oracle(
         rows: list[tuple[str, int, int, int, int, str]], base: int) -> None:
     """`neighbours.consumption_order` flags exactly the processings `oracle.reordered_in_consumption`
     flags, with offsets small and wide (`base` 2^61), ties in time, consume seq and consumer among
-    them (the order is total: the offset breaks them)."""
+    them (the order is total: the offset breaks them); and flags the same with the group and consumer
+    columns dictionary encoded, each piece of the column with a dictionary of its own (as the order
+    of consumption's pass reads them from Parquet)."""
     import pyarrow as pa
 
     from audit.oracle import reordered_in_consumption
@@ -553,6 +555,14 @@ def test_the_order_of_consumption_on_columns_equals_the_oracle(
     flagged = {(r.group, r.partition, r.offset) for r, f in zip(processings, got.tolist(), strict=True) if f}
     assert flagged == {(r.group, r.partition, r.offset) for r in processings if id(r) in want}
     assert int(got.sum()) == len(want)
+    half = len(processings) // 2
+
+    def coded(name: str) -> pa.ChunkedArray:
+        col = table[name].combine_chunks()
+        return pa.chunked_array([col[:half].dictionary_encode(), col[half:].dictionary_encode()])
+
+    pieces = table.set_column(0, "group", coded("group")).set_column(2, "consumer", coded("consumer"))
+    assert neighbours.consumption_order(pieces).tolist() == got.tolist()
 
 
 @pytest.mark.unit

@@ -181,11 +181,14 @@ _FEW_SEGMENTS = 4096  # `prev_max` runs segment by segment up to this many
 
 
 def sorted_distinct(values: Any) -> pa.Array:
-    """The distinct non-null strings of `values` (an array, or a list of them), in order."""
+    """The distinct non-null strings of `values` (an array, or a list of them; strings or dictionary
+    encoded strings), in order."""
     chunks: list[Any] = []
     for col in values if isinstance(values, list) else [values]:
-        col = pc.cast(pc.drop_null(col), pa.string())
-        chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+        for part in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+            if pa.types.is_dictionary(part.type):  # the dictionary's values that rows use: no string decoded per row
+                part = pc.take(part.dictionary, pc.unique(pc.drop_null(part.indices)))
+            chunks.append(pc.cast(pc.drop_null(part), pa.string()))
     distinct = pc.unique(pa.chunked_array(chunks, pa.string()))
     return pc.take(distinct, pc.sort_indices(distinct))
 

@@ -55,6 +55,10 @@ def fingerprint_hashes(fps: Any) -> tuple[pa.Array, pa.Array]:
 def _codes(strings: Any) -> tuple[np.ndarray, list[str]]:
     """Each string's place among the distinct ones in sorted order (-1: null), and those strings."""
     names = sorted_distinct(strings)
+    if pa.types.is_dictionary(strings.type):  # each dictionary's values looked up, then taken per row
+        parts = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
+        return (np.concatenate([ints(pc.take(pc.index_in(c.dictionary, value_set=names), c.indices)) for c in parts])
+                if parts else np.zeros(0, dtype=np.int64)), names.to_pylist()
     return ints(pc.index_in(strings, value_set=names)), names.to_pylist()
 
 
@@ -90,8 +94,10 @@ def consumption_order(rows: pa.Table) -> np.ndarray:
     back = np.flatnonzero((o < prev_max(seg, np.maximum(o, 0))) & (o >= 0))
     if not len(back):
         return out
-    # only the first processing of each (group, partition, offset) counts
-    by_off = np.lexsort((np.arange(len(order)), o, seg))
+    # only the first processing of each (group, partition, offset) counts: looked at among the rows
+    # of the offsets that went back
+    at = np.flatnonzero(np.isin(o, o[back]))
+    by_off = at[np.lexsort((at, o[at], seg[at]))]
     head = _firsts(seg[by_off], o[by_off])
     first = np.zeros(len(order), dtype=bool)
     first[by_off[head]] = True

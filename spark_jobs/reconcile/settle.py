@@ -402,7 +402,7 @@ def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStor
         if got is None:
             return
         k = int(got["_chunk"][0].as_py())
-        rows = _processings(read_files(ft, whole, 0, lambda t: _bucket(t, b) == k))
+        rows = _processings(read_files(ft, whole, 0, lambda t: _bucket(t, b) == k, ("group", "consumer", "outcome")))
         if rows.num_rows:
             flagged = rows.filter(pa.array(neighbours.consumption_order(rows)))
             yield from flagged.cast(pa.schema(list(_ARROW_OF.items()))).to_batches()
@@ -493,31 +493,37 @@ class Chunks:
         return keep
 
 
-def read_files(ft: FileTable, chunks: Chunks, k: int,
-               keep: Callable[[pa.Table], np.ndarray] | None = None) -> pa.Table:
+def read_files(ft: FileTable, chunks: Chunks, k: int, keep: Callable[[pa.Table], np.ndarray] | None = None,
+               dictionary: Sequence[str] = ()) -> pa.Table:
     """Chunk k's rows of a table read by this task itself (`read.FileTable`), as the frame's columns;
     with `keep`, only the rows it keeps, taken batch by batch as they are read (so the task holds
-    those rows, not the whole read)."""
+    those rows, not the whole read). The `dictionary` columns (strings of few distinct values) come
+    dictionary encoded as Parquet stores them: no string is copied per row."""
     import pyarrow.dataset as ds
 
+    src_of = dict(ft.sources)
+    coded = {src_of[c] for c in dictionary if src_of.get(c) in ft.physical.names and src_of[c] not in ft.partitions}
+    out = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if src_of[f.name] in coded else f for f in ft.out])
     if not ft.paths:
-        return ft.out.empty_table()
+        return out.empty_table()
     parts = ds.partitioning(pa.schema([(c, pa.string()) for c in ft.partitions]), flavor="hive") \
         if ft.partitions else None
-    data = ds.dataset(list(ft.paths), schema=ft.physical, format="parquet", partitioning=parts,
+    physical = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in coded else f for f in ft.physical])
+    form = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=sorted(coded)))
+    data = ds.dataset(list(ft.paths), schema=physical, format=form, partitioning=parts,
                       partition_base_dir=ft.root, filesystem=ft.filesystem())
-    columns, where = [f.name for f in ft.physical], chunks.pushdown(ft, k)
+    columns, where = [f.name for f in physical], chunks.pushdown(ft, k)
 
     def framed(got: pa.Table) -> pa.Table:
         return pa.table([_constant(src, got.num_rows, f.type) if src in CONSTANTS else got[src].cast(f.type)
-                         for (_, src), f in zip(ft.sources, ft.out, strict=True)], schema=ft.out)
+                         for (_, src), f in zip(ft.sources, out, strict=True)], schema=out)
 
     if keep is None:
         rows = framed(data.to_table(columns=columns, filter=where))
     else:
         kept = [t.filter(pa.array(keep(t))) for t in
                 (framed(pa.Table.from_batches([batch])) for batch in data.to_batches(columns=columns, filter=where))]
-        rows = pa.concat_tables(kept) if kept else ft.out.empty_table()
+        rows = pa.concat_tables(kept) if kept else out.empty_table()
     if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
         return rows
     return rows.filter(pa.array(chunks.ids(rows) == k))
