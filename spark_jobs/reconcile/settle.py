@@ -789,8 +789,10 @@ def _blobs(rows: pa.Table, kind: str, n: np.ndarray) -> pa.Table:
                 w.write_table(some.slice(at, _BLOB_ROWS))
             blobs.append(sink.getvalue())
             ns.append(value)
+    # as bytes: an array built from memoryviews of Arrow buffers keeps every buffer allocated for as
+    # long as the process lives (pyarrow 26), and a Python worker lives for many tasks
     return _full(pa.table({"kind": pa.array([kind] * len(blobs), pa.string()), "n": pa.array(ns, pa.int64()),
-                           "blob": pa.array([memoryview(b) for b in blobs], pa.binary())}))
+                           "blob": pa.array([b.to_pybytes() for b in blobs], pa.binary())}))
 
 
 def _unblobbed(rows: pa.Table) -> pa.Table:
