@@ -714,3 +714,18 @@ def test_rows_packed_for_the_content_pass_come_back_whole_and_leave_no_memory_he
         del packed
     gc.collect()
     assert pa.total_allocated_bytes() == held
+
+
+@pytest.mark.unit
+def test_a_batch_is_cut_into_whole_rounds_of_the_cores_while_each_chunk_keeps_its_minimum() -> None:
+    """`plan.chunk_count`: about CHUNK_ROWS rows a chunk, raised to fill every core's last round,
+    never so far that a chunk gets fewer than MIN_CHUNK_ROWS; one chunk for a batch too small to share."""
+    from spark_jobs.reconcile.plan import CHUNK_ROWS, MIN_CHUNK_ROWS, chunk_count
+
+    assert (CHUNK_ROWS, MIN_CHUNK_ROWS) == (3_000_000, 100_000)
+    assert chunk_count(0, 2) == chunk_count(150_000, 2) == 1  # a second chunk would hold < 100,000 rows
+    assert chunk_count(250_000, 2) == 2 and chunk_count(250_000, 8) == 2
+    assert chunk_count(8_000_000, 2) == 4  # 3 chunks of CHUNK_ROWS, a fourth so the last round has no idle core
+    assert chunk_count(8_000_000, 1) == 3
+    assert chunk_count(80_000_000, 2) == 28 and chunk_count(80_000_000, 8) == 32
+    assert chunk_count(1_000_001, 8) == 8

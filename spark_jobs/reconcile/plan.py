@@ -19,9 +19,9 @@ MAX_TOPICS_PER_PLAN = 64
 # `reconcile.engine: auto` settles a batch whose inputs hold at most this many rows in the driver
 # (collected as Arrow columns: about 350 bytes a row at the peak), a larger one in Spark tasks.
 DRIVER_ROWS = 1_000_000
-# A chunk (one Spark task) holds about this many input rows: a few hundred MB of Arrow columns and
-# numpy arrays in its Python worker (docs/internals.md).
-CHUNK_ROWS = 1_500_000
+# A chunk (one Spark task) holds about this many input rows: about 1 GB of Arrow columns and numpy
+# arrays in its Python worker at the peak (docs/internals.md).
+CHUNK_ROWS = 3_000_000
 # A batch is cut into one chunk per core only where each holds at least this many rows: a smaller one
 # costs its Spark jobs more than the second core saves, and one chunk needs no passes of its own for
 # the checks that need neighbours.
@@ -60,8 +60,11 @@ def batches(topics: Sequence[TopicConfig], ws: datetime, cap: int = MAX_TOPICS_P
 
 def chunk_count(rows: int, parallelism: int) -> int:
     """The chunks (Spark tasks) a batch of `rows` input rows is settled in: about CHUNK_ROWS rows each,
-    and one per core of the cluster where each gets at least MIN_CHUNK_ROWS, so every core takes a part."""
-    return max(1, -(-rows // CHUNK_ROWS), min(parallelism, rows // MIN_CHUNK_ROWS))
+    at least one per core of the cluster, and a whole number of rounds of the cores (no core idle in
+    the last), as far as each chunk still gets MIN_CHUNK_ROWS."""
+    cores = max(1, parallelism)
+    n = max(1, -(-rows // CHUNK_ROWS))
+    return max(n, min(-(-n // cores) * cores, rows // MIN_CHUNK_ROWS))
 
 
 def job_label(shape: Shape, ws: datetime) -> str:
