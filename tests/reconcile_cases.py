@@ -690,9 +690,11 @@ def build_share_cases() -> tuple[History, dict[str, list[tuple[Any, ...]]]]:
     return h, exp
 
 
-def arrow_tables(inputs: Inputs) -> Any:
+def arrow_tables(inputs: Inputs, coded: bool = False) -> Any:
     """The oracle's inputs as the kernel's `Tables` (Arrow columns named as the row fields, times as
-    UTC microseconds, as Spark hands them over)."""
+    UTC microseconds, as Spark hands them over); `coded`: every string column but the fingerprint
+    dictionary encoded in two pieces, each with a dictionary of its own (as the settling tasks read
+    them from Parquet files)."""
     import typing
     from dataclasses import fields as dc_fields
 
@@ -707,7 +709,17 @@ def arrow_tables(inputs: Inputs) -> Any:
         hints = typing.get_type_hints(cls)
         schema = pa.schema([(f.name, kinds[next(a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
                                                  if a is not type(None))]) for f in dc_fields(cls)])
-        return pa.Table.from_pylist([{f.name: getattr(r, f.name) for f in dc_fields(cls)} for r in rows], schema)
+        t = pa.Table.from_pylist([{f.name: getattr(r, f.name) for f in dc_fields(cls)} for r in rows], schema)
+        return pieces(t) if coded else t
+
+    def pieces(t: pa.Table) -> pa.Table:
+        half = t.num_rows // 2
+        for i, f in enumerate(t.schema):
+            if f.type == pa.string() and f.name != "fingerprint":
+                col = t[f.name].combine_chunks()
+                t = t.set_column(i, f.name, pa.chunked_array([col[:half].dictionary_encode(),
+                                                             col[half:].dictionary_encode()]))
+        return t
 
     return Tables(ledger=table(oracle.LedgerRow, inputs.ledger), log=table(oracle.LogRecord, inputs.log),
                   consumed=table(oracle.ConsumedRow, inputs.consumed),

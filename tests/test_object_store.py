@@ -108,9 +108,11 @@ def test_the_tasks_read_the_lakes_files_on_the_store_themselves(s3_result: LabRe
     """A pinned scan of a lake table on the store is a `FileTable` on that store (its files' keys,
     the settings of the session's S3A connector, no secret in its repr), and pyarrow reads from it
     exactly the rows Spark reads."""
+    import pyarrow as pa
+
     from spark_jobs.io.lake import pin_scans, read_table
     from spark_jobs.reconcile.read import file_table, object_store
-    from spark_jobs.reconcile.settle import Chunks, read_files
+    from spark_jobs.reconcile.settle import FEW_VALUES, Chunks, read_files
 
     store = object_store(spark)
     assert store is not None and store.secret_key is not None and store.access_key is not None
@@ -123,4 +125,8 @@ def test_the_tasks_read_the_lakes_files_on_the_store_themselves(s3_result: LabRe
     got = read_files(ft, Chunks((), ()), 0)
     want = sorted(tuple(r) for r in df.collect())
     assert want and sorted(zip(*(got[c].to_pylist() for c in cols), strict=True)) == want
+    # as the settling tasks read it: the topic (a partition directory) and the pid dictionary encoded
+    coded = read_files(ft, Chunks((), ()), 0, dictionary=FEW_VALUES)
+    assert [coded.schema.field(c).type for c in ("topic", "pid")] == [pa.dictionary(pa.int32(), pa.string())] * 2
+    assert sorted(zip(*(coded[c].to_pylist() for c in cols), strict=True)) == want
     assert file_table(df, cols) is None  # without the store's settings: Spark's to read

@@ -292,7 +292,8 @@ def test_the_kernel_equals_the_oracle_row_for_row_whole_and_in_chunks(history: t
     """The kernel (`audit/rules/kernel.py`: ordinary messages settled on Arrow columns, the rest by the
     oracle; `neighbours.py`: the checks that need neighbours, vectorised) gives the oracle's report and
     anomaly rows on a whole window, and on the window split by message into `n` chunks as the Spark
-    tasks split it (the order of consumption flagged over the whole window first)."""
+    tasks split it (the order of consumption flagged over the whole window first); and so with the
+    strings dictionary encoded as the tasks read them from files."""
     from audit.rules import kernel
     from tests.reconcile_cases import arrow_tables, classify_in_chunks
 
@@ -301,7 +302,8 @@ def test_the_kernel_equals_the_oracle_row_for_row_whole_and_in_chunks(history: t
         want = reconcile_window(tc, T0, as_of, inputs)
         whole = kernel.classify(tc, T0, as_of, arrow_tables(inputs))
         chunked = classify_in_chunks([tc], T0, as_of, arrow_tables(inputs), n)[tc.name]
-        for got in (whole, chunked):
+        coded = classify_in_chunks([tc], T0, as_of, arrow_tables(inputs, coded=True), n)[tc.name]
+        for got in (whole, chunked, coded):
             assert sorted_anomalies(got.anomalies) == sorted_anomalies(want.anomalies)
             assert norm_rows(got.report) == norm_rows(want.report)
             assert got.quarantined_ledger_rows == want.quarantined_ledger_rows

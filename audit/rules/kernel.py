@@ -60,8 +60,11 @@ from audit.core.windows import read_ranges, run_id_for
 from audit.rules import neighbours
 from audit.rules.columns import (
     NONE,
+    among,
     between,
     bools,
+    codes_in,
+    equals,
     histogram,
     ints,
     latency_columns,
@@ -114,20 +117,16 @@ class Settled:
     coded: pa.Table = field(default_factory=lambda: CODED.empty_table())  # anomaly rows settled on columns
 
 
-def _group_names(tc: TopicConfig) -> pa.Array:
-    return pa.array(sorted(set(tc.consuming_groups)), pa.string())
-
-
 def is_processing(rows: Any) -> Any:
     """Whether each consumption row processed its message on the audited cluster."""
-    return pc.and_(pc.is_null(rows["cluster"]), pc.is_in(rows["outcome"], pa.array(sorted(PROCESSING_OUTCOMES))))
+    return pc.and_(pc.is_null(rows["cluster"]), among(rows["outcome"], PROCESSING_OUTCOMES))
 
 
 def consumed_seen(rows: Any, tc: TopicConfig, ws: datetime) -> Any:
     """The oracle's visibility of consumption rows for `tc`'s window: the topic's, of one of its
     groups, consumed within the event range."""
     rr = read_ranges(tc, ws)
-    return pc.and_(pc.and_(pc.equal(rows["topic"], tc.name), pc.is_in(rows["group"], _group_names(tc))),
+    return pc.and_(pc.and_(equals(rows["topic"], tc.name), among(rows["group"], tc.consuming_groups)),
                    between(rows["consume_ts"], rr.event_lo, rr.event_hi))
 
 
@@ -166,7 +165,7 @@ def _visible(tc: TopicConfig, ws: datetime, t: Tables) -> _Visible:
     rr = read_ranges(tc, ws)
 
     def is_topic(tab: pa.Table) -> Any:
-        return pc.equal(tab["topic"], tc.name)
+        return equals(tab["topic"], tc.name)
 
     led = where(t.ledger, pc.and_(is_topic(t.ledger), between(t.ledger["produce_ts"], rr.message_lo, rr.message_hi)))
     log_time = pc.coalesce(*(pc.cast(t.log[c], pa.timestamp("us", "UTC"), safe=False)
@@ -267,7 +266,7 @@ def _message_keys(tiers: Sequence[tuple[Any, Any, np.ndarray]]) -> list[np.ndarr
     rows of one (pid, seq), -1 for rows without one: (pid code << SEQ_BITS) | seq when every pid code
     and seq fits, else a dense number of the (pid, seq) pairs."""
     pids = sorted_distinct([p for p, _, _ in tiers])
-    codes = [ints(pc.index_in(p, value_set=pids)) for p, _, _ in tiers]
+    codes = [codes_in(p, pids) for p, _, _ in tiers]
     seqs = [ints(s, 0) for _, s, _ in tiers]
     has = [(c >= 0) & m & bools(pc.is_valid(s)) for c, (_, s, m) in zip(codes, tiers, strict=True)]
     fits = len(pids) < 2 ** (63 - SEQ_BITS) and all(
@@ -344,7 +343,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     if con.num_rows:
         c_part, c_off, c_ts = ints(con["partition"]), ints(con["offset"]), us(con["consume_ts"])
         on_source = bools(pc.is_null(con["cluster"]))
-        is_commit = bools(pc.equal(con["outcome"], COMMITTED))
+        is_commit = bools(equals(con["outcome"], COMMITTED))
         processing = bools(is_processing(con))
         flagged = bools(con["_flag"]) if "_flag" in con.column_names else flag_processings(con, tc, ws)
     valid_log = bools(pc.and_(pc.is_null(log["header_error"]), pc.and_(pc.is_valid(log["pid"]), pc.is_valid(log["seq"]))))
@@ -361,8 +360,8 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
     # --- the ledger: one acked row with a position, or the message is not ordinary
     status = led["status"]
     l_part, l_off = ints(led["partition"]), ints(led["offset"], NONE)
-    acked = bools(pc.equal(status, ACKED))
-    quarantine = ~bools(pc.is_in(status, pa.array(sorted(LEDGER_STATUSES)))) | (acked & ((l_off == NONE) | (l_part < 0)))
+    acked = bools(equals(status, ACKED))
+    quarantine = ~bools(among(status, LEDGER_STATUSES)) | (acked & ((l_off == NONE) | (l_part < 0)))
     uL, rowL = _single(kL, np.ones(len(kL), dtype=bool))
     # --- the log: one valid record, committed, at the acked position
     r_part, r_off = ints(log["partition"]), ints(log["offset"])
@@ -387,7 +386,7 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
             gi = np.full(len(cand), NO_ROW, dtype=np.int64)
             ok = np.ones(len(cand), dtype=bool)
         else:
-            uG, rowG = _single(kC, bools(pc.equal(con["group"], g)) & on_source & ~is_commit)
+            uG, rowG = _single(kC, bools(equals(con["group"], g)) & on_source & ~is_commit)
             gi = _lookup(uG, rowG, cand)
             g_ok = np.where(gi >= 0, gi, 0)
             ok = (gi == NO_ROW) | ((gi >= 0) & processing[g_ok] & ~flagged[g_ok] & (c_part[g_ok] == r_part[ri])
@@ -403,9 +402,9 @@ def settle(tc: TopicConfig, ws: datetime, as_of: datetime, t: Tables) -> Settled
         ok = np.ones(len(cand), dtype=bool)
         ai = xi = np.full(len(cand), NO_ROW, dtype=np.int64)
         if con.num_rows:
-            of_g = bools(pc.equal(con["group"], sg.name))
-            uA, rowA = _single(kC, of_g & on_source & bools(pc.equal(con["outcome"], ACQUIRED)))
-            uX, rowX = _single(kC, of_g & on_source & bools(pc.and_(pc.equal(con["outcome"], ACCEPTED),
+            of_g = bools(equals(con["group"], sg.name))
+            uA, rowA = _single(kC, of_g & on_source & bools(equals(con["outcome"], ACQUIRED)))
+            uX, rowX = _single(kC, of_g & on_source & bools(pc.and_(equals(con["outcome"], ACCEPTED),
                                                                       pc.is_null(con["error"]))))
             ks, n = np.unique(kC[of_g & (kC >= 0)], return_counts=True)
             ai, xi = _lookup(uA, rowA, cand), _lookup(uX, rowX, cand)

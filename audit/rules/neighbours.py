@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from audit.rules.columns import bools, hash64, ints, prev_max, sorted_distinct
+from audit.rules.columns import bools, codes_in, hash64, ints, prev_max, sorted_distinct
 
 NARROW = pa.schema([("pid", pa.string()), ("seq", pa.int64()), ("present", pa.bool_()), ("partition", pa.int64()),
                     ("offset", pa.int64()), ("pt", pa.int64()), ("win", pa.bool_()), ("fp1", pa.int64()),
@@ -55,11 +55,7 @@ def fingerprint_hashes(fps: Any) -> tuple[pa.Array, pa.Array]:
 def _codes(strings: Any) -> tuple[np.ndarray, list[str]]:
     """Each string's place among the distinct ones in sorted order (-1: null), and those strings."""
     names = sorted_distinct(strings)
-    if pa.types.is_dictionary(strings.type):  # each dictionary's values looked up, then taken per row
-        parts = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
-        return (np.concatenate([ints(pc.take(pc.index_in(c.dictionary, value_set=names), c.indices)) for c in parts])
-                if parts else np.zeros(0, dtype=np.int64)), names.to_pylist()
-    return ints(pc.index_in(strings, value_set=names)), names.to_pylist()
+    return codes_in(strings, names), names.to_pylist()
 
 
 def _firsts(*keys: np.ndarray) -> np.ndarray:

@@ -76,7 +76,7 @@ from audit.core.config import TopicConfig
 from audit.core.vocabulary import COMMITTED, PROCESSING_OUTCOMES
 from audit.core.windows import run_id_for
 from audit.rules import kernel, neighbours
-from audit.rules.columns import bools, ints, row_maker, values
+from audit.rules.columns import among, bools, equals, ints, row_maker, values
 from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW
 from spark_jobs.io.session import described, local_frame, side_by_side
 from spark_jobs.reconcile.plan import Shape
@@ -125,6 +125,8 @@ _OUT_ARROW = pa.schema([
 ANOMALY, COUNT, LATENCY, QUARANTINED, IGNORED, NARROW = "A", "C", "L", "Q", "I", "N"
 CODES = "K"  # how many anomaly rows a content-pass task kept of one (stage, partition, code): `n`
 BOUND, FLAGGED, STAIR, BY_CONTENT = "B", "F", "S", "H"
+# the columns of few distinct values a settling task reads dictionary encoded (`read_files`)
+FEW_VALUES = ("topic", "pid", "status", "group", "consumer", "outcome", "cluster", "error", "header_error")
 _BLOB_ROWS = 65536  # narrow rows per blob: a chunk's come in several
 _CONTENT_COLUMNS = ("topic", "pid", "seq", "partition", "offset", "pt", "win", "fp1", "fp2")
 
@@ -402,7 +404,7 @@ def _flagged(spark: SparkSession, consumed: DataFrame, n: int, store: ObjectStor
         if got is None:
             return
         k = int(got["_chunk"][0].as_py())
-        rows = _processings(read_files(ft, whole, 0, lambda t: _bucket(t, b) == k, ("group", "consumer", "outcome")))
+        rows = _processings(read_files(ft, whole, 0, lambda t: _bucket(t, b) == k, FEW_VALUES))
         if rows.num_rows:
             flagged = rows.filter(pa.array(neighbours.consumption_order(rows)))
             yield from flagged.cast(pa.schema(list(_ARROW_OF.items()))).to_batches()
@@ -417,7 +419,7 @@ _ARROW_OF = {"topic": pa.string(), "group": pa.string(), "partition": pa.int64()
 
 
 def _flag_key(rows: pa.Table) -> list[tuple[Any, ...]]:
-    return list(zip(*(rows[k].cast(pa.int64()).to_pylist() if k == "consume_ts" else rows[k].to_pylist()
+    return list(zip(*(rows[k].cast(pa.int64()).to_pylist() if k == "consume_ts" else values(rows[k])
                       for k in _KEYS), strict=True))
 
 
@@ -456,7 +458,7 @@ class Chunks:
         ids = np.where(pc.fill_null(identified, False).to_numpy(zero_copy_only=False),
                        np.searchsorted(np.array(self.cuts, dtype=np.int64), seq, side="right"), 0)
         if self.mirrored:
-            ids[pc.is_in(rows["topic"], value_set=pa.array(self.mirrored)).to_numpy(zero_copy_only=False)] = 0
+            ids[bools(among(rows["topic"], self.mirrored))] = 0
         return ids
 
     def sql(self) -> Any:
@@ -493,26 +495,50 @@ class Chunks:
         return keep
 
 
+def _coded(t: pa.DataType) -> pa.DataType:
+    return pa.dictionary(pa.int32(), t)
+
+
+def _partitioning(ft: FileTable, physical: pa.Schema) -> Any:
+    """The hive partitioning of `ft`'s files, its columns typed as in `physical`: a dictionary encoded
+    one's dictionary holds the values its files' directories name."""
+    from urllib.parse import unquote
+
+    import pyarrow.dataset as ds
+
+    schema = pa.schema([physical.field(c) for c in ft.partitions])
+    named: dict[str, set[str]] = {f.name: set() for f in schema if pa.types.is_dictionary(f.type)}
+    for path in ft.paths if named else ():
+        for part in path[len(ft.root or ""):].split("/")[:-1]:
+            name, eq, value = part.partition("=")
+            if eq and name in named:
+                named[name].add(unquote(value))
+    return ds.partitioning(schema, flavor="hive",
+                           dictionaries={c: pa.array(sorted(v), pa.string()) for c, v in named.items()} or None)
+
+
 def read_files(ft: FileTable, chunks: Chunks, k: int, keep: Callable[[pa.Table], np.ndarray] | None = None,
                dictionary: Sequence[str] = ()) -> pa.Table:
     """Chunk k's rows of a table read by this task itself (`read.FileTable`), as the frame's columns;
     with `keep`, only the rows it keeps, taken batch by batch as they are read (so the task holds
     those rows, not the whole read). The `dictionary` columns (strings of few distinct values) come
-    dictionary encoded as Parquet stores them: no string is copied per row."""
+    dictionary encoded, as Parquet stores them (a hive partition column: as its directories name
+    it): no string is copied per row."""
     import pyarrow.dataset as ds
 
     src_of = dict(ft.sources)
-    coded = {src_of[c] for c in dictionary if src_of.get(c) in ft.physical.names and src_of[c] not in ft.partitions}
-    out = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if src_of[f.name] in coded else f for f in ft.out])
+    coded = {src_of[c] for c in dictionary if src_of.get(c) in ft.physical.names}
+    out = pa.schema([f.with_type(_coded(f.type)) if src_of[f.name] in coded else f for f in ft.out])
     if not ft.paths:
         return out.empty_table()
-    parts = ds.partitioning(pa.schema([(c, pa.string()) for c in ft.partitions]), flavor="hive") \
-        if ft.partitions else None
-    physical = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in coded else f for f in ft.physical])
-    form = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=sorted(coded)))
-    data = ds.dataset(list(ft.paths), schema=physical, format=form, partitioning=parts,
+    physical = pa.schema([f.with_type(_coded(f.type)) if f.name in coded else f for f in ft.physical])
+    form = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(
+        dictionary_columns=sorted(coded - set(ft.partitions))))
+    data = ds.dataset(list(ft.paths), schema=physical, format=form,
+                      partitioning=_partitioning(ft, physical) if ft.partitions else None,
                       partition_base_dir=ft.root, filesystem=ft.filesystem())
-    columns, where = [f.name for f in physical], chunks.pushdown(ft, k)
+    used = {src for _, src in ft.sources}  # a partition column no output needs is not read
+    columns, where = [f.name for f in physical if f.name in used], chunks.pushdown(ft, k)
 
     def framed(got: pa.Table) -> pa.Table:
         return pa.table([_constant(src, got.num_rows, f.type) if src in CONSTANTS else got[src].cast(f.type)
@@ -527,6 +553,16 @@ def read_files(ft: FileTable, chunks: Chunks, k: int, keep: Callable[[pa.Table],
     if not chunks.cuts and not chunks.mirrored:  # one chunk: every row
         return rows
     return rows.filter(pa.array(chunks.ids(rows) == k))
+
+
+def alike(tables: Sequence[pa.Table]) -> list[pa.Table]:
+    """Parts of one tier's rows with each column of one type: a column some parts hold dictionary
+    encoded (read from files) is encoded in the others too (handed over by Spark)."""
+    coded = {f.name: f.type for t in tables for f in t.schema if pa.types.is_dictionary(f.type)}
+    if not coded:
+        return list(tables)
+    return [t.cast(pa.schema([f.with_type(coded[f.name]) if f.name in coded and pa.types.is_string(f.type) else f
+                              for f in t.schema])) for t in tables]
 
 
 def _constant(source: str, n: int, type_: pa.DataType) -> pa.Array:
@@ -653,12 +689,13 @@ def in_tasks(spark: SparkSession, vis: WindowInputs, shape: Shape, ws: datetime,
                 return
             parts = _parts(got.filter(pc.invert(is_marker)))
             for key, ft in files.items():
-                read = read_files(ft, chunks, k)
+                read = read_files(ft, chunks, k, dictionary=FEW_VALUES)
                 if key == "consumed" and small.commits is not None:  # every task is given these (`Small.commits`)
-                    read = read.filter(pc.invert(pc.fill_null(pc.and_(pc.equal(read["outcome"], COMMITTED),
+                    read = read.filter(pc.invert(pc.fill_null(pc.and_(equals(read["outcome"], COMMITTED),
                                                                        pc.is_null(read["cluster"])), False)))
                 elif key.startswith("sink:"):
-                    read = read.append_column("sink", pa.array([key[len("sink:"):]] * read.num_rows, pa.string()))
+                    read = read.append_column("sink", pa.DictionaryArray.from_arrays(
+                        pa.array(np.zeros(read.num_rows, dtype=np.int32)), pa.array([key[len("sink:"):]])))
                 parts.setdefault(key.split(":")[0], []).append(read)
             out = _settle_parts(parts, topics, ws, as_of, small, flagged)
             if len(keys) == 1:
@@ -849,16 +886,16 @@ def _settle_parts(parts: dict[str, list[pa.Table]], topics: Sequence[TopicConfig
         got = [t for t in parts.get(tag, []) if t is not None]
         if not got:
             return None
-        return pa.concat_tables(got, promote_options="permissive") if len(got) > 1 else got[0]
+        return pa.concat_tables(alike(got), promote_options="permissive") if len(got) > 1 else got[0]
 
     consumed = tier("consumed")
     if small.commits is not None and small.commits.num_rows:
-        consumed = small.commits if consumed is None else pa.concat_tables([consumed, small.commits],
+        consumed = small.commits if consumed is None else pa.concat_tables(alike([consumed, small.commits]),
                                                                            promote_options="permissive")
     if consumed is not None and flagged is not None:  # else the kernel orders the consumption itself
         consumed = mark_flags(consumed, flagged)
     sink = tier("sink")
-    sinks = {name: sink.filter(pc.equal(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
+    sinks = {name: sink.filter(equals(sink["sink"], name)) for name in pc.unique(sink["sink"]).to_pylist()} \
         if sink is not None and sink.num_rows else {}
     ledger, log = tier("ledger"), tier("log")
     t = kernel.Tables(ledger=kernel.empty(oracle.LedgerRow) if ledger is None else ledger,
