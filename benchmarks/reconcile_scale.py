@@ -11,7 +11,7 @@ force one) and prints:
 - the ratio of reconciling the same window with the tables holding 1x history (the window and the
   lookback hour it reads) versus 24x (23 more hours of the same traffic before it) (target <= 1.3);
 - whether every injected anomaly was found, exactly (count per code);
-- peak RSS of the driver JVM and of the Python driver;
+- peak RSS of the driver JVM, of the Python driver and of the Python workers still alive at the end;
 - with `--cpu`, where the driver JVM's CPU went during each timed 1x reconcile, by thread: the
   tasks, the JIT compilers, the garbage collector, the driver's own threads (planning) and the
   rest (Linux only; the Python workers that settle a window's chunks are not in it);
@@ -442,6 +442,42 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
+def worker_peak_rss_mb(spark: Any) -> list[float]:
+    """VmHWM of each Python worker the driver JVM's daemon has forked and that is still alive (a
+    worker settles many tasks: a peak that grows from one reconcile to the next is held memory)."""
+    jvm = driver_jvm_pid(spark)
+    if jvm is None:
+        return []
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+
+    def under_jvm(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 1)
+            if pid == jvm:
+                return True
+        return False
+
+    peaks = []
+    for pid in sorted(p for p in parent if under_jvm(p)):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        if b"pyspark" not in cmd:  # the daemon and the workers it forked run pyspark.daemon
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return peaks
+
+
 def bench_config(work: Path, shuffle_partitions: str = "8", conf: list[str] | None = None,
                  master: str = "local[2]", engine: str = "auto", idle: bool = False) -> Config:
     """The benchmark's configuration over the work folder `work` (its lake, home, report store and
@@ -652,6 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     py = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS: driver JVM {jvm:,.0f} MB, Python driver {py:,.0f} MB" if jvm else
           f"peak RSS: Python driver {py:,.0f} MB (JVM not visible)")
+    workers = worker_peak_rss_mb(spark)
+    if workers:
+        print(f"peak RSS of the {len(workers)} Python worker processes alive now (daemon included): "
+              + ", ".join(f"{w:,.0f} MB" for w in workers))
     spark.stop()
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
