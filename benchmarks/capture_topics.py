@@ -9,7 +9,10 @@ interleaved:
 - `together`: all K topics, `capture.BATCH_TOPICS` of them per Kafka read and MERGE (the default);
 - `one by one`: all K topics, one read and one MERGE per topic (`BATCH_TOPICS = 1`);
 - `before`: one by one with the Java consumer's default `fetch.max.wait.ms` of 500 ms
-  (`FETCH_MAX_WAIT_MS = 500`): how every capture ran before the batches (`--no-before` skips it).
+  (`FETCH_MAX_WAIT_MS = 500`): how every capture ran before the batches (`--no-before` skips it);
+- `unsorted` (with `--unsorted`): together, the log left in the MERGE's order (its hours not
+  rewritten in seq order: `lake.rewrite_by_seq` skipped), so `together / unsorted` is what the
+  rewrite costs.
 
 With `--mirrors`, every topic also has a mirror whose copy is another topic on the same broker
 (holding the same messages), captured with it into `mirror_records`: together the copies of a batch
@@ -21,6 +24,7 @@ once).
 
     .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 3
     .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 2 --mirrors --no-before
+    .venv/bin/python benchmarks/capture_topics.py --topics 50 --messages 1000 --reps 3 --no-before --no-one-by-one --unsorted
 
 A measurement script, not a test: it asserts nothing about time, it prints ratios.
 """
@@ -105,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=1000, help="messages per topic (default 1,000)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the captures; medians printed")
     ap.add_argument("--no-before", action="store_true", help="skip the `before` way (the longest)")
+    ap.add_argument("--no-one-by-one", action="store_true", help="skip the `one by one` way")
+    ap.add_argument("--unsorted", action="store_true",
+                    help="add the `unsorted` way: together, the log's hours not rewritten in seq order")
     ap.add_argument("--mirrors", action="store_true",
                     help="give every topic a mirror (a copy on the same broker) captured with it")
     args = ap.parse_args(argv)
     from spark_jobs import capture as C
+    from spark_jobs.io import lake
     from spark_jobs.io.session import build_spark
 
     with tempfile.TemporaryDirectory(prefix="msgaudit-bench-capture-") as tmp:
@@ -130,16 +138,21 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(io.StringIO()):  # capture's line per topic
                 C.capture(spark, warm, start, end)  # compiles plans
             batch, wait = C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS
-            ways = {"one topic": (names[:1], batch, wait), "together": (names, batch, wait),
-                    "one by one": (names, 1, wait)}
+            ways = {"one topic": (names[:1], batch, wait), "together": (names, batch, wait)}
+            if not args.no_one_by_one:
+                ways["one by one"] = (names, 1, wait)
             if not args.no_before:
                 ways["before"] = (names, 1, 500)
+            if args.unsorted:
+                ways["unsorted"] = (names, batch, wait)
+            rewrite = lake.rewrite_by_seq
             times: dict[str, list[float]] = {w: [] for w in ways}
             last: dict[str, Config] = {}
             for i in range(args.reps):
                 order = list(ways) if i % 2 == 0 else list(reversed(ways))
                 for way in order:
                     topics, C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = ways[way]
+                    lake.rewrite_by_seq = (lambda *_: None) if way == "unsorted" else rewrite
                     cfg = last[way] = config(work, f"{way.replace(' ', '-')}-{i}", kafka.bootstrap_servers, topics,
                                              args.mirrors)
                     t = time.perf_counter()
@@ -148,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                     times[way].append(time.perf_counter() - t)
                     print(f"  round {i + 1}: {way:<10} {times[way][-1]:6.2f}s", flush=True)
             C.BATCH_TOPICS, C.FETCH_MAX_WAIT_MS = batch, wait
+            lake.rewrite_by_seq = rewrite
             expected = args.topics * args.messages * (2 if args.mirrors else 1)
             together = captured_rows(spark, last["together"], args.mirrors)
             same = (len(together) == expected
@@ -161,13 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{way:<10}: {med[way]:6.2f}s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
     what = "log_records and mirror_records" if args.mirrors else "log_records"
     print(f"same {what} rows every way ({expected:,} expected): {'yes' if same else 'NO'}")
-    print(f"ratio one by one / together ({args.topics} topics, {batch} per batch): "
-          f"{med['one by one'] / med['together']:.2f}")
+    if "one by one" in med:
+        print(f"ratio one by one / together ({args.topics} topics, {batch} per batch): "
+              f"{med['one by one'] / med['together']:.2f}")
+    if "unsorted" in med:
+        print(f"ratio together / unsorted (what rewriting the log's hours in seq order costs): "
+              f"{med['together'] / med['unsorted']:.2f}")
     if "before" in med:
         print(f"ratio before / one by one (fetch.max.wait.ms 500 against {wait}): {med['before'] / med['one by one']:.2f}")
         print(f"ratio before / together (this change as a whole): {med['before'] / med['together']:.2f}")
-    print(f"ratio {args.topics} topics / one topic: together {med['together'] / med['one topic']:.2f}, "
-          f"one by one {med['one by one'] / med['one topic']:.2f}")
+    print(f"ratio {args.topics} topics / one topic: together {med['together'] / med['one topic']:.2f}"
+          + (f", one by one {med['one by one'] / med['one topic']:.2f}" if "one by one" in med else ""))
     return 0 if same else 1
 
 

@@ -685,11 +685,13 @@ def merge_records(spark: SparkSession, cfg: Config, rows: DataFrame, landing: La
     even an empty Delta commit, and keeps the first captured_at. A stored row whose content
     differs (a topic deleted and recreated reuses offsets) is updated. The literal topics and
     offset bounds let Delta prune partitions and skip files by their statistics. The table exists
-    (`ensure_table`).
+    (`ensure_table`). The log's hours the MERGE wrote are then rewritten in seq order, in a commit
+    that changes no data (`lake.rewrite_by_seq`): a reconcile's task reads its chunk by the row
+    groups' seq statistics.
     """
     from delta.tables import DeltaTable
 
-    from spark_jobs.io.lake import table_path
+    from spark_jobs.io.lake import rewrite_by_seq, sql_string, table_path
 
     t, s = "t", "s"
     in_ranges = _in_ranges(t, landing.scope, ranges)
@@ -700,8 +702,11 @@ def merge_records(spark: SparkSession, cfg: Config, rows: DataFrame, landing: La
     stored = table.toDF().alias(t).where(in_ranges)
     changes = rows.alias(s).join(stored, same, "left_anti").persist()
     try:
-        written = {tuple(r[:-1]): int(r[-1]) for r in
-                   changes.groupBy(*landing.scope).agg(F.count(F.lit(1)).alias("n")).collect()}
+        per_hour = changes.groupBy(*landing.scope, PART_HOUR).agg(F.count(F.lit(1)).alias("n")).collect()
+        written: dict[tuple[str, ...], int] = {}
+        for r in per_hour:
+            of = tuple(r[:len(landing.scope)])
+            written[of] = written.get(of, 0) + int(r["n"])
         if written:
             key = in_ranges & reduce(lambda x, y: x & y, [F.col(f"{t}.{c}") == F.col(f"{s}.{c}")
                                                           for c in (*landing.scope, "partition", "offset")])
@@ -710,6 +715,10 @@ def merge_records(spark: SparkSession, cfg: Config, rows: DataFrame, landing: La
              .whenMatchedUpdate(condition=~same, set={c: F.col(f"{s}.{c}") for c in columns})
              .whenNotMatchedInsert(values={c: F.col(f"{s}.{c}") for c in columns})
              .execute())
+            if landing.is_log:  # the MERGE leaves its rows in its join's order: the hours it wrote, in seq order
+                rewrite_by_seq(spark, cfg, landing.table, " OR ".join(sorted(
+                    {f"(topic = {sql_string(r['topic'])} AND {PART_HOUR} = {sql_string(r[PART_HOUR])})"
+                     for r in per_hour})))
     finally:
         changes.unpersist()
     return written

@@ -406,6 +406,16 @@ def test_capture_aborted_transaction_and_garbage_headers_then_rerun_changes_noth
     assert log == expected
     for (_, _), ts in kafka_ts.items():
         assert abs(ts - t0) < timedelta(minutes=2)
+    # each file of the log holds its rows in seq order, nulls first (the MERGE wrote them by offset:
+    # seqs 0 1 2 0 1 2 on partition 0), so that a reconcile's task skips the row groups of other seqs
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.lake import local_path, read_table
+
+    seqs = [pq.read_table(local_path(f), columns=["seq"])["seq"].to_pylist()
+            for f in read_table(spark, cfg, "log_records").inputFiles()]
+    assert sorted(s for file in seqs for s in file if s is not None) == [0, 0, 1, 1, 2, 2]
+    assert all(file == sorted(file, key=lambda s: (s is not None, s or 0)) for file in seqs), seqs
 
     groups = _rows(spark, cfg, "group_offsets", topic, "group,partition")
     assert groups == [("g1", topic, 0, 2, ca), ("g1", topic, 1, None, ca),

@@ -305,6 +305,11 @@ def partition_columns(spark: SparkSession, cfg: Config, name: str) -> tuple[str,
     return tuple(str(cols.apply(i)) for i in range(cols.size()))
 
 
+def sql_string(s: str) -> str:
+    """A SQL string literal."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def by_seq(df: DataFrame, partition_by: Sequence[str]) -> DataFrame:
     """`df`'s rows sorted by seq (nulls first) within each file a write of it makes (partitioned by
     `partition_by`): row groups of narrow seq ranges (docs/internals.md). A table without seq is
@@ -312,6 +317,21 @@ def by_seq(df: DataFrame, partition_by: Sequence[str]) -> DataFrame:
     if "seq" not in df.columns:
         return df
     return df.sortWithinPartitions(*partition_by, F.col("seq").asc_nulls_first())
+
+
+def rewrite_by_seq(spark: SparkSession, cfg: Config, name: str, where: str) -> None:
+    """Rewrite the rows of lake table `name` that match `where` (whole partitions of it) in seq order,
+    nulls first, in one commit that changes no data (Delta's `dataChange=false`: a reader of the
+    table's changes sees nothing new): files range partitioned by seq, each sorted, so that a row
+    group holds a narrow range of seqs (docs/internals.md, "The lake's row groups")."""
+    from pyspark.sql import functions as F
+
+    path = table_path(cfg, name)
+    columns = partition_columns(spark, cfg, name) or ()
+    rows = spark.read.format("delta").load(path).where(where)
+    ranged = rows.repartitionByRange(spark.sparkContext.defaultParallelism, *columns, F.col("seq").asc_nulls_first())
+    (by_seq(ranged, columns).write.format("delta").mode("overwrite").partitionBy(*columns)
+     .option("replaceWhere", where).option("dataChange", "false").save(path))
 
 
 def write_table(df: DataFrame, cfg: Config, name: str, *, mode: str = "append",

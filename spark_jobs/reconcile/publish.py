@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from audit.core.config import Config
+from spark_jobs.io.lake import sql_string
 from spark_jobs.io.session import local_frame, side_by_side
-from spark_jobs.reconcile.read import _q
 
 log = logging.getLogger("msgaudit")
 
@@ -58,8 +58,8 @@ def write_window_outputs(spark: SparkSession, cfg: Config, ws: datetime,
     from spark_jobs.io.schemas import AUDIT_ANOMALIES, AUDIT_ANOMALIES_ARROW, AUDIT_PARTITION_REPORT
 
     topics = sorted(reports)
-    which = (f"topic = {_q(topics[0])}" if len(topics) == 1
-             else f"topic IN ({', '.join(_q(t) for t in topics)})")
+    which = (f"topic = {sql_string(topics[0])}" if len(topics) == 1
+             else f"topic IN ({', '.join(sql_string(t) for t in topics)})")
     where = f"{which} AND window_start = to_timestamp('{ws.strftime('%Y-%m-%d %H:%M:%S')}')"
     report_df = _to_df(spark, [r for t in topics for r in reports[t]], AUDIT_PARTITION_REPORT)
     anomaly_df = anomalies.select(*[F.col(f.name).cast(f.dataType) for f in AUDIT_ANOMALIES.fields])

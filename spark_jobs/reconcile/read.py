@@ -21,13 +21,8 @@ from pyspark.sql import functions as F
 
 from audit.core.config import Config, TopicConfig
 from audit.core.windows import read_ranges
-from spark_jobs.io.lake import kept_rows
+from spark_jobs.io.lake import kept_rows, sql_string
 from spark_jobs.reconcile.plan import Shape
-
-
-def _q(s: str) -> str:
-    """A SQL string literal."""
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclass
@@ -206,7 +201,7 @@ def read_batch_inputs(spark: SparkSession, cfg: Config, shape: Shape, ws: dateti
         by_topic: dict[str, list[str]] = {}
         for t, s in named:
             by_topic.setdefault(t, []).append(s.name)
-        lookup = "map(" + ", ".join(f"{_q(t)}, array({', '.join(_q(n) for n in ns)})"
+        lookup = "map(" + ", ".join(f"{sql_string(t)}, array({', '.join(sql_string(n) for n in ns)})"
                                     for t, ns in sorted(by_topic.items())) + ")"
         part = (cache[key][0].where(F.col("topic").isin(sorted(by_topic)))
                 .withColumn("sink", F.explode(F.expr(f"try_element_at({lookup}, topic)"))))
