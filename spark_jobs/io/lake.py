@@ -324,8 +324,6 @@ def rewrite_by_seq(spark: SparkSession, cfg: Config, name: str, where: str) -> N
     nulls first, in one commit that changes no data (Delta's `dataChange=false`: a reader of the
     table's changes sees nothing new): files range partitioned by seq, each sorted, so that a row
     group holds a narrow range of seqs (docs/internals.md, "The lake's row groups")."""
-    from pyspark.sql import functions as F
-
     path = table_path(cfg, name)
     columns = partition_columns(spark, cfg, name) or ()
     rows = spark.read.format("delta").load(path).where(where)
